@@ -1,0 +1,92 @@
+"""Shared fixtures. Servers are real processes on 127.0.0.1 (`python -m tracebench sim-server`); nothing is mocked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+AZURE_CSV = SHARED / "data" / "AzureLLMInferenceTrace_conv.csv"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tracebench_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tracebench", *args]
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `tracebench ARGS` as a real process; returns the completed process (check returncode yourself)."""
+    return subprocess.run(tracebench_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@dataclass
+class SimServer:
+    url: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sim-server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"sim-server at {url} not healthy after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def sim_server(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
+    """Factory: `sim_server("--speed", "10", "--max-running-requests", "4")` starts a sim-server process and waits
+    until /health is 200. Every server started is stopped at the end of the test."""
+    started: list[SimServer] = []
+
+    def start(*args: str, wait: bool = True) -> SimServer:
+        port = free_port()
+        log = tmp_path / f"sim-{port}.log"
+        with log.open("wb") as fh:
+            proc = subprocess.Popen(
+                tracebench_cmd("sim-server", "--port", str(port), *args),
+                stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        server = SimServer(url=f"http://127.0.0.1:{port}", port=port, proc=proc, log=log)
+        started.append(server)
+        if wait:
+            wait_healthy(server.url, proc, log)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -1,0 +1,3 @@
+from tracebench.cli import main
+
+main()

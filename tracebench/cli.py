@@ -1,0 +1,59 @@
+"""The `tracebench` command. The only place that turns tracebench's errors into messages and exit codes.
+
+Subcommands are imported lazily, by name, so that `tracebench replay` never imports the report's polars/matplotlib
+and `tracebench report` never imports the replay path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from tracebench import __version__
+from tracebench.errors import TracebenchError
+
+# command name -> "module:attribute" of its click command
+_COMMANDS = {
+    "generate": "tracebench.trace.commands:generate",
+    "inspect": "tracebench.trace.commands:inspect_cmd",
+    "sim-server": "tracebench.sim.commands:sim_server",
+    "replay": "tracebench.replay.commands:replay",
+    "policies": "tracebench.replay.commands:policies_cmd",
+    "report": "tracebench.report.commands:report",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = _COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except TracebenchError as err:
+            click.echo(f"tracebench: error: {err}", err=True)
+            sys.exit(err.exit_code)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="tracebench")
+def main() -> None:
+    """Record-and-replay benchmarking for LLM serving on sglang.
+
+    \b
+    tracebench generate --rate 8                     make a trace (JSONL, deterministic)
+    tracebench inspect traces/x.jsonl                its statistics
+    tracebench replay trace.jsonl --gpus 4           replay it on sglang servers (or --backend sim)
+    tracebench report run_a run_b                    compare runs of the same trace
+    tracebench sim-server --port 30000               a simulated sglang server
+    tracebench policies                              the routing policies
+    """

@@ -1,0 +1,56 @@
+"""Typed errors. Library code raises these; only `tracebench.cli` turns them into messages and exit codes."""
+
+from __future__ import annotations
+
+
+class TracebenchError(Exception):
+    """Base of every error tracebench raises on purpose. `exit_code` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class InputError(TracebenchError):
+    """Bad input from the user: a file, a flag, a value. The CLI exits 2."""
+
+    exit_code = 2
+
+
+class LocatedInputError(InputError):
+    """Bad input at a known place: `file:line: field: why` (line and field may be unknown)."""
+
+    def __init__(self, path: str, line: int | None, field: str | None, why: str) -> None:
+        self.path, self.line, self.field, self.why = str(path), line, field, why
+        where = self.path if line is None else f"{self.path}:{line}"
+        super().__init__(f"{where}: {why}" if field is None else f"{where}: field '{field}': {why}")
+
+
+class TraceError(LocatedInputError):
+    """A tracebench trace file is broken."""
+
+
+class DatasetError(LocatedInputError):
+    """A source dataset (Azure CSV, Mooncake JSONL) cannot be imported."""
+
+
+class RunFolderError(LocatedInputError):
+    """A run folder (run.json, requests.jsonl) is not a readable run."""
+
+
+class ConfigError(InputError):
+    """Contradictory or invalid options."""
+
+
+class PolicyError(TracebenchError):
+    """A routing policy could not be loaded, or returned an assignment the router cannot carry out."""
+
+
+class ServerStartError(TracebenchError):
+    """A server tracebench launched did not become healthy. The message carries the end of its log."""
+
+
+class ServerProtocolError(TracebenchError):
+    """A server answered something tracebench does not understand (not a measurement: a broken contract)."""
+
+
+class RunFailed(TracebenchError):
+    """The replay could not go on (for example: every server died)."""

@@ -1,0 +1,1 @@
+"""Replay: trace -> engine -> router + policy -> client -> records (docs/run-format.md)."""

@@ -1,0 +1,27 @@
+"""One clock per run: monotonic seconds since the run started, plus the wall-clock anchor of that start.
+
+sglang stamps its `meta_info` with `time.time()` on the server's machine; `from_wall` converts such a stamp to the
+run's clock. That is only meaningful when the server shares this machine's wall clock (launched or attached on the
+same host); the run records which servers that holds for.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class RunClock:
+    __slots__ = ("mono_start", "wall_start")
+
+    def __init__(self) -> None:
+        # Read both clocks back to back: their offset is the anchor for every server stamp of the run.
+        self.mono_start = time.monotonic()
+        self.wall_start = time.time()
+
+    def now(self) -> float:
+        """Seconds since the run started (monotonic)."""
+        return time.monotonic() - self.mono_start
+
+    def from_wall(self, wall_ts: float) -> float:
+        """A `time.time()` stamp converted to seconds since the run started."""
+        return wall_ts - self.wall_start

@@ -1,0 +1,65 @@
+"""What a run writes per request (`requests.jsonl`). Field meanings: docs/run-format.md."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Literal
+
+import orjson
+
+Status = Literal["ok", "error", "timeout", "cancelled"]
+STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "cancelled")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    # identity and shape (from the trace)
+    id: int
+    input_len: int
+    output_len: int
+    # seconds since run start, one monotonic clock (RunClock). None = that moment never came.
+    t_arrival: float  # scheduled arrival (trace arrival_s)
+    t_released: float | None = None  # the engine actually released it into the router queue
+    t_dispatch: float | None = None  # sent to a server
+    t_first_token: float | None = None  # first output token received
+    t_finish: float | None = None  # last byte of the answer received (or the failure seen)
+    server: int | None = None  # index into run.json "servers"; None if never dispatched
+    batch: int | None = None  # static mode: the server's batch sequence number
+    status: Status = "ok"
+    error: str | None = None
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None  # as sglang counted them
+    # sglang's meta_info, converted to the run clock (server_* stamps) or as reported (latencies, seconds)
+    server_e2e_latency: float | None = None
+    server_queue_time: float | None = None
+    server_received: float | None = None
+    server_forward_entry: float | None = None
+    server_prefill_finished: float | None = None
+    server_finished: float | None = None
+
+
+class RecordWriter:
+    """Appends records to requests.jsonl as requests finish. Flushes every `flush_every` records and on close."""
+
+    def __init__(self, path: Path, flush_every: int = 256) -> None:
+        self.path = path
+        self._fh: IO[bytes] = path.open("ab")
+        self._flush_every = flush_every
+        self._pending = 0
+        self.count = 0
+
+    def write(self, record: RequestRecord) -> None:
+        self._fh.write(orjson.dumps(asdict(record)) + b"\n")
+        self.count += 1
+        self._pending += 1
+        if self._pending >= self._flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        self._fh.flush()
+        self._pending = 0
+
+    def close(self) -> None:
+        self._fh.flush()
+        self._fh.close()

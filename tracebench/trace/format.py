@@ -1,0 +1,175 @@
+"""Trace format v1: JSONL, a header object on line 1, then one request per line (docs/trace-format.md).
+
+Readers stream and validate as they go (constant memory); every problem is a TraceError naming file, line and field.
+Writers write to a temporary file and rename it into place, so a failed write leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tracebench.errors import TraceError
+
+TRACE_VERSION = 1
+HEADER_KEY = "tracebench_trace"
+REQUIRED_FIELDS = ("id", "arrival_s", "input_len", "output_len")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a trace. `arrival_s` is seconds from trace start; `extra` holds optional importer fields."""
+
+    id: int
+    arrival_s: float
+    input_len: int
+    output_len: int
+    extra: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    """Line 1 of a trace. `fields` is the whole header object as written (generator arguments, source, ...)."""
+
+    version: int
+    num_requests: int
+    duration_s: float
+    fields: dict[str, Any] = field(repr=False)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def _parse_line(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise TraceError(path, lineno, None, "empty line")
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise TraceError(path, lineno, None, f"not JSON ({err})") from None
+    if not isinstance(obj, dict):
+        raise TraceError(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _parse_header(path: Path, raw: bytes | None) -> TraceHeader:
+    if raw is None:
+        raise TraceError(path, 1, HEADER_KEY, "empty file: missing the trace header")
+    obj = _parse_line(path, 1, raw)
+    if HEADER_KEY not in obj:
+        raise TraceError(path, 1, HEADER_KEY, "missing: line 1 must be the trace header (is this a tracebench trace?)")
+    version = obj[HEADER_KEY]
+    if version != TRACE_VERSION or not _is_int(version):
+        raise TraceError(path, 1, HEADER_KEY, f"unknown trace format version {version!r} (this tracebench reads {TRACE_VERSION})")
+    num = obj.get("num_requests")
+    if not _is_int(num) or num < 0:
+        raise TraceError(path, 1, "num_requests", f"must be an integer >= 0, got {num!r}")
+    duration = obj.get("duration_s")
+    if not _is_number(duration) or duration < 0:
+        raise TraceError(path, 1, "duration_s", f"must be a number >= 0, got {duration!r}")
+    return TraceHeader(version=version, num_requests=num, duration_s=float(duration), fields=obj)
+
+
+def _parse_request(path: Path, lineno: int, obj: dict[str, Any], prev_id: int | None, prev_arrival: float) -> TraceRequest:
+    for name in REQUIRED_FIELDS:
+        if name not in obj:
+            raise TraceError(path, lineno, name, "missing")
+    rid, arrival, ilen, olen = obj["id"], obj["arrival_s"], obj["input_len"], obj["output_len"]
+    if not _is_int(rid):
+        raise TraceError(path, lineno, "id", f"must be an integer, got {rid!r}")
+    if prev_id is not None and rid <= prev_id:
+        raise TraceError(path, lineno, "id", f"must increase from line to line ({rid} after {prev_id})")
+    if not _is_number(arrival) or arrival < 0:
+        raise TraceError(path, lineno, "arrival_s", f"must be a finite number >= 0, got {arrival!r}")
+    if arrival < prev_arrival:
+        raise TraceError(path, lineno, "arrival_s", f"goes backwards ({arrival} after {prev_arrival})")
+    if not _is_int(ilen) or ilen < 1:
+        raise TraceError(path, lineno, "input_len", f"must be an integer >= 1, got {ilen!r}")
+    if not _is_int(olen) or olen < 1:
+        raise TraceError(path, lineno, "output_len", f"must be an integer >= 1, got {olen!r}")
+    extra = {k: v for k, v in obj.items() if k not in REQUIRED_FIELDS} if len(obj) > 4 else None
+    return TraceRequest(id=rid, arrival_s=float(arrival), input_len=ilen, output_len=olen, extra=extra)
+
+
+def read_header(path: str | os.PathLike[str]) -> TraceHeader:
+    """Read and validate line 1 only."""
+    path = Path(path)
+    with _open(path) as fh:
+        return _parse_header(path, fh.readline() or None)
+
+
+def iter_requests(path: str | os.PathLike[str]) -> Iterator[TraceRequest]:
+    """Yield every request, validating as it streams. Raises TraceError at the first problem, including a request
+    count that differs from the header's `num_requests` (checked when the file ends)."""
+    path = Path(path)
+    with _open(path) as fh:
+        header = _parse_header(path, fh.readline() or None)
+        prev_id: int | None = None
+        prev_arrival = 0.0
+        count = 0
+        for lineno, raw in enumerate(fh, start=2):
+            req = _parse_request(path, lineno, _parse_line(path, lineno, raw), prev_id, prev_arrival)
+            prev_id, prev_arrival = req.id, req.arrival_s
+            count += 1
+            yield req
+    if count != header.num_requests:
+        raise TraceError(path, 1, "num_requests", f"header says {header.num_requests} requests, the file has {count}")
+
+
+def load_trace(path: str | os.PathLike[str]) -> tuple[TraceHeader, list[TraceRequest]]:
+    """The header and every request, validated (the whole file is read before anything is returned)."""
+    return read_header(path), list(iter_requests(path))
+
+
+def _open(path: Path):
+    try:
+        return path.open("rb")
+    except OSError as err:
+        raise TraceError(path, None, None, f"cannot read: {err.strerror}") from None
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def format_request_line(rid: int, arrival_s: float, input_len: int, output_len: int, extra: dict[str, Any] | None = None) -> bytes:
+    """One request line. Arrivals are written with microsecond precision so files are byte-identical across runs."""
+    line = b'{"id":%d,"arrival_s":%.6f,"input_len":%d,"output_len":%d' % (rid, arrival_s, input_len, output_len)
+    if extra:
+        line += b"," + orjson.dumps(extra)[1:-1]
+    return line + b"}\n"
+
+
+def write_trace(path: str | os.PathLike[str], header_fields: dict[str, Any], lines: Iterator[bytes] | list[bytes]) -> Path:
+    """Write header + request lines atomically. `header_fields` must hold num_requests and duration_s; the version key
+    is put first. Returns the path written."""
+    path = Path(path)
+    header = {HEADER_KEY: TRACE_VERSION, **header_fields}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(orjson.dumps(header) + b"\n")
+            for line in lines:
+                fh.write(line)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
