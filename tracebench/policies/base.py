@@ -21,11 +21,18 @@ assignments; everything it does not assign stays queued. Guide: docs/policies.md
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
+
+from tracebench.errors import ConfigError, PolicyError
+
+T = TypeVar("T")
 
 UNCAPPED = 1 << 30  # the cap a server has when none was set
 
@@ -91,18 +98,45 @@ class Policy:
     servers, never more requests to a server than its `free_slots`.
 
     `self.rng` is a numpy Generator seeded from the run's seed: a random policy makes the same choices for the
-    same run. `self.options` holds the `--policy-opt key=value` options given on the command line (strings).
-    `self.now` is the run clock (seconds since start) at the moment `assign` is called. `queue` is the router's
-    own queue, oldest first: read it, never change it.
+    same run. `self.options` holds the `--policy-opt key=value` options given on the command line (strings); a
+    policy accepts exactly the keys of its `options_help` (anything else is a ConfigError when it is made), and
+    reads them with `self.option(key, default, parse)`. `self.now` is the run clock (seconds since start) at the
+    moment `assign` is called. `queue` is the router's own queue, oldest first: read it, never change it.
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    # option key -> one line saying what it does and its default (shown by `tracebench policies`)
+    options_help: ClassVar[dict[str, str]] = {}
 
     def __init__(self, rng: np.random.Generator, options: dict[str, str] | None = None) -> None:
         self.rng = rng
         self.options: dict[str, str] = dict(options or {})
         self.now = 0.0
+        self.settings: dict[str, Any] = {}  # every option read with option(), as used (defaults included)
+        unknown = sorted(set(self.options) - set(self.options_help))
+        if unknown:
+            accepted = ", ".join(sorted(self.options_help)) or "none"
+            raise ConfigError(
+                f"policy {self.name or type(self).__name__!r}: unknown option(s) {', '.join(unknown)} "
+                f"(it accepts: {accepted})"
+            )
+
+    def option(self, key: str, default: T, parse: Callable[[str], T]) -> T:
+        """The option `key` parsed with `parse`, or `default` when it was not given. `parse` raises ValueError on a
+        bad value; that becomes a ConfigError naming the policy, the key and the value."""
+        if key not in self.options_help:
+            raise PolicyError(f"policy {self.name!r} reads option {key!r} but does not declare it in options_help")
+        if key not in self.options:
+            self.settings[key] = default
+            return default
+        raw = self.options[key]
+        try:
+            value = parse(raw)
+        except ValueError as err:
+            raise ConfigError(f"policy {self.name!r}: option {key}={raw!r}: {err}") from err
+        self.settings[key] = value
+        return value
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
         raise NotImplementedError(f"{type(self).__name__}.assign")
@@ -111,5 +145,14 @@ class Policy:
         """Called when a dispatched request finished (ok or not). Optional; the default does nothing."""
 
     def describe(self) -> dict[str, Any]:
-        """What run.json records about this policy."""
-        return {"name": self.name, "class": f"{type(self).__module__}.{type(self).__qualname__}", "options": self.options}
+        """What run.json records about this policy: `options` as given, `settings` as used (defaults included), and
+        the file that defines it with its sha256 (a user's policy file may change between runs)."""
+        source = Path(inspect.getfile(type(self)))
+        return {
+            "name": self.name,
+            "class": type(self).__qualname__,
+            "file": str(source),
+            "file_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+            "options": self.options,
+            "settings": self.settings,
+        }

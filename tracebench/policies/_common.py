@@ -1,0 +1,49 @@
+"""Helpers shared by the built-in policies (not part of the public API)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from tracebench.policies.base import ServerView
+
+
+class SlotTally:
+    """Free slots and in-flight counts per server during one `assign` call, counting the call's own picks.
+
+    A ServerView is a snapshot taken before the call; a policy that assigns several requests in one call must count
+    what it already handed out, or it would overfill a server.
+    """
+
+    __slots__ = ("servers", "free", "in_flight")
+
+    def __init__(self, servers: Sequence[ServerView]) -> None:
+        self.servers = list(servers)
+        self.free = {s.index: s.free_slots for s in servers}
+        self.in_flight = {s.index: s.in_flight for s in servers}
+
+    def open_servers(self) -> list[ServerView]:
+        """Servers that can take one more request now (healthy and under their cap), in the given order."""
+        return [s for s in self.servers if self.free[s.index] > 0]
+
+    def take(self, server: ServerView) -> None:
+        self.free[server.index] -= 1
+        self.in_flight[server.index] += 1
+
+
+def parse_weight(raw: str) -> float:
+    """A finite, non-negative float."""
+    value = float(raw)
+    if not (value >= 0.0 and value != float("inf")):
+        raise ValueError("expected a finite number >= 0")
+    return value
+
+
+def parse_choice(*choices: str) -> Callable[[str], str]:
+    """A parser accepting exactly one of `choices`."""
+
+    def parse(raw: str) -> str:
+        if raw not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return raw
+
+    return parse

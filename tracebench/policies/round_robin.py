@@ -1,0 +1,32 @@
+"""`round_robin`: servers in turn, skipping those that are full or unhealthy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tracebench.policies._common import SlotTally
+from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
+
+
+class RoundRobinPolicy(Policy):
+    name = "round_robin"
+    description = "servers in turn (0, 1, 2, 0, ...), skipping a full or unhealthy one"
+
+    def __init__(self, rng: np.random.Generator, options: dict[str, str] | None = None) -> None:
+        super().__init__(rng, options)
+        self._next_index = 0  # server index whose turn it is
+
+    def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
+        tally, picks = SlotTally(servers), []
+        for req in queue:  # oldest first
+            open_servers = tally.open_servers()
+            if not open_servers:
+                break  # the rest wait at the router
+            # the first server at or after the one whose turn it is, wrapping around
+            server = min(open_servers, key=lambda s: (s.index < self._next_index, s.index))
+            picks.append((req, server))
+            tally.take(server)
+            self._next_index = server.index + 1  # past the last index: the min() above wraps to the lowest
+        return picks
