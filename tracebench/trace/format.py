@@ -44,6 +44,10 @@ class TraceHeader:
     fields: dict[str, Any] = field(repr=False)
 
 
+# Ids and lengths are stored as 64-bit integers by the columnar reader (and by every consumer that uses numpy).
+MAX_INT = 2**63 - 1
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -89,6 +93,8 @@ def _parse_request(path: Path, lineno: int, obj: dict[str, Any], prev_id: int | 
     rid, arrival, ilen, olen = obj["id"], obj["arrival_s"], obj["input_len"], obj["output_len"]
     if not _is_int(rid):
         raise TraceError(path, lineno, "id", f"must be an integer, got {rid!r}")
+    if abs(rid) > MAX_INT:
+        raise TraceError(path, lineno, "id", f"too large ({rid}); at most {MAX_INT}")
     if prev_id is not None and rid <= prev_id:
         raise TraceError(path, lineno, "id", f"must increase from line to line ({rid} after {prev_id})")
     if not _is_number(arrival) or arrival < 0:
@@ -97,8 +103,12 @@ def _parse_request(path: Path, lineno: int, obj: dict[str, Any], prev_id: int | 
         raise TraceError(path, lineno, "arrival_s", f"goes backwards ({arrival} after {prev_arrival})")
     if not _is_int(ilen) or ilen < 1:
         raise TraceError(path, lineno, "input_len", f"must be an integer >= 1, got {ilen!r}")
+    if ilen > MAX_INT:
+        raise TraceError(path, lineno, "input_len", f"too large ({ilen}); at most {MAX_INT}")
     if not _is_int(olen) or olen < 1:
         raise TraceError(path, lineno, "output_len", f"must be an integer >= 1, got {olen!r}")
+    if olen > MAX_INT:
+        raise TraceError(path, lineno, "output_len", f"too large ({olen}); at most {MAX_INT}")
     extra = {k: v for k, v in obj.items() if k not in REQUIRED_FIELDS} if len(obj) > 4 else None
     return TraceRequest(id=rid, arrival_s=float(arrival), input_len=ilen, output_len=olen, extra=extra)
 
@@ -128,6 +138,126 @@ def iter_requests(path: str | os.PathLike[str]) -> Iterator[TraceRequest]:
         raise TraceError(path, 1, "num_requests", f"header says {header.num_requests} requests, the file has {count}")
 
 
+@dataclass(frozen=True)
+class TraceColumns:
+    """The four required fields of every request as numpy arrays (optional fields are not kept)."""
+
+    id: Any  # np.ndarray[int64]
+    arrival_s: Any  # np.ndarray[float64]
+    input_len: Any  # np.ndarray[int64]
+    output_len: Any  # np.ndarray[int64]
+
+
+class _NeedsExactCheck(Exception):
+    """A batch failed a vectorised check: the exact per-line validator will name the line and field."""
+
+
+# Lines per batch of the columnar reader: large enough to amortise numpy calls, small enough that the batch's parsed
+# dicts stay a few tens of MB.
+_COLUMN_BATCH_BYTES = 4 << 20
+
+
+def read_columns(path: str | os.PathLike[str]) -> tuple[TraceHeader, TraceColumns]:
+    """The header and the required fields of every request as numpy arrays, validated exactly as `iter_requests`
+    validates (same errors, same messages), but checked batch-wise with numpy, which is several times faster.
+
+    A batch that fails any vectorised check is re-read line by line with the exact validator, which raises the error
+    `iter_requests` would raise at the first bad line."""
+    import numpy as np
+
+    path = Path(path)
+    loads = orjson.loads
+    id_parts, arrival_parts, input_parts, output_parts = [], [], [], []
+    with _open(path) as fh:
+        header = _parse_header(path, fh.readline() or None)
+        prev_id: int | None = None
+        prev_arrival = 0.0
+        first_lineno = 2
+        count = 0
+        while True:
+            lines = fh.readlines(_COLUMN_BATCH_BYTES)
+            if not lines:
+                break
+            try:
+                ids, arrivals, ilens, olens = _fast_columns(np, loads, lines, prev_id, prev_arrival)
+            except _NeedsExactCheck:
+                ids, arrivals, ilens, olens = _exact_columns(np, path, first_lineno, lines, prev_id, prev_arrival)
+            id_parts.append(ids)
+            arrival_parts.append(arrivals)
+            input_parts.append(ilens)
+            output_parts.append(olens)
+            prev_id, prev_arrival = int(ids[-1]), float(arrivals[-1])
+            first_lineno += len(lines)
+            count += len(lines)
+    if count != header.num_requests:
+        raise TraceError(path, 1, "num_requests", f"header says {header.num_requests} requests, the file has {count}")
+
+    def join(parts: list[Any], dtype: Any) -> Any:
+        return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+
+    columns = TraceColumns(
+        id=join(id_parts, np.int64),
+        arrival_s=join(arrival_parts, np.float64),
+        input_len=join(input_parts, np.int64),
+        output_len=join(output_parts, np.int64),
+    )
+    return header, columns
+
+
+def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, prev_arrival: float) -> tuple[Any, ...]:
+    """Vectorised validation of one batch; raises _NeedsExactCheck whenever anything is off (never a TraceError:
+    only the exact validator words errors, so the messages are the same on both paths)."""
+    try:
+        objs = [loads(raw) for raw in lines]
+    except orjson.JSONDecodeError:
+        raise _NeedsExactCheck from None
+    if set(map(type, objs)) != {dict}:
+        raise _NeedsExactCheck
+    try:
+        ids = [obj["id"] for obj in objs]
+        arrivals = [obj["arrival_s"] for obj in objs]
+        ilens = [obj["input_len"] for obj in objs]
+        olens = [obj["output_len"] for obj in objs]
+    except KeyError:
+        raise _NeedsExactCheck from None
+    # bool is a subclass of int: comparing exact types keeps True/False out, as _is_int does.
+    if set(map(type, ids)) != {int} or set(map(type, ilens)) != {int} or set(map(type, olens)) != {int}:
+        raise _NeedsExactCheck
+    if not set(map(type, arrivals)) <= {int, float}:
+        raise _NeedsExactCheck
+    try:
+        id_arr = np.array(ids, dtype=np.int64)
+        input_arr = np.array(ilens, dtype=np.int64)
+        output_arr = np.array(olens, dtype=np.int64)
+    except OverflowError:
+        raise _NeedsExactCheck from None
+    arrival_arr = np.array(arrivals, dtype=np.float64)
+    if id_arr.size and (id_arr.min() < -MAX_INT or (prev_id is not None and id_arr[0] <= prev_id)):
+        raise _NeedsExactCheck
+    if (id_arr[1:] <= id_arr[:-1]).any():
+        raise _NeedsExactCheck
+    if not np.isfinite(arrival_arr).all() or arrival_arr[0] < max(prev_arrival, 0.0) or (arrival_arr[1:] < arrival_arr[:-1]).any():
+        raise _NeedsExactCheck
+    if input_arr.min() < 1 or output_arr.min() < 1:
+        raise _NeedsExactCheck
+    return id_arr, arrival_arr, input_arr, output_arr
+
+
+def _exact_columns(np: Any, path: Path, first_lineno: int, lines: list[bytes], prev_id: int | None,
+                   prev_arrival: float) -> tuple[Any, ...]:
+    requests = []
+    for lineno, raw in enumerate(lines, start=first_lineno):
+        req = _parse_request(path, lineno, _parse_line(path, lineno, raw), prev_id, prev_arrival)
+        prev_id, prev_arrival = req.id, req.arrival_s
+        requests.append(req)
+    return (
+        np.array([r.id for r in requests], dtype=np.int64),
+        np.array([r.arrival_s for r in requests], dtype=np.float64),
+        np.array([r.input_len for r in requests], dtype=np.int64),
+        np.array([r.output_len for r in requests], dtype=np.int64),
+    )
+
+
 def load_trace(path: str | os.PathLike[str]) -> tuple[TraceHeader, list[TraceRequest]]:
     """The header and every request, validated (the whole file is read before anything is returned)."""
     return read_header(path), list(iter_requests(path))
@@ -154,6 +284,34 @@ def format_request_line(rid: int, arrival_s: float, input_len: int, output_len: 
     if extra:
         line += b"," + orjson.dumps(extra)[1:-1]
     return line + b"}\n"
+
+
+_REQUEST_TEMPLATE = b'{"id":%d,"arrival_s":%.6f,"input_len":%d,"output_len":%d}\n'
+# Rows per formatting batch of format_request_lines.
+_FORMAT_BATCH = 8192
+
+
+def format_request_lines(first_id: int, arrival_s: Any, input_len: Any, output_len: Any) -> Iterator[bytes]:
+    """Request lines without optional fields, ids first_id, first_id+1, ..., from equal-length arrays, yielded in
+    chunks of many lines. Byte-identical to `format_request_line` per row, several times faster: one `%`-format call
+    per batch instead of one per row."""
+    import numpy as np
+
+    arrival_s = np.asarray(arrival_s, dtype=np.float64)
+    input_len = np.asarray(input_len, dtype=np.int64)
+    output_len = np.asarray(output_len, dtype=np.int64)
+    count = len(arrival_s)
+    if not len(input_len) == len(output_len) == count:
+        raise ValueError("format_request_lines: the arrays differ in length")
+    for start in range(0, count, _FORMAT_BATCH):
+        stop = min(count, start + _FORMAT_BATCH)
+        size = stop - start
+        values: list[Any] = [None] * (4 * size)
+        values[0::4] = range(first_id + start, first_id + stop)
+        values[1::4] = arrival_s[start:stop].tolist()
+        values[2::4] = input_len[start:stop].tolist()
+        values[3::4] = output_len[start:stop].tolist()
+        yield (_REQUEST_TEMPLATE * size) % tuple(values)
 
 
 def write_trace(path: str | os.PathLike[str], header_fields: dict[str, Any], lines: Iterator[bytes] | list[bytes]) -> Path:

@@ -1,0 +1,336 @@
+"""`generate_trace`: make a trace from arguments (synthetic or from a dataset) and write it.
+
+Deterministic: the file depends only on the arguments (and the tracebench / numpy versions, both in the header).
+Nothing about when or where it was made goes in, so the same arguments give a byte-identical file.
+
+Randomness: `np.random.SeedSequence(seed)` is split into three independent streams (arrivals, input lengths or
+dataset rows, output lengths), so changing the lengths does not move the arrivals and vice versa.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tracebench import __version__
+from tracebench.errors import ConfigError
+from tracebench.trace import arrivals as arrival_mod
+from tracebench.trace.datasets import DATASET_FORMATS, MOONCAKE_BLOCK_TOKENS, Dataset, load_dataset
+from tracebench.trace.format import format_request_line, format_request_lines, write_trace
+from tracebench.trace.lengths import LengthDistribution, clamp_to_context, make_distribution, sample_lengths
+
+# Defaults of the arguments left out (None in GenerateArgs). They are written into the header as used.
+DEFAULT_RATE = 8.0
+DEFAULT_NUM_REQUESTS = 1000
+DEFAULT_SEED = 0
+DEFAULT_ARRIVAL = "poisson"
+DEFAULT_INPUT_LEN = 512
+DEFAULT_OUTPUT_LEN = 128
+DEFAULT_LENGTH_DIST = "lognormal"
+DEFAULT_MAX_CONTEXT = 4096
+DEFAULT_DATASET_FORMAT = "auto"
+DEFAULT_TRACE_DIR = Path("traces")
+
+
+@dataclass(frozen=True)
+class GenerateArgs:
+    """The arguments of `tracebench generate`. None (or False) = not given: a default applies where one exists, and
+    giving an argument that does not apply (e.g. --rate with --keep-timestamps) is a ConfigError."""
+
+    rate: float | None = None
+    num_requests: int | None = None
+    duration: float | None = None
+    seed: int | None = None
+    arrival: str | None = None
+    burstiness: float | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    length_dist: str | None = None
+    length_spread: float | None = None
+    max_context: int | None = None
+    dataset: str | None = None
+    dataset_format: str | None = None
+    keep_timestamps: bool = False
+    time_scale: float | None = None
+    in_order: bool = False
+
+
+@dataclass(frozen=True)
+class GeneratedTrace:
+    """What generate_trace wrote: the path, the header (as written) and the numbers the CLI prints."""
+
+    path: Path
+    header: dict[str, Any]
+    input_mean: float
+    output_mean: float
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The arguments with defaults applied, validated; None where an argument does not apply."""
+
+    rate: float | None
+    num_requests: int | None
+    duration: float | None
+    seed: int | None
+    arrival: str | None
+    burstiness: float | None
+    input_len: int | None
+    output_len: int | None
+    length_dist: str | None
+    length_spread: float | None
+    max_context: int
+    dataset: str | None
+    dataset_format: str | None
+    keep_timestamps: bool
+    time_scale: float | None
+    in_order: bool
+
+
+def _given(args: GenerateArgs, *names: str) -> list[str]:
+    return ["--" + name.replace("_", "-") for name in names if getattr(args, name) not in (None, False)]
+
+
+def _listing(flags: list[str], negated: bool = False) -> str:
+    """"--a applies" / "--a, --b apply" (or "does not apply" / "do not apply")."""
+    verb = ("does not apply" if negated else "applies") if len(flags) == 1 else ("do not apply" if negated else "apply")
+    return f"{', '.join(flags)} {verb}"
+
+
+def plan(args: GenerateArgs) -> _Plan:
+    """Check the arguments for contradictions and ranges; apply defaults. Raises ConfigError."""
+    if args.num_requests is not None and args.duration is not None:
+        raise ConfigError("--num-requests and --duration exclude each other: give a request count or a time span")
+    if args.dataset is None:
+        stray = _given(args, "keep_timestamps", "time_scale", "in_order", "dataset_format")
+        if stray:
+            raise ConfigError(f"{_listing(stray)} only with --dataset")
+    else:
+        stray = _given(args, "input_len", "output_len", "length_dist", "length_spread")
+        if stray:
+            raise ConfigError(f"{_listing(stray, negated=True)} with --dataset: the dataset supplies the lengths")
+    if args.time_scale is not None and not args.keep_timestamps:
+        raise ConfigError("--time-scale only applies with --keep-timestamps (it divides the dataset's own gaps)")
+    if args.keep_timestamps:
+        if args.in_order:
+            raise ConfigError("--in-order is implied by --keep-timestamps (the rows are replayed in file order): drop it")
+        stray = _given(args, "rate", "arrival", "burstiness", "seed")
+        if stray:
+            raise ConfigError(f"{_listing(stray, negated=True)} with --keep-timestamps: the dataset's own timestamps "
+                              f"are the arrivals and nothing is random")
+    if args.burstiness is not None and args.arrival != "gamma":
+        raise ConfigError(f"--burstiness only applies to --arrival gamma (got --arrival {args.arrival or DEFAULT_ARRIVAL})")
+
+    if args.num_requests is not None and not 1 <= args.num_requests <= arrival_mod.MAX_REQUESTS:
+        raise ConfigError(f"--num-requests must be between 1 and {arrival_mod.MAX_REQUESTS}, got {args.num_requests}")
+    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
+        raise ConfigError(f"--duration must be a number of seconds > 0, got {args.duration}")
+    if args.seed is not None and args.seed < 0:
+        raise ConfigError(f"--seed must be an integer >= 0, got {args.seed}")
+    if args.time_scale is not None and not (math.isfinite(args.time_scale) and args.time_scale > 0):
+        raise ConfigError(f"--time-scale must be a number > 0, got {args.time_scale}")
+    if args.dataset_format is not None and args.dataset_format not in DATASET_FORMATS:
+        raise ConfigError(f"--dataset-format must be one of {', '.join(DATASET_FORMATS)}, got {args.dataset_format!r}")
+    max_context = DEFAULT_MAX_CONTEXT if args.max_context is None else args.max_context
+    if max_context < 2:
+        raise ConfigError(f"--max-context must be at least 2 (one input and one output token), got {max_context}")
+
+    synthetic_arrivals = not args.keep_timestamps
+    rate = (DEFAULT_RATE if args.rate is None else args.rate) if synthetic_arrivals else None
+    arrival = (args.arrival or DEFAULT_ARRIVAL) if synthetic_arrivals else None
+    if synthetic_arrivals:
+        arrival_mod.check_arrival(arrival, rate, args.burstiness)  # type: ignore[arg-type]
+    # Without a count or a span: the default count, except where the dataset's rows are taken in order (all of them).
+    takes_all_rows = args.dataset is not None and (args.keep_timestamps or args.in_order)
+    num_requests = args.num_requests
+    if num_requests is None and args.duration is None and not takes_all_rows:
+        num_requests = DEFAULT_NUM_REQUESTS
+
+    input_len = output_len = length_dist = length_spread = None
+    if args.dataset is None:
+        input_len = DEFAULT_INPUT_LEN if args.input_len is None else args.input_len
+        output_len = DEFAULT_OUTPUT_LEN if args.output_len is None else args.output_len
+        length_dist = args.length_dist or DEFAULT_LENGTH_DIST
+        length_spread = _input_dist(args, input_len, length_dist).spread
+        make_distribution(length_dist, output_len, args.length_spread, "--output-len")
+        if input_len + output_len > max_context:
+            raise ConfigError(f"--input-len {input_len} + --output-len {output_len} exceed --max-context {max_context}: "
+                              f"the mean request does not fit in the context")
+    return _Plan(
+        rate=rate, num_requests=num_requests, duration=args.duration,
+        seed=None if args.keep_timestamps else (DEFAULT_SEED if args.seed is None else args.seed),
+        arrival=arrival, burstiness=args.burstiness, input_len=input_len, output_len=output_len,
+        length_dist=length_dist, length_spread=length_spread, max_context=max_context, dataset=args.dataset,
+        dataset_format=None if args.dataset is None else (args.dataset_format or DEFAULT_DATASET_FORMAT),
+        keep_timestamps=args.keep_timestamps,
+        time_scale=(1.0 if args.time_scale is None else args.time_scale) if args.keep_timestamps else None,
+        in_order=args.in_order,
+    )
+
+
+def _input_dist(args: GenerateArgs, input_len: int, length_dist: str) -> LengthDistribution:
+    return make_distribution(length_dist, input_len, args.length_spread, "--input-len")
+
+
+def _num(value: float) -> str:
+    return f"{value:g}".replace("+", "")
+
+
+def default_output_path(p: _Plan) -> Path:
+    """traces/<name>.jsonl, the name built from the arguments that shape the trace."""
+    parts: list[str] = []
+    if p.dataset is not None:
+        parts.append(re.sub(r"[^A-Za-z0-9._-]+", "_", Path(p.dataset).stem) or "dataset")
+        if p.keep_timestamps:
+            parts.append("timestamps" + ("" if p.time_scale == 1.0 else f"-x{_num(p.time_scale)}"))  # type: ignore[arg-type]
+    if p.arrival is not None:
+        parts.append(p.arrival + (f"{_num(p.burstiness)}" if p.burstiness is not None else ""))
+        parts.append(f"r{_num(p.rate)}")  # type: ignore[arg-type]
+    if p.num_requests is not None:
+        parts.append(f"n{p.num_requests}")
+    if p.duration is not None:
+        parts.append(f"d{_num(p.duration)}s")
+    if p.dataset is None:
+        spread = "" if p.length_spread is None else _num(p.length_spread)
+        parts += [f"in{p.input_len}", f"out{p.output_len}", f"{p.length_dist}{spread}"]
+    elif not p.keep_timestamps:
+        parts.append("inorder" if p.in_order else "sampled")
+    if p.max_context != DEFAULT_MAX_CONTEXT:
+        parts.append(f"ctx{p.max_context}")
+    if p.seed is not None:
+        parts.append(f"s{p.seed}")
+    return DEFAULT_TRACE_DIR / ("-".join(parts) + ".jsonl")
+
+
+def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> GeneratedTrace:
+    """Make the trace the arguments describe and write it (atomically) to `output`, or to `default_output_path`.
+    Raises ConfigError (arguments), DatasetError / TraceError (the dataset); nothing is written then."""
+    p = plan(args)
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(p.seed or 0).spawn(3)]
+    arrival_rng, input_rng, output_rng = streams
+    dataset = load_dataset(p.dataset, p.dataset_format) if p.dataset is not None else None  # type: ignore[arg-type]
+
+    extras: list[dict[str, Any] | None] | None = None
+    if dataset is None:
+        arrivals = _synthetic_arrivals(p, arrival_rng)
+        in_dist = make_distribution(p.length_dist, p.input_len, p.length_spread, "--input-len")  # type: ignore[arg-type]
+        out_dist = make_distribution(p.length_dist, p.output_len, p.length_spread, "--output-len")  # type: ignore[arg-type]
+        input_len = sample_lengths(in_dist, len(arrivals), input_rng)
+        output_len = sample_lengths(out_dist, len(arrivals), output_rng)
+        lengths_info: dict[str, Any] = {"input": in_dist.describe(), "output": out_dist.describe()}
+    else:
+        arrivals, rows = _dataset_rows(p, dataset, arrival_rng, input_rng)
+        input_len, output_len = dataset.input_len[rows], dataset.output_len[rows]
+        if dataset.extras is not None:
+            extras = [dataset.extras[i] for i in rows.tolist()]
+        selection = "timestamps" if p.keep_timestamps else ("in order" if p.in_order else "sampled with replacement")
+        lengths_info = {"from": "dataset", "rows": selection}
+
+    clamp = clamp_to_context(input_len, output_len, p.max_context)
+    if extras is not None and clamp.input_cut:
+        extras = _cut_prefix_blocks(extras, clamp.input_cut_mask, clamp.input_len)
+
+    count = len(arrivals)
+    duration_s = float("%.6f" % arrivals[-1])  # as written in the last line
+    header: dict[str, Any] = {
+        "num_requests": count,
+        "duration_s": duration_s,
+        "generator": {"tool": "tracebench generate", "tracebench": __version__, "numpy": np.__version__},
+        "args": asdict(p),
+        "arrivals": _arrivals_info(p),
+        "lengths": lengths_info,
+        "max_context": p.max_context,
+        "clamped_requests": clamp.clamped,
+        "clamped_input_requests": clamp.input_cut,
+    }
+    if dataset is not None:
+        header["source"] = {
+            "path": str(dataset.path), "format": dataset.format, "detected": p.dataset_format == "auto",
+            "sha256": dataset.sha256, "rows": dataset.rows, "dropped_zero_tokens": dataset.dropped_zero_tokens,
+            "usable_rows": dataset.usable_rows,
+        }
+    path = Path(output) if output is not None else default_output_path(p)
+    if path.is_dir():
+        raise ConfigError(f"-o {path}: is a directory (give the trace file's path)")
+    if extras is None:
+        lines = format_request_lines(0, arrivals, clamp.input_len, clamp.output_len)
+    else:
+        lines = _lines_with_extras(arrivals, clamp.input_len, clamp.output_len, extras)
+    try:
+        write_trace(path, header, lines)
+    except OSError as err:  # write_trace removed its temporary file; the message names the path
+        raise ConfigError(f"-o {path}: cannot write: {err.strerror or err}") from None
+    return GeneratedTrace(path=path, header=header, input_mean=float(clamp.input_len.mean()),
+                          output_mean=float(clamp.output_len.mean()))
+
+
+def _synthetic_arrivals(p: _Plan, rng: np.random.Generator) -> np.ndarray:
+    assert p.arrival is not None and p.rate is not None
+    if p.duration is not None:
+        return arrival_mod.arrivals_by_duration(p.arrival, p.rate, p.duration, rng, p.burstiness)
+    assert p.num_requests is not None
+    return arrival_mod.arrivals_by_count(p.arrival, p.rate, p.num_requests, rng, p.burstiness)
+
+
+def _dataset_rows(p: _Plan, dataset: Dataset, arrival_rng: np.random.Generator,
+                  row_rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Arrival times and the dataset rows (indices) that supply each request's lengths."""
+    usable = dataset.usable_rows
+    where = f"the dataset {dataset.path} has {usable} usable rows"
+    if p.keep_timestamps:
+        dataset.check_time_order()
+        times = dataset.time_s / p.time_scale  # type: ignore[operator]
+        if p.num_requests is not None:
+            if p.num_requests > usable:
+                raise ConfigError(f"--num-requests {p.num_requests}: {where}")
+            count = p.num_requests
+        elif p.duration is not None:
+            if p.duration > times[-1]:
+                raise ConfigError(f"--duration {_num(p.duration)} s: {where}, spanning only {times[-1]:.3f} s "
+                                  f"(after --time-scale {_num(p.time_scale)})")  # type: ignore[arg-type]
+            count = int(np.searchsorted(times, p.duration, side="left"))
+        else:
+            count = usable
+        return times[:count].copy(), np.arange(count)
+    if p.num_requests is None and p.duration is None:  # --in-order without a cut: every row once
+        arrivals = arrival_mod.arrivals_by_count(p.arrival, p.rate, usable, arrival_rng, p.burstiness)  # type: ignore[arg-type]
+    else:
+        arrivals = _synthetic_arrivals(p, arrival_rng)
+    count = len(arrivals)
+    if p.in_order:
+        if count > usable:
+            asked = f"--num-requests {count}" if p.num_requests is not None else \
+                f"--duration {_num(p.duration)} s at --rate {_num(p.rate)} makes {count} requests"  # type: ignore[arg-type]
+            raise ConfigError(f"{asked}, but with --in-order each row is used once and {where}")
+        return arrivals, np.arange(count)
+    return arrivals, row_rng.integers(0, usable, count)
+
+
+def _arrivals_info(p: _Plan) -> dict[str, Any]:
+    if p.keep_timestamps:
+        return {"process": "dataset timestamps", "time_scale": p.time_scale}
+    return {"process": p.arrival, "rate": p.rate, "burstiness": p.burstiness}
+
+
+def _cut_prefix_blocks(extras: list[dict[str, Any] | None], cut_mask: np.ndarray,
+                       input_len: np.ndarray) -> list[dict[str, Any] | None]:
+    """A prompt cut by the clamp keeps only the prefix blocks that still lie inside it."""
+    out = list(extras)
+    for i in np.flatnonzero(cut_mask).tolist():
+        extra = out[i]
+        if extra is not None and "prefix_blocks" in extra:
+            keep = -(-int(input_len[i]) // MOONCAKE_BLOCK_TOKENS)
+            out[i] = {**extra, "prefix_blocks": extra["prefix_blocks"][:keep]}
+    return out
+
+
+def _lines_with_extras(arrivals: np.ndarray, input_len: np.ndarray, output_len: np.ndarray,
+                       extras: list[dict[str, Any] | None]):
+    for rid, (arrival, ilen, olen, extra) in enumerate(zip(arrivals.tolist(), input_len.tolist(),
+                                                           output_len.tolist(), extras)):
+        yield format_request_line(rid, arrival, ilen, olen, extra)

@@ -1,0 +1,115 @@
+"""Statistics of a trace (`tracebench inspect`).
+
+Definitions (docs/trace-format.md):
+- duration: last arrival - first arrival (s);
+- mean rate: 1 / mean inter-arrival gap = (requests - 1) / duration;
+- gap CV: std / mean of the inter-arrival gaps (population std; 1 for Poisson, 0 for constant);
+- peak rate (1 s): the most requests arriving within any 1-second interval [t, t + 1);
+- length percentiles: nearest-rank (a value that occurs in the trace);
+- offered tokens/s: mean rate x mean length (input, output, and both).
+Statistics that need more requests than the trace has (a rate needs 2, a CV 3) are None.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from tracebench.trace.format import read_columns
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    mean: float
+    p50: int
+    p90: int
+    p99: int
+    max: int
+
+
+@dataclass(frozen=True)
+class TraceStats:
+    path: str
+    requests: int
+    duration_s: float | None
+    mean_rate: float | None
+    gap_cv: float | None
+    peak_rate_1s: int | None
+    input_len: LengthStats | None
+    output_len: LengthStats | None
+    offered_input_tokens_per_s: float | None
+    offered_output_tokens_per_s: float | None
+    offered_tokens_per_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def length_stats(values: np.ndarray) -> LengthStats | None:
+    if values.size == 0:
+        return None
+    p50, p90, p99 = np.percentile(values, [50, 90, 99], method="inverted_cdf")
+    return LengthStats(mean=float(values.mean()), p50=int(p50), p90=int(p90), p99=int(p99), max=int(values.max()))
+
+
+def stats_from_columns(path: str, arrival_s: np.ndarray, input_len: np.ndarray, output_len: np.ndarray) -> TraceStats:
+    count = int(arrival_s.size)
+    duration = float(arrival_s[-1] - arrival_s[0]) if count else None
+    mean_rate = (count - 1) / duration if count >= 2 and duration else None
+    gap_cv = None
+    if count >= 3:
+        gaps = np.diff(arrival_s)
+        mean_gap = float(gaps.mean())
+        gap_cv = float(gaps.std()) / mean_gap if mean_gap > 0 else None
+    peak = None
+    if count:
+        # for each request, how many arrive in [its arrival, its arrival + 1 s)
+        ends = np.searchsorted(arrival_s, arrival_s + 1.0, side="left")
+        peak = int((ends - np.arange(count)).max())
+    in_stats, out_stats = length_stats(input_len), length_stats(output_len)
+    offered_in = offered_out = offered = None
+    if mean_rate is not None and in_stats is not None and out_stats is not None:
+        offered_in, offered_out = mean_rate * in_stats.mean, mean_rate * out_stats.mean
+        offered = offered_in + offered_out
+    return TraceStats(
+        path=path, requests=count, duration_s=duration, mean_rate=mean_rate, gap_cv=gap_cv, peak_rate_1s=peak,
+        input_len=in_stats, output_len=out_stats, offered_input_tokens_per_s=offered_in,
+        offered_output_tokens_per_s=offered_out, offered_tokens_per_s=offered,
+    )
+
+
+def trace_stats(path: str | os.PathLike[str]) -> TraceStats:
+    """Read (and validate) the trace and compute its statistics. Raises TraceError for a broken trace."""
+    _, columns = read_columns(path)
+    return stats_from_columns(str(path), columns.arrival_s, columns.input_len, columns.output_len)
+
+
+def _fmt(value: float | None, spec: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def format_table(stats: TraceStats) -> str:
+    lines = [
+        f"trace             {stats.path}",
+        f"requests          {stats.requests}",
+        f"duration          {_fmt(stats.duration_s, '.3f', ' s')}",
+        f"mean rate         {_fmt(stats.mean_rate, '.3f', ' req/s')}",
+        f"gap CV            {_fmt(stats.gap_cv, '.3f')}",
+        f"peak rate (1 s)   {_fmt(stats.peak_rate_1s, 'd', ' req/s')}",
+        "",
+        f"{'':18}{'mean':>10}{'p50':>8}{'p90':>8}{'p99':>8}{'max':>8}",
+    ]
+    for name, ls in (("input_len", stats.input_len), ("output_len", stats.output_len)):
+        if ls is None:
+            lines.append(f"{name:18}{'-':>10}{'-':>8}{'-':>8}{'-':>8}{'-':>8}")
+        else:
+            lines.append(f"{name:18}{ls.mean:>10.1f}{ls.p50:>8d}{ls.p90:>8d}{ls.p99:>8d}{ls.max:>8d}")
+    lines += [
+        "",
+        f"offered tokens/s  {_fmt(stats.offered_tokens_per_s, '.1f')} "
+        f"(input {_fmt(stats.offered_input_tokens_per_s, '.1f')}, output {_fmt(stats.offered_output_tokens_per_s, '.1f')})",
+    ]
+    return "\n".join(lines)
