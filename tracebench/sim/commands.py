@@ -1,0 +1,70 @@
+"""`tracebench sim-server`: the CLI of the simulated sglang server. Heavy imports (aiohttp) happen inside the command."""
+
+from __future__ import annotations
+
+import click
+
+from tracebench.errors import ConfigError
+
+
+@click.command("sim-server")
+@click.option("--port", type=int, required=True, help="TCP port to listen on.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--profile", "profile_name", default="llama-2-7b-h200-triton", show_default=True,
+              help="Timing profile: a name in tracebench/sim/profiles/ or a path to a profile JSON file.")
+@click.option("--speed", type=float, default=1.0, show_default=True,
+              help="Run K times faster than the GPU would: every duration is divided by K (stamps stay wall-clock).")
+@click.option("--max-running-requests", type=int, default=None,
+              help="At most N requests run at once (sglang's flag). Default: the profile's (sglang: 4096).")
+@click.option("--max-total-tokens", type=int, default=None,
+              help="KV cache capacity in tokens (sglang's flag). Default: the profile's GPU capacity.")
+@click.option("--context-length", type=int, default=4096, show_default=True, help="Model context length.")
+@click.option("--chunked-prefill-size", type=int, default=8192, show_default=True,
+              help="At most this many new input tokens per prefill step; longer inputs are prefilled in chunks.")
+@click.option("--startup-delay", type=float, default=0.0, show_default=True,
+              help="Seconds during which /health answers 503 (sglang loading), before 200.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the output ids (same seed and request order: same ids).")
+@click.option("--vocab-size", type=int, default=32000, show_default=True, help="Input ids must be below this.")
+@click.option("--crash-on-bad-token", is_flag=True, default=False,
+              help="An input id >= vocab size kills the process (exit 134, connections drop), like real sglang. "
+                   "Default: answer 400.")
+@click.option("--enable-metrics/--no-enable-metrics", default=True, show_default=True,
+              help="sglang's --enable-metrics: meta_info time stamps and /metrics (tracebench launches sglang with it).")
+@click.option("--disable-overlap-schedule", is_flag=True, default=False,
+              help="sglang's flag: plan each step after the previous one ends (default: overlap, planned while the "
+                   "previous step runs, so a new request waits one extra step).")
+def sim_server(port: int, host: str, profile_name: str, speed: float, max_running_requests: int | None,
+               max_total_tokens: int | None, context_length: int, chunked_prefill_size: int, startup_delay: float,
+               seed: int, vocab_size: int, crash_on_bad_token: bool, enable_metrics: bool,
+               disable_overlap_schedule: bool) -> None:
+    """A simulated sglang 0.5.17 server (llama-2-7b-hf): sglang's HTTP API, timed like a continuous-batching GPU.
+
+    \b
+    POST /generate (input_ids or text, batch, stream), /health, /health_generate, /server_info, /get_server_info,
+    /model_info, /v1/models, /v1/loads, /get_load, /metrics, /flush_cache.
+    There is no EOS: every request gets exactly max_new_tokens output tokens (as with ignore_eos).
+    Serves until SIGINT or SIGTERM.
+    """
+    from tracebench.sim.model import load_profile
+    from tracebench.sim.server import SimArgs, serve
+
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port must be in 1..65535, got {port}")
+    if speed <= 0:
+        raise ConfigError(f"--speed must be > 0, got {speed}")
+    for flag, value in (("--max-running-requests", max_running_requests), ("--max-total-tokens", max_total_tokens)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    for flag, value in (("--context-length", context_length), ("--chunked-prefill-size", chunked_prefill_size),
+                        ("--vocab-size", vocab_size)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if startup_delay < 0:
+        raise ConfigError(f"--startup-delay must be >= 0, got {startup_delay}")
+    profile = load_profile(profile_name)
+    serve(SimArgs(host=host, port=port, profile=profile, speed=speed, max_running_requests=max_running_requests,
+                  max_total_tokens=max_total_tokens, context_length=context_length,
+                  chunked_prefill_size=chunked_prefill_size, startup_delay=startup_delay, seed=seed,
+                  vocab_size=vocab_size, crash_on_bad_token=crash_on_bad_token, enable_metrics=enable_metrics,
+                  disable_overlap_schedule=disable_overlap_schedule))

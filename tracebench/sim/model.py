@@ -1,0 +1,372 @@
+"""The timing model of the simulated sglang server: a continuous-batching scheduler loop, pure Python.
+
+No asyncio and no clock in here: the caller passes times in (the server passes real monotonic seconds, the tests and
+`bench/bench_sim_fidelity.py` a virtual clock), so the same code is unit-tested with a fake clock and served live.
+
+Like sglang 0.5.17's default scheduler (fcfs, no mixed chunk, no overlap of prefill with decode):
+- requests wait in one FCFS queue; at most `max_running_requests` run at once;
+- a request reserves `input_len + max_new_tokens` KV slots of `max_total_num_tokens` when admitted (so it is never
+  retracted); the head of the queue that does not fit blocks the ones behind it, as in sglang's fcfs;
+- each iteration is a prefill step when a waiting request can be admitted (up to `chunked_prefill_size` new tokens;
+  a longer input is split into chunks that run in consecutive prefill steps), else a decode step that gives one token
+  to every running request; a prefill step pauses decoding;
+- the prefill step samples the first output token; each decode step one more.
+Step durations come from a `Profile` divided by `speed`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from tracebench.errors import ConfigError
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+DEFAULT_PROFILE = "llama-2-7b-h200-triton"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Step costs and per-request overheads of one model on one GPU (seconds, at speed 1)."""
+
+    name: str
+    prefill_base_s: float          # a: fixed cost of a prefill step
+    prefill_per_token_s: float     # b: per new (uncached) input token in the step
+    prefill_per_token_sq_s: float  # q: attention, per (token x earlier token of the same request)
+    prefill_min_s: float           # a prefill step never takes less (launch-bound floor of short prompts)
+    decode_base_s: float           # c: fixed cost of a decode step
+    decode_per_req_s: float        # d: per running request in the batch
+    decode_per_kv_token_s: float   # e: per KV token the batch attends to
+    queue_entry_s: float           # request received by the HTTP server -> in the scheduler's waiting queue
+    dispatch_s: float              # request received -> tokenized and dispatched (a stamp only)
+    output_s: float                # a token sampled on the GPU -> handed to the HTTP layer (detokenizer, IPC)
+    client_overhead_s: float       # client-measured e2e minus server e2e; real HTTP provides it when served
+    max_total_num_tokens: int      # KV capacity of the GPU for this model
+    max_running_requests: int
+    context_length: int
+    chunked_prefill_size: int
+    accelerator: str
+    source: str = ""
+
+    def prefill_duration(self, chunks: list[tuple[int, int]]) -> float:
+        """One prefill step over `chunks` = [(tokens already prefilled, new tokens), ...], one per request:
+        max(min, a + b * new + q * sum((done + new)^2 - done^2))."""
+        new = 0
+        pairs = 0
+        for done, take in chunks:
+            new += take
+            end = done + take
+            pairs += end * end - done * done
+        return max(self.prefill_min_s, self.prefill_base_s + self.prefill_per_token_s * new
+                   + self.prefill_per_token_sq_s * pairs)
+
+    def decode_duration(self, batch_size: int, kv_tokens: int) -> float:
+        return self.decode_base_s + self.decode_per_req_s * batch_size + self.decode_per_kv_token_s * kv_tokens
+
+
+_PROFILE_FIELDS = {f for f in Profile.__dataclass_fields__}
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A profile by name (a file in `tracebench/sim/profiles/`) or by path to a JSON file
+    `{"name": ..., "source": ..., "params": {every Profile field}}`. Every field is required."""
+    path = Path(name_or_path)
+    if path.suffix != ".json":
+        path = PROFILES_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+        raise ConfigError(f"--profile {name_or_path!r}: no such profile file {path} (built-in: {', '.join(known)})")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON: {err}") from err
+    for key in ("name", "source", "params"):
+        if key not in raw:
+            raise ConfigError(f"{path}: profile lacks top-level field '{key}'")
+    params = raw["params"]
+    wanted = _PROFILE_FIELDS - {"name", "source"}
+    missing = sorted(wanted - set(params))
+    if missing:
+        raise ConfigError(f"{path}: field 'params': lacks {', '.join(missing)}")
+    unknown = sorted(set(params) - wanted)
+    if unknown:
+        raise ConfigError(f"{path}: field 'params': unknown {', '.join(unknown)}")
+    return Profile(name=raw["name"], source=raw["source"], **params)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The scheduler limits in force (server flags override the profile's)."""
+
+    max_running_requests: int
+    max_total_num_tokens: int
+    chunked_prefill_size: int
+    # sglang's overlap scheduler plans step N+1 while step N runs on the GPU, so a request that arrives during step N
+    # can join step N+2 at the earliest (unless the GPU would otherwise idle).
+    overlap_schedule: bool = True
+
+
+class ReqState(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"      # admitted: prefilling (possibly chunked) or decoding
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One request inside the model. Times are in the caller's clock (seconds)."""
+
+    rid: str
+    input_len: int
+    max_new_tokens: int
+    t_ready: float                      # entered the waiting queue
+    state: ReqState = ReqState.WAITING
+    prefilled: int = 0                  # input tokens prefilled so far
+    output_len: int = 0                 # output tokens sampled so far
+    t_forward_entry: float | None = None
+    t_prefill_finished: float | None = None
+    t_finished: float | None = None     # the step end that sampled its last token
+    abort_requested: bool = False
+
+    @property
+    def kv_reserved(self) -> int:
+        return self.input_len + self.max_new_tokens
+
+    @property
+    def kv_used(self) -> int:
+        """KV slots holding real tokens now (the rest of the reservation fills up as it decodes)."""
+        return self.prefilled + self.output_len
+
+
+@dataclass(eq=False)
+class Step:
+    kind: str                            # "prefill" or "decode"
+    t_start: float
+    t_end: float
+    requests: list[SimRequest]           # prefill: the requests with a chunk in it; decode: the batch
+    chunk_tokens: list[int] = field(default_factory=list)  # prefill: new tokens per request
+    batch_tokens: int = 0                # prefill: new tokens; decode: KV tokens attended
+
+
+@dataclass
+class StepResult:
+    step: Step
+    produced: list[SimRequest]           # got one more output token at step.t_end
+    finished: list[SimRequest]           # done (last token at step.t_end), KV freed
+    aborted: list[SimRequest]            # dropped at this step boundary, KV freed
+
+
+class BatchModel:
+    """The scheduler state. Drive it with `next_start` / `start_step` / `finish_step` (one step at a time)."""
+
+    def __init__(self, profile: Profile, limits: Limits, speed: float = 1.0) -> None:
+        if speed <= 0:
+            raise ConfigError(f"--speed must be > 0, got {speed}")
+        self.profile = profile
+        self.limits = limits
+        self.speed = speed
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []       # decoding
+        self.chunked: SimRequest | None = None    # admitted, input partly prefilled
+        self.admitted: set[SimRequest] = set()   # every RUNNING request
+        self.kv_reserved = 0
+        self.current: Step | None = None
+        self.last_start: float | None = None
+        self.last_end: float | None = None
+        # counters for /metrics and /v1/loads
+        self.total_prefill_tokens = 0
+        self.total_prefill_busy_s = 0.0
+        self.total_generated_tokens = 0
+        self.num_steps = 0
+
+    # ---- queries ----
+    @property
+    def num_running(self) -> int:
+        """Admitted requests: decoding, or prefilling (in the step under way or with a chunk pending)."""
+        return len(self.admitted)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def kv_used_tokens(self) -> int:
+        """KV slots holding tokens now (sglang's num_used_tokens)."""
+        return sum(r.kv_used for r in self.admitted)
+
+    # ---- requests ----
+    def submit(self, req: SimRequest) -> None:
+        """Queue a request; it may be admitted by a step starting at or after `req.t_ready`."""
+        if req.kv_reserved > self.limits.max_total_num_tokens:
+            raise ValueError(f"request needs {req.kv_reserved} KV tokens, capacity is {self.limits.max_total_num_tokens}")
+        if self.waiting and req.t_ready < self.waiting[-1].t_ready:
+            raise ValueError("requests must be submitted in order of t_ready (FCFS)")
+        self.waiting.append(req)
+
+    def abort(self, req: SimRequest) -> bool:
+        """Abort a request (client went away). A waiting one leaves the queue now; an admitted one frees its slot and
+        KV at the next step boundary, like sglang's abort. Returns False when it had already finished."""
+        if req.state is ReqState.WAITING:
+            self.waiting.remove(req)
+            req.state = ReqState.ABORTED
+            return True
+        if req.state is ReqState.RUNNING:
+            req.abort_requested = True
+            if self.current is None:
+                self._drop(req)
+            return True
+        return False
+
+    def _drop(self, req: SimRequest) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        if self.chunked is req:
+            self.chunked = None
+        self._release(req, ReqState.ABORTED)
+
+    def _release(self, req: SimRequest, state: ReqState) -> None:
+        self.admitted.discard(req)
+        self.kv_reserved -= req.kv_reserved
+        req.state = state
+
+    # ---- the loop ----
+    def next_start(self, t_free: float) -> float | None:
+        """When the next step can start, given the GPU is free from `t_free`: `t_free` itself when something can run
+        then, the head-of-queue's ready time when the GPU would idle until it arrives, None when there is no work."""
+        if self.running or self.chunked is not None:
+            return t_free
+        if self.waiting:
+            return max(t_free, self.waiting[0].t_ready)
+        return None
+
+    def start_step(self, t_start: float) -> Step | None:
+        """Plan the step that starts at `t_start` (only requests ready by then are admitted). None: nothing to do."""
+        if self.current is not None:
+            raise RuntimeError("start_step while a step is under way")
+        cutoff = t_start
+        if self.limits.overlap_schedule and self.last_end == t_start and self.last_start is not None:
+            cutoff = self.last_start  # planned while the previous step ran
+        step = self._plan_prefill(t_start, cutoff)
+        if step is None and self.running:
+            kv = sum(r.kv_used for r in self.running)
+            duration = self.profile.decode_duration(len(self.running), kv) / self.speed
+            step = Step("decode", t_start, t_start + duration, list(self.running), batch_tokens=kv)
+        if step is None and cutoff < t_start:
+            step = self._plan_prefill(t_start, t_start)  # the GPU would idle: the next loop turn picks them up
+        if step is not None:
+            self.current = step
+            self.num_steps += 1
+            self.last_start, self.last_end = step.t_start, step.t_end
+        return step
+
+    def _plan_prefill(self, t_start: float, cutoff: float) -> Step | None:
+        budget = self.limits.chunked_prefill_size
+        reqs: list[SimRequest] = []
+        chunks: list[int] = []
+        costed: list[tuple[int, int]] = []
+        if self.chunked is not None:
+            req = self.chunked
+            take = min(budget, req.input_len - req.prefilled)
+            reqs.append(req)
+            chunks.append(take)
+            costed.append((req.prefilled, take))
+            budget -= take
+        slots = self.limits.max_running_requests - len(self.admitted)
+        while budget > 0 and slots > 0 and self.waiting:
+            req = self.waiting[0]
+            if req.t_ready > cutoff:
+                break
+            if self.kv_reserved + req.kv_reserved > self.limits.max_total_num_tokens:
+                break  # fcfs: the head waits for KV, the rest wait behind it
+            self.waiting.popleft()
+            req.state = ReqState.RUNNING
+            self.admitted.add(req)
+            req.t_forward_entry = t_start
+            self.kv_reserved += req.kv_reserved
+            take = min(budget, req.input_len)
+            reqs.append(req)
+            chunks.append(take)
+            costed.append((0, take))
+            budget -= take
+            slots -= 1
+            if take < req.input_len:
+                self.chunked = req
+                break
+        if not reqs:
+            return None
+        new_tokens = sum(chunks)
+        duration = self.profile.prefill_duration(costed) / self.speed
+        return Step("prefill", t_start, t_start + duration, reqs, chunk_tokens=chunks, batch_tokens=new_tokens)
+
+    def finish_step(self, step: Step) -> StepResult:
+        """Apply the step's outcome at `step.t_end`."""
+        if step is not self.current:
+            raise RuntimeError("finish_step for a step that is not under way")
+        self.current = None
+        t_end = step.t_end
+        produced: list[SimRequest] = []
+        finished: list[SimRequest] = []
+        aborted: list[SimRequest] = []
+        if step.kind == "prefill":
+            self.total_prefill_tokens += step.batch_tokens
+            self.total_prefill_busy_s += t_end - step.t_start
+            for req, take in zip(step.requests, step.chunk_tokens):
+                req.prefilled += take
+                if req.abort_requested:
+                    if self.chunked is req:
+                        self.chunked = None
+                    self._release(req, ReqState.ABORTED)
+                    aborted.append(req)
+                    continue
+                if req.prefilled < req.input_len:
+                    continue  # more chunks to go (it stays self.chunked)
+                if self.chunked is req:
+                    self.chunked = None
+                req.t_prefill_finished = t_end
+                if req.max_new_tokens > 0:
+                    req.output_len = 1
+                    self.total_generated_tokens += 1
+                    produced.append(req)
+                if req.output_len >= req.max_new_tokens:
+                    self._finish(req, t_end)
+                    finished.append(req)
+                else:
+                    self.running.append(req)
+        else:
+            still_running: list[SimRequest] = []
+            for req in self.running:
+                if req.abort_requested:
+                    self._release(req, ReqState.ABORTED)
+                    aborted.append(req)
+                    continue
+                req.output_len += 1
+                produced.append(req)
+                if req.output_len >= req.max_new_tokens:
+                    self._finish(req, t_end)
+                    finished.append(req)
+                else:
+                    still_running.append(req)
+            self.total_generated_tokens += len(produced)
+            self.running = still_running
+        return StepResult(step, produced, finished, aborted)
+
+    def _finish(self, req: SimRequest, t_end: float) -> None:
+        req.t_finished = t_end
+        self._release(req, ReqState.FINISHED)
+
+
+def token_ids(request_seed: int, n: int, vocab_size: int) -> list[int]:
+    """Deterministic pseudo-random output ids of one request (a cheap integer hash, no RNG object per request)."""
+    out = []
+    x = request_seed & 0xFFFFFFFFFFFFFFFF
+    for _ in range(n):
+        # splitmix64 step
+        x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        z = x
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        out.append((z ^ (z >> 31)) % vocab_size)
+    return out

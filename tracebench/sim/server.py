@@ -1,0 +1,677 @@
+"""The simulated sglang 0.5.17 server: an aiohttp app with sglang's routes and answers, timed by `model.BatchModel`.
+
+One engine task runs the model on the real clock (asyncio's monotonic `loop.time()`), scaled by `--speed K`: each
+step's end is absolute (its start plus its duration / K) and the next step starts at that end, so sleeping late
+never accumulates drift (a late loop catches up). A token sampled at a step's end becomes visible to the HTTP layer
+`output_s / K` later (sglang's detokenizer and IPC hop). The `meta_info` stamps are wall-clock seconds: the monotonic
+times shifted by one anchor read at start-up, so they agree with a client's `time.time()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import orjson
+from aiohttp import web
+
+from tracebench.sim.model import BatchModel, Limits, Profile, ReqState, SimRequest, token_ids
+from tracebench.sim.sglang_server_info import SERVER_INFO
+
+MODEL_NAME = "llama-2-7b-hf"
+SGLANG_VERSION = "0.5.17"
+DEFAULT_MAX_NEW_TOKENS = 128   # sglang's default when sampling_params has no max_new_tokens
+DECODE_LOG_INTERVAL = 40       # sglang's decode_log_interval: gen_throughput is refreshed every 40 decode steps
+
+_JSON = "application/json"
+_SCHED_LABELS = 'engine_type="unified",model_name="{m}",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
+_E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0,
+                600.0, 1200.0, 1800.0, 2400.0)
+_QUEUE_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0,
+                  40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0,
+                  1000.0, 1200.0, 1400.0, 1600.0, 1800.0, 2000.0, 2500.0, 3000.0)
+_FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+               "requests, the operation will not be performed.)\n")
+
+
+@dataclass(frozen=True)
+class SimArgs:
+    """The sim-server's configuration (the CLI flags, resolved)."""
+
+    host: str
+    port: int
+    profile: Profile
+    speed: float
+    max_running_requests: int | None     # None: the profile's (sglang's default)
+    max_total_tokens: int | None         # None: the profile's GPU capacity
+    context_length: int
+    chunked_prefill_size: int
+    startup_delay: float
+    seed: int
+    vocab_size: int
+    crash_on_bad_token: bool
+    enable_metrics: bool
+    disable_overlap_schedule: bool
+
+    @property
+    def effective_max_running_requests(self) -> int:
+        return self.max_running_requests if self.max_running_requests is not None else self.profile.max_running_requests
+
+    @property
+    def effective_max_total_num_tokens(self) -> int:
+        return self.max_total_tokens if self.max_total_tokens is not None else self.profile.max_total_num_tokens
+
+
+class BadRequest(Exception):
+    """A request sglang answers with 400 `{"error": {"message": ...}}`."""
+
+
+@dataclass(eq=False)
+class Pending:
+    """One request as the HTTP layer sees it."""
+
+    sim: SimRequest
+    rid: str
+    stream: bool
+    ids_seed: int
+    t_received: float                    # loop clock (monotonic)
+    t_dispatched: float
+    visible: int = 0                     # output tokens handed to the HTTP layer so far
+    t_first_token: float = 0.0
+    t_finished: float = 0.0
+    finished: bool = False
+    t_first_sent_wall: float = 0.0
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    output_ids: list[int] = field(default_factory=list)
+
+
+class Histogram:
+    """A Prometheus histogram (cumulative buckets rendered on demand)."""
+
+    __slots__ = ("bounds", "counts", "total", "n")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        i = 0
+        for bound in self.bounds:
+            if value <= bound:
+                break
+            i += 1
+        self.counts[i] += 1
+        self.total += value
+        self.n += 1
+
+    def render(self, name: str, labels: str) -> list[str]:
+        lines = [f"{name}_sum{{{labels}}} {self.total!r}"]
+        cum = 0
+        for bound, count in zip(self.bounds, self.counts):
+            cum += count
+            lines.append(f'{name}_bucket{{{_with_le(labels, repr(float(bound)))}}} {float(cum)!r}')
+        lines.append(f'{name}_bucket{{{_with_le(labels, "+Inf")}}} {float(self.n)!r}')
+        lines.append(f"{name}_count{{{labels}}} {float(self.n)!r}")
+        return lines
+
+
+def _with_le(labels: str, le: str) -> str:
+    """Insert `le` among labels in alphabetical order, as prometheus_client's multiprocess collector prints them."""
+    parts = labels.split(",")
+    parts.append(f'le="{le}"')
+    parts.sort(key=lambda p: p.split("=", 1)[0])
+    return ",".join(parts)
+
+
+class SimServer:
+    """The app, the model and the engine task of one sim-server process."""
+
+    def __init__(self, args: SimArgs) -> None:
+        self.args = args
+        self.limits = Limits(
+            max_running_requests=args.effective_max_running_requests,
+            max_total_num_tokens=args.effective_max_total_num_tokens,
+            chunked_prefill_size=args.chunked_prefill_size,
+            overlap_schedule=not args.disable_overlap_schedule,
+        )
+        self.model = BatchModel(args.profile, self.limits, args.speed)
+        self.rng = random.Random(args.seed)
+        self.pending: dict[SimRequest, Pending] = {}
+        self.t_ready_at = 0.0           # loop time when /health turns 200
+        self.mono_to_wall = 0.0          # wall = mono + mono_to_wall
+        self.wake = asyncio.Event()
+        self.engine_task: asyncio.Task[None] | None = None
+        self.created = int(time.time())
+        # Scaled per-request delays (seconds of loop clock)
+        profile, speed = args.profile, args.speed
+        self.queue_entry_delay = profile.queue_entry_s / speed
+        self.dispatch_delay = profile.dispatch_s / speed
+        self.output_delay = profile.output_s / speed
+        # metrics
+        self.gen_throughput = 0.0
+        self._decode_steps_since_log = 0
+        self._tokens_since_log = 0
+        self._t_last_log = 0.0
+        self.ttft_hist = {True: Histogram(_TTFT_BUCKETS), False: Histogram(_TTFT_BUCKETS)}
+        self.e2e_hist = {True: Histogram(_E2E_BUCKETS), False: Histogram(_E2E_BUCKETS)}
+        self.queue_hist = Histogram(_QUEUE_BUCKETS)
+        self.prompt_tokens_total = {True: 0, False: 0}
+        self.generation_tokens_total = {True: 0, False: 0}
+        self.num_requests_total = {True: 0, False: 0}
+        self.num_aborted_total = 0
+
+    # ---------------------------------------------------------------- app
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/generate", self.handle_generate)
+        app.router.add_get("/health", self.handle_health)
+        app.router.add_get("/health_generate", self.handle_health)
+        app.router.add_get("/server_info", self.handle_server_info)
+        app.router.add_get("/get_server_info", self.handle_server_info)
+        app.router.add_get("/model_info", self.handle_model_info)
+        app.router.add_get("/v1/models", self.handle_models)
+        app.router.add_get("/v1/loads", self.handle_loads)
+        app.router.add_get("/get_load", self.handle_get_load)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_post("/flush_cache", self.handle_flush_cache)
+        app.router.add_get("/flush_cache", self.handle_flush_cache)
+        return app
+
+    def start_engine(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self.mono_to_wall = time.time() - now
+        self.t_ready_at = now + self.args.startup_delay
+        self._t_last_log = now
+        self.engine_task = loop.create_task(self._engine())
+
+    def wall(self, t_loop: float) -> float:
+        return t_loop + self.mono_to_wall
+
+    def ready(self) -> bool:
+        return asyncio.get_running_loop().time() >= self.t_ready_at
+
+    # ---------------------------------------------------------------- engine
+    async def _engine(self) -> None:
+        loop = asyncio.get_running_loop()
+        model = self.model
+        t_free = loop.time()
+        while True:
+            t_start = model.next_start(t_free)
+            if t_start is None:
+                self.wake.clear()
+                await self.wake.wait()
+                t_free = max(t_free, loop.time())
+                continue
+            now = loop.time()
+            if t_start > now:
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), t_start - now)
+                except asyncio.TimeoutError:
+                    pass  # the wait is a timed sleep that an arrival may cut short
+                continue
+            step = model.start_step(t_start)
+            if step is None:
+                raise RuntimeError(f"model had work from {t_start} but planned no step")
+            delay = step.t_end - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            result = model.finish_step(step)
+            t_free = step.t_end
+            if step.kind == "decode":
+                self._note_decode(step.t_end, len(result.produced))
+            if result.produced or result.finished:
+                produced = [(req, req.output_len) for req in result.produced]
+                loop.call_at(step.t_end + self.output_delay, self._deliver, produced, result.finished)
+
+    def _note_decode(self, t_end: float, tokens: int) -> None:
+        self._decode_steps_since_log += 1
+        self._tokens_since_log += tokens
+        if self._decode_steps_since_log >= DECODE_LOG_INTERVAL:
+            elapsed = t_end - self._t_last_log
+            self.gen_throughput = self._tokens_since_log / elapsed if elapsed > 0 else 0.0
+            self._decode_steps_since_log = 0
+            self._tokens_since_log = 0
+            self._t_last_log = t_end
+
+    def _deliver(self, produced: list[tuple[SimRequest, int]], finished: list[SimRequest]) -> None:
+        now = asyncio.get_running_loop().time()
+        for req, count in produced:
+            pend = self.pending.get(req)
+            if pend is None:
+                continue  # aborted meanwhile
+            if pend.visible == 0:
+                pend.t_first_token = now
+            pend.visible = count
+            pend.event.set()
+        for req in finished:
+            pend = self.pending.pop(req, None)
+            if pend is None:
+                continue
+            pend.finished = True
+            pend.t_finished = now
+            pend.event.set()
+
+    # ---------------------------------------------------------------- /generate
+    async def handle_generate(self, request: web.Request) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        t_received = loop.time()
+        body = await request.read()
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError as err:
+            return _bad_json(str(err).split(": line ")[0])
+        if not isinstance(obj, dict):
+            return _bad_json("Input should be a valid dictionary")
+        try:
+            single, items, stream = self._parse(obj)
+        except BadRequest as err:
+            return web.Response(status=400, body=orjson.dumps({"error": {"message": str(err)}}), content_type=_JSON)
+
+        pendings: list[Pending] = []
+        t_ready = t_received + self.queue_entry_delay
+        for input_len, max_new in items:
+            sim = SimRequest(rid="", input_len=input_len, max_new_tokens=max_new, t_ready=t_ready)
+            pend = Pending(sim=sim, rid=uuid.uuid4().hex, stream=stream, ids_seed=self.rng.getrandbits(64),
+                           t_received=t_received, t_dispatched=t_received + self.dispatch_delay)
+            sim.rid = pend.rid
+            self.model.submit(sim)
+            self.pending[sim] = pend
+            pendings.append(pend)
+        self.wake.set()
+
+        done = False
+        try:
+            if stream:
+                response = await self._stream(request, pendings[0])
+            else:
+                for pend in pendings:
+                    while not pend.finished:
+                        pend.event.clear()
+                        await pend.event.wait()
+                outs = [self._final_out(p, is_stream=False) for p in pendings]
+                t_sent = time.time()
+                for out in outs:
+                    out["meta_info"]["response_sent_to_client_ts"] = t_sent
+                response = web.Response(body=orjson.dumps(outs[0] if single else outs), content_type=_JSON)
+            done = True
+            return response
+        finally:
+            if not done:  # the client went away (cancelled handler or failed write): free the slots, like sglang
+                for pend in pendings:
+                    if not pend.finished:
+                        self.pending.pop(pend.sim, None)
+                        if self.model.abort(pend.sim):
+                            self.num_aborted_total += 1
+
+    def _parse(self, obj: dict) -> tuple[bool, list[tuple[int, int]], bool]:
+        """Validate a /generate body like sglang does. Returns (single, [(input_len, max_new_tokens)], stream)."""
+        args = self.args
+        text = obj.get("text")
+        input_ids = obj.get("input_ids")
+        if text is not None:
+            single = isinstance(text, str)
+            texts = [text] if single else text
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise BadRequest("text must be a string or a list of strings.")
+            lengths = [len(t.split()) for t in texts]
+            id_lists: list[list[int]] | None = None
+        elif input_ids is not None:
+            if not isinstance(input_ids, list):
+                raise BadRequest("input_ids must be a list of token ids or a list of such lists.")
+            if len(input_ids) == 0:
+                raise BadRequest("input_ids cannot be empty.")
+            single = isinstance(input_ids[0], int)
+            id_lists = [input_ids] if single else input_ids
+            for ids in id_lists:
+                if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+                    raise BadRequest("input_ids must be a list of token ids or a list of such lists.")
+            lengths = [len(ids) for ids in id_lists]
+        else:
+            raise BadRequest("Either text, input_ids or input_embeds should be provided.")
+        n = len(lengths)
+        if n == 0:
+            raise BadRequest("input_ids cannot be empty.")
+        params = obj.get("sampling_params") or {}
+        if isinstance(params, dict):
+            param_list = [params] * n
+        elif isinstance(params, list) and len(params) == n and all(isinstance(p, dict) for p in params):
+            param_list = params
+        else:
+            raise BadRequest("sampling_params must be an object, or a list of objects as long as the batch.")
+        stream = bool(obj.get("stream", False))
+        if stream and not single:
+            raise BadRequest("tracebench sim-server: streaming a batch is not supported; send one request per stream.")
+        items: list[tuple[int, int]] = []
+        for k in range(n):
+            input_len = lengths[k]
+            if input_len == 0:
+                raise BadRequest("input_ids cannot be empty.")
+            max_new = param_list[k].get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+            if max_new is None:
+                max_new = DEFAULT_MAX_NEW_TOKENS
+            if type(max_new) is not int:
+                raise BadRequest(f"max_new_tokens must be an integer, got {max_new!r}.")
+            if input_len >= args.context_length:
+                raise BadRequest(f"The input ({input_len} tokens) is longer than the model's context length "
+                                 f"({args.context_length} tokens).")
+            if input_len + max_new > args.context_length:
+                raise BadRequest(
+                    f"Requested token count exceeds the model's maximum context length of {args.context_length} "
+                    f"tokens. You requested a total of {input_len + max_new} tokens: {input_len} tokens from the "
+                    f"input messages and {max_new} tokens for the completion. Please reduce the number of tokens in "
+                    f"the input messages or the completion to fit within the limit.")
+            if max_new < 0:
+                raise BadRequest(f"max_new_tokens must be at least 0, got {max_new}.")
+            if id_lists is not None:
+                ids = id_lists[k]
+                if max(ids) >= args.vocab_size or min(ids) < 0:
+                    if args.crash_on_bad_token:
+                        # Like sglang: a device-side assert kills the server; connections drop, nothing answers.
+                        sys.stderr.write(f"sim-server: input id out of vocabulary ({args.vocab_size}): crashing "
+                                         "like sglang (--crash-on-bad-token)\n")
+                        sys.stderr.flush()
+                        os._exit(134)
+                    raise BadRequest(f"The input_ids {ids} contains values greater than the vocab size "
+                                     f"({args.vocab_size}).")
+            need = input_len + max_new
+            if need > self.limits.max_total_num_tokens:
+                raise BadRequest(f"The request needs {need} KV cache tokens (input + max_new_tokens) but the "
+                                 f"server's max_total_num_tokens is {self.limits.max_total_num_tokens}.")
+            items.append((input_len, max_new))
+        return single, items, stream
+
+    async def _stream(self, request: web.Request, pend: Pending) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        sent = 0
+        while True:
+            if pend.visible == sent and not pend.finished:
+                pend.event.clear()
+                await pend.event.wait()
+            if pend.finished:
+                out = self._final_out(pend, is_stream=True)
+                if pend.t_first_sent_wall == 0.0:
+                    pend.t_first_sent_wall = time.time()
+                out["meta_info"]["response_sent_to_client_ts"] = pend.t_first_sent_wall
+                await response.write(b"data: " + orjson.dumps(out) + b"\n\n")
+                break
+            sent = pend.visible
+            chunk = self._partial_out(pend, sent)
+            await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    # ---------------------------------------------------------------- answers
+    def _ids(self, pend: Pending, n: int) -> list[int]:
+        have = len(pend.output_ids)
+        if n > have:
+            pend.output_ids.extend(token_ids(pend.ids_seed + have, n - have, self.args.vocab_size))
+        return pend.output_ids[:n]
+
+    def _meta_common(self, pend: Pending, completion_tokens: int, finish_reason: dict | None) -> dict:
+        sim = pend.sim
+        meta: dict = {"id": pend.rid, "finish_reason": finish_reason, "prompt_tokens": sim.input_len,
+                      "weight_version": "default", "num_retractions": 0}
+        if self.args.enable_metrics:
+            meta["forward_entry_time"] = self.wall(sim.t_forward_entry)
+            meta["prefill_finished_time"] = self.wall(sim.t_prefill_finished)
+            meta["queue_time"] = sim.t_forward_entry - sim.t_ready
+        else:
+            meta["queue_time"] = 0.0
+        meta["reasoning_tokens"] = 0
+        meta["completion_tokens"] = completion_tokens
+        meta["cached_tokens"] = 0
+        meta["cached_tokens_details"] = None
+        meta["dp_rank"] = None
+        return meta
+
+    def _partial_out(self, pend: Pending, n: int) -> dict:
+        ids = self._ids(pend, n)
+        meta = self._meta_common(pend, n, None)
+        if pend.t_first_sent_wall == 0.0:
+            pend.t_first_sent_wall = time.time()
+            meta["response_sent_to_client_ts"] = pend.t_first_sent_wall
+        return {"text": _render_text(ids), "output_ids": ids, "meta_info": meta}
+
+    def _final_out(self, pend: Pending, is_stream: bool) -> dict:
+        sim = pend.sim
+        n = sim.output_len
+        ids = self._ids(pend, n)
+        meta = self._meta_common(pend, n, {"type": "length", "length": n})
+        e2e = pend.t_finished - pend.t_received
+        meta["e2e_latency"] = e2e
+        if self.args.enable_metrics:
+            meta["request_received_ts"] = self.wall(pend.t_received)
+            meta["api_server_dispatch_finish_ts"] = self.wall(pend.t_dispatched)
+            if is_stream:
+                meta["response_sent_to_client_ts"] = 0.0  # placeholder keeps sglang's key order; set by caller
+            meta["request_finished_ts"] = self.wall(pend.t_finished)
+            decode_latency = pend.t_finished - pend.t_first_token
+            if decode_latency > 0.0 and n > 1:
+                meta["decode_throughput"] = (n - 1) / decode_latency
+        self._observe_finished(pend, e2e)
+        return {"text": _render_text(ids), "output_ids": ids, "meta_info": meta}
+
+    def _observe_finished(self, pend: Pending, e2e: float) -> None:
+        stream = pend.stream
+        sim = pend.sim
+        self.num_requests_total[stream] += 1
+        self.prompt_tokens_total[stream] += sim.input_len
+        self.generation_tokens_total[stream] += sim.output_len
+        self.e2e_hist[stream].observe(e2e)
+        if pend.t_first_token > 0.0:
+            self.ttft_hist[stream].observe(pend.t_first_token - pend.t_received)
+        self.queue_hist.observe(sim.t_forward_entry - sim.t_ready)
+
+    # ---------------------------------------------------------------- other routes
+    async def handle_health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.ready() else 503)
+
+    def server_info(self) -> dict:
+        args = self.args
+        info = dict(SERVER_INFO)
+        overrides = {
+            "model_path": MODEL_NAME, "tokenizer_path": MODEL_NAME, "served_model_name": MODEL_NAME,
+            "host": args.host, "port": args.port,
+            "context_length": args.context_length,
+            "max_running_requests": args.max_running_requests,
+            "max_total_tokens": args.max_total_tokens,
+            "chunked_prefill_size": args.chunked_prefill_size,
+            "random_seed": args.seed,
+            "enable_metrics": args.enable_metrics,
+            "disable_overlap_schedule": args.disable_overlap_schedule,
+        }
+        info.update(overrides)
+        info["status"] = "ready" if self.ready() else "starting"
+        info["max_total_num_tokens"] = self.limits.max_total_num_tokens
+        info["max_req_input_len"] = args.context_length - 6
+        internal = dict(SERVER_INFO["internal_states"][0])
+        internal.update(overrides)
+        internal["last_gen_throughput"] = self.gen_throughput
+        internal["effective_max_running_requests_per_dp"] = self.limits.max_running_requests
+        memory = dict(internal["memory_usage"])
+        memory["token_capacity"] = self.limits.max_total_num_tokens
+        internal["memory_usage"] = memory
+        info["internal_states"] = [internal]
+        info["tracebench_sim"] = {"profile": args.profile.name, "speed": args.speed,
+                                  "accelerator": args.profile.accelerator,
+                                  "max_running_requests": self.limits.max_running_requests,
+                                  "vocab_size": args.vocab_size}
+        return info
+
+    async def handle_server_info(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(self.server_info()), content_type=_JSON)
+
+    async def handle_model_info(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(_model_info()), content_type=_JSON)
+
+    async def handle_models(self, request: web.Request) -> web.Response:
+        body = {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": self.created,
+                                            "owned_by": "sglang", "root": MODEL_NAME, "parent": None,
+                                            "max_model_len": self.args.context_length}]}
+        return web.Response(body=orjson.dumps(body), content_type=_JSON)
+
+    def _load(self, now_wall: float) -> dict:
+        model, limits = self.model, self.limits
+        used = model.kv_used_tokens()
+        waiting_tokens = sum(r.input_len for r in model.waiting)
+        cap = limits.max_total_num_tokens
+        return {
+            "timestamp": now_wall, "dp_rank": 0,
+            "num_running_reqs": model.num_running, "num_waiting_reqs": model.num_waiting,
+            "num_waiting_uncached_tokens": waiting_tokens,
+            "num_used_tokens": used, "num_total_tokens": used, "num_active_tokens": used,
+            "max_total_num_tokens": cap, "max_running_requests": limits.max_running_requests,
+            "token_usage": used / cap, "gen_throughput": self.gen_throughput,
+            "cache_hit_rate": 0.0, "utilization": used / cap,
+            "total_prefill_uncached_tokens": model.total_prefill_tokens,
+            "total_prefill_busy_us": int(model.total_prefill_busy_s * 1e6),
+            "decode_moments": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            "memory": {"weight_gb": 12.57, "kv_cache_gb": round(cap * 524288 / 1e9 * 0.9313, 3), "graph_gb": 0.895,
+                       "token_capacity": cap},
+            "disaggregation": {"mode": "null", "prefill_bootstrap_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
+                               "decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": 0,
+                               "decode_retracted_queue_reqs": 0, "kv_transfer_speed_gb_s": 0.0,
+                               "kv_transfer_latency_ms": 0.0},
+            "queues": {"waiting": model.num_waiting, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0},
+        }
+
+    async def handle_loads(self, request: web.Request) -> web.Response:
+        now = time.time()
+        body = {"timestamp": datetime.fromtimestamp(now, timezone.utc).isoformat(), "version": SGLANG_VERSION,
+                "accelerator": self.args.profile.accelerator, "num_accelerators": 1, "loads": [self._load(now)]}
+        return web.Response(body=orjson.dumps(body), content_type=_JSON)
+
+    async def handle_get_load(self, request: web.Request) -> web.Response:
+        model = self.model
+        body = [{"dp_rank": 0, "num_reqs": model.num_running + model.num_waiting,
+                 "num_waiting_reqs": model.num_waiting, "num_tokens": model.kv_used_tokens(),
+                 "num_pending_tokens": sum(r.input_len for r in model.waiting), "ts_tic": time.perf_counter()}]
+        return web.Response(body=orjson.dumps(body), content_type=_JSON)
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        if not self.args.enable_metrics:
+            return web.Response(text="", content_type="text/plain", charset="utf-8")
+        return web.Response(text=self.metrics_text(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    def metrics_text(self) -> str:
+        model, limits = self.model, self.limits
+        sched = _SCHED_LABELS.format(m=MODEL_NAME)
+        used = model.kv_used_tokens()
+        lines: list[str] = []
+
+        def gauge(name: str, doc: str, value: float) -> None:
+            lines.extend([f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name}{{{sched}}} {float(value)!r}"])
+
+        gauge("sglang:num_running_reqs", "The number of running requests.", model.num_running)
+        gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", model.num_waiting)
+        gauge("sglang:gen_throughput", "The generation throughput (token/s).", self.gen_throughput)
+        gauge("sglang:token_usage", "The token usage.", used / limits.max_total_num_tokens)
+        gauge("sglang:num_used_tokens", "The number of used tokens.", used)
+        lines += ["# HELP sglang:queue_time_seconds Histogram of queueing time in seconds.",
+                  "# TYPE sglang:queue_time_seconds histogram"]
+        lines += self.queue_hist.render("sglang:queue_time_seconds", sched)
+        for name, doc, counts in (
+            ("sglang:prompt_tokens_total", "Number of prefill tokens processed.", self.prompt_tokens_total),
+            ("sglang:generation_tokens_total", "Number of generation tokens processed.", self.generation_tokens_total),
+            ("sglang:num_requests_total", "Number of requests processed.", self.num_requests_total),
+        ):
+            lines += [f"# HELP {name} {doc}", f"# TYPE {name} counter"]
+            for stream in (False, True):
+                lines.append(f'{name}{{engine_type="unified",is_streaming="{str(stream).lower()}",'
+                             f'model_name="{MODEL_NAME}"}} {float(counts[stream])!r}')
+        for name, doc, hists in (
+            ("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft_hist),
+            ("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+             self.e2e_hist),
+        ):
+            lines += [f"# HELP {name} {doc}", f"# TYPE {name} histogram"]
+            for stream in (False, True):
+                labels = f'engine_type="unified",is_streaming="{str(stream).lower()}",model_name="{MODEL_NAME}"'
+                lines += hists[stream].render(name, labels)
+        return "\n".join(lines) + "\n"
+
+    async def handle_flush_cache(self, request: web.Request) -> web.Response:
+        return web.Response(text=_FLUSH_TEXT, content_type="text/plain")
+
+
+def _render_text(ids: list[int]) -> str:
+    """The word-level tokenizer's rendering (`w<id>` per token), like the captured answers."""
+    return "".join([f" w{i}" for i in ids])
+
+
+def _bad_json(why: str) -> web.Response:
+    """sglang's (FastAPI's) answer to a body that is not JSON."""
+    detail = (f"[{{'type': 'json_invalid', 'loc': ('body', 1), 'msg': 'JSON decode error', 'input': {{}}, "
+              f"'ctx': {{'error': {why!r}}}}}]")
+    message = (f"1 validation error:\n  {detail[1:-1]}\n\n  File \"site-packages/sglang/srt/entrypoints/http_server.py\","
+               f" line 869, in generate_request\n    POST /generate {detail}")
+    body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
+    return web.Response(status=400, body=orjson.dumps(body), content_type=_JSON)
+
+
+def _model_info() -> dict:
+    return {
+        "model_path": MODEL_NAME, "tokenizer_path": MODEL_NAME, "is_generation": True,
+        "preferred_sampling_params": None, "weight_version": "default", "has_image_understanding": False,
+        "has_audio_understanding": False, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        "embedding": {"family": "none", "task": "none", "execution": "none", "attention": "none",
+                      "pooling": "model_defined", "normalize": False, "postprocessor": "none",
+                      "tokenizer_special_tokens": "model_default", "supports_dimensions": False,
+                      "supports_token_embeddings": False, "supports_multimodal": False,
+                      "requires_embedding_flag": False, "auto_enable_embedding": False, "bcg_eligibility": "disabled",
+                      "safe_disable_kv_cache": False, "safe_disable_radix_cache": False,
+                      "safe_disable_chunked_prefill": False, "enabled": False, "matryoshka_dimensions": [],
+                      "bcg": {"prefill_backend": "breakable", "enabled": True, "capture_token_budget": 4096,
+                              "capture_batch_sizes": [4, 8, 12, 16, 20, 24, 28, 32, 48, 64, 80, 96, 112, 128, 144,
+                                                      160, 176, 192, 208, 224, 240, 256, 288, 320, 352, 384, 416,
+                                                      448, 480, 512, 576, 640, 704, 768, 832, 896, 960, 1024, 1280,
+                                                      1536, 1792, 2048, 2304, 2560, 2816, 3072, 3328, 3584, 3840,
+                                                      4096]},
+                      "cache": {"kv_cache_disabled": False, "radix_cache_disabled": False,
+                                "chunked_prefill_disabled": False}},
+    }
+
+
+async def _serve(args: SimArgs) -> None:
+    server = SimServer(args)
+    runner = web.AppRunner(server.make_app(), handle_signals=False, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    # A short grace: in-flight requests are cut on SIGTERM (the replay stops servers with SIGTERM, then SIGKILL).
+    site = web.TCPSite(runner, args.host, args.port, backlog=1024, reuse_address=True, shutdown_timeout=0.1)
+    server.start_engine()
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    sys.stdout.write(f"sim-server listening on http://{args.host}:{args.port} (profile {args.profile.name}, "
+                     f"speed {args.speed:g})\n")
+    sys.stdout.flush()
+    engine = server.engine_task
+    assert engine is not None
+    stopper = loop.create_task(stop.wait())
+    await asyncio.wait([stopper, engine], return_when=asyncio.FIRST_COMPLETED)
+    if engine.done():
+        engine.result()  # the engine died: raise its error (fail fast)
+    engine.cancel()
+    await runner.shutdown()
+    await runner.cleanup()
+
+
+def serve(args: SimArgs) -> None:
+    """Run the sim-server until SIGINT or SIGTERM."""
+    asyncio.run(_serve(args))
