@@ -54,3 +54,9 @@ class ServerProtocolError(TracebenchError):
 
 class RunFailed(TracebenchError):
     """The replay could not go on (for example: every server died)."""
+
+
+class RunInterrupted(TracebenchError):
+    """The replay was stopped by Ctrl-C (SIGINT) or SIGTERM; its run folder is complete (status interrupted)."""
+
+    exit_code = 130  # 128 + SIGINT, what a shell reports for Ctrl-C

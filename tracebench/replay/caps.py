@@ -1,0 +1,124 @@
+"""Per-server caps changed during a run: the `--cap-schedule` spec and the localhost control endpoint.
+
+sglang 0.5.17 cannot change `--max-running-requests` after launch, so the run-time cap lives in tracebench's router:
+raising it admits more at once, lowering it below the in-flight count admits nothing more on that server until it
+drains below the cap. Both sources call `Router.set_cap`, which records every change in run.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from tracebench.errors import ConfigError
+from tracebench.replay.clock import RunClock
+
+_ITEM = re.compile(r"^\s*(?P<t>\d+(?:\.\d*)?|\.\d+)s?\s*:\s*(?:(?P<target>all|server(?P<index>\d+))\s*=\s*)?(?P<cap>[+-]?\d+)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class CapChange:
+    """At run time `t` (seconds), set the cap of `server` (None: every server) to `cap`."""
+
+    t: float
+    server: int | None
+    cap: int
+
+
+def parse_cap_schedule(spec: str, num_servers: int) -> list[CapChange]:
+    """`"30s:8,60s:server1=2"`: at 30 s every server's cap becomes 8, at 60 s server 1's becomes 2. A bare cap or
+    `all=N` means every server; times are run seconds (the `s` is optional). Sorted by time, stable."""
+    changes = []
+    for item in spec.split(","):
+        match = _ITEM.match(item)
+        if match is None:
+            raise ConfigError(
+                f"--cap-schedule: cannot read {item.strip()!r} (expected TIMEs:CAP, TIMEs:all=CAP or TIMEs:serverI=CAP, "
+                f"e.g. \"30s:8,60s:server1=2\")"
+            )
+        index = None if match["index"] is None else int(match["index"])
+        if index is not None and index >= num_servers:
+            raise ConfigError(f"--cap-schedule: {item.strip()!r}: there is no server{index} (servers are 0..{num_servers - 1})")
+        cap = int(match["cap"])
+        if cap < 1:
+            raise ConfigError(f"--cap-schedule: {item.strip()!r}: the cap must be >= 1, got {cap}")
+        changes.append(CapChange(t=float(match["t"]), server=index, cap=cap))
+    return sorted(changes, key=lambda c: c.t)
+
+
+SetCap = Callable[[int | None, int, str], None]  # (server or None for all, cap, source)
+
+
+async def run_cap_schedule(changes: list[CapChange], clock: RunClock, set_cap: SetCap) -> None:
+    """Apply each change at its run time (absolute schedule, like request releases)."""
+    for change in changes:
+        while (delay := change.t - clock.now()) > 0:
+            await asyncio.sleep(delay)
+        set_cap(change.server, change.cap, "schedule")
+
+
+def bind_control_socket(port: int | None) -> socket.socket:
+    """The control endpoint's listening socket on 127.0.0.1 (port None: a free one). A taken port fails fast."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port or 0))
+    except OSError as err:
+        sock.close()
+        raise ConfigError(f"--control-port {port}: cannot listen on 127.0.0.1:{port} ({err.strerror})") from None
+    sock.listen(16)
+    return sock
+
+
+class ControlServer:
+    """`POST /cap {"server": i | "all", "max_running_requests": n}` -> 200 with the caps now in force;
+    `GET /caps` -> the caps. Bad input gets 400 with the reason (the run goes on)."""
+
+    def __init__(self, sock: socket.socket, num_servers: int, set_cap: SetCap, caps: Callable[[], list[int]]) -> None:
+        self.sock = sock
+        self.port: int = sock.getsockname()[1]
+        self._num_servers = num_servers
+        self._set_cap = set_cap
+        self._caps = caps
+        app = web.Application()
+        app.router.add_post("/cap", self._post_cap)
+        app.router.add_get("/caps", self._get_caps)
+        self._runner = web.AppRunner(app, access_log=None)
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        await web.SockSite(self._runner, self.sock).start()
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+    async def _get_caps(self, request: web.Request) -> web.Response:
+        return web.json_response({"caps": self._caps()})
+
+    async def _post_cap(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError as err:
+            return _bad(f"body is not JSON: {err}")
+        if not isinstance(body, dict) or set(body) != {"server", "max_running_requests"}:
+            return _bad('expected {"server": i | "all", "max_running_requests": n}')
+        server, cap = body["server"], body["max_running_requests"]
+        if server == "all":
+            index = None
+        elif isinstance(server, int) and not isinstance(server, bool) and 0 <= server < self._num_servers:
+            index = server
+        else:
+            return _bad(f'"server" must be "all" or an index 0..{self._num_servers - 1}, got {server!r}')
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            return _bad(f'"max_running_requests" must be an integer >= 1, got {cap!r}')
+        self._set_cap(index, cap, "control")
+        return web.json_response({"caps": self._caps()})
+
+
+def _bad(why: str) -> web.Response:
+    return web.json_response({"error": {"message": why}}, status=400)

@@ -1,0 +1,196 @@
+"""sglang's HTTP API as the replay uses it: `POST /generate`, `GET /health`, `/server_info`, `/v1/loads`.
+
+Shapes checked against what real sglang 0.5.17 answered (../shared/sglang-0.5.17/api_capture.json) and its
+http_server.py:
+- `/generate` with `stream: true` answers `data: {json}\\n\\n` events carrying the cumulative `output_ids` and a
+  `meta_info` whose `completion_tokens` counts the tokens so far; the last event before `data: [DONE]` carries the
+  final `meta_info` (`finish_reason` set, `e2e_latency`, and with `--enable-metrics` the server's time.time() stamps).
+  A request sglang refuses while streaming comes as HTTP 200 with `data: {"error": {"message": ...}}` then [DONE];
+  without streaming as HTTP 400 `{"error": {"message": ...}}` (FastAPI validation: `{"message": ...}`).
+- An aborted request finishes with `finish_reason: {"type": "abort", "message": ...}`.
+- `/health` answers 503 while starting, 200 when up (real sglang takes ~1 s: it runs a one-token generation).
+
+This module is the one place where errors are caught, because here they are measurements: a refused, dropped or
+timed-out request becomes an Answer with status `error` or `timeout`. An answer that breaks the contract (a 200
+without meta_info, an event that is not JSON) is a ServerProtocolError and stops the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+import orjson
+
+from tracebench.errors import ServerProtocolError
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+_DATA = b"data: "
+_DONE = b"[DONE]"
+FIRST_TOKEN = "first_token"  # yielded by SglangClient.generate when the first output token arrived
+
+
+@dataclass(slots=True)
+class Answer:
+    """How one /generate ended. `meta` is the final meta_info (status ok only). `connection_lost` says the failure
+    was the connection itself (refused, dropped): the router then checks the server's health."""
+
+    status: Literal["ok", "error", "timeout"]
+    error: str | None = None
+    meta: dict[str, Any] | None = None
+    connection_lost: bool = False
+
+
+@dataclass(slots=True)
+class Fetched:
+    """A GET's outcome: the parsed JSON body, or why there is none (`connection_lost`: the server was not reached)."""
+
+    obj: Any
+    error: str | None = None
+    connection_lost: bool = False
+
+
+def _error_text(body: bytes) -> str:
+    """sglang's message from an error body (`{"error": {"message"}}` or `{"message"}`), else the body itself."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode("utf-8", "replace").strip()[:500]
+    if isinstance(obj, dict):
+        inner = obj.get("error")
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return inner["message"]
+        if isinstance(obj.get("message"), str):
+            return obj["message"]
+    return body.decode("utf-8", "replace").strip()[:500]
+
+
+class SglangClient:
+    """One aiohttp session for the whole run: no connection limit (the router decides what is in flight), no
+    session-wide timeout (aiohttp's default of 300 s would cut long requests); `request_timeout` applies per
+    /generate, from send to the last byte."""
+
+    def __init__(self, request_timeout: float | None, stream: bool) -> None:
+        self.stream = stream
+        self.request_timeout = request_timeout
+        self._gen_timeout = aiohttp.ClientTimeout(total=request_timeout)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        )
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def generate(self, generate_url: str, body: bytes) -> AsyncIterator[Answer | str]:
+        """POST the request; yields FIRST_TOKEN when the first output token arrives (streaming only), then exactly
+        one Answer. The caller stamps the moments as the items arrive."""
+        try:
+            async with self.session.post(generate_url, data=body, headers=_JSON_HEADERS, timeout=self._gen_timeout) as resp:
+                if resp.status != 200:
+                    yield Answer("error", f"HTTP {resp.status}: {_error_text(await resp.read())}")
+                    return
+                if not self.stream:
+                    yield _final_answer(generate_url, await resp.read())
+                    return
+                first_seen = False
+                last_event = b""
+                buf = bytearray()
+                async for piece in resp.content.iter_any():
+                    buf += piece
+                    start = 0
+                    while True:
+                        end = buf.find(b"\n\n", start)
+                        if end < 0:
+                            break
+                        event = bytes(buf[start:end])
+                        start = end + 2
+                        if not event.startswith(_DATA):
+                            raise ServerProtocolError(f"{generate_url}: stream event does not start with 'data: ': {event[:200]!r}")
+                        data = event[len(_DATA):]
+                        if data == _DONE:
+                            yield _final_answer(generate_url, last_event)
+                            return
+                        last_event = data
+                        # Only events up to the first token are parsed: later ones are cumulative and grow with
+                        # the output, and only the last one (the final meta_info) matters.
+                        if not first_seen and _tokens_so_far(generate_url, data) > 0:
+                            first_seen = True
+                            yield FIRST_TOKEN
+                    del buf[:start]
+                yield Answer("error", "the stream ended before data: [DONE] (connection closed)", connection_lost=True)
+        except asyncio.TimeoutError:
+            yield Answer("timeout", f"no complete answer within --timeout {self.request_timeout:g} s")
+        except (aiohttp.ClientError, ConnectionError) as err:
+            yield Answer("error", f"{type(err).__name__}: {err}", connection_lost=True)
+
+    async def get_json(self, url: str, timeout: float) -> Fetched:
+        """GET a JSON endpoint. A server that cannot be reached or does not answer 200 gives `Fetched.error`; a 200
+        that is not JSON is a ServerProtocolError."""
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    return Fetched(None, f"HTTP {resp.status}: {_error_text(body)}")
+        except asyncio.TimeoutError:
+            return Fetched(None, f"no answer within {timeout:g} s")
+        except (aiohttp.ClientError, ConnectionError) as err:
+            return Fetched(None, f"{type(err).__name__}: {err}", connection_lost=True)
+        try:
+            return Fetched(orjson.loads(body))
+        except orjson.JSONDecodeError as err:
+            raise ServerProtocolError(f"{url}: answered 200 with a body that is not JSON ({err}): {body[:200]!r}") from None
+
+    async def health(self, base_url: str, timeout: float) -> str | None:
+        """None when `GET /health` answers 200, else why not."""
+        try:
+            async with self.session.get(f"{base_url}/health", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                await resp.read()
+                return None if resp.status == 200 else f"/health answered HTTP {resp.status}"
+        except asyncio.TimeoutError:
+            return f"/health gave no answer within {timeout:g} s"
+        except (aiohttp.ClientError, ConnectionError) as err:
+            return f"/health: {type(err).__name__}: {err}"
+
+
+def _tokens_so_far(url: str, data: bytes) -> int:
+    obj = _loads(url, data)
+    if "error" in obj:
+        return 0
+    meta = obj.get("meta_info")
+    count = meta.get("completion_tokens") if isinstance(meta, dict) else None
+    if not isinstance(count, int):
+        raise ServerProtocolError(f"{url}: stream event without meta_info.completion_tokens: {data[:200]!r}")
+    return count
+
+
+def _loads(url: str, data: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as err:
+        raise ServerProtocolError(f"{url}: answer is not JSON ({err}): {data[:200]!r}") from None
+    if not isinstance(obj, dict):
+        raise ServerProtocolError(f"{url}: expected a JSON object, got {type(obj).__name__}: {data[:200]!r}")
+    return obj
+
+
+def _final_answer(url: str, data: bytes) -> Answer:
+    """The Answer from the final object (the last stream event, or the whole non-streamed body)."""
+    if not data:
+        raise ServerProtocolError(f"{url}: the stream ended with [DONE] before any answer")
+    obj = _loads(url, data)
+    if "error" in obj:
+        err = obj["error"]
+        message = err.get("message") if isinstance(err, dict) else err
+        return Answer("error", f"refused by the server: {message}")
+    meta = obj.get("meta_info")
+    if not isinstance(meta, dict):
+        raise ServerProtocolError(f"{url}: answer without meta_info: {data[:300]!r}")
+    finish = meta.get("finish_reason")
+    if not isinstance(finish, dict) or not isinstance(finish.get("type"), str):
+        raise ServerProtocolError(f"{url}: final answer without meta_info.finish_reason.type: {data[:300]!r}")
+    if finish["type"] == "abort":
+        return Answer("error", f"aborted by the server: {finish.get('message')}")
+    return Answer("ok", meta=meta)

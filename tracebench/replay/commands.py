@@ -1,0 +1,132 @@
+"""`tracebench replay` and `tracebench policies`. Light at import time (`tracebench --help` imports every commands
+module): the replay machinery (aiohttp, numpy) is imported inside the commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tracebench.errors import ConfigError
+
+
+def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--policy-opt {value!r}: expected KEY=VALUE")
+        pairs.append((key.strip(), val))
+    return tuple(pairs)
+
+
+@click.command("replay")
+@click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--policy", default="random", show_default=True,
+              help="Routing policy: a built-in (`tracebench policies`), path/to/file.py:ClassName, or NAME for "
+                   "policies/NAME.py.")
+@click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
+              help="An option of the policy (repeatable); `tracebench policies` lists what each accepts.")
+@click.option("--gpus", type=int, default=None,
+              help="Launch N servers, one per GPU (CUDA_VISIBLE_DEVICES=i, port base+i). [default: 1]")
+@click.option("--backend", type=click.Choice(["sglang", "sim"]), default=None,
+              help="What to launch: real sglang (`python -m sglang.launch_server`, needs --model) or tracebench's "
+                   "simulated server (`tracebench sim-server`: a simulated N-GPU cluster). [default: sglang]")
+@click.option("--attach", multiple=True, metavar="URL",
+              help="Use a running server instead of launching (repeatable: one per server), e.g. "
+                   "http://127.0.0.1:30000. Needs --vocab-size or --model unless the server is a tracebench simulator.")
+@click.option("--mode", type=click.Choice(["continuous", "static"]), default="continuous", show_default=True,
+              help="continuous: each request is sent at its arrival time. static: static batching, a server gets "
+                   "its next batch of --batch-size only after every request of the previous one finished.")
+@click.option("--batch-size", type=int, default=None, help="Static mode: requests per batch.")
+@click.option("--batch-timeout", type=float, default=None, metavar="S",
+              help="Static mode: a partial batch goes S seconds after its first request arrived. [default: it waits "
+                   "until full, or until the trace has nothing more to release]")
+@click.option("--max-running-requests", type=int, default=None, metavar="N",
+              help="Per-server cap at tracebench's router (at most N in flight per server); also passed to the "
+                   "servers tracebench launches. [default: no cap]")
+@click.option("--cap-schedule", default=None, metavar="SPEC",
+              help='Change caps during the run: "30s:8,60s:server1=2" (at 30 s every server\'s cap becomes 8, at '
+                   "60 s server 1's becomes 2; times are run seconds; all=N means every server).")
+@click.option("--control-port", type=int, default=None, metavar="P",
+              help='Port of the localhost control endpoint: POST /cap {"server": i|"all", "max_running_requests": n}, '
+                   "GET /caps. Printed at start. [default: a free port]")
+@click.option("--model", default=None, metavar="PATH",
+              help="Model folder for --backend sglang (--model-path); its config.json gives the vocabulary size of "
+                   "the input ids (also usable with --attach).")
+@click.option("--vocab-size", type=int, default=None, metavar="V",
+              help="Vocabulary size for --attach (input ids stay below it), or for the simulator (passed to it).")
+@click.option("--server-arg", "server_args", multiple=True, metavar="ARG",
+              help='Extra argument(s) for each launched server, split like a shell (repeatable), e.g. '
+                   '--server-arg "--load-format dummy --attention-backend triton".')
+@click.option("--port-base", type=int, default=None, metavar="PORT",
+              help="Launched server i listens on 127.0.0.1:PORT+i. [default: 30000]")
+@click.option("--speed", type=float, default=None, metavar="K",
+              help="--backend sim: the simulated GPUs run K times faster than real time.")
+@click.option("--run-name", default=None, metavar="NAME",
+              help="Run folder name. [default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>]")
+@click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("reports"),
+              show_default=True, help="Where run folders go.")
+@click.option("--timeout", type=float, default=None, metavar="S",
+              help="A request without a complete answer S seconds after dispatch is recorded as timeout. "
+                   "[default: no limit]")
+@click.option("--stream/--no-stream", default=True, show_default=True,
+              help="Stream answers (gives time to first token) or wait for whole answers.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the policy's random choices.")
+@click.option("--sjf-key", type=click.Choice(["output", "input"]), default=None,
+              help="--policy sjf: order by output_len (its default) or input_len.")
+@click.option("--poll-interval", type=float, default=0.5, show_default=True, metavar="S",
+              help="Seconds between /v1/loads polls (telemetry.jsonl; what policies see as the servers' reports).")
+@click.option("--startup-timeout", type=float, default=None, metavar="S",
+              help="Seconds a launched server may take to answer /health 200. [default: 600 sglang, 30 sim]")
+@click.option("--quiet", is_flag=True, default=False, help="No progress line on stderr.")
+def replay(trace: Path, policy: str, policy_opts: tuple[str, ...], gpus: int | None, backend: str | None,
+           attach: tuple[str, ...], mode: str, batch_size: int | None, batch_timeout: float | None,
+           max_running_requests: int | None, cap_schedule: str | None, control_port: int | None, model: str | None,
+           vocab_size: int | None, server_args: tuple[str, ...], port_base: int | None, speed: float | None,
+           run_name: str | None, out_dir: Path, timeout: float | None, stream: bool, seed: int, sjf_key: str | None,
+           poll_interval: float, startup_timeout: float | None, quiet: bool) -> None:
+    """Replay TRACE against sglang servers (launched or attached) and record every request.
+
+    \b
+    Each request is released at its arrival time (an absolute schedule) into tracebench's router; the policy
+    sends it to a server under the per-server cap; its three moments are recorded (t_released, t_dispatch,
+    t_finish, plus t_first_token and sglang's own stamps). The run folder <out-dir>/<run-name>/ holds
+    run.json, requests.jsonl, telemetry.jsonl and the servers' logs (docs/run-format.md).
+    \b
+    tracebench replay t.jsonl --backend sim --gpus 2 --speed 4 --policy sjf --max-running-requests 16
+    tracebench replay t.jsonl --model models/llama-2-7b-hf --gpus 4 --policy round_robin \\
+        --server-arg "--load-format dummy --attention-backend triton --sampling-backend pytorch"
+    tracebench replay t.jsonl --backend sim --mode static --batch-size 8
+    tracebench replay t.jsonl --attach http://127.0.0.1:30000 --model models/llama-2-7b-hf
+    \b
+    Ctrl-C stops the run: requests in flight are cancelled and recorded, servers are stopped, exit code 130.
+    """
+    from tracebench.replay.run import ReplayConfig, run_replay
+
+    config = ReplayConfig(
+        trace=trace, policy=policy, policy_options=_policy_opts(policy_opts), gpus=gpus, backend=backend,
+        attach=attach, mode=mode, batch_size=batch_size, batch_timeout=batch_timeout,
+        max_running_requests=max_running_requests, cap_schedule=cap_schedule, control_port=control_port,
+        model=model, vocab_size=vocab_size, server_args=server_args, port_base=port_base, speed=speed,
+        run_name=run_name, out_dir=out_dir, timeout=timeout, stream=stream, seed=seed, sjf_key=sjf_key,
+        poll_interval=poll_interval, startup_timeout=startup_timeout, quiet=quiet,
+    )
+    click.echo(run_replay(config))
+
+
+@click.command("policies")
+def policies_cmd() -> None:
+    """List the built-in routing policies (use one with `tracebench replay --policy NAME`).
+
+    A policy of your own: `--policy path/to/file.py:ClassName`, or a file in policies/ by name
+    (policies/example_least_loaded.py is a commented example; docs/policies.md is the guide).
+    """
+    from tracebench.policies.registry import builtin_policies
+
+    policies = builtin_policies()
+    width = max(len(name) for name in policies)
+    for name, cls in policies.items():
+        click.echo(f"{name:<{width}}  {cls.description}")
+        for key, text in cls.options_help.items():
+            click.echo(f"{'':<{width}}    --policy-opt {key}=...: {text}")

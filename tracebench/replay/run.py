@@ -1,0 +1,456 @@
+"""One replay, start to end: check the options and the trace, start the servers, run engine + router + telemetry,
+write the run folder (docs/run-format.md), stop the servers.
+
+Order matters for the user's rules: everything that can be refused (options, trace, policy, model config, ports) is
+refused before any server starts; once servers start, a `finally` stops them whatever happens; every request of the
+trace ends up exactly once in requests.jsonl, however the run ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import orjson
+
+from tracebench import __version__
+from tracebench.errors import ConfigError, RunInterrupted, ServerStartError
+from tracebench.policies.base import Policy
+from tracebench.policies.registry import load_policy
+from tracebench.replay.caps import CapChange, ControlServer, bind_control_socket, parse_cap_schedule, run_cap_schedule
+from tracebench.replay.client import SglangClient
+from tracebench.replay.clock import RunClock
+from tracebench.replay.engine import Engine
+from tracebench.replay.records import STATUSES, RecordWriter, RequestRecord
+from tracebench.replay.router import Router, ServerState
+from tracebench.replay.servers import Fleet, ServerPlan, plan_attached, plan_launched, split_server_args
+from tracebench.replay.telemetry import poll_loads, show_progress
+from tracebench.replay.tokens import InputIds, vocab_size_from_model
+from tracebench.trace.format import TraceHeader, TraceRequest, load_trace, sha256_file
+
+RUN_FORMAT = 1
+STARTUP_TIMEOUT_S = {"sglang": 600.0, "sim": 30.0}
+PROBE_TIMEOUT_S = 30.0  # real sglang's /health runs a one-token generation; it may take seconds under load
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Every option of `tracebench replay`. None means "not given" (resolve() fills what has a default)."""
+
+    trace: Path
+    policy: str = "random"
+    policy_options: tuple[tuple[str, str], ...] = ()
+    gpus: int | None = None
+    backend: str | None = None  # sglang | sim; "attach" after resolve() when --attach was given
+    attach: tuple[str, ...] = ()
+    mode: str = "continuous"
+    batch_size: int | None = None
+    batch_timeout: float | None = None
+    max_running_requests: int | None = None
+    cap_schedule: str | None = None
+    control_port: int | None = None
+    model: str | None = None
+    vocab_size: int | None = None
+    server_args: tuple[str, ...] = ()
+    port_base: int | None = None
+    speed: float | None = None
+    run_name: str | None = None
+    out_dir: Path = Path("reports")
+    timeout: float | None = None
+    stream: bool = True
+    seed: int = 0
+    sjf_key: str | None = None
+    poll_interval: float = 0.5
+    startup_timeout: float | None = None
+    quiet: bool = False
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.attach) if self.attach else (self.gpus or 1)
+
+    def resolve(self) -> ReplayConfig:
+        """Refuse contradictions and bad values (ConfigError); fill the defaults that depend on other options."""
+        cfg = self
+        given = {f.name for f in dataclasses.fields(self) if getattr(self, f.name) not in (None, ())}
+
+        def refuse(why: str) -> None:
+            raise ConfigError(why)
+
+        for name, value, low in (
+            ("--gpus", self.gpus, 1), ("--batch-size", self.batch_size, 1),
+            ("--max-running-requests", self.max_running_requests, 1), ("--vocab-size", self.vocab_size, 1),
+        ):
+            if value is not None and value < low:
+                refuse(f"{name} must be >= {low}, got {value}")
+        for name, value in (
+            ("--batch-timeout", self.batch_timeout), ("--timeout", self.timeout), ("--speed", self.speed),
+            ("--poll-interval", self.poll_interval), ("--startup-timeout", self.startup_timeout),
+        ):
+            if value is not None and not value > 0:
+                refuse(f"{name} must be > 0, got {value}")
+        for name, value in (("--port-base", self.port_base), ("--control-port", self.control_port)):
+            if value is not None and not 0 < value < 65536:
+                refuse(f"{name} must be a port in 1..65535, got {value}")
+        if self.mode not in ("continuous", "static"):
+            refuse(f"--mode must be continuous or static, got {self.mode!r}")
+        if self.mode == "static" and self.batch_size is None:
+            refuse("--mode static needs --batch-size B")
+        if self.mode != "static":
+            for name, key in (("--batch-size", "batch_size"), ("--batch-timeout", "batch_timeout")):
+                if key in given:
+                    refuse(f"{name} is for --mode static (this run is --mode {self.mode})")
+        keys = [k for k, _ in self.policy_options]
+        if len(set(keys)) != len(keys):
+            refuse(f"--policy-opt: a key is given twice ({', '.join(sorted({k for k in keys if keys.count(k) > 1}))})")
+        if self.sjf_key is not None:
+            if self.policy != "sjf":
+                refuse(f"--sjf-key is an option of --policy sjf (this run uses --policy {self.policy})")
+            if "key" in keys:
+                refuse("--sjf-key and --policy-opt key=... say the same thing: give one")
+            cfg = dataclasses.replace(cfg, policy_options=(*self.policy_options, ("key", self.sjf_key)))
+        if self.attach:
+            for name, key in (("--backend", "backend"), ("--port-base", "port_base"), ("--speed", "speed"),
+                              ("--server-arg", "server_args"), ("--startup-timeout", "startup_timeout")):
+                if key in given:
+                    refuse(f"{name} is for servers tracebench launches; --attach uses running servers")
+            if self.gpus is not None and self.gpus != len(self.attach):
+                refuse(f"--gpus {self.gpus} with {len(self.attach)} --attach URL(s): with --attach the servers are the URLs")
+            if self.model is not None and self.vocab_size is not None:
+                refuse("--model and --vocab-size both give the vocabulary size: give one")
+            return dataclasses.replace(cfg, backend="attach", gpus=len(self.attach))
+        backend = self.backend or "sglang"
+        if backend not in ("sglang", "sim"):
+            refuse(f"--backend must be sglang or sim, got {backend!r}")
+        if backend == "sglang":
+            if self.model is None:
+                refuse("--backend sglang needs --model PATH (the model folder: sglang loads it, its config.json gives the vocabulary)")
+            if self.speed is not None:
+                refuse("--speed is for --backend sim (a real GPU runs at its own speed)")
+            if self.vocab_size is not None:
+                refuse("--vocab-size is for --backend sim or --attach: with sglang it comes from --model's config.json")
+        if backend == "sim" and self.model is not None:
+            refuse("--model is for --backend sglang or --attach: the simulator has no model files (use --vocab-size)")
+        return dataclasses.replace(
+            cfg,
+            backend=backend,
+            gpus=self.gpus or 1,
+            port_base=self.port_base if self.port_base is not None else 30000,
+            startup_timeout=self.startup_timeout or STARTUP_TIMEOUT_S[backend],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["trace"], out["out_dir"] = str(self.trace), str(self.out_dir)
+        out["policy_options"] = dict(self.policy_options)
+        return out
+
+
+def default_run_name(cfg: ReplayConfig, policy: Policy) -> str:
+    return f"{cfg.trace.stem}-{policy.name}-{cfg.mode}-{cfg.num_servers}g-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
+    """Run one replay; returns the run folder. Raises RunInterrupted (Ctrl-C), RunFailed (no server left), or the
+    error that stopped the run, after the run folder is complete and every launched server is stopped."""
+    cfg = config.resolve()
+    header, requests = load_trace(cfg.trace)  # the whole trace is checked before anything starts
+    trace_sha = sha256_file(cfg.trace)
+    if cfg.backend == "sglang" or (cfg.backend == "attach" and cfg.model is not None):
+        vocab: int | None = vocab_size_from_model(cfg.model)  # type: ignore[arg-type]
+    else:
+        vocab = cfg.vocab_size  # sim: checked against what the simulator reports; attach: None -> asked below
+    if vocab is not None:
+        InputIds(trace_sha, vocab)  # refuses a vocabulary too small now, not after start-up
+    policy = load_policy(cfg.policy, np.random.default_rng(cfg.seed), dict(cfg.policy_options))
+    cap_changes = parse_cap_schedule(cfg.cap_schedule, cfg.num_servers) if cfg.cap_schedule else []
+    run_name = cfg.run_name or default_run_name(cfg, policy)
+    if not run_name or "/" in run_name or run_name in (".", ".."):
+        raise ConfigError(f"--run-name {run_name!r}: must be a plain folder name")
+    run_dir = cfg.out_dir / run_name
+    if run_dir.exists():
+        raise ConfigError(f"run folder {run_dir} already exists: choose another --run-name (runs are never overwritten)")
+    if cfg.backend == "attach":
+        plans = plan_attached(cfg.attach)
+    else:
+        sim_args = ["--vocab-size", str(vocab)] if cfg.backend == "sim" and vocab is not None else []
+        plans = plan_launched(
+            cfg.backend, cfg.num_servers, cfg.port_base, run_dir, model=cfg.model,  # type: ignore[arg-type]
+            max_running_requests=cfg.max_running_requests,
+            server_args=[*split_server_args(cfg.server_args), *sim_args], speed=cfg.speed,
+        )
+    control_sock = bind_control_socket(cfg.control_port)
+    try:
+        run_dir.mkdir(parents=True)
+    except OSError as err:
+        control_sock.close()
+        raise ConfigError(f"cannot create the run folder {run_dir}: {err.strerror}") from None
+    replay = Replay(cfg, run_dir, header, requests, trace_sha, vocab, policy, plans, cap_changes, control_sock, stderr)
+    replay.run()
+    return run_dir
+
+
+class Replay:
+    """The state of one run, kept so that however it ends, the run folder can be completed."""
+
+    def __init__(
+        self, cfg: ReplayConfig, run_dir: Path, header: TraceHeader, requests: list[TraceRequest], trace_sha: str,
+        vocab: int | None, policy: Policy, plans: list[ServerPlan], cap_changes: list[CapChange],
+        control_sock: socket.socket, stderr: IO[str],
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.header = header
+        self.requests = requests
+        self.trace_sha = trace_sha
+        self.vocab = vocab
+        self.policy = policy
+        self.fleet = Fleet(cfg.backend, plans)  # type: ignore[arg-type]
+        self.cap_changes = cap_changes
+        self.control_sock = control_sock
+        self.control_url = f"http://127.0.0.1:{control_sock.getsockname()[1]}"
+        self.stderr = stderr
+        self.writer = RecordWriter(run_dir / "requests.jsonl")
+        self.clock: RunClock | None = None
+        self.router: Router | None = None
+        self.server_info: list[Any] = [None] * len(plans)
+        self.accelerators: list[str | None] = [None] * len(plans)
+        self.signal: str | None = None
+        self.status = "running"
+        self.failure: BaseException | None = None
+        self.t_end: float | None = None
+        self._unstarted_counts: dict[str, int] | None = None
+
+    # ---- the run folder ----------------------------------------------------------------------------------------
+
+    def _write_run_json(self) -> None:
+        router = self.router
+        servers = []
+        for i in range(len(self.fleet.plans)):
+            info = self.server_info[i]
+            servers.append({
+                **self.fleet.describe(i),
+                "server_info": info,
+                "version": info.get("version") if isinstance(info, dict) else None,
+                "accelerator": self.accelerators[i],
+            })
+        doc = {
+            "tracebench_run": RUN_FORMAT,
+            "run_name": self.run_dir.name,
+            "tracebench_version": __version__,
+            "host": socket.gethostname(),
+            "wall_clock_start": self.clock.wall_start if self.clock is not None else None,
+            "trace": {
+                "path": str(self.cfg.trace), "sha256": self.trace_sha, "num_requests": self.header.num_requests,
+                "duration_s": self.header.duration_s, "header": self.header.fields,
+            },
+            "options": self.cfg.to_json(),
+            "backend": self.cfg.backend,
+            "mode": self.cfg.mode,
+            "batch_size": self.cfg.batch_size,
+            "batch_timeout": self.cfg.batch_timeout,
+            "stream": self.cfg.stream,
+            "policy": self.policy.describe(),
+            "seed": self.cfg.seed,
+            "vocab_size": self.vocab,
+            "servers": servers,
+            "gpu_names": sorted({a for a in self.accelerators if a}) if self.cfg.backend != "sim" else [],
+            "control_url": self.control_url,
+            "caps": {
+                "initial": [self.cfg.max_running_requests] * len(servers),
+                "changes": router.cap_changes if router is not None else [],
+            },
+            "events": router.events if router is not None else [],
+            "status": self.status,
+            "error": None if self.failure is None else f"{type(self.failure).__name__}: {self.failure}",
+            "t_end": self.t_end,
+            "counts": self._counts(),
+        }
+        path = self.run_dir / "run.json"
+        tmp = path.with_name(".run.json.tmp")
+        tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        os.replace(tmp, path)
+
+    def _counts(self) -> dict[str, int]:
+        if self.router is not None:
+            return dict(self.router.counts)
+        return dict(self._unstarted_counts or dict.fromkeys(STATUSES, 0))
+
+    def _write_unstarted(self, status: str, reason: str) -> None:
+        """The run ended before the router existed: every request gets a record saying why it was not run."""
+        for req in self.requests:
+            self.writer.write(RequestRecord(req.id, req.input_len, req.output_len, req.arrival_s, status=status, error=reason))  # type: ignore[arg-type]
+        self._unstarted_counts = {**dict.fromkeys(STATUSES, 0), status: len(self.requests)}
+
+    # ---- the run -----------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self._write_run_json()
+        try:
+            try:
+                self.fleet.start()
+                asyncio.run(self._main())
+            except KeyboardInterrupt:  # Ctrl-C before the loop's own handler was in place (or after it)
+                self.signal = self.signal or "SIGINT"
+            except BaseException as err:
+                self.failure = err
+            finally:
+                self.fleet.stop()
+                self.control_sock.close()
+        finally:
+            if self.signal is not None and self.failure is None:
+                self.status = "interrupted"
+            elif self.failure is not None or (self.router is not None and self.router.failure is not None):
+                self.status = "failed"
+                self.failure = self.failure or self.router.failure  # type: ignore[union-attr]
+            else:
+                self.status = "completed"
+            if self.router is None and self.writer.count == 0:
+                reason = "interrupted before the run started" if self.status == "interrupted" else f"not run: {self.failure}"
+                self._write_unstarted("cancelled" if self.status == "interrupted" else "error", reason)
+            self.writer.close()
+            self._write_run_json()
+        self._say_end()
+        if self.status == "interrupted":
+            err = RunInterrupted(f"interrupted ({self.signal}); the run folder {self.run_dir} is complete (status interrupted)")
+            if self.signal == "SIGTERM":
+                err.exit_code = 128 + signal.SIGTERM
+            raise err
+        if self.failure is not None:
+            raise self.failure
+
+    def _say_end(self) -> None:
+        counts = self._counts()
+        summary = ", ".join(f"{k} {counts[k]}" for k in STATUSES)
+        took = f" in {self.t_end:.1f} s" if self.t_end is not None else ""
+        self.stderr.write(f"{self.run_dir}: {self.status}{took} ({summary})\n")
+        self.stderr.flush()
+
+    async def _main(self) -> None:
+        loop = asyncio.get_running_loop()
+        work = asyncio.ensure_future(self._work())
+
+        def on_signal(name: str) -> None:
+            if self.signal is None:  # the first one stops the run; later ones must not cut the clean-up short
+                self.signal = name
+                work.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+        try:
+            await work
+        except asyncio.CancelledError:
+            if self.signal is None:
+                raise
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    async def _work(self) -> None:
+        cfg = self.cfg
+        client = SglangClient(cfg.timeout, cfg.stream)
+        engine: Engine | None = None
+        side_tasks: list[asyncio.Task[Any]] = []
+        control: ControlServer | None = None
+        try:
+            startup = cfg.startup_timeout if cfg.startup_timeout is not None else PROBE_TIMEOUT_S
+            await self.fleet.wait_healthy(client, startup)
+            await self._server_facts(client)
+            input_ids = InputIds(self.trace_sha, self.vocab)  # type: ignore[arg-type]
+            states = [
+                ServerState(p.index, p.url, cfg.max_running_requests, require_stamps=p.launched) for p in self.fleet.plans
+            ]
+            self.clock = clock = RunClock()
+            self.router = router = Router(
+                clock=clock, servers=states, policy=self.policy, client=client, writer=self.writer,
+                input_ids=input_ids, total=len(self.requests), health_check=self._health_check(client),
+                batch_size=cfg.batch_size if cfg.mode == "static" else None, batch_timeout=cfg.batch_timeout,
+            )
+            control = ControlServer(self.control_sock, len(states), router.set_cap, router.caps)
+            await control.start()
+            self._write_run_json()
+            self.stderr.write(
+                f"tracebench replay: {len(self.requests)} requests, {len(states)} server(s), run folder {self.run_dir}\n"
+                f"control: POST {self.control_url}/cap {{\"server\": i|\"all\", \"max_running_requests\": n}}\n"
+            )
+            self.stderr.flush()
+            engine = Engine(self.requests, clock, router)
+            side = [engine.run(), poll_loads(client, router, clock, cfg.poll_interval, self.run_dir / "telemetry.jsonl")]
+            if self.cap_changes:
+                side.append(run_cap_schedule(self.cap_changes, clock, router.set_cap))
+            if not cfg.quiet:
+                side.append(show_progress(router, clock, self.stderr))
+            for coro in side:
+                task = asyncio.ensure_future(coro)
+                task.add_done_callback(self._side_done)
+                side_tasks.append(task)
+            await router.ended.wait()
+            if router.failure is not None:
+                await router.close(engine.unreleased, "error", f"run stopped: {type(router.failure).__name__}: {router.failure}")
+        except asyncio.CancelledError:
+            if self.router is not None and engine is not None and self.signal is not None:
+                await self.router.close(engine.unreleased, "cancelled", f"interrupted ({self.signal})")
+            raise
+        finally:
+            if self.clock is not None:
+                self.t_end = self.clock.now()
+            for task in side_tasks:
+                task.cancel()
+            if side_tasks:
+                await asyncio.wait(side_tasks)
+            if control is not None:
+                await control.stop()
+            await client.close()
+            if not cfg.quiet and self.router is not None:
+                self.stderr.write("\n" if self.stderr.isatty() else "")
+
+    def _side_done(self, task: asyncio.Task[Any]) -> None:
+        # the engine, poller, cap schedule and progress line run beside the requests: an error in one stops the run
+        if not task.cancelled() and task.exception() is not None and self.router is not None:
+            self.router._fail(task.exception())  # type: ignore[arg-type]
+
+    def _health_check(self, client: SglangClient):
+        fleet = self.fleet
+
+        async def check(index: int) -> str | None:
+            return fleet.exit_reason(index) or await client.health(fleet.plans[index].url, PROBE_TIMEOUT_S)
+
+        return check
+
+    async def _server_facts(self, client: SglangClient) -> None:
+        """/server_info and /v1/loads of every server (recorded in run.json), and the vocabulary size where the
+        server is the one that knows it (the simulator)."""
+        plans = self.fleet.plans
+        infos = await asyncio.gather(*(client.get_json(f"{p.url}/server_info", PROBE_TIMEOUT_S) for p in plans))
+        loads = await asyncio.gather(*(client.get_json(f"{p.url}/v1/loads", PROBE_TIMEOUT_S) for p in plans))
+        for plan, info, load in zip(plans, infos, loads):
+            for what, got in (("/server_info", info), ("/v1/loads", load)):
+                if got.error is not None or not isinstance(got.obj, dict):
+                    raise ServerStartError(f"server {plan.index} ({plan.url}): {what}: {got.error or 'not a JSON object'}")
+            self.server_info[plan.index] = info.obj
+            self.accelerators[plan.index] = load.obj.get("accelerator")
+        # the simulator says its vocabulary size in /server_info (tracebench_sim.vocab_size); sglang does not
+        reported = {i.obj["tracebench_sim"].get("vocab_size") for i in infos if isinstance(i.obj.get("tracebench_sim"), dict)}
+        all_sims = all(isinstance(i.obj.get("tracebench_sim"), dict) for i in infos)
+        if self.vocab is None:
+            if not all_sims:
+                raise ConfigError(
+                    "the vocabulary size of the attached server(s) is unknown: give --vocab-size V or --model PATH "
+                    "(its config.json); an input id outside the vocabulary kills a real sglang server"
+                )
+            if len(reported) != 1:
+                raise ConfigError(f"the simulators report different vocabulary sizes: {sorted(map(str, reported))}")
+            vocab = reported.pop()
+            if not isinstance(vocab, int):
+                raise ServerStartError(f"the simulator's /server_info has tracebench_sim.vocab_size {vocab!r}, not an integer")
+            self.vocab = vocab
+        elif reported - {self.vocab}:
+            raise ConfigError(f"the vocabulary size is {self.vocab}, but a simulator reports {sorted(map(str, reported))}")

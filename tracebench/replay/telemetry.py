@@ -1,0 +1,103 @@
+"""What runs beside the requests: the `/v1/loads` poller (telemetry.jsonl, and what policies see as
+`ServerView.reported`) and the progress line on stderr."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import orjson
+
+from tracebench.errors import ServerProtocolError
+from tracebench.replay.client import SglangClient
+from tracebench.replay.clock import RunClock
+from tracebench.replay.router import Router
+
+_LOAD_FIELDS = ("num_running_reqs", "num_waiting_reqs", "token_usage", "gen_throughput")
+
+
+def parse_loads(url: str, obj: Any) -> tuple[int, int, float, float]:
+    """`/v1/loads` -> (num_running_reqs, num_waiting_reqs, token_usage, gen_throughput) over its `loads` entries
+    (one per data-parallel rank: counts and throughput summed, token usage averaged)."""
+    loads = obj.get("loads") if isinstance(obj, dict) else None
+    if not isinstance(loads, list) or not loads:
+        raise ServerProtocolError(f"{url}: no 'loads' list in the answer: {orjson.dumps(obj)[:300]!r}")
+    values = {name: 0.0 for name in _LOAD_FIELDS}
+    for i, entry in enumerate(loads):
+        for name in _LOAD_FIELDS:
+            value = entry.get(name) if isinstance(entry, dict) else None
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ServerProtocolError(f"{url}: field 'loads[{i}].{name}' missing or not a number ({value!r})")
+            values[name] += value
+    return (
+        int(values["num_running_reqs"]),
+        int(values["num_waiting_reqs"]),
+        values["token_usage"] / len(loads),
+        values["gen_throughput"],
+    )
+
+
+async def poll_loads(client: SglangClient, router: Router, clock: RunClock, interval: float, path: Path) -> None:
+    """Every `interval` run seconds (absolute ticks; a slow poll skips ticks rather than drifting), ask every
+    server that is not down for `/v1/loads`, hand the numbers to the router and append one line per server to
+    telemetry.jsonl. A server that cannot be reached is reported to the router, which checks its health."""
+    timeout = max(2.0, 4 * interval)
+    tick = 0
+    with path.open("ab") as fh:
+        while True:
+            while (delay := tick * interval - clock.now()) > 0:
+                await asyncio.sleep(delay)
+            servers = router.servers
+            live = [s for s in servers if s.state != "down"]
+            fetched = await asyncio.gather(*(client.get_json(f"{s.url}/v1/loads", timeout) for s in live))
+            t = clock.now()
+            results = {s.index: f for s, f in zip(live, fetched)}
+            queue = router.queued
+            lines = []
+            for s in servers:
+                line: dict[str, Any] = {
+                    "t": t, "server": s.index, "healthy": s.state == "up", "in_flight": s.in_flight,
+                    "cap": router.caps()[s.index], "router_queue": queue,
+                }
+                got = results.get(s.index)
+                if got is None or got.error is not None:
+                    line.update(dict.fromkeys(_LOAD_FIELDS))
+                    line["error"] = "server is down" if got is None else got.error
+                    if got is not None and got.connection_lost:
+                        router.suspect(s.index, f"/v1/loads: {got.error}")
+                else:
+                    load = parse_loads(f"{s.url}/v1/loads", got.obj)
+                    router.report_load(s.index, load)
+                    line.update(zip(_LOAD_FIELDS, load))
+                lines.append(orjson.dumps(line))
+            fh.write(b"\n".join(lines) + b"\n")
+            fh.flush()
+            tick = max(tick + 1, math.floor(clock.now() / interval) + 1)
+
+
+def progress_line(router: Router, t: float, rate: float) -> str:
+    ok = router.counts["ok"]
+    p50 = f"{float(np.median(router.e2e_ok[:ok])):.3f}s" if ok else "-"
+    failed = router.counts["error"] + router.counts["timeout"]
+    return (
+        f"[{t:8.1f}s] done {router.finished}/{router.total}  in-flight {router.in_flight}  queued {router.queued}  "
+        f"{rate:7.1f} req/s  p50 e2e {p50}" + (f"  errors {failed}" if failed else "")
+    )
+
+
+async def show_progress(router: Router, clock: RunClock, stream: IO[str]) -> None:
+    """The progress line: redrawn 4 times a second on a terminal, a new line every 5 s otherwise (logs, CI).
+    req/s is over the last period."""
+    tty = stream.isatty()
+    period = 0.25 if tty else 5.0
+    last_done, last_t = 0, clock.now()
+    while True:
+        await asyncio.sleep(period)
+        t = clock.now()
+        rate = (router.finished - last_done) / (t - last_t)
+        last_done, last_t = router.finished, t
+        stream.write(("\r" if tty else "") + progress_line(router, t, rate) + ("" if tty else "\n"))
+        stream.flush()
