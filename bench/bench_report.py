@@ -1,0 +1,113 @@
+"""Speed of `tracebench report` on two synthetic runs of 1,000,000 requests each (docs/run-format.md, written here
+with numpy + polars). Prints the figures; the target is < 5 s for `tracebench report A B` (table and JSON).
+
+    .venv/bin/python bench/bench_report.py [--requests 1000000] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+
+def write_synthetic_run(folder: Path, num_requests: int, seed: int, *, policy: str, servers: int = 4,
+                        speedup: float = 1.0, trace_sha256: str = "0" * 64) -> None:
+    """A run folder of `num_requests` ok requests at ~1000 req/s on `servers` servers, following docs/run-format.md.
+    `speedup` < 1 makes server latencies longer (a slower configuration)."""
+    rng = np.random.default_rng(seed)
+    arrival_rng = np.random.default_rng(12345)  # same trace for every run: same arrivals and lengths
+    t_arrival = np.cumsum(arrival_rng.exponential(1 / 1000, num_requests))
+    input_len = arrival_rng.integers(16, 2048, num_requests)
+    output_len = arrival_rng.integers(2, 512, num_requests)
+    t_released = t_arrival + rng.exponential(0.0004, num_requests)
+    t_dispatch = t_released + rng.exponential(0.02, num_requests)
+    t_first_token = t_dispatch + rng.exponential(0.05 / speedup, num_requests)
+    t_finish = t_first_token + output_len * rng.uniform(0.008, 0.012, num_requests) / speedup
+    server = rng.integers(0, servers, num_requests)
+    wall_start = 1_800_000_000.0
+    frame = pl.DataFrame({
+        "id": np.arange(num_requests), "input_len": input_len, "output_len": output_len,
+        "t_arrival": t_arrival, "t_released": t_released, "t_dispatch": t_dispatch,
+        "t_first_token": t_first_token, "t_finish": t_finish, "server": server,
+        "batch": pl.Series([None] * num_requests, dtype=pl.Int64), "status": ["ok"] * num_requests,
+        "error": pl.Series([None] * num_requests, dtype=pl.String), "completion_tokens": output_len,
+        "prompt_tokens": input_len, "server_e2e_latency": t_finish - t_dispatch - 0.001,
+        "server_queue_time": np.full(num_requests, 0.0005), "server_received": t_dispatch + 0.0005,
+        "server_forward_entry": t_dispatch + 0.001, "server_prefill_finished": t_first_token - 0.001,
+        "server_finished": t_finish - 0.0005,
+    })
+    folder.mkdir(parents=True)
+    frame.write_ndjson(folder / "requests.jsonl")
+    meta = {
+        "tracebench_run": 1, "run_name": folder.name, "tracebench_version": "0.1.0", "host": "bench",
+        "wall_clock_start": wall_start,
+        "trace": {"path": "traces/bench.jsonl", "sha256": trace_sha256, "num_requests": num_requests,
+                  "duration_s": float(t_arrival[-1]), "header": {}},
+        "options": {"speed": 1.0, "stream": True}, "backend": "sim", "mode": "continuous", "batch_size": None,
+        "policy": {"name": policy, "class": f"bench.{policy}", "options": {}}, "seed": 0,
+        "servers": [{"index": i, "url": f"http://127.0.0.1:{30000 + i}", "gpu": None, "launch_command": None,
+                     "same_host": True, "server_info": {}, "version": "sim", "log": None} for i in range(servers)],
+        "gpu_names": [], "caps": {"initial": [64] * servers, "changes": []}, "events": [],
+        "status": "completed", "t_end": float(t_finish.max()),
+        "counts": {"ok": num_requests, "error": 0, "timeout": 0, "cancelled": 0},
+    }
+    (folder / "run.json").write_text(json.dumps(meta, indent=2))
+
+
+def _time(cmd: list[str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--keep", type=Path, default=None, help="build the runs here and keep them")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    root = args.keep if args.keep is not None else Path(tempfile.mkdtemp(prefix="bench-report-"))
+    run_a, run_b = root / "bench-a", root / "bench-b"
+    sha = hashlib.sha256(b"bench trace").hexdigest()
+    start = time.perf_counter()
+    for folder, seed, policy, speedup in ((run_a, 1, "round_robin", 1.0), (run_b, 2, "sjf", 0.97)):
+        if not (folder / "run.json").exists():
+            write_synthetic_run(folder, args.requests, seed, policy=policy, speedup=speedup, trace_sha256=sha)
+    size = sum((f / "requests.jsonl").stat().st_size for f in (run_a, run_b)) / 1e6
+    print(f"built 2 runs x {args.requests:,} requests ({size:,.0f} MB of requests.jsonl) in "
+          f"{time.perf_counter() - start:.1f} s under {root}")
+
+    tracebench = [sys.executable, "-m", "tracebench", "report", str(run_a), str(run_b)]
+    html = root / "report.html"
+    cases = [
+        ("table", tracebench),
+        ("json", tracebench + ["--format", "json"]),
+        ("table, --slo and --warmup", tracebench + ["--slo", "ttft=0.2,total=6", "--warmup", "10"]),
+        ("html + png", tracebench + ["--format", "html", "-o", str(html)]),
+    ]
+    print(f"machine: {os.cpu_count()} CPUs; best of {args.repeat} runs, wall clock of the whole command")
+    for name, cmd in cases:
+        times = [_time(cmd) for _ in range(args.repeat)]
+        verdict = "" if name.startswith("html") else ("  (target < 5 s: met)" if min(times) < 5 else "  (target < 5 s: MISSED)")
+        print(f"  tracebench report A B  {name:<28} {min(times):6.2f} s  (all: {', '.join(f'{t:.2f}' for t in times)}){verdict}")
+    if args.keep is None:
+        shutil.rmtree(root)
+
+
+if __name__ == "__main__":
+    main()

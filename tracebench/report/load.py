@@ -1,0 +1,278 @@
+"""Read run folders (docs/run-format.md): `run.json` validated field by field, `requests.jsonl` scanned with polars.
+
+Nothing of the replay path is imported: the report reads the files. polars does the parsing; its errors do not name
+lines, so when it refuses a file (or a record breaks a rule) the file is walked again with orjson to name the line.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+
+from tracebench.errors import ConfigError, RunFolderError
+
+RUN_FORMAT_VERSION = 1
+RUN_STATUSES = ("running", "completed", "interrupted", "failed")
+REQUEST_STATUSES = ("ok", "error", "timeout", "cancelled")
+
+INT_FIELDS = ("id", "input_len", "output_len", "server", "batch", "completion_tokens", "prompt_tokens")
+FLOAT_FIELDS = (
+    "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
+    "server_e2e_latency", "server_queue_time", "server_received", "server_forward_entry",
+    "server_prefill_finished", "server_finished",
+)
+STR_FIELDS = ("status", "error")
+# never null, whatever the status
+REQUIRED_FIELDS = ("id", "input_len", "output_len", "t_arrival", "status")
+# never null in an `ok` record: an answer that completed went through every step
+OK_REQUIRED_FIELDS = ("t_released", "t_dispatch", "t_finish", "server", "completion_tokens")
+# the run-format invariant for ok records: each stamp is >= the one before it (t_first_token may be null)
+OK_ORDER = ("t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish")
+
+ROW = "_row"  # 0-based index of the record among the file's records
+
+
+def request_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = {name: pl.Int64 for name in INT_FIELDS}
+    schema.update({name: pl.Float64 for name in FLOAT_FIELDS})
+    schema.update({name: pl.String for name in STR_FIELDS})
+    return schema
+
+
+@dataclass
+class Run:
+    """One run folder, read and validated. `requests` holds every record (all fields of the schema + `_row`)."""
+
+    label: str  # how the report names the run (run_name; the folder path when two runs share a name)
+    path: Path
+    meta: dict[str, Any]  # run.json as written
+    requests: pl.DataFrame
+
+    @property
+    def status(self) -> str:
+        return self.meta["status"]
+
+    @property
+    def trace_sha256(self) -> str:
+        return self.meta["trace"]["sha256"]
+
+    @property
+    def trace_path(self) -> str:
+        return self.meta["trace"]["path"]
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.meta["servers"])
+
+    @property
+    def missing(self) -> int:
+        """Requests of the trace that have no record (only possible in a run that did not complete)."""
+        return self.meta["trace"]["num_requests"] - self.requests.height
+
+
+def resolve_run_dir(spec: str, reports_dir: Path) -> Path:
+    """A RUN argument: a run folder path, or the name of a folder in `reports_dir`."""
+    direct = Path(spec)
+    if direct.is_dir():
+        return direct
+    named = reports_dir / spec
+    if named.is_dir():
+        return named
+    if direct.exists():
+        raise RunFolderError(spec, None, None, "not a run folder (it is a file)")
+    raise RunFolderError(spec, None, None, f"no such run folder (looked at ./{spec} and {named})")
+
+
+def load_runs(specs: list[str], reports_dir: Path) -> list[Run]:
+    dirs = [resolve_run_dir(spec, reports_dir) for spec in specs]
+    seen: dict[Path, str] = {}
+    for spec, folder in zip(specs, dirs):
+        real = folder.resolve()
+        if real in seen:
+            raise ConfigError(f"run '{spec}' is given twice (also as '{seen[real]}'): compare different runs")
+        seen[real] = spec
+    runs = [load_run(folder) for folder in dirs]
+    names = [run.meta["run_name"] for run in runs]
+    for run in runs:
+        if names.count(run.meta["run_name"]) > 1:
+            run.label = str(run.path)
+    return runs
+
+
+def load_run(folder: Path) -> Run:
+    meta = read_run_json(folder)
+    requests = read_requests(folder / "requests.jsonl", meta)
+    return Run(label=meta["run_name"], path=folder, meta=meta, requests=requests)
+
+
+# ---------------------------------------------------------------------------------------------------- run.json
+
+def _need(obj: dict[str, Any], key: str, kinds: tuple[type, ...], path: Path, field: str, nullable: bool = False) -> Any:
+    if key not in obj:
+        raise RunFolderError(path, None, field, "missing")
+    value = obj[key]
+    if value is None and nullable:
+        return value
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    if not ok:
+        names = " or ".join(k.__name__ for k in kinds) + (" or null" if nullable else "")
+        raise RunFolderError(path, None, field, f"must be {names}, got {value!r}")
+    return value
+
+
+def read_run_json(folder: Path) -> dict[str, Any]:
+    path = folder / "run.json"
+    if not path.is_file():
+        raise RunFolderError(folder, None, None, "not a run folder: it has no run.json")
+    try:
+        meta = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as err:
+        raise RunFolderError(path, None, None, f"not JSON ({err})") from None
+    if not isinstance(meta, dict):
+        raise RunFolderError(path, None, None, f"expected a JSON object, got {type(meta).__name__}")
+    if "tracebench_run" not in meta:
+        raise RunFolderError(path, None, "tracebench_run", "missing (is this a tracebench run folder?)")
+    if meta["tracebench_run"] != RUN_FORMAT_VERSION:
+        raise RunFolderError(path, None, "tracebench_run",
+                             f"unknown run format version {meta['tracebench_run']!r} (this tracebench reads {RUN_FORMAT_VERSION})")
+    _need(meta, "run_name", (str,), path, "run_name")
+    trace = _need(meta, "trace", (dict,), path, "trace")
+    _need(trace, "path", (str,), path, "trace.path")
+    _need(trace, "sha256", (str,), path, "trace.sha256")
+    num = _need(trace, "num_requests", (int,), path, "trace.num_requests")
+    if num < 0:
+        raise RunFolderError(path, None, "trace.num_requests", f"must be >= 0, got {num}")
+    _need(meta, "options", (dict,), path, "options")
+    _need(meta, "backend", (str,), path, "backend")
+    _need(meta, "mode", (str,), path, "mode")
+    _need(meta, "batch_size", (int,), path, "batch_size", nullable=True)
+    policy = _need(meta, "policy", (dict,), path, "policy")
+    _need(policy, "name", (str,), path, "policy.name")
+    _need(policy, "options", (dict,), path, "policy.options")
+    servers = _need(meta, "servers", (list,), path, "servers")
+    if not servers:
+        raise RunFolderError(path, None, "servers", "empty: a run has at least one server")
+    for i, server in enumerate(servers):
+        if not isinstance(server, dict):
+            raise RunFolderError(path, None, f"servers[{i}]", f"must be an object, got {server!r}")
+        _need(server, "url", (str,), path, f"servers[{i}].url")
+        _need(server, "gpu", (str, int), path, f"servers[{i}].gpu", nullable=True)
+        _need(server, "version", (str,), path, f"servers[{i}].version", nullable=True)
+    _need(meta, "gpu_names", (list,), path, "gpu_names")
+    caps = _need(meta, "caps", (dict,), path, "caps")
+    _need(caps, "initial", (list,), path, "caps.initial")
+    changes = _need(caps, "changes", (list,), path, "caps.changes")
+    for i, change in enumerate(changes):
+        if not isinstance(change, dict):
+            raise RunFolderError(path, None, f"caps.changes[{i}]", f"must be an object, got {change!r}")
+        _need(change, "t", (int, float), path, f"caps.changes[{i}].t")
+        _need(change, "cap", (int,), path, f"caps.changes[{i}].cap")
+    _need(meta, "events", (list,), path, "events")
+    status = _need(meta, "status", (str,), path, "status")
+    if status not in RUN_STATUSES:
+        raise RunFolderError(path, None, "status", f"must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
+    _need(meta, "t_end", (int, float), path, "t_end", nullable=(status == "running"))
+    return meta
+
+
+# ---------------------------------------------------------------------------------------------- requests.jsonl
+
+def _record_rules(num_servers: int) -> list[tuple[str, pl.Expr, str]]:
+    """(field, expression true on a broken record, why). Evaluated vectorised over the whole file."""
+    c = pl.col
+    ok = c("status") == "ok"
+    rules: list[tuple[str, pl.Expr, str]] = [(name, c(name).is_null(), "missing or null") for name in REQUIRED_FIELDS]
+    rules += [
+        ("status", ~c("status").is_in(list(REQUEST_STATUSES)), f"must be one of {', '.join(REQUEST_STATUSES)}"),
+        ("id", ~c("id").is_first_distinct(), "this id was already recorded on an earlier line (each request appears once)"),
+        ("input_len", c("input_len") < 1, "must be >= 1"),
+        ("output_len", c("output_len") < 1, "must be >= 1"),
+        ("t_arrival", c("t_arrival") < 0, "must be >= 0"),
+        ("server", (c("server") < 0) | (c("server") >= num_servers),
+         f"not an index into run.json servers (the run has {num_servers})"),
+        ("completion_tokens", c("completion_tokens") < 0, "must be >= 0"),
+        ("t_finish", c("t_finish") < c("t_dispatch"), "before t_dispatch"),
+        ("t_finish", c("t_dispatch").is_not_null() & c("t_finish").is_null(),
+         "null although the request was dispatched (a failure also sets it)"),
+        ("server", c("t_dispatch").is_not_null() & c("server").is_null(), "null although the request was dispatched"),
+    ]
+    rules += [(name, ok & c(name).is_null(), "null in an ok record") for name in OK_REQUIRED_FIELDS]
+    for earlier, later in zip(OK_ORDER, OK_ORDER[1:]):
+        rules.append((later, ok & (c(later) < c(earlier)), f"before {earlier} in an ok record (run-format invariant)"))
+    return rules
+
+
+def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
+    if not path.is_file():
+        raise RunFolderError(path, None, None, "missing: the run recorded no request")
+    try:
+        frame = pl.scan_ndjson(path, schema=request_schema(), row_index_name=ROW).collect()
+    except pl.exceptions.PolarsError:
+        _raise_located(path, row=None)  # names the broken line; returns only when orjson finds nothing wrong
+        raise
+    if frame.height == 0:
+        raise RunFolderError(path, None, None, "empty run: no request was recorded")
+    rules = _record_rules(len(meta["servers"]))
+    first_bad = frame.select(
+        [pl.col(ROW).filter(expr.fill_null(False)).min().alias(str(i)) for i, (_, expr, _) in enumerate(rules)]
+    ).row(0)
+    broken = [(row, i) for i, row in enumerate(first_bad) if row is not None]
+    if broken:
+        row, rule_index = min(broken)
+        field, _, why = rules[rule_index]
+        value = frame.item(row, field)
+        _raise_located(path, row=row, field=field, why=f"{why}, got {value!r}" if value is not None else why)
+    num_requests = meta["trace"]["num_requests"]
+    if frame.height > num_requests:
+        raise RunFolderError(path, None, None,
+                             f"has {frame.height} records, the trace has only {num_requests} requests (run.json trace.num_requests)")
+    if meta["status"] == "completed" and frame.height != num_requests:
+        raise RunFolderError(path, None, None,
+                             f"has {frame.height} records but the trace has {num_requests} requests and run.json says the run completed")
+    return frame
+
+
+def _json_type_error(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if name in INT_FIELDS:
+        good = isinstance(value, int) and not isinstance(value, bool)
+        return None if good else f"must be an integer, got {value!r}"
+    if name in FLOAT_FIELDS:
+        good = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return None if good else f"must be a number, got {value!r}"
+    if name in STR_FIELDS:
+        return None if isinstance(value, str) else f"must be a string, got {value!r}"
+    return None
+
+
+def _raise_located(path: Path, row: int | None, field: str | None = None, why: str | None = None) -> None:
+    """Walk the file with orjson and raise a RunFolderError naming the first broken line: a line that is not a JSON
+    object or holds a field of the wrong type, or (when `row` is given) the line of that record. Only on failure."""
+    record = -1
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                raise RunFolderError(path, lineno, None, "empty line")
+            if not raw.endswith(b"\n"):
+                why_cut = "last line is cut short (no newline at the end: was the run killed while writing?)"
+            else:
+                why_cut = None
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError as err:
+                raise RunFolderError(path, lineno, None, why_cut or f"not JSON ({err})") from None
+            if not isinstance(obj, dict):
+                raise RunFolderError(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
+            for name, value in obj.items():
+                problem = _json_type_error(name, value)
+                if problem is not None:
+                    raise RunFolderError(path, lineno, name, problem)
+            record += 1
+            if row is not None and record == row:
+                raise RunFolderError(path, lineno, field, why or "broken record")

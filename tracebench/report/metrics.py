@@ -1,0 +1,632 @@
+"""What the report computes, with one definition per number (docs/report.md says the same in prose).
+
+- Requests kept: every record whose `t_arrival >= warmup` (default 0: all). Everything below is over kept requests.
+- Latencies: over kept `ok` requests that have the stamps the metric needs.
+- Percentiles: linear interpolation between order statistics (numpy's default `method="linear"`, polars'
+  `interpolation="linear"`): with n sorted values x[0..n-1], p_q = x[j] + (h - j)(x[j+1] - x[j]), h = (n-1)q, j = floor(h).
+- Duration (the measurement window): from the first arrival of a kept request to the last finish of a kept `ok`
+  request. Throughput = ok requests (input_len / completion_tokens summed over them) / duration.
+- Per server: share = dispatched requests to that server / all dispatched requests; busy time = length of the union of
+  its [t_dispatch, t_finish] intervals inside the window; mean in-flight = the sum of those intervals / duration.
+  Balanced when the coefficient of variation (population std / mean) of the per-server request counts <= 0.10.
+- Deltas against the baseline: absolute and % of the baseline. For latency percentiles, a bootstrap 95% interval of
+  the difference (percentile method, independent resamples of each run's requests, `--bootstrap` resamples); the
+  difference is "significant" only when the interval excludes 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from tracebench.errors import ConfigError
+from tracebench.report.load import Run
+
+PERCENTILES: dict[str, float] = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
+LATENCY_STATS = ("mean", "p50", "p90", "p99", "max")
+BALANCE_CV_MAX = 0.10
+CI_LEVEL = 0.95
+
+# (key, label, definition). Values in seconds; over kept ok requests where the expression is not null.
+LATENCY_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("total", "total", "t_finish - t_arrival"),
+    ("router_wait", "router wait", "t_dispatch - t_arrival"),
+    ("server_client", "server latency, client", "t_finish - t_dispatch"),
+    ("server_sglang", "server latency, sglang", "server_e2e_latency (sglang meta_info.e2e_latency)"),
+    ("ttft", "TTFT from arrival", "t_first_token - t_arrival"),
+    ("ttft_dispatch", "TTFT from dispatch", "t_first_token - t_dispatch"),
+    ("tpot", "TPOT", "(t_finish - t_first_token) / (completion_tokens - 1), requests with completion_tokens > 1"),
+    ("release_lag", "release lag", "t_released - t_arrival"),
+)
+LATENCY_LABELS = {key: label for key, label, _ in LATENCY_METRICS}
+
+# --slo keys -> latency metric
+SLO_KEYS: dict[str, str] = {
+    "ttft": "ttft", "total": "total", "tpot": "tpot", "server": "server_client", "wait": "router_wait",
+}
+
+
+def latency_expr(key: str) -> pl.Expr:
+    c = pl.col
+    exprs = {
+        "total": c("t_finish") - c("t_arrival"),
+        "router_wait": c("t_dispatch") - c("t_arrival"),
+        "server_client": c("t_finish") - c("t_dispatch"),
+        "server_sglang": c("server_e2e_latency"),
+        "ttft": c("t_first_token") - c("t_arrival"),
+        "ttft_dispatch": c("t_first_token") - c("t_dispatch"),
+        "tpot": pl.when(c("completion_tokens") > 1)
+        .then((c("t_finish") - c("t_first_token")) / (c("completion_tokens") - 1))
+        .otherwise(None),
+        "release_lag": c("t_released") - c("t_arrival"),
+    }
+    return exprs[key]
+
+
+# ------------------------------------------------------------------------------------------------ the report
+
+@dataclass
+class Delta:
+    """A run's value minus the baseline's; `pct` is % of the baseline (None when the baseline is 0)."""
+
+    abs: float | None
+    pct: float | None
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+    @property
+    def significant(self) -> bool | None:
+        if self.ci_low is None or self.ci_high is None:
+            return None
+        return self.ci_low > 0 or self.ci_high < 0
+
+
+@dataclass
+class Row:
+    section: str
+    metric: str  # machine key, e.g. "total"
+    label: str  # for people, e.g. "TTFT from arrival"
+    stat: str  # "mean", "p50", "count", "value", ...
+    unit: str  # "s", "req/s", "tok/s", "requests", "fraction"
+    better: str | None  # "lower" / "higher" / None: which way a delta is an improvement
+    values: list[float | None]
+    deltas: list[Delta | None]  # None for the baseline
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    rows: list[Row]
+
+
+@dataclass
+class RunSummary:
+    label: str
+    path: str
+    run_name: str
+    status: str  # run.json status
+    mark: str | None  # "interrupted" / "failed" / "unfinished (run.json still says running)" / None
+    backend: str
+    trace_path: str
+    trace_sha256: str
+    trace_requests: int
+    records: int
+    missing: int  # trace requests without a record
+    kept: int  # records after the warm-up cut
+    window_start: float | None
+    window_end: float | None
+    duration: float | None
+    t_end: float | None
+
+
+@dataclass
+class ServerLoad:
+    server: int
+    url: str
+    requests: int
+    share: float | None
+    busy_s: float | None
+    busy_fraction: float | None
+    mean_in_flight: float | None
+
+
+@dataclass
+class Balance:
+    verdict: str  # "balanced" / "imbalanced" / "single server" / "no dispatched request"
+    cv: float | None  # coefficient of variation of per-server request counts
+    max_min_ratio: float | None  # largest / smallest request count (None when the smallest is 0)
+
+
+@dataclass
+class ConfigDiff:
+    changed: list[tuple[str, list[str]]]  # setting, value per run
+    same: list[tuple[str, str]]
+
+
+@dataclass
+class RunSeries:
+    """Plot data of one run (HTML only), already downsampled."""
+
+    cdf: dict[str, tuple[np.ndarray, np.ndarray]]  # latency key -> (seconds, cumulative fraction)
+    time_edges: np.ndarray  # seconds, bin edges on the run clock
+    completions_per_s: np.ndarray
+    output_tokens_per_s: np.ndarray
+    in_flight: np.ndarray  # time-average per bin, all servers
+    queue: np.ndarray  # router queue length, time-average per bin
+    cap_changes: list[float]
+
+
+@dataclass
+class Report:
+    runs: list[RunSummary]
+    baseline: int
+    config: ConfigDiff
+    sections: list[Section]
+    servers: list[list[ServerLoad]]
+    balance: list[Balance]
+    slo: dict[str, float] | None
+    warmup_s: float
+    bootstrap: int
+    seed: int
+    warnings: list[str]
+    series: list[RunSeries] | None = field(default=None, repr=False)
+
+
+# ------------------------------------------------------------------------------------------------ SLO spec
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s)?\s*$")
+
+
+def parse_slo(spec: str) -> dict[str, float]:
+    """`"ttft=0.5,total=10"` -> {"ttft": 0.5, "total": 10.0} in seconds (a value may end in `ms` or `s`)."""
+    slo: dict[str, float] = {}
+    for part in spec.split(","):
+        if "=" not in part:
+            raise ConfigError(f"--slo: '{part.strip()}' is not KEY=SECONDS (keys: {', '.join(SLO_KEYS)})")
+        key, value = (s.strip() for s in part.split("=", 1))
+        if key not in SLO_KEYS:
+            raise ConfigError(f"--slo: unknown key '{key}' (keys: {', '.join(SLO_KEYS)})")
+        if key in slo:
+            raise ConfigError(f"--slo: '{key}' is given twice")
+        match = _DURATION.match(value)
+        if match is None:
+            raise ConfigError(f"--slo: {key}={value!r} is not a duration (seconds, or with ms/s: 0.5, 500ms)")
+        seconds = float(match.group(1)) / (1000.0 if match.group(2) == "ms" else 1.0)
+        if seconds <= 0:
+            raise ConfigError(f"--slo: {key} must be > 0, got {value!r}")
+        slo[key] = seconds
+    return slo
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+# options already shown through run.json's own fields (or that name the run rather than configure it)
+_CURATED_OPTIONS = {"backend", "mode", "batch_size", "policy", "policy_options", "gpus", "max_running_requests",
+                    "cap_schedule", "run_name", "out_dir", "quiet", "trace"}
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def config_of(meta: dict[str, Any]) -> dict[str, str]:
+    """The settings of a run that a comparison cares about, as text, in display order."""
+    servers = meta["servers"]
+    policy = meta["policy"]
+    caps = meta["caps"]
+    initial = caps["initial"]
+    cfg = {
+        "backend": meta["backend"],
+        "mode": meta["mode"],
+        "batch size": _show(meta["batch_size"]),
+        "policy": policy["name"] + (f" {_show(policy['options'])}" if policy["options"] else ""),
+        "servers": str(len(servers)),
+        "gpus": ",".join(_show(s["gpu"]) for s in servers),
+        "gpu model": ", ".join(sorted(set(meta["gpu_names"]))) or "-",
+        "caps": _show(initial[0]) if initial and all(c == initial[0] for c in initial) else _show(initial),
+        "cap changes": "; ".join(
+            f"{change['t']:g}s " + (f"server{change['server']}" if change.get("server") is not None else "all")
+            + f"={change['cap']}" for change in caps["changes"]
+        ) or "none",
+        "server version": ", ".join(sorted({_show(s["version"]) for s in servers})),
+        "trace": meta["trace"]["path"],
+    }
+    for key in sorted(meta["options"]):
+        if key not in _CURATED_OPTIONS:
+            cfg[f"--{key.replace('_', '-')}"] = _show(meta["options"][key])
+    return cfg
+
+
+def diff_config(metas: list[dict[str, Any]]) -> ConfigDiff:
+    configs = [config_of(meta) for meta in metas]
+    keys: list[str] = []
+    for cfg in configs:
+        keys += [k for k in cfg if k not in keys]
+    changed: list[tuple[str, list[str]]] = []
+    same: list[tuple[str, str]] = []
+    for key in keys:
+        values = [cfg.get(key, "(not set)") for cfg in configs]
+        if len(set(values)) > 1:
+            changed.append((key, values))
+        else:
+            same.append((key, values[0]))
+    return ConfigDiff(changed=changed, same=same)
+
+
+# ------------------------------------------------------------------------------------------------ bootstrap
+
+def bootstrap_percentile(sorted_values: np.ndarray, q: float, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """`resamples` draws of the linear-interpolation q-percentile of a bootstrap resample (n draws with replacement)
+    of `sorted_values`, without materialising the resamples.
+
+    A draw with replacement is x[ceil(n*U) - 1] with U uniform, a non-decreasing map of U; so the k-th smallest of
+    n draws is x[ceil(n*U_(k)) - 1] where U_(k), the k-th smallest of n uniforms, is Beta(k, n+1-k). The next order
+    statistic is U_(k+1) = U_(k) + (1 - U_(k)) * Beta(1, n-k). This is the same distribution as resampling the
+    requests and taking the percentile, at O(resamples) cost instead of O(resamples * n)."""
+    n = sorted_values.size
+    h = (n - 1) * q
+    j = int(math.floor(h))
+    frac = h - j
+
+    def pick(u: np.ndarray) -> np.ndarray:
+        return sorted_values[np.clip(np.ceil(u * n).astype(np.int64), 1, n) - 1]
+
+    u_low = rng.beta(j + 1, n - j, resamples)
+    low = pick(u_low)
+    if frac == 0.0 or j + 1 >= n:
+        return low
+    u_high = u_low + (1.0 - u_low) * rng.beta(1, n - j - 1, resamples)
+    return low + frac * (pick(u_high) - low)
+
+
+def bootstrap_ci(
+    run_sorted: np.ndarray, base_sorted: np.ndarray, q: float, resamples: int, seed: list[int]
+) -> tuple[float, float] | None:
+    """95% percentile-bootstrap interval of percentile_q(run) - percentile_q(baseline). None with < 2 values."""
+    if resamples <= 0 or run_sorted.size < 2 or base_sorted.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    diff = bootstrap_percentile(run_sorted, q, resamples, rng) - bootstrap_percentile(base_sorted, q, resamples, rng)
+    tail = (1.0 - CI_LEVEL) / 2 * 100
+    low, high = np.percentile(diff, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+# ------------------------------------------------------------------------------------------------ per run
+
+@dataclass
+class _RunStats:
+    summary: RunSummary
+    kept: pl.DataFrame
+    ok: pl.DataFrame
+    counts: dict[str, int]
+    throughput: dict[str, float | None]
+    latency: dict[str, dict[str, float | None]]  # metric -> stat -> seconds
+    latency_n: dict[str, int]
+    sorted_latency: dict[str, np.ndarray]
+    slo: dict[str, float | None]
+    servers: list[ServerLoad]
+    balance: Balance
+
+
+def _mark(status: str) -> str | None:
+    if status == "completed":
+        return None
+    if status == "running":
+        return "unfinished (run.json still says running: the replay was killed or is still going)"
+    return status
+
+
+def _busy_time(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Length of the union of the intervals [starts[i], ends[i]]."""
+    if starts.size == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, reach = starts[order], np.maximum.accumulate(ends[order])
+    new_segment = np.empty(s.size, dtype=bool)
+    new_segment[0] = True
+    new_segment[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new_segment)
+    last = np.append(first[1:] - 1, s.size - 1)
+    return float((reach[last] - s[first]).sum())
+
+
+def _server_loads(run: Run, kept: pl.DataFrame, start: float | None, end: float | None) -> tuple[list[ServerLoad], Balance]:
+    dispatched = kept.filter(pl.col("t_dispatch").is_not_null()).select("server", "t_dispatch", "t_finish")
+    server_ids = dispatched["server"].to_numpy()
+    counts = np.bincount(server_ids, minlength=run.num_servers) if server_ids.size else np.zeros(run.num_servers, int)
+    total = int(counts.sum())
+    duration = None if start is None or end is None or end <= start else end - start
+    loads: list[ServerLoad] = []
+    t_dispatch = dispatched["t_dispatch"].to_numpy()
+    t_finish = dispatched["t_finish"].to_numpy()
+    for index, server in enumerate(run.meta["servers"]):
+        busy = fraction = in_flight = None
+        if duration is not None:
+            mine = server_ids == index
+            lo = np.clip(t_dispatch[mine], start, end)
+            hi = np.clip(t_finish[mine], start, end)
+            busy = _busy_time(lo, hi)
+            fraction = busy / duration
+            in_flight = float((hi - lo).sum()) / duration
+        loads.append(ServerLoad(
+            server=index, url=server["url"], requests=int(counts[index]),
+            share=float(counts[index] / total) if total else None, busy_s=busy, busy_fraction=fraction,
+            mean_in_flight=in_flight,
+        ))
+    if total == 0:
+        balance = Balance("no dispatched request", None, None)
+    elif run.num_servers == 1:
+        balance = Balance("single server", None, None)
+    else:
+        cv = float(counts.std() / counts.mean())
+        ratio = float(counts.max() / counts.min()) if counts.min() > 0 else None
+        balance = Balance("balanced" if cv <= BALANCE_CV_MAX else "imbalanced", cv, ratio)
+    return loads, balance
+
+
+def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunStats:
+    c = pl.col
+    kept = run.requests.filter(c("t_arrival") >= warmup)
+    if kept.height == 0:
+        last = run.requests["t_arrival"].max()
+        raise ConfigError(f"--warmup {warmup:g} leaves no request of run '{run.label}' (its last arrival is at {last:g} s)")
+    ok = kept.filter(c("status") == "ok")
+    counts_row = kept.select([(c("status") == s).sum().alias(s) for s in ("ok", "error", "timeout", "cancelled")]).row(0, named=True)
+    counts = {k: int(v) for k, v in counts_row.items()}
+
+    bounds = kept.select(
+        c("t_arrival").min().alias("start"),
+        c("t_finish").filter(c("status") == "ok").max().alias("end"),
+        c("input_len").filter(c("status") == "ok").sum().alias("input_tokens"),
+        c("completion_tokens").filter(c("status") == "ok").sum().alias("output_tokens"),
+    ).row(0, named=True)
+    start, end = bounds["start"], bounds["end"]
+    duration = end - start if end is not None and end > start else None
+    throughput: dict[str, float | None] = {
+        "requests_per_s": counts["ok"] / duration if duration else None,
+        "input_tokens_per_s": bounds["input_tokens"] / duration if duration else None,
+        "output_tokens_per_s": bounds["output_tokens"] / duration if duration else None,
+    }
+
+    # Each latency column is sorted once (numpy's sort is the fastest here); polars then aggregates the sorted
+    # Series, where its sorted flag makes quantiles O(1). The sorted arrays also feed the bootstrap and the CDFs.
+    columns = ok.lazy().select([latency_expr(key).alias(key) for key, _, _ in LATENCY_METRICS]).collect()
+    latency: dict[str, dict[str, float | None]] = {}
+    latency_n: dict[str, int] = {}
+    sorted_latency: dict[str, np.ndarray] = {}
+    for key, _, _ in LATENCY_METRICS:
+        values = np.sort(columns[key].drop_nulls().to_numpy())
+        ordered = pl.Series(key, values).set_sorted()
+        sorted_latency[key] = values
+        latency_n[key] = ordered.len()
+        latency[key] = {"mean": ordered.mean(), "max": ordered.max()}
+        latency[key].update({name: ordered.quantile(q, interpolation="linear") for name, q in PERCENTILES.items()})
+
+    slo_out: dict[str, float | None] = {}
+    if slo is not None:
+        for key in slo:
+            if latency_n[SLO_KEYS[key]] == 0 and counts["ok"] > 0 and key in ("ttft", "tpot"):
+                raise ConfigError(f"--slo {key}: run '{run.label}' has no first-token stamps (replayed without streaming?)")
+        met_expr = c("status") == "ok"
+        for key, limit in slo.items():
+            value = latency_expr(SLO_KEYS[key])
+            within = value <= limit
+            if key == "tpot":  # one output token: no time per output token to miss
+                within = within | (c("completion_tokens") <= 1)
+            met_expr = met_expr & within.fill_null(False)
+        met = int(kept.select(met_expr.sum()).item())
+        slo_out = {"met": float(met), "fraction": met / kept.height, "goodput": met / duration if duration else None}
+
+    loads, balance = _server_loads(run, kept, start, end)
+    meta = run.meta
+    summary = RunSummary(
+        label=run.label, path=str(run.path), run_name=meta["run_name"], status=meta["status"], mark=_mark(meta["status"]),
+        backend=meta["backend"], trace_path=run.trace_path, trace_sha256=run.trace_sha256,
+        trace_requests=meta["trace"]["num_requests"], records=run.requests.height, missing=run.missing,
+        kept=kept.height, window_start=start, window_end=end, duration=duration, t_end=meta["t_end"],
+    )
+    return _RunStats(summary, kept, ok, counts, throughput, latency, latency_n, sorted_latency, slo_out, loads, balance)
+
+
+# ------------------------------------------------------------------------------------------------ assembly
+
+def _delta(value: float | None, base: float | None) -> Delta | None:
+    if value is None or base is None:
+        return Delta(None, None)
+    diff = value - base
+    return Delta(diff, diff / base * 100.0 if base != 0 else None)
+
+
+def _row(section: str, metric: str, label: str, stat: str, unit: str, better: str | None,
+         values: list[float | None], baseline: int) -> Row:
+    deltas = [None if i == baseline else _delta(v, values[baseline]) for i, v in enumerate(values)]
+    return Row(section, metric, label, stat, unit, better, values, deltas)
+
+
+def check_same_trace(runs: list[Run], baseline: int, allow_different: bool) -> list[str]:
+    """Refuse runs of different traces (ConfigError naming both) unless allowed; then return a warning instead."""
+    base = runs[baseline]
+    warnings: list[str] = []
+    for run in runs:
+        if run.trace_sha256 != base.trace_sha256:
+            what = (f"runs replay different traces: '{base.label}' replayed {base.trace_path} (sha256 {base.trace_sha256[:12]}), "
+                    f"'{run.label}' replayed {run.trace_path} (sha256 {run.trace_sha256[:12]})")
+            if not allow_different:
+                raise ConfigError(f"{what}; compare them anyway with --allow-different-traces")
+            warnings.append(what + " (compared anyway: --allow-different-traces)")
+    return warnings
+
+
+def build_report(
+    runs: list[Run], baseline: int, *, warmup: float = 0.0, slo: dict[str, float] | None = None,
+    bootstrap: int = 1000, seed: int = 0, allow_different_traces: bool = False, with_series: bool = False,
+) -> Report:
+    if warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {warmup:g}")
+    if bootstrap < 0:
+        raise ConfigError(f"--bootstrap must be >= 0, got {bootstrap}")
+    warnings = check_same_trace(runs, baseline, allow_different_traces)
+    stats = [_run_stats(run, warmup, slo) for run in runs]
+    for st in stats:
+        s = st.summary
+        if s.mark is not None:
+            stopped = f"stopped at {s.t_end:.2f} s" if s.t_end is not None else "no end recorded"
+            warnings.append(f"run '{s.label}' is {s.mark.upper() if s.status != 'running' else s.mark} ({stopped}; "
+                            f"{s.records} of {s.trace_requests} requests recorded, {st.counts['cancelled']} of the kept "
+                            "ones cancelled): its numbers cover only what happened before it stopped")
+        elif s.missing:
+            warnings.append(f"run '{s.label}': {s.missing} requests of the trace have no record")
+
+    sections: list[Section] = []
+    req_rows = [
+        _row("requests", "kept", "requests (after warm-up)" if warmup > 0 else "requests", "count", "requests", None,
+             [float(st.summary.kept) for st in stats], baseline),
+    ]
+    req_rows += [
+        _row("requests", status, status, "count", "requests", "higher" if status == "ok" else "lower",
+             [float(st.counts[status]) for st in stats], baseline)
+        for status in ("ok", "error", "timeout", "cancelled")
+    ]
+    if any(st.summary.missing for st in stats):
+        req_rows.append(_row("requests", "not_recorded", "not recorded", "count", "requests", "lower",
+                             [float(st.summary.missing) for st in stats], baseline))
+    sections.append(Section("requests", "Requests", req_rows))
+
+    sections.append(Section("throughput", "Throughput", [
+        _row("throughput", "duration", "duration", "value", "s", None, [st.summary.duration for st in stats], baseline),
+        _row("throughput", "requests_per_s", "requests/s", "value", "req/s", "higher",
+             [st.throughput["requests_per_s"] for st in stats], baseline),
+        _row("throughput", "input_tokens_per_s", "input tokens/s", "value", "tok/s", "higher",
+             [st.throughput["input_tokens_per_s"] for st in stats], baseline),
+        _row("throughput", "output_tokens_per_s", "output tokens/s", "value", "tok/s", "higher",
+             [st.throughput["output_tokens_per_s"] for st in stats], baseline),
+    ]))
+
+    lat_rows: list[Row] = []
+    for m_index, (key, label, _) in enumerate(LATENCY_METRICS):
+        if all(st.latency_n[key] == 0 for st in stats):
+            continue  # e.g. no first-token stamps in any run (not streamed): the metric does not exist here
+        for s_index, stat in enumerate(LATENCY_STATS):
+            row = _row("latency", key, label, stat, "s", "lower", [st.latency[key][stat] for st in stats], baseline)
+            if stat in PERCENTILES and bootstrap > 0:
+                for r_index, delta in enumerate(row.deltas):
+                    if delta is None or delta.abs is None:
+                        continue
+                    ci = bootstrap_ci(stats[r_index].sorted_latency[key], stats[baseline].sorted_latency[key],
+                                      PERCENTILES[stat], bootstrap, [seed, m_index, s_index, r_index])
+                    if ci is not None:
+                        delta.ci_low, delta.ci_high = ci
+            lat_rows.append(row)
+    sections.append(Section("latency", "Latency", lat_rows))
+
+    if slo is not None:
+        spec = ", ".join(f"{k} <= {v:g} s" for k, v in slo.items())
+        sections.append(Section("slo", f"SLO ({spec})", [
+            _row("slo", "met", "requests meeting all", "count", "requests", "higher", [st.slo["met"] for st in stats], baseline),
+            _row("slo", "fraction", "fraction meeting all", "value", "fraction", "higher",
+                 [st.slo["fraction"] for st in stats], baseline),
+            _row("slo", "goodput", "goodput", "value", "req/s", "higher", [st.slo["goodput"] for st in stats], baseline),
+        ]))
+
+    series = [_series(run, st) for run, st in zip(runs, stats)] if with_series else None
+    if series is not None:
+        _common_time_axis(series, runs, stats)
+    return Report(
+        runs=[st.summary for st in stats], baseline=baseline, config=diff_config([run.meta for run in runs]),
+        sections=sections, servers=[st.servers for st in stats], balance=[st.balance for st in stats], slo=slo,
+        warmup_s=warmup, bootstrap=bootstrap, seed=seed, warnings=warnings, series=series,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ plot series
+
+CDF_METRICS = ("total", "ttft", "server_client")
+CDF_POINTS = 600
+TIME_BINS = 240
+
+
+def _cdf(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Empirical CDF, downsampled to at most ~CDF_POINTS points (denser in the tail, where the p99 lives)."""
+    n = sorted_values.size
+    if n == 0:
+        return np.empty(0), np.empty(0)
+    if n <= CDF_POINTS:
+        return sorted_values, np.arange(1, n + 1) / n
+    probs = np.unique(np.concatenate([
+        np.linspace(1.0 / n, 1.0, CDF_POINTS // 2),
+        1.0 - np.geomspace(0.1, 1.0 / n, CDF_POINTS // 2),
+        [1.0],
+    ]))
+    idx = np.clip(np.ceil(probs * n).astype(np.int64), 1, n) - 1
+    return sorted_values[idx], (idx + 1) / n
+
+
+def _integral_of_count(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """For each t in `at`: the integral over [0, t] of the number of intervals [start, end) covering the clock,
+    i.e. sum_i (min(t, end_i) - min(t, start_i))."""
+    def sum_min(points: np.ndarray) -> np.ndarray:
+        ordered = np.sort(points)
+        prefix = np.concatenate([[0.0], np.cumsum(ordered)])
+        below = np.searchsorted(ordered, at, side="left")
+        return prefix[below] + at * (ordered.size - below)
+    return sum_min(ends) - sum_min(starts)
+
+
+def _series(run: Run, st: _RunStats) -> RunSeries:
+    cdf = {key: _cdf(st.sorted_latency[key]) for key in CDF_METRICS}
+    caps = [float(change["t"]) for change in run.meta["caps"]["changes"]]
+    return RunSeries(cdf=cdf, time_edges=np.empty(0), completions_per_s=np.empty(0), output_tokens_per_s=np.empty(0),
+                     in_flight=np.empty(0), queue=np.empty(0), cap_changes=caps)
+
+
+def _nice_step(span: float, bins: int) -> float:
+    raw = span / bins
+    mag = 10 ** math.floor(math.log10(raw))
+    for mult in (1, 2, 2.5, 5, 10):
+        if raw <= mult * mag:
+            return mult * mag
+    return 10 * mag
+
+
+def _common_time_axis(series: list[RunSeries], runs: list[Run], stats: list[_RunStats]) -> None:
+    """Time series of the whole run (warm-up included; the plots shade it), on one axis for every run."""
+    c = pl.col
+    t_max = 0.0
+    for run in runs:
+        last = run.requests.select(pl.max_horizontal(c("t_finish").max(), c("t_arrival").max())).item()
+        t_max = max(t_max, float(last), float(run.meta["t_end"] or 0.0))
+    step = _nice_step(max(t_max, 1e-3), TIME_BINS)
+    edges = np.arange(0.0, t_max + step, step)
+    if edges.size < 2:
+        edges = np.array([0.0, step])
+    for ser, run in zip(series, runs):
+        frame = run.requests
+        ok = frame.filter(c("status") == "ok")
+        finish = ok["t_finish"].to_numpy()
+        ser.time_edges = edges
+        ser.completions_per_s = np.histogram(finish, edges)[0] / step
+        ser.output_tokens_per_s = np.histogram(finish, edges, weights=ok["completion_tokens"].to_numpy())[0] / step
+        flying = frame.filter(c("t_dispatch").is_not_null())
+        integral = _integral_of_count(flying["t_dispatch"].to_numpy(), flying["t_finish"].to_numpy(), edges)
+        ser.in_flight = np.diff(integral) / step
+        # in the router queue from release to dispatch; never dispatched: until the failure was seen (or the run end)
+        queued = frame.filter(c("t_released").is_not_null()).select(
+            "t_released",
+            pl.coalesce(c("t_dispatch"), c("t_finish"), pl.lit(t_max)).alias("left"),
+        )
+        integral = _integral_of_count(queued["t_released"].to_numpy(), queued["left"].to_numpy(), edges)
+        ser.queue = np.diff(integral) / step

@@ -1,0 +1,226 @@
+"""Renderers of a Report. `document()` lays the report out once as titled tables of text cells; the terminal
+table, Markdown and HTML renderers draw that layout; CSV and JSON write the numbers themselves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tracebench.report.metrics import BALANCE_CV_MAX, CI_LEVEL, PERCENTILES, Delta, Report, Row
+
+
+@dataclass
+class Cell:
+    text: str
+    tone: str | None = None  # "good" / "bad" / "warn": the terminal colours it, HTML styles it
+    strong: bool = False
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[Cell]]
+    align: list[str]  # "l" / "r" per column
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Document:
+    title: str
+    lines: list[str]  # under the title: what the numbers mean
+    warnings: list[str]
+    tables: list[Table]
+
+
+# ------------------------------------------------------------------------------------------------ numbers as text
+
+def _num(value: float, digits: int) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def _latency_ms(seconds: float) -> str:
+    ms = seconds * 1000.0
+    size = abs(ms)
+    return _num(ms, 0 if size >= 1000 else 1 if size >= 10 else 2 if size >= 0.1 else 3)
+
+
+def fmt_value(unit: str, value: float | None) -> str:
+    """`unit` as shown: "ms" values arrive in seconds (latencies); "s" is shown in seconds (durations)."""
+    if value is None:
+        return "-"
+    if unit == "ms":
+        return _latency_ms(value)
+    if unit == "s":
+        return _num(value, 2)
+    if unit == "requests":
+        return _num(value, 0)
+    if unit == "fraction":
+        return f"{value * 100:.1f}%"
+    if unit == "req/s":
+        return _num(value, 2 if abs(value) < 1000 else 0)
+    if unit == "tok/s":
+        return _num(value, 1 if abs(value) < 100 else 0)
+    return _num(value, 2)
+
+
+def unit_shown(row: Row) -> str:
+    """Latencies are shown in ms (they are stored in seconds); everything else in its own unit."""
+    return "ms" if row.unit == "s" and row.section == "latency" else row.unit
+
+
+def fmt_signed(unit: str, value: float) -> str:
+    if unit == "fraction":
+        return f"{value * 100:+.1f} pp"
+    text = fmt_value(unit, abs(value))
+    return ("-" if value < 0 else "+") + text
+
+
+def delta_tone(row: Row, delta: Delta) -> str | None:
+    """Green when better, red when worse. Rows with an interval are coloured only when it excludes 0."""
+    if delta.abs is None or delta.abs == 0 or row.better is None:
+        return None
+    if row.stat in PERCENTILES and delta.significant is not None:
+        if not delta.significant:
+            return None
+    elif delta.pct is not None and abs(delta.pct) < 1.0:
+        return None
+    better = delta.abs < 0 if row.better == "lower" else delta.abs > 0
+    return "good" if better else "bad"
+
+
+def fmt_delta(row: Row, delta: Delta) -> Cell:
+    if delta.abs is None:
+        return Cell("-")
+    text = fmt_signed(unit_shown(row), delta.abs)
+    if delta.pct is not None and row.unit != "fraction":
+        text += f" ({delta.pct:+.1f}%)"
+    return Cell(text, delta_tone(row, delta))
+
+
+def fmt_ci(row: Row, delta: Delta) -> Cell:
+    if delta.ci_low is None or delta.ci_high is None:
+        return Cell("")
+    unit = unit_shown(row)
+    text = f"[{fmt_signed(unit, delta.ci_low)}, {fmt_signed(unit, delta.ci_high)}]"
+    if delta.significant:
+        return Cell(text + " significant", delta_tone(row, delta), strong=True)
+    return Cell(text)
+
+
+# ------------------------------------------------------------------------------------------------ layout
+
+def run_heading(report: Report, index: int) -> str:
+    run = report.runs[index]
+    text = run.label
+    if index == report.baseline and len(report.runs) > 1:
+        text += " (baseline)"
+    if run.mark is not None:
+        text += f" [{run.status.upper() if run.status != 'running' else 'UNFINISHED'}]"
+    return text
+
+
+def _section_table(report: Report, title: str, rows: list[Row], with_stat: bool) -> Table:
+    others = [i for i in range(len(report.runs)) if i != report.baseline]
+    with_ci = any(d is not None and d.ci_low is not None for row in rows for d in row.deltas)
+    header = ["metric"] + (["stat"] if with_stat else []) + [run_heading(report, i) for i in range(len(report.runs))]
+    align = ["l"] + (["l"] if with_stat else []) + ["r"] * len(report.runs)
+    for i in others:
+        header.append(f"Δ {report.runs[i].label}")
+        align.append("r")
+        if with_ci:
+            header.append(f"{int(CI_LEVEL * 100)}% CI of Δ")
+            align.append("l")
+    out: list[list[Cell]] = []
+    previous = None
+    for row in rows:
+        name = row.label if row.metric != previous else ""
+        if not with_stat and row.unit not in ("requests",):
+            name = f"{row.label} ({unit_shown(row)})" if row.unit != "fraction" else row.label
+        previous = row.metric
+        cells = [Cell(name)] + ([Cell(row.stat)] if with_stat else [])
+        cells += [Cell(fmt_value(unit_shown(row), v)) for v in row.values]
+        for i in others:
+            delta = row.deltas[i]
+            assert delta is not None
+            cells.append(fmt_delta(row, delta))
+            if with_ci:
+                cells.append(fmt_ci(row, delta))
+        out.append(cells)
+    return Table(title, header, out, align)
+
+
+def _runs_table(report: Report) -> Table:
+    header = ["run", "status", "backend", "trace", "requests recorded", "kept", "window (s)"]
+    rows = []
+    for i, run in enumerate(report.runs):
+        status = Cell(run.status if run.mark is None else run.status.upper(), None if run.mark is None else "warn",
+                      strong=run.mark is not None)
+        window = "-" if run.window_start is None else f"{run.window_start:.2f} – {run.window_end:.2f}"
+        rows.append([
+            Cell(run.label + (" (baseline)" if i == report.baseline and len(report.runs) > 1 else "")), status,
+            Cell(run.backend), Cell(f"{run.trace_path} ({run.trace_sha256[:12]})"),
+            Cell(f"{run.records:,} of {run.trace_requests:,}", "warn" if run.missing else None),
+            Cell(f"{run.kept:,}"), Cell(window),
+        ])
+    return Table("Runs", header, rows, ["l", "l", "l", "l", "r", "r", "r"])
+
+
+# replay options worth repeating when they are the same everywhere (all the others are listed only when they differ)
+SHOWN_OPTIONS = ("--speed", "--stream", "--timeout", "--server-args", "--batch-timeout", "--seed")
+
+
+def _config_table(report: Report) -> Table:
+    header = ["setting"] + [run_heading(report, i) for i in range(len(report.runs))]
+    rows = [[Cell(key)] + [Cell(v, strong=True) for v in values] for key, values in report.config.changed]
+    notes = []
+    if len(report.runs) > 1 and not rows:
+        notes.append("nothing: every run has the same settings")
+    shown = [(k, v) for k, v in report.config.same if not k.startswith("--") or k in SHOWN_OPTIONS]
+    hidden = len(report.config.same) - len(shown)
+    same = " · ".join(f"{k} {v}" for k, v in shown) + (f" (+{hidden} more options alike)" if hidden else "")
+    notes.append(("same in all runs: " if len(report.runs) > 1 else "settings: ") + same)
+    return Table("What changed" if len(report.runs) > 1 else "Settings", header, rows, ["l"] * len(header), notes)
+
+
+def _servers_table(report: Report) -> Table:
+    header = ["run", "server", "requests", "share", "busy (s)", "busy", "mean in-flight"]
+    rows: list[list[Cell]] = []
+    for i, loads in enumerate(report.servers):
+        for j, load in enumerate(loads):
+            rows.append([
+                Cell(report.runs[i].label if j == 0 else ""), Cell(f"{load.server} {load.url}"),
+                Cell(f"{load.requests:,}"), Cell(fmt_value("fraction", load.share)),
+                Cell("-" if load.busy_s is None else f"{load.busy_s:,.2f}"), Cell(fmt_value("fraction", load.busy_fraction)),
+                Cell("-" if load.mean_in_flight is None else f"{load.mean_in_flight:.2f}"),
+            ])
+    notes = []
+    for i, bal in enumerate(report.balance):
+        detail = ""
+        if bal.cv is not None:
+            ratio = "inf (a server got none)" if bal.max_min_ratio is None else f"{bal.max_min_ratio:.2f}"
+            detail = f" (CV of request counts {bal.cv:.3f} {'<=' if bal.cv <= BALANCE_CV_MAX else '>'} {BALANCE_CV_MAX:.2f}; max/min {ratio})"
+        notes.append(f"{report.runs[i].label}: {bal.verdict}{detail}")
+    return Table("Per server", header, rows, ["l", "l", "r", "r", "r", "r", "r"], notes)
+
+
+def document(report: Report) -> Document:
+    n = len(report.runs)
+    lines = []
+    if n > 1:
+        lines.append(f"baseline: {report.runs[report.baseline].label} · Δ = run − baseline (absolute, and % of the baseline)")
+    lines.append("latencies over ok requests, in ms · percentiles by linear interpolation (numpy's default)")
+    if n > 1 and report.bootstrap > 0:
+        lines.append(f"{int(CI_LEVEL * 100)}% CI of Δ: bootstrap over requests, {report.bootstrap} resamples, seed {report.seed}; "
+                     "'significant' only when it excludes 0")
+    lines.append("duration: first arrival to last ok finish" + (f"; warm-up: arrivals before {report.warmup_s:g} s excluded"
+                                                               if report.warmup_s > 0 else ""))
+    tables = [_runs_table(report), _config_table(report)]
+    by_key = {s.key: s for s in report.sections}
+    tables.append(_section_table(report, "Requests and throughput",
+                                 by_key["requests"].rows + by_key["throughput"].rows, with_stat=False))
+    tables.append(_section_table(report, "Latency (ms)", by_key["latency"].rows, with_stat=True))
+    if "slo" in by_key:
+        tables.append(_section_table(report, by_key["slo"].title, by_key["slo"].rows, with_stat=False))
+    tables.append(_servers_table(report))
+    title = "tracebench report: " + " vs ".join(run.label for run in report.runs)
+    return Document(title, lines, report.warnings, tables)

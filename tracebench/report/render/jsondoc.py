@@ -1,0 +1,74 @@
+"""JSON: every number, machine-readable. Latencies in seconds; `units` says the unit of each section's values."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+
+from tracebench.report.metrics import BALANCE_CV_MAX, CI_LEVEL, LATENCY_METRICS, Report
+
+REPORT_FORMAT_VERSION = 1
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for i, run in enumerate(report.runs):
+        entry: dict[str, Any] = {
+            "label": run.label, "path": run.path, "run_name": run.run_name, "status": run.status, "mark": run.mark,
+            "baseline": i == report.baseline, "backend": run.backend,
+            "trace": {"path": run.trace_path, "sha256": run.trace_sha256, "num_requests": run.trace_requests},
+            "records": run.records, "missing": run.missing, "kept": run.kept,
+            "window": {"start": run.window_start, "end": run.window_end, "duration_s": run.duration}, "t_end": run.t_end,
+        }
+        deltas: dict[str, Any] = {}
+        for section in report.sections:
+            values: dict[str, Any] = {}
+            section_deltas: dict[str, Any] = {}
+            for row in section.rows:
+                if section.key == "latency":
+                    values.setdefault(row.metric, {})[row.stat] = row.values[i]
+                else:
+                    values[row.metric] = row.values[i]
+                delta = row.deltas[i]
+                if delta is None:
+                    continue
+                d = {"abs": delta.abs, "pct": delta.pct}
+                if delta.ci_low is not None:
+                    d |= {"ci95_low": delta.ci_low, "ci95_high": delta.ci_high, "significant": delta.significant}
+                if section.key == "latency":
+                    section_deltas.setdefault(row.metric, {})[row.stat] = d
+                else:
+                    section_deltas[row.metric] = d
+            entry[section.key] = values
+            if i != report.baseline:
+                deltas[section.key] = section_deltas
+        entry["servers"] = [asdict(load) for load in report.servers[i]]
+        entry["balance"] = asdict(report.balance[i])
+        if i != report.baseline:
+            entry["delta"] = deltas
+        runs.append(entry)
+    return {
+        "tracebench_report": REPORT_FORMAT_VERSION,
+        "baseline": report.runs[report.baseline].label,
+        "options": {
+            "warmup_s": report.warmup_s, "bootstrap_resamples": report.bootstrap, "seed": report.seed,
+            "slo_s": report.slo, "percentile_method": "linear (numpy default)", "ci_level": CI_LEVEL,
+            "balance_cv_max": BALANCE_CV_MAX,
+        },
+        "units": {"requests": "requests", "throughput": {"duration": "s", "requests_per_s": "req/s",
+                  "input_tokens_per_s": "tok/s", "output_tokens_per_s": "tok/s"}, "latency": "s",
+                  "slo": {"met": "requests", "fraction": "fraction of kept requests", "goodput": "req/s"}},
+        "latency_definitions": {key: definition for key, _, definition in LATENCY_METRICS},
+        "warnings": report.warnings,
+        "config": {
+            "changed": {key: dict(zip((r.label for r in report.runs), values)) for key, values in report.config.changed},
+            "same": dict(report.config.same),
+        },
+        "runs": runs,
+    }
+
+
+def render_json(report: Report) -> str:
+    return orjson.dumps(report_dict(report), option=orjson.OPT_INDENT_2).decode() + "\n"

@@ -1,0 +1,158 @@
+"""The report's figures (matplotlib, Agg backend). Each takes a Report built `with_series=True`."""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, never a window
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from tracebench.report.metrics import LATENCY_LABELS, SLO_KEYS, Report  # noqa: E402
+
+_COLOURS = plt.get_cmap("tab10").colors
+
+
+def _colour(i: int) -> tuple[float, float, float]:
+    return _COLOURS[i % len(_COLOURS)]
+
+
+def _run_name(report: Report, i: int) -> str:
+    run = report.runs[i]
+    name = run.label + (" (baseline)" if i == report.baseline and len(report.runs) > 1 else "")
+    if run.mark is not None:
+        name += f" [{run.status.upper() if run.status != 'running' else 'UNFINISHED'}]"
+    return name
+
+
+def _style(ax) -> None:
+    ax.grid(True, color="#dddddd", linewidth=0.7)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def latency_cdfs(report: Report) -> Figure:
+    """The main figure: CDFs of total latency, TTFT and server latency, all runs overlaid."""
+    assert report.series is not None
+    keys = ("total", "ttft", "server_client")
+    titles = {"total": "Total latency (arrival → finish)", "ttft": "Time to first token (from arrival)",
+              "server_client": "Server latency (dispatch → finish)"}
+    slo_by_metric = {SLO_KEYS[k]: v for k, v in (report.slo or {}).items()}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), layout="constrained")
+    for ax, key in zip(axes, keys):
+        top = max((float(s.cdf[key][0][-1]) for s in report.series if s.cdf[key][0].size), default=0.0)
+        in_ms = top < 2.0
+        scale, unit = (1000.0, "ms") if in_ms else (1.0, "s")
+        drawn = False
+        for i, ser in enumerate(report.series):
+            x, p = ser.cdf[key]
+            if x.size == 0:
+                continue
+            drawn = True
+            ax.step(np.concatenate([[x[0]], x]) * scale, np.concatenate([[0.0], p]), where="post",
+                    color=_colour(i), linewidth=1.8, label=_run_name(report, i))
+        for q in (0.5, 0.9, 0.99):
+            ax.axhline(q, color="#999999", linewidth=0.8, linestyle=":")
+            ax.annotate(f"p{int(q * 100)}", xy=(1.0, q), xycoords=("axes fraction", "data"), xytext=(2, 0),
+                        textcoords="offset points", va="center", fontsize=8, color="#666666")
+        if key in slo_by_metric:
+            limit = slo_by_metric[key] * scale
+            ax.axvline(limit, color="#c0392b", linestyle="--", linewidth=1.2)
+            ax.annotate(f" SLO {limit:g} {unit}", xy=(limit, 0.03), color="#c0392b", fontsize=9)
+        ax.set_title(titles[key], fontsize=12)
+        ax.set_xlabel(f"{LATENCY_LABELS[key]} ({unit})")
+        ax.set_ylabel("fraction of ok requests ≤ x")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlim(left=0)
+        _style(ax)
+        if not drawn:
+            ax.text(0.5, 0.5, "no first-token stamps\n(not streamed)", ha="center", va="center", transform=ax.transAxes)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), frameon=False, fontsize=10)
+    fig.suptitle("Latency CDFs" + (f" (requests arriving after {report.warmup_s:g} s)" if report.warmup_s > 0 else ""),
+                 fontsize=14, fontweight="bold")
+    return fig
+
+
+def over_time(report: Report) -> Figure:
+    """Completions/s, requests in flight and router queue length over the run clock, all runs overlaid."""
+    assert report.series is not None
+    fig, axes = plt.subplots(3, 1, figsize=(15, 9), sharex=True, layout="constrained")
+    panels = (
+        ("completions_per_s", "Throughput: ok requests completed per second", "requests/s"),
+        ("in_flight", "Requests in flight at the servers (dispatched, not finished; all servers)", "requests"),
+        ("queue", "Router queue length (released, not yet dispatched)", "requests"),
+    )
+    for ax, (attr, title, ylabel) in zip(axes, panels):
+        for i, ser in enumerate(report.series):
+            edges = ser.time_edges
+            values = getattr(ser, attr)
+            ax.stairs(values, edges, color=_colour(i), linewidth=1.5, label=_run_name(report, i), baseline=None)
+            for t in ser.cap_changes:
+                ax.axvline(t, color=_colour(i), linestyle=":", linewidth=1.0)
+        if report.warmup_s > 0:
+            ax.axvspan(0, report.warmup_s, color="#eeeeee", zorder=0, label=f"warm-up (first {report.warmup_s:g} s, excluded)")
+        ax.set_title(title, fontsize=11, loc="left")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        _style(ax)
+    step = report.series[0].time_edges[1] - report.series[0].time_edges[0]
+    axes[-1].set_xlabel(f"run clock (s since the run started; bins of {step:g} s, time-averaged)")
+    axes[-1].set_xlim(left=0)
+    axes[0].legend(loc="upper right", fontsize=9, frameon=False)
+    if any(ser.cap_changes for ser in report.series):
+        axes[1].text(0.0, 1.0, "dotted lines: cap changes", transform=axes[1].transAxes, fontsize=8, va="bottom")
+    fig.suptitle("Over time", fontsize=14, fontweight="bold")
+    return fig
+
+
+def server_load(report: Report) -> Figure:
+    """Per server: share of requests, busy fraction of the window, mean in flight; grouped by run."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), layout="constrained")
+    num_servers = max(len(loads) for loads in report.servers)
+    width = 0.8 / len(report.runs)
+    positions = np.arange(num_servers)
+    panels = (
+        ("share", "Share of dispatched requests", "% of requests", 100.0),
+        ("busy_fraction", "Busy (≥ 1 request in flight)", "% of the measurement window", 100.0),
+        ("mean_in_flight", "Mean requests in flight", "requests", 1.0),
+    )
+    for ax, (attr, title, ylabel, scale) in zip(axes, panels):
+        for i, loads in enumerate(report.servers):
+            values = [(getattr(load, attr) or 0.0) * scale for load in loads]
+            ax.bar(positions[: len(loads)] + (i - (len(report.runs) - 1) / 2) * width, values, width * 0.95,
+                   color=_colour(i), label=_run_name(report, i))
+        if attr == "share":
+            ax.axhline(100.0 / num_servers, color="#555555", linestyle="--", linewidth=1, label="even split")
+        ax.set_xticks(positions, [f"server {j}" for j in range(num_servers)])
+        ax.set_title(title, fontsize=11)
+        ax.set_ylabel(ylabel)
+        _style(ax)
+    axes[1].set_ylim(0, 105)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 5), frameon=False, fontsize=10)
+    fig.suptitle("Per-server load", fontsize=14, fontweight="bold")
+    return fig
+
+
+def to_svg(fig: Figure) -> str:
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buf, format="svg")
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def to_png(fig: Figure, dpi: int = 110) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
+    return buf.getvalue()
+
+
+def close(fig: Figure) -> None:
+    plt.close(fig)
