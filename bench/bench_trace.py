@@ -1,0 +1,71 @@
+"""Speed of `tracebench generate` and `tracebench inspect` on 1,000,000 requests, timed as real processes (wall time
+of the whole command, interpreter start included). Targets: generate < 3 s, inspect < 2 s. Prints the figures.
+
+    .venv/bin/python bench/bench_trace.py [--requests 1000000] [--repeat 3] [--keep DIR]
+
+Each figure is the best of --repeat runs (the least disturbed by other work on the machine); all runs are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET_GENERATE_S = 3.0
+TARGET_INSPECT_S = 2.0
+
+
+def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    return elapsed, proc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--keep", type=Path, default=None, help="write the trace here and keep it")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench_trace-"))
+    trace = args.keep if args.keep is not None else workdir / "trace.jsonl"
+    tracebench = [sys.executable, "-m", "tracebench"]
+    generate = [*tracebench, "generate", "--rate", "100", "--num-requests", str(args.requests), "--length-dist",
+                "lognormal", "--seed", "0", "-o", str(trace)]
+    inspect = [*tracebench, "inspect", str(trace)]
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"generate: {' '.join(generate[1:])}")
+    try:
+        generate_runs = [timed(generate)[0] for _ in range(args.repeat)]
+        size_mb = trace.stat().st_size / 1e6
+        inspect_runs = []
+        for _ in range(args.repeat):
+            elapsed, proc = timed(inspect)
+            inspect_runs.append(elapsed)
+        print(f"trace: {args.requests} requests, {size_mb:.1f} MB")
+        for name, runs, target in (("generate", generate_runs, TARGET_GENERATE_S),
+                                   ("inspect", inspect_runs, TARGET_INSPECT_S)):
+            best = min(runs)
+            verdict = "OK" if best < target else "OVER TARGET"
+            print(f"{name:9} best {best:.2f} s (target < {target:.0f} s: {verdict}); runs: "
+                  + ", ".join(f"{r:.2f}" for r in runs)
+                  + f"; {args.requests / best / 1e6:.2f} M requests/s")
+        print("inspect output:")
+        print(proc.stdout)
+    finally:
+        shutil.rmtree(workdir)
+
+
+if __name__ == "__main__":
+    main()
