@@ -370,3 +370,67 @@ def token_ids(request_seed: int, n: int, vocab_size: int) -> list[int]:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
         out.append((z ^ (z >> 31)) % vocab_size)
     return out
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request's times in a virtual-clock run (seconds; client-side figures include the profile's
+    client overhead, as a client over real HTTP would see them)."""
+
+    t_arrival: float
+    input_len: int
+    output_len: int
+    t_forward_entry: float
+    t_first_token: float     # first token visible to the HTTP layer
+    t_finished: float        # last token visible to the HTTP layer
+    ttft: float              # client-side time to first token
+    e2e: float               # client-side end-to-end latency
+    server_e2e: float        # sglang's e2e_latency (received -> finished)
+
+    @property
+    def tpot(self) -> float:
+        """Time per output token after the first (bench_serving's TPOT); 0 for one-token outputs."""
+        return (self.e2e - self.ttft) / (self.output_len - 1) if self.output_len > 1 else 0.0
+
+
+def simulate(profile: Profile, limits: Limits, workload: list[tuple[float, int, int]],
+             speed: float = 1.0) -> list[Outcome]:
+    """Run requests `(arrival_s, input_len, output_len)` (sorted by arrival) through the model on a virtual clock.
+    Deterministic and fast: no sleeping, no asyncio. The arrival is the moment the server receives the request."""
+    model = BatchModel(profile, limits, speed)
+    entry = profile.queue_entry_s / speed
+    output = profile.output_s / speed
+    client = profile.client_overhead_s / speed
+    reqs: list[SimRequest] = []
+    first_step_end: dict[int, float] = {}
+    i = 0
+    t_free = workload[0][0] if workload else 0.0
+    while True:
+        t_start = model.next_start(t_free)
+        if i < len(workload) and (t_start is None or workload[i][0] + entry <= t_start):
+            t_arrival, input_len, output_len = workload[i]
+            req = SimRequest(rid=str(i), input_len=input_len, max_new_tokens=output_len, t_ready=t_arrival + entry)
+            model.submit(req)
+            reqs.append(req)
+            i += 1
+            continue
+        if t_start is None:
+            break
+        step = model.start_step(t_start)
+        if step is None:
+            raise RuntimeError(f"model had work from {t_start} but planned no step")
+        result = model.finish_step(step)
+        for req in result.produced:
+            if req.output_len == 1:
+                first_step_end[id(req)] = step.t_end
+        t_free = step.t_end
+    outcomes = []
+    for (t_arrival, input_len, output_len), req in zip(workload, reqs):
+        if req.t_finished is None or req.t_forward_entry is None:
+            raise RuntimeError(f"request {req.rid} did not finish")
+        t_first = first_step_end.get(id(req), req.t_finished) + output
+        t_done = req.t_finished + output
+        outcomes.append(Outcome(t_arrival, input_len, output_len, req.t_forward_entry, t_first, t_done,
+                                ttft=t_first - t_arrival + client, e2e=t_done - t_arrival + client,
+                                server_e2e=t_done - t_arrival))
+    return outcomes
