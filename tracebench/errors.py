@@ -60,3 +60,7 @@ class RunInterrupted(TracebenchError):
     """The replay was stopped by Ctrl-C (SIGINT) or SIGTERM; its run folder is complete (status interrupted)."""
 
     exit_code = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+
+
+class PolicyLoadError(PolicyError, InputError):
+    """`--policy` names no loadable policy (missing file or class, not a Policy subclass, ...): bad input, exit 2."""

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import numpy as np
 
-from tracebench.errors import PolicyError
+from tracebench.errors import PolicyLoadError
 from tracebench.policies.base import Policy
 from tracebench.policies.least_outstanding import LeastOutstandingPolicy
 from tracebench.policies.param_aware import ParamAwarePolicy
@@ -40,7 +40,7 @@ def builtin_policies() -> dict[str, type[Policy]]:
 def load_policy(
     spec: str, rng: np.random.Generator, options: dict[str, str], policies_dir: Path = Path("policies")
 ) -> Policy:
-    """The policy named by `spec`, made with `rng` and `options`. Raises PolicyError when it cannot be found or
+    """The policy named by `spec`, made with `rng` and `options`. Raises PolicyLoadError (exit 2) when it cannot be found or
     loaded, ConfigError (from the policy) for unknown option keys or bad option values."""
     return resolve_policy_class(spec, policies_dir)(rng, options)
 
@@ -49,20 +49,20 @@ def resolve_policy_class(spec: str, policies_dir: Path = Path("policies")) -> ty
     """The Policy subclass `spec` names (see the module docstring)."""
     builtins = builtin_policies()
     if not spec:
-        raise PolicyError("empty --policy; give a built-in name, path/to/file.py:ClassName, or a policies/ file name")
+        raise PolicyLoadError("empty --policy; give a built-in name, path/to/file.py:ClassName, or a policies/ file name")
     if spec.endswith(".py") or ":" in spec:
         path_text, class_name = (spec, "") if spec.endswith(".py") else spec.rpartition(":")[::2]
         if not class_name and not spec.endswith(".py"):
-            raise PolicyError(f"--policy {spec!r}: missing the class name after ':' (path/to/file.py:ClassName)")
+            raise PolicyLoadError(f"--policy {spec!r}: missing the class name after ':' (path/to/file.py:ClassName)")
         path = Path(path_text)
         if not path.is_file():
-            raise PolicyError(f"{path}: policy file not found (from --policy {spec!r})")
+            raise PolicyLoadError(f"{path}: policy file not found (from --policy {spec!r})")
         module = _import_file(path)
         return _class_by_name(module, path, class_name) if class_name else _only_class(module, path)
     path = policies_dir / f"{spec}.py"
     if spec in builtins:
         if path.is_file():
-            raise PolicyError(
+            raise PolicyLoadError(
                 f"--policy {spec!r} is ambiguous: a built-in and {path} share the name; "
                 f"rename the file, or name it as {path}:ClassName"
             )
@@ -70,7 +70,7 @@ def resolve_policy_class(spec: str, policies_dir: Path = Path("policies")) -> ty
     if path.is_file():
         return _only_class(_import_file(path), path)
     local = sorted(p.stem for p in policies_dir.glob("*.py")) if policies_dir.is_dir() else []
-    raise PolicyError(
+    raise PolicyLoadError(
         f"unknown policy {spec!r}: not a built-in ({', '.join(builtins)}), and no {path}"
         + (f" (policies there: {', '.join(local)})" if local else "")
         + "; a file elsewhere is named as path/to/file.py:ClassName"
@@ -84,15 +84,15 @@ def _import_file(path: Path) -> ModuleType:
     module_name = f"tracebench_user_policy_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:10]}"
     module_spec = importlib.util.spec_from_file_location(module_name, resolved)
     if module_spec is None or module_spec.loader is None:
-        raise PolicyError(f"{path}: cannot be imported as a Python module")
+        raise PolicyLoadError(f"{path}: cannot be imported as a Python module")
     module = importlib.util.module_from_spec(module_spec)
     # registered while it runs: dataclasses and typing look their module up in sys.modules
     sys.modules[module_name] = module
     try:
         module_spec.loader.exec_module(module)
-    except Exception as err:  # the user's code failed: say where, as a PolicyError (the cause stays chained)
+    except Exception as err:  # the user's code failed: say where, as a PolicyLoadError (the cause stays chained)
         del sys.modules[module_name]
-        raise PolicyError(f"{_where(err, resolved, path)}: importing the policy failed: {type(err).__name__}: {err}") from err
+        raise PolicyLoadError(f"{_where(err, resolved, path)}: importing the policy failed: {type(err).__name__}: {err}") from err
     return module
 
 
@@ -117,7 +117,7 @@ def _only_class(module: ModuleType, path: Path) -> type[Policy]:
     classes = _policy_classes(module)
     if len(classes) != 1:
         found = ", ".join(sorted(c.__name__ for c in classes)) or "none"
-        raise PolicyError(
+        raise PolicyLoadError(
             f"{path}: expected exactly one Policy subclass, found {len(classes)} ({found}); "
             f"name one as {path}:ClassName"
         )
@@ -128,17 +128,17 @@ def _class_by_name(module: ModuleType, path: Path, class_name: str) -> type[Poli
     obj = getattr(module, class_name, None)
     if obj is None:
         found = ", ".join(sorted(c.__name__ for c in _policy_classes(module))) or "none"
-        raise PolicyError(f"{path}: no class {class_name!r} (Policy subclasses there: {found})")
+        raise PolicyLoadError(f"{path}: no class {class_name!r} (Policy subclasses there: {found})")
     if not (inspect.isclass(obj) and issubclass(obj, Policy)):
-        raise PolicyError(f"{path}: {class_name} is not a subclass of tracebench.policies.Policy")
+        raise PolicyLoadError(f"{path}: {class_name} is not a subclass of tracebench.policies.Policy")
     return _checked(obj, path)
 
 
 def _checked(cls: type[Policy], path: Path) -> type[Policy]:
     if cls is Policy:
-        raise PolicyError(f"{path}: Policy itself is the base class; name your subclass")
+        raise PolicyLoadError(f"{path}: Policy itself is the base class; name your subclass")
     if not cls.name:
-        raise PolicyError(f"{path}: {cls.__name__} has no `name` (set name = \"...\"; runs and reports show it)")
+        raise PolicyLoadError(f"{path}: {cls.__name__} has no `name` (set name = \"...\"; runs and reports show it)")
     if cls.assign is Policy.assign:
-        raise PolicyError(f"{path}: {cls.__name__} does not implement assign(queue, servers)")
+        raise PolicyLoadError(f"{path}: {cls.__name__} does not implement assign(queue, servers)")
     return cls
