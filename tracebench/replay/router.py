@@ -159,11 +159,18 @@ class Router:
         self._kick()
 
     def engine_finished(self) -> None:
-        """Every request of the trace was released: partial static batches go now."""
+        """Every request of the trace was released: partial static batches go now, once the assignment round
+        already scheduled for the last arrivals has run (call_soon keeps that order)."""
+        self._loop.call_soon(self._after_last_release)
+
+    def _after_last_release(self) -> None:
         self._engine_done = True
-        if self.static:
-            for server in self.servers:
-                self._maybe_send_batch(server)
+        try:
+            if self.static:
+                for server in self.servers:
+                    self._maybe_send_batch(server)
+        except Exception as err:  # a loop callback has no caller: the run stops with this error
+            self._fail(err)
         self._check_ended()
 
     # ---- caps, health, telemetry -------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from tracebench.replay.engine import Engine
 from tracebench.replay.records import STATUSES, RecordWriter, RequestRecord
 from tracebench.replay.router import Router, ServerState
 from tracebench.replay.servers import Fleet, ServerPlan, plan_attached, plan_launched, split_server_args
-from tracebench.replay.telemetry import poll_loads, show_progress
+from tracebench.replay.telemetry import poll_loads, progress_line, show_progress
 from tracebench.replay.tokens import InputIds, vocab_size_from_model
 from tracebench.trace.format import TraceHeader, TraceRequest, load_trace, sha256_file
 
@@ -409,8 +409,11 @@ class Replay:
             if control is not None:
                 await control.stop()
             await client.close()
-            if not cfg.quiet and self.router is not None:
-                self.stderr.write("\n" if self.stderr.isatty() else "")
+            if not cfg.quiet and self.router is not None and self.t_end:
+                # the last state, whatever the period of the progress line (its rate: over the whole run)
+                tty = self.stderr.isatty()
+                line = progress_line(self.router, self.t_end, self.router.finished / self.t_end)
+                self.stderr.write(("\r" if tty else "") + line + "\n")
 
     def _side_done(self, task: asyncio.Task[Any]) -> None:
         # the engine, poller, cap schedule and progress line run beside the requests: an error in one stops the run

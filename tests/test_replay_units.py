@@ -1,0 +1,134 @@
+"""Replay pieces that need no server: the cap schedule, input ids, option checking, the command line's refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from tracebench.errors import ConfigError
+from tracebench.replay.caps import CapChange, parse_cap_schedule
+from tracebench.replay.run import ReplayConfig
+from tracebench.replay.tokens import TOKEN_ID_LOW, InputIds, vocab_size_from_model
+from tracebench.trace.format import format_request_line, write_trace
+
+SHA = "0f" * 32
+MODEL_DIR = Path(__file__).resolve().parents[2] / "shared" / "models" / "llama-2-7b-hf"
+
+
+def test_cap_schedule_parses_every_form() -> None:
+    changes = parse_cap_schedule("60s:server1=2, 30s:8,45.5:all=3,0.5s:server0=1", num_servers=2)
+    assert changes == [
+        CapChange(0.5, 0, 1), CapChange(30.0, None, 8), CapChange(45.5, None, 3), CapChange(60.0, 1, 2),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        ("30s", "cannot read '30s'"),
+        ("30s:server2=4", "no server2"),
+        ("30s:0", "must be >= 1"),
+        ("x:4", "cannot read 'x:4'"),
+        ("10s:server1=-1", "must be >= 1"),
+        ("10s:gpu1=3", "cannot read"),
+    ],
+)
+def test_cap_schedule_refuses(spec: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
+        parse_cap_schedule(spec, num_servers=2)
+
+
+def test_input_ids_deterministic_exact_and_in_vocabulary() -> None:
+    ids = InputIds(SHA, 32000)
+    a = ids.ids(7, 512)
+    assert a.shape == (512,) and a.dtype == np.int64
+    assert a.min() >= TOKEN_ID_LOW and a.max() < 32000
+    assert np.array_equal(a, InputIds(SHA, 32000).ids(7, 512))  # same (trace, id): same ids
+    assert not np.array_equal(a, ids.ids(8, 512))  # another request: other ids
+    assert not np.array_equal(a, InputIds("1e" * 32, 32000).ids(7, 512))  # another trace: other ids
+    assert ids.ids(7, 1).shape == (1,)
+    small = InputIds(SHA, 2001).ids(3, 4000)
+    assert small.min() >= TOKEN_ID_LOW and small.max() <= 2000
+    with pytest.raises(ConfigError, match="too small"):
+        InputIds(SHA, 1500)
+
+
+def test_vocab_size_from_model_config(tmp_path: Path) -> None:
+    assert vocab_size_from_model(MODEL_DIR) == 32000
+    with pytest.raises(ConfigError, match="no config.json"):
+        vocab_size_from_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(ConfigError, match="vocab_size"):
+        vocab_size_from_model(tmp_path)
+
+
+def _cfg(**kw: object) -> ReplayConfig:
+    return ReplayConfig(trace=Path("t.jsonl"), **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"batch_size": 4}, "--batch-size is for --mode static"),
+        ({"batch_timeout": 1.0, "backend": "sim"}, "--batch-timeout is for --mode static"),
+        ({"mode": "static", "backend": "sim"}, "needs --batch-size"),
+        ({"attach": ("http://127.0.0.1:1",), "backend": "sim"}, "--backend is for servers tracebench launches"),
+        ({"attach": ("http://127.0.0.1:1",), "gpus": 2}, "--gpus 2 with 1 --attach"),
+        ({"attach": ("http://127.0.0.1:1",), "speed": 2.0}, "--speed"),
+        ({"attach": ("http://127.0.0.1:1",), "server_args": ("--x",)}, "--server-arg"),
+        ({"backend": "sglang", "speed": 2.0, "model": "m"}, "--speed is for --backend sim"),
+        ({"backend": "sglang"}, "needs --model"),
+        ({}, "needs --model"),  # sglang is the default backend
+        ({"backend": "sim", "model": "m"}, "--model is for --backend sglang"),
+        ({"backend": "sim", "sjf_key": "input"}, "--sjf-key is an option of --policy sjf"),
+        ({"backend": "sim", "policy": "sjf", "sjf_key": "input", "policy_options": (("key", "output"),)}, "say the same thing"),
+        ({"backend": "sim", "gpus": 0}, "--gpus must be >= 1"),
+        ({"backend": "sim", "timeout": 0.0}, "--timeout must be > 0"),
+        ({"backend": "sim", "port_base": 70000}, "--port-base must be a port"),
+        ({"backend": "sim", "policy_options": (("a", "1"), ("a", "2"))}, "given twice"),
+    ],
+)
+def test_contradictions_refused(options: dict[str, object], why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
+        _cfg(**options).resolve()
+
+
+def test_resolve_fills_defaults() -> None:
+    cfg = _cfg(backend="sim").resolve()
+    assert (cfg.gpus, cfg.port_base, cfg.startup_timeout) == (1, 30000, 30.0)
+    cfg = _cfg(model="m").resolve()
+    assert (cfg.backend, cfg.startup_timeout) == ("sglang", 600.0)
+    cfg = _cfg(attach=("http://a:1", "http://b:2"), vocab_size=100).resolve()
+    assert (cfg.backend, cfg.gpus) == ("attach", 2)
+    cfg = _cfg(backend="sim", policy="sjf", sjf_key="input").resolve()
+    assert dict(cfg.policy_options) == {"key": "input"}
+
+
+def test_cli_refuses_before_anything_starts(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, {"num_requests": 1, "duration_s": 0.0}, [format_request_line(0, 0.0, 8, 2)])
+    out = tmp_path / "runs"
+    for args, why in [
+        (["--backend", "sim", "--batch-size", "4"], "--batch-size is for --mode static"),
+        (["--backend", "sim", "--policy-opt", "novalue"], "expected KEY=VALUE"),
+        (["--backend", "sim", "--policy", "nosuchpolicy"], "unknown policy 'nosuchpolicy'"),
+        (["--backend", "sim", "--cap-schedule", "5s:server3=1"], "no server3"),
+        (["--attach", "http://127.0.0.1:9", "--model", str(tmp_path)], "no config.json"),
+        (["--backend", "sim", "--server-arg", "--port 5"], "tracebench sets --port itself"),
+    ]:
+        result = run_cli("replay", str(trace), "--out-dir", str(out), *args)
+        assert result.returncode != 0, args
+        assert why in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert not out.exists()  # nothing was started, no run folder was made
+
+
+def test_policies_command_lists_builtins() -> None:
+    result = run_cli("policies")
+    assert result.returncode == 0, result.stderr
+    names = [line.split()[0] for line in result.stdout.splitlines() if line and not line.startswith(" ")]
+    assert names == ["random", "round_robin", "least_outstanding", "sjf", "power_of_two", "param_aware"]
