@@ -233,7 +233,8 @@ class SimServer:
                 self._note_decode(step.t_end, len(result.produced))
             if result.produced or result.finished:
                 produced = [(req, req.output_len) for req in result.produced]
-                loop.call_at(step.t_end + self.output_delay, self._deliver, produced, result.finished)
+                t_visible = step.t_end + self.output_delay
+                loop.call_at(t_visible, self._deliver, produced, result.finished, t_visible)
 
     def _note_decode(self, t_end: float, tokens: int) -> None:
         self._decode_steps_since_log += 1
@@ -245,8 +246,10 @@ class SimServer:
             self._tokens_since_log = 0
             self._t_last_log = t_end
 
-    def _deliver(self, produced: list[tuple[SimRequest, int]], finished: list[SimRequest]) -> None:
-        now = asyncio.get_running_loop().time()
+    def _deliver(self, produced: list[tuple[SimRequest, int]], finished: list[SimRequest], t_visible: float) -> None:
+        """Hand a step's tokens to the HTTP layer. Stamps use the simulated time `t_visible` (not when this callback
+        happened to run), so they are exact model times even on a loaded machine; the answer is sent after it."""
+        now = t_visible
         for req, count in produced:
             pend = self.pending.get(req)
             if pend is None:

@@ -1,0 +1,219 @@
+"""The sim-server's timing model (tracebench.sim.model) on a virtual clock: no processes, no sleeping."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import SHARED
+from tracebench.errors import ConfigError
+from tracebench.sim.fit import fit, profile_document
+from tracebench.sim.model import (PROFILES_DIR, BatchModel, Limits, ReqState, SimRequest, load_profile, simulate,
+                                  token_ids)
+
+PROFILE = load_profile("llama-2-7b-h200-triton")
+BIG = Limits(max_running_requests=4096, max_total_num_tokens=PROFILE.max_total_num_tokens, chunked_prefill_size=8192)
+
+
+def limits(**kw) -> Limits:
+    return dataclasses.replace(BIG, **kw)
+
+
+def test_single_request_latency_is_the_profile_sum() -> None:
+    p = PROFILE
+    (out,) = simulate(p, BIG, [(10.0, 512, 128)])
+    prefill = p.prefill_duration([(0, 512)])
+    decode = sum(p.decode_duration(1, 512 + k) for k in range(1, 128))  # 127 decode steps, context grows
+    assert out.t_forward_entry == pytest.approx(10.0 + p.queue_entry_s)
+    assert out.t_first_token == pytest.approx(out.t_forward_entry + prefill + p.output_s)
+    assert out.t_finished == pytest.approx(out.t_forward_entry + prefill + decode + p.output_s)
+    assert out.server_e2e == pytest.approx(p.queue_entry_s + prefill + decode + p.output_s)
+    assert out.e2e == pytest.approx(out.server_e2e + p.client_overhead_s)
+    # ~0.64 s for 512/128 on an H200 (calibration: e2e p50 0.631 s at batch 1)
+    assert 0.55 < out.e2e < 0.72
+
+
+def test_speed_divides_every_duration() -> None:
+    wl = [(0.0, 300, 40), (0.01, 200, 30), (0.02, 1000, 10)]
+    slow = simulate(PROFILE, BIG, wl, speed=1.0)
+    fast = simulate(PROFILE, BIG, [(t / 4, i, o) for t, i, o in wl], speed=4.0)
+    for a, b in zip(slow, fast):
+        assert b.e2e == pytest.approx(a.e2e / 4)
+        assert b.ttft == pytest.approx(a.ttft / 4)
+        assert b.t_finished == pytest.approx(a.t_finished / 4)
+
+
+def test_never_more_than_max_running_requests() -> None:
+    model = BatchModel(PROFILE, limits(max_running_requests=4), speed=1.0)
+    reqs = [SimRequest(str(i), 64, 20, t_ready=0.0) for i in range(10)]
+    for r in reqs:
+        model.submit(r)
+    t_free, peak, steps = 0.0, 0, 0
+    while (t := model.next_start(t_free)) is not None:
+        step = model.start_step(t)
+        peak = max(peak, model.num_running)
+        assert model.num_running <= 4
+        if step.kind == "decode":
+            assert len(step.requests) <= 4
+        model.finish_step(step)
+        t_free = step.t_end
+        steps += 1
+    assert peak == 4
+    assert all(r.state is ReqState.FINISHED and r.output_len == 20 for r in reqs)
+    # in the stamps: at no instant more than 4 requests between admission and finish
+    events = sorted([(r.t_forward_entry, 1) for r in reqs] + [(r.t_finished, -1) for r in reqs],
+                    key=lambda e: (e[0], e[1]))
+    live = 0
+    for _, delta in events:
+        live += delta
+        assert live <= 4
+    # the 5th request was admitted only when one of the first four finished
+    first_four_done = sorted(r.t_finished for r in reqs[:4])[0]
+    assert reqs[4].t_forward_entry >= first_four_done
+
+
+def test_requests_over_kv_capacity_wait() -> None:
+    # each needs 400 + 300 = 700 KV tokens; capacity 1000: the second waits for the first to finish
+    outs = simulate(PROFILE, limits(max_total_num_tokens=1000), [(0.0, 400, 300), (0.001, 400, 300)])
+    first, second = outs
+    assert second.t_forward_entry >= first.t_finished - PROFILE.output_s - 1e-12
+    both = simulate(PROFILE, limits(max_total_num_tokens=1400), [(0.0, 400, 300), (0.001, 400, 300)])
+    assert both[1].t_forward_entry < both[0].t_finished - PROFILE.output_s  # fits: runs alongside
+
+
+def test_kv_over_capacity_request_is_refused() -> None:
+    model = BatchModel(PROFILE, limits(max_total_num_tokens=100))
+    with pytest.raises(ValueError, match="capacity"):
+        model.submit(SimRequest("x", 80, 30, t_ready=0.0))
+
+
+def _throughput(rate: float, n: int = 300) -> float:
+    rng = np.random.default_rng(7)
+    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+    outs = simulate(PROFILE, limits(max_running_requests=16), [(float(t), 256, 64) for t in arrivals])
+    return n / (max(o.t_finished for o in outs) - outs[0].t_arrival)
+
+
+def test_throughput_saturates_as_load_rises() -> None:
+    rates = [5, 20, 80, 320, 1280]
+    got = [_throughput(r) for r in rates]
+    assert got[0] == pytest.approx(5, rel=0.25) and got[1] == pytest.approx(20, rel=0.25)  # keeps up at low load
+    assert all(b >= a * 0.95 for a, b in zip(got, got[1:]))   # never falls as load rises
+    assert got[-1] < 1.15 * got[-2]                          # saturated: 4x the load, about the same throughput
+    assert got[-1] < 0.5 * rates[-1]                         # and far below what was offered
+
+
+def test_chunked_prefill_splits_long_inputs() -> None:
+    model = BatchModel(PROFILE, limits(chunked_prefill_size=1024))
+    req = SimRequest("long", 3000, 5, t_ready=0.0)
+    model.submit(req)
+    kinds, t_free = [], 0.0
+    while (t := model.next_start(t_free)) is not None:
+        step = model.start_step(t)
+        kinds.append((step.kind, step.batch_tokens))
+        model.finish_step(step)
+        t_free = step.t_end
+    assert kinds[:3] == [("prefill", 1024), ("prefill", 1024), ("prefill", 952)]
+    assert [k for k, _ in kinds[3:]] == ["decode"] * 4
+    # the chunks' attention cost grows with the prefix: q * ((p + c)^2 - p^2)
+    assert PROFILE.prefill_duration([(2048, 952)]) > PROFILE.prefill_duration([(0, 952)])
+
+
+def test_prefill_pauses_decode_and_overlap_delays_admission_by_one_step() -> None:
+    # A request arriving while a decode step runs joins one step later with sglang's overlap scheduler.
+    for overlap, expected_wait in ((True, 2), (False, 1)):
+        model = BatchModel(PROFILE, limits(overlap_schedule=overlap))
+        model.submit(SimRequest("a", 64, 50, t_ready=0.0))
+        t_free = 0.0
+        for _ in range(3):  # prefill + 2 decode steps
+            step = model.start_step(model.next_start(t_free))
+            model.finish_step(step)
+            t_free = step.t_end
+        step = model.start_step(t_free)          # decode step 3 runs ...
+        late = SimRequest("b", 64, 5, t_ready=(step.t_start + step.t_end) / 2)
+        model.submit(late)                        # ... when b arrives
+        model.finish_step(step)
+        t_free, waited = step.t_end, 0
+        while True:
+            step = model.start_step(model.next_start(t_free))
+            waited += 1
+            model.finish_step(step)
+            t_free = step.t_end
+            if step.kind == "prefill":
+                assert step.requests == [late]
+                break
+        assert waited == expected_wait
+
+
+def test_abort_frees_slot_and_kv() -> None:
+    model = BatchModel(PROFILE, limits(max_running_requests=1))
+    a, b = SimRequest("a", 64, 1000, t_ready=0.0), SimRequest("b", 64, 3, t_ready=0.0)
+    model.submit(a)
+    model.submit(b)
+    step = model.start_step(0.0)
+    model.finish_step(step)
+    assert model.num_running == 1 and model.num_waiting == 1
+    step = model.start_step(step.t_end)
+    assert model.abort(a)                       # mid-step: freed at the step boundary
+    result = model.finish_step(step)
+    assert result.aborted == [a] and a.state is ReqState.ABORTED
+    assert model.kv_reserved == 0 and model.num_running == 0
+    step = model.start_step(step.t_end)
+    assert step.kind == "prefill" and step.requests == [b]
+    assert model.abort(b) and model.kv_reserved == 67        # aborted during its prefill step ...
+    assert model.finish_step(step).aborted == [b]
+    assert model.kv_reserved == 0 and model.next_start(step.t_end) is None   # ... freed at its end
+    assert model.abort(b) is False                           # already gone
+
+
+def test_zero_max_new_tokens_finishes_at_prefill() -> None:
+    (out,) = simulate(PROFILE, BIG, [(0.0, 100, 0)])
+    assert out.t_finished == pytest.approx(PROFILE.queue_entry_s + PROFILE.prefill_duration([(0, 100)]) + PROFILE.output_s)
+
+
+def test_token_ids_are_deterministic_and_in_vocab() -> None:
+    a = token_ids(12345, 50, 32000)
+    assert a == token_ids(12345, 50, 32000)
+    assert a != token_ids(12346, 50, 32000)
+    assert all(0 <= t < 32000 for t in a) and len(set(a)) > 40
+
+
+def test_committed_profile_is_the_fit_of_the_calibration() -> None:
+    sglang = SHARED / "sglang-0.5.17"
+    if not sglang.is_dir():
+        pytest.skip(f"{sglang} not present")
+    fitted = fit(json.loads((sglang / "calibration.json").read_text()),
+                 json.loads((sglang / "api_capture.json").read_text()), PROFILE.name)
+    committed = json.loads((PROFILES_DIR / f"{PROFILE.name}.json").read_text())
+    regenerated = profile_document(fitted)
+    for key, value in committed["params"].items():
+        if isinstance(value, float):
+            assert regenerated["params"][key] == pytest.approx(value, rel=1e-9), key
+        else:
+            assert regenerated["params"][key] == value, key
+
+
+def test_fidelity_of_the_bench_serving_workload_on_the_virtual_clock() -> None:
+    # real sglang (bench_serving.jsonl): E2E p50 845.7 ms, TTFT p50 25.7 ms; acceptance: within 15%
+    rng = np.random.default_rng(0)
+    arrivals = np.cumsum(rng.exponential(1 / 8.0, 400))
+    outs = simulate(PROFILE, BIG, [(float(t), 512, 128) for t in arrivals])
+    e2e = float(np.median([o.e2e for o in outs])) * 1e3
+    ttft = float(np.median([o.ttft for o in outs])) * 1e3
+    assert math.isclose(e2e, 845.7, rel_tol=0.15), e2e
+    assert math.isclose(ttft, 25.7, rel_tol=0.15), ttft
+
+
+def test_profile_errors_name_the_file_and_field(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="no such profile"):
+        load_profile("no-such-profile")
+    doc = json.loads((PROFILES_DIR / f"{PROFILE.name}.json").read_text())
+    del doc["params"]["decode_base_s"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="bad.json: field 'params': lacks decode_base_s"):
+        load_profile(str(bad))

@@ -1,0 +1,234 @@
+"""The sim-server's HTTP answers against what real sglang 0.5.17 answered (../shared/sglang-0.5.17/api_capture.json):
+same paths, status codes, content types, key sets (and key order of meta_info) and value types; not values.
+One real sim-server process for the module (started like the `sim_server` fixture does)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import SHARED, SimServer, free_port, tracebench_cmd, wait_healthy
+
+CAPTURE_DIR = SHARED / "sglang-0.5.17"
+pytestmark = pytest.mark.skipif(not CAPTURE_DIR.is_dir(), reason=f"{CAPTURE_DIR} not present")
+
+
+def _capture() -> dict:
+    return json.loads((CAPTURE_DIR / "api_capture.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("sim") / "sim.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(tracebench_cmd("sim-server", "--port", str(port), "--speed", "20", "--seed", "3"),
+                                stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    srv = SimServer(url=f"http://127.0.0.1:{port}", port=port, proc=proc, log=log)
+    wait_healthy(srv.url, proc, log)
+    yield srv
+    srv.stop()
+
+
+def http(url: str, body: bytes | dict | None = None, method: str | None = None) -> tuple[int, dict, bytes]:
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"))
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def same_shape(sim, real, path: str = "$") -> None:
+    """Same keys (and for dicts with the same order), same value types; None in the capture accepts anything."""
+    if real is None:
+        return
+    if isinstance(real, dict):
+        assert isinstance(sim, dict), f"{path}: {type(sim).__name__}, capture has an object"
+        assert list(sim) == list(real), f"{path}: keys {list(sim)} != capture {list(real)}"
+        for key in real:
+            same_shape(sim[key], real[key], f"{path}.{key}")
+    elif isinstance(real, list):
+        assert isinstance(sim, list), f"{path}: {type(sim).__name__}, capture has a list"
+        if real and sim:
+            same_shape(sim[0], real[0], f"{path}[0]")
+    elif isinstance(real, bool) or isinstance(real, str):
+        assert type(sim) is type(real), f"{path}: {type(sim).__name__} != capture {type(real).__name__}"
+    else:  # numbers: int and float are both JSON numbers; sglang itself varies (0 vs 0.0)
+        assert isinstance(sim, (int, float)) and not isinstance(sim, bool), f"{path}: {sim!r} is not a number"
+
+
+@pytest.mark.parametrize("path", ["/health", "/health_generate", "/flush_cache"])
+def test_plain_endpoints(server: SimServer, path: str) -> None:
+    cap = _capture()["flush_cache" if path == "/flush_cache" else f"GET {path}"]
+    status, _, body = http(server.url + path, b"" if path == "/flush_cache" else None)
+    assert status == cap["status"] == 200
+    assert body.decode() == cap["body"]
+
+
+@pytest.mark.parametrize("path", ["/model_info", "/v1/models", "/v1/loads", "/get_load"])
+def test_json_endpoints_have_the_captured_shape(server: SimServer, path: str) -> None:
+    cap = _capture()[f"GET {path}"]
+    status, headers, body = http(server.url + path)
+    assert status == cap["status"]
+    assert headers["Content-Type"].startswith(cap["headers"]["Content-Type"])
+    same_shape(json.loads(body), json.loads(cap["body"]))
+
+
+@pytest.mark.parametrize("path", ["/server_info", "/get_server_info"])
+def test_server_info_has_sglangs_keys_and_the_sims_values(server: SimServer, path: str) -> None:
+    real = json.loads((CAPTURE_DIR / "server_info_skip_tokenizer.json").read_text())
+    status, _, body = http(server.url + path)
+    assert status == 200
+    info = json.loads(body)
+    assert list(info)[: len(real)] == list(real)                        # every sglang key, in sglang's order
+    assert [k for k in info if k not in real] == ["tracebench_sim"]    # plus one that says it is simulated
+    for key in ("max_total_num_tokens", "chunked_prefill_size", "context_length", "port", "version", "status"):
+        same_shape(info[key], real[key] if real[key] is not None else info[key], key)
+    assert info["port"] == server.port and info["context_length"] == 4096 and info["chunked_prefill_size"] == 8192
+    assert info["max_total_num_tokens"] == 231818 and info["random_seed"] == 3
+    assert info["tracebench_sim"]["profile"] == "llama-2-7b-h200-triton" and info["tracebench_sim"]["speed"] == 20
+    assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 4096
+
+
+def test_metrics_names_labels_and_buckets(server: SimServer) -> None:
+    http(server.url + "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}})
+    cap = _capture()["GET /metrics"]
+    status, headers, body = http(server.url + "/metrics")
+    assert status == 200 and headers["Content-Type"] == cap["headers"]["Content-Type"]
+    text = body.decode()
+    for name, kind in (("sglang:num_running_reqs", "gauge"), ("sglang:num_queue_reqs", "gauge"),
+                       ("sglang:gen_throughput", "gauge"), ("sglang:token_usage", "gauge"),
+                       ("sglang:e2e_request_latency_seconds", "histogram"),
+                       ("sglang:time_to_first_token_seconds", "histogram"),
+                       ("sglang:queue_time_seconds", "histogram")):
+        assert f"# TYPE {name} {kind}\n" in text, name
+    # the captured TTFT lines: same label set and bucket bounds (the capture is cut after le=1.0)
+    real_ttft = re.findall(r'^sglang:time_to_first_token_seconds_bucket\{(.*)\} ', cap["body"], re.M)
+    sim_ttft = re.findall(r'^sglang:time_to_first_token_seconds_bucket\{(.*)\} ', text, re.M)
+    assert sim_ttft[: len(real_ttft)] == real_ttft
+    real_queue = re.findall(r'^sglang:queue_time_seconds_bucket\{(.*)\} ', cap["body"], re.M)
+    sim_queue = re.findall(r'^sglang:queue_time_seconds_bucket\{(.*)\} ', text, re.M)
+    assert sim_queue == real_queue
+    gauge = re.search(r'^sglang:num_running_reqs\{(.*)\} (\S+)$', text, re.M)
+    per_stage_labels = re.search(r'^sglang:queue_time_seconds_sum\{(.*)\} ', cap["body"], re.M).group(1)
+    assert gauge.group(1) == per_stage_labels and float(gauge.group(2)) == 0.0
+    count = re.search(r'^sglang:e2e_request_latency_seconds_count\{.*is_streaming="false".*\} (\S+)$', text, re.M)
+    assert float(count.group(1)) >= 1.0
+
+
+@pytest.mark.parametrize("case,payload", [
+    ("generate_ids_nonstream", {"input_ids": list(range(1, 17)), "sampling_params": {"max_new_tokens": 4,
+                                                                                     "ignore_eos": True}}),
+    ("generate_text_nonstream", {"text": "the quick brown fox", "sampling_params": {"max_new_tokens": 4}}),
+    ("generate_batch_ids", {"input_ids": [list(range(8)), list(range(12))], "sampling_params": {"max_new_tokens": 3}}),
+])
+def test_generate_non_streaming(server: SimServer, case: str, payload: dict) -> None:
+    cap = _capture()[case]
+    status, headers, body = http(server.url + "/generate", payload)
+    assert status == cap["status"] == 200 and headers["Content-Type"].startswith("application/json")
+    sim, real = json.loads(body), json.loads(cap["body"])
+    same_shape(sim, real)
+    outs = sim if isinstance(sim, list) else [sim]
+    lens = [len(x) for x in payload["input_ids"]] if case == "generate_batch_ids" else [
+        len(payload["input_ids"]) if "input_ids" in payload else 4]
+    for out, ilen in zip(outs, lens, strict=True):
+        n = payload["sampling_params"]["max_new_tokens"]
+        meta = out["meta_info"]
+        assert len(out["output_ids"]) == n == meta["completion_tokens"] and meta["prompt_tokens"] == ilen
+        assert out["text"] == "".join(f" w{i}" for i in out["output_ids"])
+        assert meta["finish_reason"] == {"type": "length", "length": n}
+        assert (meta["request_received_ts"] <= meta["api_server_dispatch_finish_ts"] <= meta["forward_entry_time"]
+                <= meta["prefill_finished_time"] <= meta["request_finished_ts"] <= meta["response_sent_to_client_ts"])
+        assert meta["e2e_latency"] == pytest.approx(meta["request_finished_ts"] - meta["request_received_ts"], abs=1e-6)
+
+
+def test_generate_stream_chunks(server: SimServer) -> None:
+    cap = _capture()["generate_stream_raw"]
+    payload = {"input_ids": list(range(32)), "sampling_params": {"max_new_tokens": 12, "ignore_eos": True},
+               "stream": True}
+    status, headers, body = http(server.url + "/generate", payload)
+    assert status == cap["status"] == 200 and headers["Content-Type"].startswith("text/event-stream")
+    text = body.decode()
+    assert text.endswith("data: [DONE]\n\n")
+    events = text.split("\n\n")[:-1]
+    assert all(e.startswith("data: ") for e in events)
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    real = [json.loads(line[6:]) for line in cap["first_lines"] + cap["last_lines"] if line.startswith("data: {")]
+    same_shape(chunks[0], real[0])       # first chunk: carries response_sent_to_client_ts
+    same_shape(chunks[-1], real[-1])     # final chunk: finish_reason and the server stamps
+    for chunk in chunks[1:-1]:
+        same_shape(chunk, real[1])       # intermediate chunks
+    ids = [c["output_ids"] for c in chunks]
+    assert all(later[: len(earlier)] == earlier and len(later) > len(earlier) for earlier, later in zip(ids, ids[1:]))
+    assert ids[-1] == chunks[-1]["output_ids"] and len(ids[-1]) == 12
+    # the final chunk repeats the first chunk's send stamp, like sglang
+    assert chunks[-1]["meta_info"]["response_sent_to_client_ts"] == chunks[0]["meta_info"]["response_sent_to_client_ts"]
+
+
+@pytest.mark.parametrize("case,payload", [
+    ("bad_too_long", {"input_ids": [5] * 5000, "sampling_params": {"max_new_tokens": 4}}),
+    ("bad_long_plus_out", {"input_ids": [5] * 4000, "sampling_params": {"max_new_tokens": 500}}),
+    ("bad_empty_ids", {"input_ids": [], "sampling_params": {"max_new_tokens": 4}}),
+    ("bad_neg_max_new", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": -1}}),
+    ("bad_json", b'{"input_ids": [1, 2, 3], '),
+])
+def test_bad_input_gets_sglangs_400(server: SimServer, case: str, payload) -> None:
+    cap = _capture()[case]
+    status, headers, body = http(server.url + "/generate", payload)
+    assert status == cap["status"] == 400
+    assert headers["Content-Type"].startswith(cap["headers"]["Content-Type"])
+    sim, real = json.loads(body), json.loads(cap["body"])
+    same_shape(sim, real)
+    if case != "bad_json":
+        assert sim == real   # same message text for the same input
+
+
+def test_out_of_vocab_id_is_refused_by_default(server: SimServer) -> None:
+    status, _, body = http(server.url + "/generate", {"input_ids": [1, 32000], "sampling_params": {"max_new_tokens": 1}})
+    assert status == 400
+    assert json.loads(body) == {"error": {"message": "The input_ids [1, 32000] contains values greater than the "
+                                                     "vocab size (32000)."}}
+    assert http(server.url + "/health")[0] == 200
+
+
+def test_same_seed_same_output_ids(sim_server) -> None:
+    def ids(srv: SimServer) -> list[list[int]]:
+        return [json.loads(http(srv.url + "/generate", {"input_ids": [1, 2, 3], "sampling_params":
+                                                        {"max_new_tokens": 6}})[2])["output_ids"] for _ in range(3)]
+    a, b, c = (sim_server("--speed", "50", "--seed", s) for s in ("7", "7", "8"))
+    first = ids(a)
+    assert first == ids(b)
+    assert first != ids(c)
+    assert len({tuple(x) for x in first}) == 3   # successive requests differ
+
+
+def test_no_enable_metrics_drops_the_stamps(sim_server) -> None:
+    srv = sim_server("--speed", "50", "--no-enable-metrics")
+    out = json.loads(http(srv.url + "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})[2])
+    meta = out["meta_info"]
+    assert "e2e_latency" in meta and "response_sent_to_client_ts" in meta
+    for key in ("request_received_ts", "forward_entry_time", "prefill_finished_time", "request_finished_ts"):
+        assert key not in meta
+    assert http(srv.url + "/metrics")[2] == b""
+
+
+def test_help_lists_every_flag(tmp_path: Path) -> None:
+    from conftest import run_cli
+    res = run_cli("sim-server", "--help")
+    assert res.returncode == 0
+    for flag in ("--port", "--host", "--profile", "--speed", "--max-running-requests", "--max-total-tokens",
+                 "--context-length", "--chunked-prefill-size", "--startup-delay", "--seed", "--vocab-size",
+                 "--crash-on-bad-token", "--enable-metrics / --no-enable-metrics"):
+        assert flag in res.stdout, flag
+    bad = run_cli("sim-server", "--port", "1", "--profile", "nope")
+    assert bad.returncode == 2 and "no such profile" in bad.stderr

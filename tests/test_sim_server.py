@@ -1,0 +1,165 @@
+"""The sim-server as a process: timing seen over HTTP, limits visible in /v1/loads and in the stamps, start-up,
+shutdown, crash and disconnect behaviour. Real processes on 127.0.0.1 (the `sim_server` fixture)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tracebench.sim.model import Limits, load_profile, simulate
+
+PROFILE = load_profile("llama-2-7b-h200-triton")
+
+
+def post(url: str, body: dict, timeout: float = 30) -> dict:
+    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def get(url: str, path: str) -> dict:
+    with urllib.request.urlopen(url + path, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def gen(ilen: int, olen: int) -> dict:
+    return {"input_ids": [7] * ilen, "sampling_params": {"max_new_tokens": olen, "ignore_eos": True}}
+
+
+def test_single_request_latency_matches_the_profile(sim_server) -> None:
+    speed = 4.0
+    srv = sim_server("--speed", str(speed))
+    (expected,) = simulate(PROFILE, Limits(4096, PROFILE.max_total_num_tokens, 8192), [(0.0, 256, 64)], speed=speed)
+    t0 = time.monotonic()
+    meta = post(srv.url, gen(256, 64))["meta_info"]
+    client = time.monotonic() - t0
+    # the server's stamps are the model's times: exact up to float rounding of wall-clock seconds
+    assert meta["e2e_latency"] == pytest.approx(expected.server_e2e, abs=2e-3)
+    prefill = PROFILE.prefill_duration([(0, 256)]) / speed
+    assert meta["prefill_finished_time"] - meta["forward_entry_time"] == pytest.approx(prefill, abs=1e-5)
+    assert meta["queue_time"] < 0.002
+    assert expected.server_e2e <= client < expected.server_e2e + 0.25   # plus real HTTP, generous on a loaded box
+
+
+def test_speed_divides_latency(sim_server) -> None:
+    slow, fast = sim_server("--speed", "2"), sim_server("--speed", "8")
+    e2e_slow = post(slow.url, gen(128, 40))["meta_info"]["e2e_latency"]
+    e2e_fast = post(fast.url, gen(128, 40))["meta_info"]["e2e_latency"]
+    assert e2e_slow / e2e_fast == pytest.approx(4.0, rel=0.05)
+
+
+def test_max_running_requests_4_in_loads_and_stamps(sim_server) -> None:
+    srv = sim_server("--speed", "10", "--max-running-requests", "4")
+    assert get(srv.url, "/v1/loads")["loads"][0]["max_running_requests"] == 4
+    seen_running, seen_waiting = [], []
+    with ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(post, srv.url, gen(64, 40)) for _ in range(12)]
+        while not all(f.done() for f in futures):
+            load = get(srv.url, "/v1/loads")["loads"][0]
+            seen_running.append(load["num_running_reqs"])
+            seen_waiting.append(load["num_waiting_reqs"])
+            time.sleep(0.01)
+        metas = [f.result()["meta_info"] for f in futures]
+    assert max(seen_running) == 4 and max(seen_waiting) >= 4
+    # in the stamps: between admission (forward_entry) and KV release (finish minus the output hop) at most 4
+    hop = PROFILE.output_s / 10
+    events = sorted([(m["forward_entry_time"], 1) for m in metas] +
+                    [(m["request_finished_ts"] - hop - 1e-4, -1) for m in metas])
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    assert peak == 4
+    assert max(m["queue_time"] for m in metas) > 0.01   # the last ones waited for a slot
+
+
+def test_requests_over_kv_capacity_wait(sim_server) -> None:
+    srv = sim_server("--speed", "10", "--max-total-tokens", "1000")
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(post, srv.url, gen(400, 300))
+        time.sleep(0.05)
+        second = pool.submit(post, srv.url, gen(400, 300))
+        a, b = first.result()["meta_info"], second.result()["meta_info"]
+    assert b["forward_entry_time"] >= a["request_finished_ts"] - PROFILE.output_s / 10 - 1e-4
+    assert b["queue_time"] > 0.05
+    too_big = urllib.request.Request(srv.url + "/generate", data=json.dumps(gen(800, 300)).encode(), method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(too_big, timeout=10)
+    assert err.value.code == 400 and "max_total_num_tokens is 1000" in err.value.read().decode()
+
+
+def test_startup_delay_503_then_200(sim_server) -> None:
+    srv = sim_server("--startup-delay", "1.0", wait=False)
+    codes: list[tuple[float, int]] = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 15:
+        try:
+            with urllib.request.urlopen(srv.url + "/health", timeout=1) as resp:
+                codes.append((time.monotonic(), resp.status))
+                break
+        except urllib.error.HTTPError as err:
+            codes.append((time.monotonic(), err.code))
+        except OSError:
+            pass  # not listening yet: connection refused, like sglang before its HTTP server is up
+        time.sleep(0.05)
+    statuses = [c for _, c in codes]
+    assert statuses[-1] == 200 and 503 in statuses
+    first_503 = next(t for t, c in codes if c == 503)
+    assert codes[-1][0] - first_503 > 0.7     # 503 for about the delay
+    assert get(srv.url, "/server_info")["status"] == "ready"
+
+
+def test_sigterm_exits_promptly_with_requests_in_flight(sim_server) -> None:
+    srv = sim_server("--speed", "1")
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    conn.request("POST", "/generate", body=json.dumps({**gen(16, 3000), "stream": True}))
+    resp = conn.getresponse()
+    assert resp.readline().startswith(b"data: ")
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(timeout=5) == 0
+    assert time.monotonic() - t0 < 3.0
+    conn.close()
+
+
+def test_crash_on_bad_token_kills_the_process(sim_server) -> None:
+    srv = sim_server("--speed", "10", "--crash-on-bad-token")
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionError, urllib.error.URLError)):
+        post(srv.url, {"input_ids": [1, 2, 40000], "sampling_params": {"max_new_tokens": 2}})
+    assert srv.proc.wait(timeout=5) != 0
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", srv.port), timeout=1).close()
+
+
+def test_client_disconnect_mid_stream_frees_the_slot(sim_server) -> None:
+    srv = sim_server("--speed", "1")
+    for stream in (True, False):
+        sock = socket.create_connection(("127.0.0.1", srv.port))
+        body = json.dumps({**gen(100, 3000), "stream": stream}).encode()
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        if stream:
+            got = b""
+            while b"data: " not in got:
+                got += sock.recv(65536)
+        else:
+            time.sleep(0.3)
+        load = get(srv.url, "/v1/loads")["loads"][0]
+        assert load["num_running_reqs"] == 1 and load["num_used_tokens"] > 100
+        sock.close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            load = get(srv.url, "/v1/loads")["loads"][0]
+            if load["num_running_reqs"] == 0:
+                break
+            time.sleep(0.02)
+        assert load["num_running_reqs"] == 0 and load["num_used_tokens"] == 0 and load["token_usage"] == 0.0
+    assert post(srv.url, gen(8, 2))["meta_info"]["completion_tokens"] == 2   # still serving
