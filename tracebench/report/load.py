@@ -228,6 +228,8 @@ def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
         value = frame.item(row, field)
         _raise_located(path, row=row, field=field, why=f"{why}, got {value!r}" if value is not None else why)
     num_requests = meta["trace"]["num_requests"]
+    if frame.height > num_requests or (meta["status"] == "completed" and frame.height != num_requests):
+        _raise_located(path, row=None)  # polars skips empty lines: name one if that is why the count is off
     if frame.height > num_requests:
         raise RunFolderError(path, None, None,
                              f"has {frame.height} records, the trace has only {num_requests} requests (run.json trace.num_requests)")

@@ -83,8 +83,10 @@ def over_time(report: Report) -> Figure:
     """Completions/s, requests in flight and router queue length over the run clock, all runs overlaid."""
     assert report.series is not None
     fig, axes = plt.subplots(3, 1, figsize=(15, 9), sharex=True, layout="constrained")
+    smoothing = report.series[0].smoothing_s
     panels = (
-        ("completions_per_s", "Throughput: ok requests completed per second", "requests/s"),
+        ("completions_per_s", f"Throughput: ok requests completed per second (moving average over {smoothing:g} s)",
+         "requests/s"),
         ("in_flight", "Requests in flight at the servers (dispatched, not finished; all servers)", "requests"),
         ("queue", "Router queue length (released, not yet dispatched)", "requests"),
     )
@@ -104,7 +106,8 @@ def over_time(report: Report) -> Figure:
     step = report.series[0].time_edges[1] - report.series[0].time_edges[0]
     axes[-1].set_xlabel(f"run clock (s since the run started; bins of {step:g} s, time-averaged)")
     axes[-1].set_xlim(left=0)
-    axes[0].legend(loc="upper right", fontsize=9, frameon=False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), frameon=False, fontsize=10)
     if any(ser.cap_changes for ser in report.series):
         axes[1].text(0.0, 1.0, "dotted lines: cap changes", transform=axes[1].transAxes, fontsize=8, va="bottom")
     fig.suptitle("Over time", fontsize=14, fontweight="bold")
@@ -125,8 +128,10 @@ def server_load(report: Report) -> Figure:
     for ax, (attr, title, ylabel, scale) in zip(axes, panels):
         for i, loads in enumerate(report.servers):
             values = [(getattr(load, attr) or 0.0) * scale for load in loads]
-            ax.bar(positions[: len(loads)] + (i - (len(report.runs) - 1) / 2) * width, values, width * 0.95,
-                   color=_colour(i), label=_run_name(report, i))
+            bars = ax.bar(positions[: len(loads)] + (i - (len(report.runs) - 1) / 2) * width, values, width * 0.95,
+                          color=_colour(i), label=_run_name(report, i))
+            if num_servers * len(report.runs) <= 16:
+                ax.bar_label(bars, fmt="%.1f" if scale == 100.0 else "%.2f", fontsize=8, padding=2)
         if attr == "share":
             ax.axhline(100.0 / num_servers, color="#555555", linestyle="--", linewidth=1, label="even split")
         ax.set_xticks(positions, [f"server {j}" for j in range(num_servers)])

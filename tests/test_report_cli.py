@@ -1,0 +1,494 @@
+"""`tracebench report` on run folders written by real replays against sim servers (real processes, real HTTP).
+
+The replays run once for the module: one trace replayed with a roomy cap (`wide`) and with cap 1 (`narrow`, so
+requests wait at the router), a second trace (`other`), and a replay stopped with SIGINT (`stopped`). Every number
+the report prints is checked against an independent computation from requests.jsonl here (json + numpy)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_cli, tracebench_cmd
+
+SPEED = "10"
+
+
+def _free_port_block(size: int) -> int:
+    """A base port with `size` free consecutive ports (the replay launches its servers on base+i)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + size >= 65535:
+            continue
+        socks = []
+        try:
+            for offset in range(size):
+                sock = socket.socket()
+                sock.bind(("127.0.0.1", base + offset))
+                socks.append(sock)
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no block of free ports")
+
+
+def _replay_cmd(trace: Path, out: Path, name: str, *args: str) -> list[str]:
+    return tracebench_cmd("replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", SPEED,
+                          "--policy", "round_robin", "--out-dir", str(out), "--run-name", name, "--quiet",
+                          "--port-base", str(_free_port_block(2)), *args)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with reports/{wide,narrow,other,stopped}, each written by `tracebench replay`."""
+    root = tmp_path_factory.mktemp("report-runs")
+    out = root / "reports"
+    trace, other_trace = root / "traces" / "a.jsonl", root / "traces" / "b.jsonl"
+    for path, seed, num in ((trace, "1", "300"), (other_trace, "2", "60")):
+        done = run_cli("generate", "--rate", "100", "--num-requests", num, "--seed", seed, "--input-len", "200",
+                       "--output-len", "50", "-o", str(path))
+        assert done.returncode == 0, done.stderr
+    procs = {
+        "wide": subprocess.Popen(_replay_cmd(trace, out, "wide", "--max-running-requests", "8"),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+        "narrow": subprocess.Popen(_replay_cmd(trace, out, "narrow", "--max-running-requests", "1"),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+        "other": subprocess.Popen(_replay_cmd(other_trace, out, "other", "--max-running-requests", "8"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+        "stopped": subprocess.Popen(_replay_cmd(trace, out, "stopped", "--max-running-requests", "1"),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+    }
+    # stop one replay with Ctrl-C about a second into its run (its requests.jsonl has records by then)
+    deadline = time.monotonic() + 60
+    records = out / "stopped" / "requests.jsonl"
+    while not (records.exists() and records.stat().st_size > 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    procs["stopped"].send_signal(signal.SIGINT)
+    for name, proc in procs.items():
+        output = proc.communicate(timeout=120)[0].decode()
+        expected = 130 if name == "stopped" else 0
+        assert proc.returncode == expected, f"replay {name} exited {proc.returncode}:\n{output}"
+    return root
+
+
+def _report(runs: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("report", *args, cwd=runs)
+
+
+def _report_json(runs: Path, *args: str) -> dict:
+    done = _report(runs, *args, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _records(runs: Path, name: str) -> list[dict]:
+    with (runs / "reports" / name / "requests.jsonl").open() as fh:
+        return [json.loads(line) for line in fh]
+
+
+def _close(a: float | None, b: float, rel: float = 1e-9) -> bool:
+    return a is not None and math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+def _latencies(ok: list[dict]) -> dict[str, np.ndarray]:
+    def arr(values):
+        return np.array([v for v in values if v is not None], dtype=float)
+
+    return {
+        "total": arr(r["t_finish"] - r["t_arrival"] for r in ok),
+        "router_wait": arr(r["t_dispatch"] - r["t_arrival"] for r in ok),
+        "server_client": arr(r["t_finish"] - r["t_dispatch"] for r in ok),
+        "server_sglang": arr(r["server_e2e_latency"] for r in ok),
+        "ttft": arr(r["t_first_token"] - r["t_arrival"] if r["t_first_token"] is not None else None for r in ok),
+        "ttft_dispatch": arr(r["t_first_token"] - r["t_dispatch"] if r["t_first_token"] is not None else None for r in ok),
+        "tpot": arr((r["t_finish"] - r["t_first_token"]) / (r["completion_tokens"] - 1)
+                    if r["t_first_token"] is not None and r["completion_tokens"] > 1 else None for r in ok),
+        "release_lag": arr(r["t_released"] - r["t_arrival"] for r in ok),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ numbers
+
+def test_numbers_equal_an_independent_computation(runs: Path) -> None:
+    report = _report_json(runs, "wide", "narrow")
+    assert report["baseline"] == "wide"
+    for entry in report["runs"]:
+        records = _records(runs, entry["label"])
+        ok = [r for r in records if r["status"] == "ok"]
+        assert entry["requests"]["ok"] == len(ok) == 300
+        assert entry["requests"]["error"] == entry["requests"]["timeout"] == entry["requests"]["cancelled"] == 0
+        start = min(r["t_arrival"] for r in records)
+        end = max(r["t_finish"] for r in ok)
+        assert _close(entry["throughput"]["duration"], end - start)
+        assert _close(entry["throughput"]["requests_per_s"], len(ok) / (end - start))
+        assert _close(entry["throughput"]["input_tokens_per_s"], sum(r["input_len"] for r in ok) / (end - start))
+        assert _close(entry["throughput"]["output_tokens_per_s"], sum(r["completion_tokens"] for r in ok) / (end - start))
+        for key, values in _latencies(ok).items():
+            assert values.size > 200, key
+            stats = entry["latency"][key]
+            assert _close(stats["mean"], float(values.mean())), key
+            assert _close(stats["max"], float(values.max())), key
+            for name, q in (("p50", 50), ("p90", 90), ("p99", 99)):
+                assert _close(stats[name], float(np.percentile(values, q))), (key, name)
+    wide, narrow = report["runs"]
+    delta = narrow["delta"]["latency"]["total"]["p90"]
+    expected = narrow["latency"]["total"]["p90"] - wide["latency"]["total"]["p90"]
+    assert _close(delta["abs"], expected)
+    assert _close(delta["pct"], expected / wide["latency"]["total"]["p90"] * 100)
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, current_start, current_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if current_end is None or start > current_end:
+            if current_end is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    return total + (current_end - current_start if current_end is not None else 0.0)
+
+
+def test_per_server_share_busy_time_and_balance(runs: Path) -> None:
+    report = _report_json(runs, "wide", "narrow")
+    for entry in report["runs"]:
+        records = _records(runs, entry["label"])
+        start = min(r["t_arrival"] for r in records)
+        end = max(r["t_finish"] for r in records if r["status"] == "ok")
+        dispatched = [r for r in records if r["t_dispatch"] is not None]
+        for load in entry["servers"]:
+            mine = [r for r in dispatched if r["server"] == load["server"]]
+            spans = [(max(r["t_dispatch"], start), min(r["t_finish"], end)) for r in mine]
+            assert load["requests"] == len(mine)
+            assert _close(load["share"], len(mine) / len(dispatched))
+            assert _close(load["busy_s"], _union_length(spans), rel=1e-6)
+            assert _close(load["mean_in_flight"], sum(b - a for a, b in spans) / (end - start), rel=1e-6)
+        counts = np.array([load["requests"] for load in entry["servers"]], dtype=float)
+        assert _close(entry["balance"]["cv"], float(counts.std() / counts.mean()), rel=1e-9) or entry["balance"]["cv"] == 0
+        # round robin over 2 servers: about half each (it skips a server whose cap is full)
+        assert abs(counts[0] - counts[1]) <= 30 and entry["balance"]["verdict"] == "balanced"
+    # cap 1 keeps at most one request in flight per server: a mean of at most 1
+    assert all(load["mean_in_flight"] <= 1.0 + 1e-9 for load in report["runs"][1]["servers"])
+
+
+def test_bootstrap_interval_matches_resampling_and_says_significant(runs: Path) -> None:
+    report = _report_json(runs, "wide", "narrow", "--bootstrap", "2000", "--seed", "3")
+    waits = {name: _latencies([r for r in _records(runs, name) if r["status"] == "ok"])["router_wait"]
+             for name in ("wide", "narrow")}
+    rng = np.random.default_rng(7)
+    for stat, q in (("p50", 50), ("p90", 90)):
+        # plain bootstrap: resample each run's requests with replacement, take the percentile, subtract
+        draws = [np.percentile(waits[name][rng.integers(0, waits[name].size, (2000, waits[name].size))], q, axis=1)
+                 for name in ("narrow", "wide")]
+        low, high = np.percentile(draws[0] - draws[1], [2.5, 97.5])
+        delta = report["runs"][1]["delta"]["latency"]["router_wait"][stat]
+        width = high - low
+        assert abs(delta["ci95_low"] - low) < 0.25 * width, (stat, delta, low, high)
+        assert abs(delta["ci95_high"] - high) < 0.25 * width, (stat, delta, low, high)
+        assert delta["ci95_low"] <= delta["abs"] <= delta["ci95_high"]
+        # cap 1 makes requests queue at the router: far longer waits, and the interval says so
+        assert delta["ci95_low"] > 0 and delta["significant"] is True
+    table = _report(runs, "wide", "narrow").stdout
+    wait_p90 = next(line for line in table.splitlines() if line.strip().startswith("p90") and "significant" in line)
+    assert wait_p90.rstrip().endswith("significant")
+
+
+def test_significant_never_said_when_the_interval_holds_zero(runs: Path) -> None:
+    twin = runs / "twin-of-wide"
+    if not twin.exists():
+        shutil.copytree(runs / "reports" / "wide", twin)
+    report = _report_json(runs, "wide", str(twin))
+    for stats in report["runs"][1]["delta"]["latency"].values():
+        for stat in ("p50", "p90", "p99"):
+            assert stats[stat]["abs"] == 0.0
+            assert stats[stat]["ci95_low"] <= 0.0 <= stats[stat]["ci95_high"]
+            assert stats[stat]["significant"] is False
+    table = _report(runs, "wide", str(twin)).stdout
+    latency = table[table.index("Latency (ms)"):table.index("Per server")]
+    assert "significant" not in latency
+
+
+# ------------------------------------------------------------------------------------------------ options
+
+def test_refuses_runs_of_different_traces(runs: Path) -> None:
+    done = _report(runs, "wide", "other")
+    assert done.returncode == 2
+    assert "different traces" in done.stderr and "a.jsonl" in done.stderr and "b.jsonl" in done.stderr
+    assert "--allow-different-traces" in done.stderr and done.stdout == ""
+    allowed = _report(runs, "wide", "other", "--allow-different-traces")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "different traces" in allowed.stdout
+
+
+def test_warmup_excludes_early_arrivals(runs: Path) -> None:
+    report = _report_json(runs, "wide", "narrow", "--warmup", "1.0")
+    for entry in report["runs"]:
+        records = _records(runs, entry["label"])
+        kept = [r for r in records if r["t_arrival"] >= 1.0]
+        ok = [r for r in kept if r["status"] == "ok"]
+        assert 100 < len(kept) < 300
+        assert entry["kept"] == entry["requests"]["kept"] == len(kept)
+        assert entry["requests"]["ok"] == len(ok)
+        assert _close(entry["window"]["start"], min(r["t_arrival"] for r in kept))
+        duration = max(r["t_finish"] for r in ok) - min(r["t_arrival"] for r in kept)
+        assert _close(entry["throughput"]["requests_per_s"], len(ok) / duration)
+        totals = _latencies(ok)["total"]
+        assert _close(entry["latency"]["total"]["p50"], float(np.percentile(totals, 50)))
+    assert "after warm-up" in _report(runs, "wide", "--warmup", "1").stdout
+
+
+def test_slo_fraction_and_goodput(runs: Path) -> None:
+    records = _records(runs, "narrow")
+    ok = [r for r in records if r["status"] == "ok"]
+    ttft_limit = float(np.percentile([r["t_first_token"] - r["t_arrival"] for r in ok], 60))
+    total_limit = float(np.percentile([r["t_finish"] - r["t_arrival"] for r in ok], 70))
+    report = _report_json(runs, "narrow", "--slo", f"ttft={ttft_limit},total={total_limit}")
+    met = [r for r in ok if r["t_first_token"] - r["t_arrival"] <= ttft_limit and r["t_finish"] - r["t_arrival"] <= total_limit]
+    duration = max(r["t_finish"] for r in ok) - min(r["t_arrival"] for r in records)
+    slo = report["runs"][0]["slo"]
+    assert 0 < len(met) < len(ok)
+    assert slo["met"] == len(met)
+    assert _close(slo["fraction"], len(met) / len(records))
+    assert _close(slo["goodput"], len(met) / duration)
+    # milliseconds are accepted too, and mean the same
+    again = _report_json(runs, "narrow", "--slo", f"ttft={ttft_limit * 1000}ms, total={total_limit}s")
+    assert again["runs"][0]["slo"]["met"] == len(met)
+
+
+def test_baseline_option_and_name_lookup(runs: Path) -> None:
+    report = _report_json(runs, "wide", "narrow", "--baseline", "narrow")
+    assert report["baseline"] == "narrow"
+    assert "delta" in report["runs"][0] and "delta" not in report["runs"][1]
+    # a baseline that is not among the RUNs joins the comparison, first
+    report = _report_json(runs, "narrow", "--baseline", str(runs / "reports" / "wide"))
+    assert [r["label"] for r in report["runs"]] == ["wide", "narrow"] and report["baseline"] == "wide"
+    # what changed between them comes first, and names the cap
+    table = _report(runs, "wide", "narrow").stdout
+    changed = table[table.index("What changed"):table.index("Requests and throughput")]
+    assert "caps" in changed and "policy round_robin" in changed
+
+
+# ------------------------------------------------------------------------------------------------ formats
+
+def test_table_is_plain_when_not_a_terminal(runs: Path) -> None:
+    done = _report(runs, "wide", "narrow", "--slo", "total=1")
+    assert done.returncode == 0, done.stderr
+    assert "\x1b[" not in done.stdout
+    for heading in ("What changed", "Requests and throughput", "Latency (ms)", "SLO (total <= 1 s)", "Per server",
+                    "TTFT from dispatch", "release lag", "goodput"):
+        assert heading in done.stdout
+
+
+def test_terminal_colours_deltas(runs: Path) -> None:
+    from tracebench.report.load import load_runs
+    from tracebench.report.metrics import build_report
+    from tracebench.report.render import document
+    from tracebench.report.render.table import render_table
+
+    report = build_report(load_runs(["wide", "narrow"], runs / "reports"), 0)
+    coloured = render_table(document(report), colour=True)
+    assert "\x1b[31;1m" in coloured  # narrow's longer router wait: significant and worse, red
+    assert "\x1b[" not in render_table(document(report), colour=False)
+
+
+def test_markdown_csv_json_files(runs: Path, tmp_path: Path) -> None:
+    md, csv_path, json_path = tmp_path / "r.md", tmp_path / "r.csv", tmp_path / "r.json"
+    for path in (md, csv_path, json_path):
+        done = _report(runs, "wide", "narrow", "-o", str(path))
+        assert done.returncode == 0, done.stderr
+    text = md.read_text()
+    assert "## Latency (ms)" in text
+    assert "| metric | stat | wide (baseline) | narrow | Δ narrow | 95% CI of Δ |" in text
+    assert "| --- | --- | ---: | ---: | ---: | --- |" in text
+    rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    assert list(rows[0]) == ["run", "metric", "stat", "value", "unit"]
+    doc = json.loads(json_path.read_text())
+    value = {(r["run"], r["metric"], r["stat"]): r["value"] for r in rows}
+    assert float(value[("narrow", "latency.total", "p99")]) == doc["runs"][1]["latency"]["total"]["p99"]
+    assert float(value[("narrow", "latency.total", "p99.ci95_low")]) == doc["runs"][1]["delta"]["latency"]["total"]["p99"]["ci95_low"]
+    assert float(value[("wide", "throughput.requests_per_s", "value")]) == doc["runs"][0]["throughput"]["requests_per_s"]
+    assert value[("narrow", "run", "status")] == "completed"
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def test_html_page_with_plots_and_png(runs: Path, tmp_path: Path) -> None:
+    page = tmp_path / "out" / "report.html"
+    done = _report(runs, "wide", "narrow", "stopped", "--format", "html", "-o", str(page), "--slo", "ttft=0.05")
+    assert done.returncode == 0, done.stderr
+    parser = _Tags()
+    parser.feed(page.read_text())
+    parser.close()
+    assert parser.tags.count("svg") == 3 and parser.tags.count("figure") == 3
+    assert parser.tags.count("table") >= 5
+    text = " ".join(parser.text)
+    for words in ("Latency CDFs", "Over time", "Router queue length", "Per-server load", "INTERRUPTED", "significant"):
+        assert words in text, words
+    assert "<script" not in page.read_text() and "http://" not in page.read_text().split("<svg")[0].split("Runs")[0]
+    png = page.with_suffix(".png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000
+    browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+    if browser is not None:  # optional: the page renders in a headless browser
+        shot = tmp_path / "shot.png"
+        subprocess.run([browser, "--headless", "--no-sandbox", f"--screenshot={shot}", page.as_uri()],
+                       capture_output=True, timeout=60, check=True)
+        assert shot.stat().st_size > 10_000
+
+
+def test_interrupted_run_is_marked(runs: Path) -> None:
+    meta = json.loads((runs / "reports" / "stopped" / "run.json").read_text())
+    assert meta["status"] == "interrupted"
+    done = _report(runs, "stopped")
+    assert done.returncode == 0, done.stderr
+    assert "INTERRUPTED" in done.stdout
+    assert "run 'stopped' is INTERRUPTED" in done.stdout
+    report = _report_json(runs, "wide", "stopped")
+    entry = report["runs"][1]
+    assert entry["status"] == "interrupted" and entry["mark"] == "interrupted"
+    records = _records(runs, "stopped")
+    assert entry["requests"]["cancelled"] == sum(r["status"] == "cancelled" for r in records) > 0
+    assert any("INTERRUPTED" in w for w in report["warnings"])
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+def _copy_run(runs: Path, tmp_path: Path, name: str = "broken") -> Path:
+    target = tmp_path / name
+    shutil.copytree(runs / "reports" / "wide", target)
+    return target
+
+
+def _rewrite_line(path: Path, lineno: int, change) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    lines[lineno - 1] = change(lines[lineno - 1])
+    path.write_text("".join(lines))
+
+
+def _set_field(field: str, value: object):
+    def change(line: str) -> str:
+        obj = json.loads(line)
+        obj[field] = value
+        return json.dumps(obj) + "\n"
+    return change
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda p: _rewrite_line(p, 7, lambda line: line[: len(line) // 2] + "\n"), "requests.jsonl:7: not JSON"),
+        (lambda p: _rewrite_line(p, 12, _set_field("t_finish", "soon")), "requests.jsonl:12: field 't_finish': must be a number"),
+        (lambda p: _rewrite_line(p, 20, _set_field("status", "weird")), "requests.jsonl:20: field 'status': must be one of"),
+        (lambda p: _rewrite_line(p, 33, _set_field("t_dispatch", None)), "requests.jsonl:33: field 't_dispatch': null in an ok record"),
+        (lambda p: _rewrite_line(p, 40, _set_field("server", 5)), "requests.jsonl:40: field 'server': not an index"),
+        (lambda p: _rewrite_line(p, 41, _set_field("id", 3)), "requests.jsonl:41: field 'id': this id was already recorded"),
+        (lambda p: _rewrite_line(p, 50, _set_field("t_finish", 0.0)), "requests.jsonl:50: field 't_finish': before t_dispatch"),
+        (lambda p: _rewrite_line(p, 9, lambda line: "\n"), "requests.jsonl:9: empty line"),
+        (lambda p: p.write_text(p.read_text()[:-40]), "requests.jsonl:300: last line is cut short"),
+        (lambda p: p.write_text(""), "requests.jsonl: empty run"),
+        (lambda p: p.unlink(), "requests.jsonl: missing"),
+        (lambda p: p.write_text("".join(p.read_text().splitlines(keepends=True)[:250])),
+         "has 250 records but the trace has 300 requests and run.json says the run completed"),
+    ],
+)
+def test_damaged_requests_name_file_and_line(runs: Path, tmp_path: Path, damage, expected: str) -> None:
+    from tracebench.errors import RunFolderError
+    from tracebench.report.load import load_run
+
+    folder = _copy_run(runs, tmp_path)
+    damage(folder / "requests.jsonl")
+    with pytest.raises(RunFolderError) as caught:
+        load_run(folder)
+    assert expected in str(caught.value) and str(folder) in str(caught.value)
+
+
+def test_damaged_run_exits_2_with_one_line_and_writes_nothing(runs: Path, tmp_path: Path) -> None:
+    folder = _copy_run(runs, tmp_path)
+    _rewrite_line(folder / "requests.jsonl", 7, lambda line: line[:30] + "\n")
+    out = tmp_path / "report.json"
+    done = _report(runs, "wide", str(folder), "-o", str(out))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"tracebench: error: {folder}/requests.jsonl:7: not JSON")
+    assert done.stderr.count("\n") == 1  # one line, no traceback
+    assert not out.exists() and list(tmp_path.glob(".report.json*")) == []
+
+
+def test_not_a_run_folder(runs: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = _report(runs, str(empty))
+    assert done.returncode == 2 and "not a run folder: it has no run.json" in done.stderr
+    done = _report(runs, "no-such-run")
+    assert done.returncode == 2 and "no such run folder" in done.stderr
+    folder = _copy_run(runs, tmp_path, "future")
+    meta = json.loads((folder / "run.json").read_text())
+    meta["tracebench_run"] = 2
+    (folder / "run.json").write_text(json.dumps(meta))
+    done = _report(runs, str(folder))
+    assert done.returncode == 2 and "field 'tracebench_run': unknown run format version 2" in done.stderr
+    (folder / "run.json").write_text("{not json")
+    done = _report(runs, str(folder))
+    assert done.returncode == 2 and "run.json: not JSON" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("wide", "--slo", "ttft=fast"), "is not a duration"),
+        (("wide", "--slo", "latency=1"), "unknown key 'latency'"),
+        (("wide", "--slo", "ttft=0"), "must be > 0"),
+        (("wide", "--format", "html"), "give -o FILE.html"),
+        (("wide", "-o", "x.html", "--format", "json"), "contradicts"),
+        (("wide", "-o", "x.pdf"), "cannot tell the format"),
+        (("wide", "--warmup", "99"), "leaves no request"),
+        (("wide", "--warmup", "-1"), "--warmup must be >= 0"),
+        (("wide", "wide"), "given twice"),
+        (("wide", "--slo", "ttft=1", "--baseline", "no-such"), "no such run folder"),
+    ],
+)
+def test_bad_options_exit_2(runs: Path, args: tuple[str, ...], expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from tracebench.cli import main
+
+    monkeypatch.chdir(runs)  # RUN names are looked up in ./reports
+    result = CliRunner().invoke(main, ["report", *args])
+    assert result.exit_code == 2 and expected in result.output, result.output
+
+
+def test_help_lists_every_option() -> None:
+    done = run_cli("report", "--help")
+    assert done.returncode == 0
+    for option in ("--baseline", "--format", "--output", "--slo", "--warmup", "--allow-different-traces",
+                   "--bootstrap", "--seed", "ttft", "tpot", "wait"):
+        assert option in done.stdout
+    assert os.path.exists(Path(__file__).parents[1] / "docs" / "report.md")

@@ -1,0 +1,74 @@
+"""Report pieces that need no run folder: the bootstrap shortcut against plain resampling, busy-time union, the
+--slo parser, and the CLI's import hygiene."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tracebench.errors import ConfigError
+from tracebench.report.metrics import _busy_time, _integral_of_count, bootstrap_percentile, parse_slo
+
+
+@pytest.mark.parametrize("q", [0.5, 0.9, 0.99])
+@pytest.mark.parametrize("n", [7, 60, 301])
+def test_bootstrap_shortcut_has_the_distribution_of_plain_resampling(q: float, n: int) -> None:
+    rng = np.random.default_rng(n)
+    values = np.sort(np.round(rng.lognormal(0, 1, n), 2))  # rounded: ties, like real stamps
+    resamples = 20_000
+    fast = bootstrap_percentile(values, q, resamples, np.random.default_rng(1))
+    plain = np.quantile(values[rng.integers(0, n, (resamples, n))], q, axis=1)
+    # the same distribution: its quantiles agree within Monte-Carlo noise
+    for level in (0.025, 0.25, 0.5, 0.75, 0.975):
+        a, b = np.quantile(fast, level), np.quantile(plain, level)
+        spread = np.quantile(plain, 0.975) - np.quantile(plain, 0.025)
+        assert abs(a - b) <= 0.08 * spread + 1e-12, (level, a, b, spread)
+    assert abs(fast.mean() - plain.mean()) <= 0.03 * spread + 1e-12
+
+
+def test_bootstrap_is_seeded() -> None:
+    values = np.sort(np.random.default_rng(0).exponential(1, 500))
+    a = bootstrap_percentile(values, 0.9, 100, np.random.default_rng([1, 2]))
+    b = bootstrap_percentile(values, 0.9, 100, np.random.default_rng([1, 2]))
+    assert np.array_equal(a, b)
+
+
+def test_busy_time_is_the_union_of_intervals() -> None:
+    rng = np.random.default_rng(3)
+    starts = rng.uniform(0, 100, 400)
+    ends = starts + rng.exponential(0.2, 400)
+    grid = np.linspace(0, 101, 1_010_001)  # 0.1 ms resolution
+    covered = np.zeros(grid.size, dtype=bool)
+    for s, e in zip(starts, ends):
+        covered[np.searchsorted(grid, s):np.searchsorted(grid, e)] = True
+    assert _busy_time(starts, ends) == pytest.approx(covered.sum() * (grid[1] - grid[0]), abs=0.05)
+    assert _busy_time(np.array([0.0, 1.0, 1.5]), np.array([2.0, 1.2, 3.0])) == pytest.approx(3.0)
+    assert _busy_time(np.empty(0), np.empty(0)) == 0.0
+
+
+def test_integral_of_count_matches_a_direct_sum() -> None:
+    rng = np.random.default_rng(4)
+    starts = rng.uniform(0, 10, 50)
+    ends = starts + rng.uniform(0, 3, 50)
+    at = np.array([0.0, 2.5, 5.0, 13.0])
+    direct = [sum(max(0.0, min(t, e) - min(t, s)) for s, e in zip(starts, ends)) for t in at]
+    assert np.allclose(_integral_of_count(starts, ends, at), direct)
+
+
+def test_slo_spec() -> None:
+    assert parse_slo("ttft=0.5,total=10") == {"ttft": 0.5, "total": 10.0}
+    assert parse_slo(" tpot = 50ms , server=2s,wait=1e-1") == {"tpot": 0.05, "server": 2.0, "wait": 0.1}
+    for bad, why in (("ttft", "KEY=SECONDS"), ("ttft=1,ttft=2", "given twice"), ("e2e=1", "unknown key"),
+                     ("ttft=-1", "not a duration"), ("ttft=0ms", "must be > 0"), ("ttft=1h", "not a duration")):
+        with pytest.raises(ConfigError, match=why):
+            parse_slo(bad)
+
+
+def test_cli_help_does_not_import_polars_or_matplotlib() -> None:
+    code = ("import sys, tracebench.report.commands; "
+            "bad = [m for m in ('polars', 'matplotlib', 'numpy') if m in sys.modules]; assert not bad, bad")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
