@@ -16,7 +16,6 @@ from tracebench.replay.tokens import TOKEN_ID_LOW, InputIds, vocab_size_from_mod
 from tracebench.trace.format import format_request_line, write_trace
 
 SHA = "0f" * 32
-MODEL_DIR = Path(__file__).resolve().parents[2] / "shared" / "models" / "llama-2-7b-hf"
 
 
 def test_cap_schedule_parses_every_form() -> None:
@@ -58,7 +57,11 @@ def test_input_ids_deterministic_exact_and_in_vocabulary() -> None:
 
 
 def test_vocab_size_from_model_config(tmp_path: Path) -> None:
-    assert vocab_size_from_model(MODEL_DIR) == 32000
+    model = tmp_path / "llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 32000}))  # llama-2-7b's
+    assert vocab_size_from_model(model) == 32000
+    assert vocab_size_from_model(model / "config.json") == 32000
     with pytest.raises(ConfigError, match="no config.json"):
         vocab_size_from_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))

@@ -1,4 +1,5 @@
-"""sglang's HTTP API as the replay uses it: `POST /generate`, `GET /health`, `/server_info`, `/v1/loads`.
+"""sglang's HTTP API as the replay uses it: `POST /generate`, `GET /health`, `/model_info`, `/server_info`,
+`/v1/loads` (facts: .DUCUMENT/endpoints.md).
 
 Shapes checked against what real sglang 0.5.17 answered (../shared/sglang-0.5.17/api_capture.json) and its
 http_server.py:
@@ -8,7 +9,8 @@ http_server.py:
   A request sglang refuses while streaming comes as HTTP 200 with `data: {"error": {"message": ...}}` then [DONE];
   without streaming as HTTP 400 `{"error": {"message": ...}}` (FastAPI validation: `{"message": ...}`).
 - An aborted request finishes with `finish_reason: {"type": "abort", "message": ...}`.
-- `/health` answers 503 while starting, 200 when up (real sglang takes ~1 s: it runs a one-token generation).
+- `/health` answers 503 while starting, 200 when up (real sglang takes ~1 s: it runs a one-token generation, so it
+  is polled at start-up only; liveness during the run is `/model_info`).
 
 This module is the one place where errors are caught, because here they are measurements: a refused, dropped or
 timed-out request becomes an Answer with status `error` or `timeout`. An answer that breaks the contract (a 200
@@ -144,15 +146,25 @@ class SglangClient:
             raise ServerProtocolError(f"{url}: answered 200 with a body that is not JSON ({err}): {body[:200]!r}") from None
 
     async def health(self, base_url: str, timeout: float) -> str | None:
-        """None when `GET /health` answers 200, else why not."""
+        """None when `GET /health` answers 200, else why not. For start-up only: on sglang 0.5.17 each call takes
+        >= 1 s and puts a one-token generation into the scheduler (.DUCUMENT/endpoints.md)."""
+        return await self._answers_200(f"{base_url}/health", timeout)
+
+    async def alive(self, base_url: str, timeout: float) -> str | None:
+        """None when `GET /model_info` answers 200, else why not: the liveness check during a measured run (cheap,
+        no generation, unlike /health)."""
+        return await self._answers_200(f"{base_url}/model_info", timeout)
+
+    async def _answers_200(self, url: str, timeout: float) -> str | None:
+        path = url[url.index("/", url.index("//") + 2):]
         try:
-            async with self.session.get(f"{base_url}/health", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 await resp.read()
-                return None if resp.status == 200 else f"/health answered HTTP {resp.status}"
+                return None if resp.status == 200 else f"{path} answered HTTP {resp.status}"
         except asyncio.TimeoutError:
-            return f"/health gave no answer within {timeout:g} s"
+            return f"{path} gave no answer within {timeout:g} s"
         except (aiohttp.ClientError, ConnectionError) as err:
-            return f"/health: {type(err).__name__}: {err}"
+            return f"{path}: {type(err).__name__}: {err}"
 
 
 def _tokens_so_far(url: str, data: bytes) -> int:

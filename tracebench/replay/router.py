@@ -54,15 +54,16 @@ class ServerState:
     nothing is routed there until /health answers), `down` (for the rest of the run)."""
 
     __slots__ = (
-        "index", "url", "generate_url", "require_stamps", "state", "cap", "in_flight", "forming", "batch_seq",
+        "index", "url", "generate_url", "require_stamps", "launch_cap", "state", "cap", "in_flight", "forming", "batch_seq",
         "batch_timer", "recent", "reported", "reported_t", "_observed", "_observed_t",
     )
 
-    def __init__(self, index: int, url: str, cap: int | None, require_stamps: bool) -> None:
+    def __init__(self, index: int, url: str, cap: int | None, require_stamps: bool, launch_cap: int | None = None) -> None:
         self.index = index
         self.url = url
         self.generate_url = f"{url}/generate"
-        self.require_stamps = require_stamps  # launched servers run with --enable-metrics: every stamp must be there
+        self.require_stamps = require_stamps  # the server runs with --enable-metrics: every stamp must be there
+        self.launch_cap = launch_cap  # --max-running-requests the server was launched with (None: its default)
         self.state = "up"
         self.cap = UNCAPPED if cap is None else cap
         self.in_flight = 0  # dispatched, not finished
@@ -181,6 +182,10 @@ class Router:
         for state in self.servers if server is None else [self.servers[server]]:
             state.cap = cap
             self.cap_changes.append({"t": t, "server": state.index, "cap": cap, "source": source})
+            if state.launch_cap is not None and cap > state.launch_cap:
+                self._event("cap_above_launch", state.index, f"router cap {cap} is above the --max-running-requests "
+                            f"{state.launch_cap} the server was launched with: it runs at most {state.launch_cap}, "
+                            "the rest wait in its own queue")
             if self.static:
                 self._maybe_send_batch(state)
         self._kick()

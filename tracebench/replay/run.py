@@ -39,7 +39,7 @@ from tracebench.trace.format import TraceHeader, TraceRequest, load_trace, sha25
 
 RUN_FORMAT = 1
 STARTUP_TIMEOUT_S = {"sglang": 600.0, "sim": 30.0}
-PROBE_TIMEOUT_S = 30.0  # real sglang's /health runs a one-token generation; it may take seconds under load
+PROBE_TIMEOUT_S = 30.0  # /server_info, /v1/loads at start; /model_info when a server may be down
 
 
 @dataclass(frozen=True)
@@ -223,6 +223,7 @@ class Replay:
         self.router: Router | None = None
         self.server_info: list[Any] = [None] * len(plans)
         self.accelerators: list[str | None] = [None] * len(plans)
+        self.enable_metrics: list[bool] = [True] * len(plans)
         self.signal: str | None = None
         self.status = "running"
         self.failure: BaseException | None = None
@@ -241,6 +242,7 @@ class Replay:
                 "server_info": info,
                 "version": info.get("version") if isinstance(info, dict) else None,
                 "accelerator": self.accelerators[i],
+                "enable_metrics": self.enable_metrics[i] if info is not None else None,
             })
         doc = {
             "tracebench_run": RUN_FORMAT,
@@ -366,7 +368,9 @@ class Replay:
             await self._server_facts(client)
             input_ids = InputIds(self.trace_sha, self.vocab)  # type: ignore[arg-type]
             states = [
-                ServerState(p.index, p.url, cfg.max_running_requests, require_stamps=p.launched) for p in self.fleet.plans
+                ServerState(p.index, p.url, cfg.max_running_requests, require_stamps=self.enable_metrics[p.index],
+                            launch_cap=self.server_info[p.index].get("max_running_requests"))
+                for p in self.fleet.plans
             ]
             self.clock = clock = RunClock()
             self.router = router = Router(
@@ -424,7 +428,7 @@ class Replay:
         fleet = self.fleet
 
         async def check(index: int) -> str | None:
-            return fleet.exit_reason(index) or await client.health(fleet.plans[index].url, PROBE_TIMEOUT_S)
+            return fleet.exit_reason(index) or await client.alive(fleet.plans[index].url, PROBE_TIMEOUT_S)
 
         return check
 
@@ -440,6 +444,12 @@ class Replay:
                     raise ServerStartError(f"server {plan.index} ({plan.url}): {what}: {got.error or 'not a JSON object'}")
             self.server_info[plan.index] = info.obj
             self.accelerators[plan.index] = load.obj.get("accelerator")
+            metrics = info.obj.get("enable_metrics")
+            if not isinstance(metrics, bool):
+                raise ServerStartError(f"server {plan.index} ({plan.url}): /server_info has no boolean 'enable_metrics' ({metrics!r})")
+            # with --enable-metrics every meta_info stamp must come (a missing one is an error); without it (an
+            # attached server started so) sglang sends only e2e_latency, and the server_* fields stay null
+            self.enable_metrics[plan.index] = metrics
         # the simulator says its vocabulary size in /server_info (tracebench_sim.vocab_size); sglang does not
         reported = {i.obj["tracebench_sim"].get("vocab_size") for i in infos if isinstance(i.obj.get("tracebench_sim"), dict)}
         all_sims = all(isinstance(i.obj.get("tracebench_sim"), dict) for i in infos)
