@@ -32,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tracebench.sim.model import Limits, load_profile, simulate  # noqa: E402
+from tracebench.sim.model import Limits, load_profile, resolve_max_running_requests, simulate  # noqa: E402
 
 BENCH_FILE = REPO.parent / "shared" / "sglang-0.5.17" / "bench_serving.jsonl"
 RATE, NUM, ILEN, OLEN = 8.0, 400, 512, 128
@@ -77,7 +77,8 @@ def header() -> None:
 
 def virtual(profile_name: str, seeds: list[int], real: Figures) -> None:
     profile = load_profile(profile_name)
-    limits = Limits(profile.max_running_requests, profile.max_total_num_tokens, profile.chunked_prefill_size)
+    limits = Limits(resolve_max_running_requests(None, profile.max_total_num_tokens, profile.context_length),
+                    profile.max_total_num_tokens, profile.chunked_prefill_size)
     for seed in seeds:
         t0 = time.perf_counter()
         outs = simulate(profile, limits, [(t, ILEN, OLEN) for t in arrivals(seed)])

@@ -78,6 +78,8 @@ def test_plain_endpoints(server: SimServer, path: str) -> None:
 @pytest.mark.parametrize("path", ["/model_info", "/v1/models", "/v1/loads", "/get_load"])
 def test_json_endpoints_have_the_captured_shape(server: SimServer, path: str) -> None:
     cap = _capture()[f"GET {path}"]
+    # one request first: /v1/loads decode_moments is null until the first decode step, like sglang
+    http(server.url + "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
     status, headers, body = http(server.url + path)
     assert status == cap["status"]
     assert headers["Content-Type"].startswith(cap["headers"]["Content-Type"])
@@ -232,3 +234,128 @@ def test_help_lists_every_flag(tmp_path: Path) -> None:
         assert flag in res.stdout, flag
     bad = run_cli("sim-server", "--port", "1", "--profile", "nope")
     assert bad.returncode == 2 and "no such profile" in bad.stderr
+
+
+# ---- against our own H200 probe (.DUCUMENT/captures): streamed errors, scheduler aborts, skip-tokenizer-init ----
+PROBE_DIR = Path(__file__).resolve().parents[1] / ".DUCUMENT" / "captures" / "h200-2026-11-22"
+
+
+def _probe(name: str) -> dict:
+    if not PROBE_DIR.is_dir():
+        pytest.skip(f"{PROBE_DIR} not present")
+    part = "resultsA.json" if name.startswith("A_") else "resultsB.json"
+    return json.loads((PROBE_DIR / part).read_text())[name]
+
+
+def sse_events(body: bytes) -> list[str]:
+    text = body.decode()
+    assert text.endswith("data: [DONE]\n\n")
+    return [e[6:] for e in text.split("\n\n")[:-1]]
+
+
+@pytest.mark.parametrize("probe,payload", [
+    ("A_stream_too_long", {"input_ids": [5] * 5000, "sampling_params": {"max_new_tokens": 4}}),
+    ("A_stream_empty_ids", {"input_ids": [], "sampling_params": {"max_new_tokens": 4}}),
+    ("A_stream_neg_max_new", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}}),
+])
+def test_stream_errors_are_sse_events_with_status_200(server: SimServer, probe: str, payload: dict) -> None:
+    real = _probe(probe)
+    status, headers, body = http(server.url + "/generate", {**payload, "stream": True})
+    assert status == real["status"] == 200 and headers["Content-Type"] == real["content_type"]
+    events = sse_events(body)
+    assert events[:-1] and len(events) == 2   # the error event, then [DONE]
+    assert json.loads(events[0]) == json.loads(real["lines"][0][6:])
+
+
+def test_input_over_max_req_input_len_is_a_scheduler_abort(server: SimServer) -> None:
+    real = _probe("A_nonstream_input_4093_out_1")
+    status, _, body = http(server.url + "/generate", {"input_ids": [5] * 4093, "sampling_params": {"max_new_tokens": 1}})
+    assert status == real["status"] == 400 and json.loads(body) == real["body"]
+    assert http(server.url + "/generate", {"input_ids": [5] * 4089,
+                                           "sampling_params": {"max_new_tokens": 1}})[0] == 200
+    real = _probe("A_stream_input_4093_out_1")
+    status, _, body = http(server.url + "/generate", {"input_ids": [5] * 4093, "sampling_params": {"max_new_tokens": 1},
+                                                      "stream": True})
+    assert status == 200
+    (chunk,) = [json.loads(e) for e in sse_events(body)[:-1]]
+    want = json.loads(real["lines"][0][6:])
+    same_shape(chunk, want)
+    assert chunk["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
+
+
+def test_max_new_tokens_zero_and_default(server: SimServer) -> None:
+    real = _probe("A_nonstream_max_new_tokens_0")
+    status, _, body = http(server.url + "/generate", {"input_ids": list(range(8)), "sampling_params": {"max_new_tokens": 0}})
+    out = json.loads(body)
+    assert status == 200
+    want = real["body"]
+    want["meta_info"]["cached_tokens_details"] = None  # the probe hit the prefix cache; the sim has none
+    same_shape(out, want)
+    assert out["output_ids"] == [] and out["text"] == "" and out["meta_info"]["finish_reason"]["length"] == 0
+    out = json.loads(http(server.url + "/generate", {"input_ids": [1, 2, 3]})[2])
+    assert len(out["output_ids"]) == 128   # sglang's default max_new_tokens
+
+
+def test_rid_is_echoed_and_duplicates_refused(server: SimServer) -> None:
+    out = json.loads(http(server.url + "/generate", {"input_ids": [1], "rid": "abc",
+                                                     "sampling_params": {"max_new_tokens": 1}})[2])
+    assert out["meta_info"]["id"] == "abc"
+    outs = json.loads(http(server.url + "/generate", {"input_ids": [[1], [2]], "rid": "b",
+                                                      "sampling_params": {"max_new_tokens": 1}})[2])
+    assert [o["meta_info"]["id"] for o in outs] == ["b_0", "b_1"]
+    status, _, body = http(server.url + "/generate", {"input_ids": [[1], [2]], "rid": ["x", "x"]})
+    assert status == 400 and json.loads(body) == {"error": {"message": "Duplicate request ID detected: x"}}
+
+
+def test_skip_tokenizer_init_answers_like_server_b(sim_server) -> None:
+    srv = sim_server("--skip-tokenizer-init", "--max-running-requests", "8")  # speed 1: one chunk per token
+    status, _, body = http(srv.url + "/generate", {"input_ids": list(range(16)), "sampling_params": {"max_new_tokens": 4}})
+    want = _probe("B_nonstream")["body"]
+    assert status == 200
+    same_shape(json.loads(body), want)
+    real = _probe("B_stream")
+    status, headers, body = http(srv.url + "/generate", {"input_ids": list(range(16)), "stream": True,
+                                                         "sampling_params": {"max_new_tokens": 3}})
+    chunks = [json.loads(e) for e in sse_events(body)[:-1]]
+    wants = [json.loads(line[6:]) for line in real["lines"] if line.startswith("data: {")]
+    for want in wants:   # the probe hit the prefix cache; the sim has none
+        want["meta_info"]["cached_tokens_details"] = None
+    assert status == 200 and headers["Content-Type"] == real["content_type"] and len(chunks) == len(wants) == 3
+    for chunk, want in zip(chunks, wants):
+        same_shape(chunk, want)
+    real = _probe("B_text_input_with_skip_tokenizer")
+    status, _, body = http(srv.url + "/generate", {"text": "hello world"})
+    assert status == real["status"] == 400 and json.loads(body) == real["body"]
+    load = json.loads(http(srv.url + "/v1/loads")[2])["loads"][0]
+    same_shape(load, _probe("B_loads"))
+    assert load["max_running_requests"] == 8
+    assert json.loads(http(srv.url + "/server_info")[2])["skip_tokenizer_init"] is True
+
+
+def test_set_internal_state_caps_admission_at_run_time(sim_server) -> None:
+    srv = sim_server("--speed", "10")
+    for payload, answer in ((_probe("A_set_internal_state_max_running_requests"), [False]),
+                            (_probe("A_set_internal_state_pp_max_micro_batch_size_5000"), [False])):
+        assert payload["body"] == answer
+    assert json.loads(http(srv.url + "/set_internal_state", {"server_args": {"max_running_requests": 8}})[2]) == [False]
+    assert json.loads(http(srv.url + "/set_internal_state",
+                           {"server_args": {"pp_max_micro_batch_size": 5000}})[2]) == [False]
+    assert json.loads(http(srv.url + "/set_internal_state", {"server_args": {"pp_max_micro_batch_size": 4}})[2]) == [True]
+    from concurrent.futures import ThreadPoolExecutor
+    import time
+    with ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(http, srv.url + "/generate", {"input_ids": [1] * 32,
+                                                             "sampling_params": {"max_new_tokens": 1000}})
+                   for _ in range(16)]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            load = json.loads(http(srv.url + "/v1/loads")[2])["loads"][0]
+            if load["num_running_reqs"] + load["num_waiting_reqs"] == 16:
+                break
+            time.sleep(0.02)
+        assert (load["num_running_reqs"], load["num_waiting_reqs"]) == (4, 12)
+        assert load["max_running_requests"] == 4096   # like sglang: the launch value
+        status, _, _ = http(srv.url + "/set_internal_state", {"server_args": {"pp_max_micro_batch_size": 4096}},
+                            method="PUT")
+        assert status == 200
+        assert all(f.result()[0] == 200 for f in futures)

@@ -34,15 +34,18 @@ from tracebench.errors import ConfigError
 @click.option("--disable-overlap-schedule", is_flag=True, default=False,
               help="sglang's flag: plan each step after the previous one ends (default: overlap, planned while the "
                    "previous step runs, so a new request waits one extra step).")
+@click.option("--skip-tokenizer-init", is_flag=True, default=False,
+              help="sglang's flag: answers carry no 'text' and text prompts are refused (tracebench launches real "
+                   "sglang with it). Default: a word-level tokenizer (one token per word, output text ' w<id>').")
 def sim_server(port: int, host: str, profile_name: str, speed: float, max_running_requests: int | None,
                max_total_tokens: int | None, context_length: int, chunked_prefill_size: int, startup_delay: float,
                seed: int, vocab_size: int, crash_on_bad_token: bool, enable_metrics: bool,
-               disable_overlap_schedule: bool) -> None:
+               disable_overlap_schedule: bool, skip_tokenizer_init: bool) -> None:
     """A simulated sglang 0.5.17 server (llama-2-7b-hf): sglang's HTTP API, timed like a continuous-batching GPU.
 
     \b
     POST /generate (input_ids or text, batch, stream), /health, /health_generate, /server_info, /get_server_info,
-    /model_info, /v1/models, /v1/loads, /get_load, /metrics, /flush_cache.
+    /model_info, /v1/models, /v1/loads, /get_load, /metrics, /flush_cache, /set_internal_state.
     There is no EOS: every request gets exactly max_new_tokens output tokens (as with ignore_eos).
     Serves until SIGINT or SIGTERM.
     """
@@ -67,4 +70,4 @@ def sim_server(port: int, host: str, profile_name: str, speed: float, max_runnin
                   max_total_tokens=max_total_tokens, context_length=context_length,
                   chunked_prefill_size=chunked_prefill_size, startup_delay=startup_delay, seed=seed,
                   vocab_size=vocab_size, crash_on_bad_token=crash_on_bad_token, enable_metrics=enable_metrics,
-                  disable_overlap_schedule=disable_overlap_schedule))
+                  disable_overlap_schedule=disable_overlap_schedule, skip_tokenizer_init=skip_tokenizer_init))

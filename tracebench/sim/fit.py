@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracebench.sim.model import Limits, Profile, simulate
+from tracebench.sim.model import Limits, Profile, resolve_max_running_requests, simulate
 
 LLAMA2_7B_KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # K and V, 32 layers, hidden 4096, fp16
 H200_HBM_BYTES_PER_S = 4.8e12
@@ -75,7 +75,7 @@ def fit(calibration: dict, capture: dict, name: str) -> Profile:
         decode_base_s=float(c), decode_per_req_s=float(d), decode_per_kv_token_s=float(e),
         queue_entry_s=float(queue_entry), dispatch_s=float(dispatch), output_s=float(output),
         client_overhead_s=float(client),
-        max_total_num_tokens=H200_MAX_TOTAL_NUM_TOKENS, max_running_requests=4096, context_length=4096,
+        max_total_num_tokens=H200_MAX_TOTAL_NUM_TOKENS, context_length=4096,
         chunked_prefill_size=8192, accelerator="NVIDIA H200",
         source="fitted by `python -m tracebench.sim.fit` to sglang 0.5.17 calibration.json and api_capture.json "
                "(llama-2-7b-hf, dummy weights, triton attention, one H200)",
@@ -90,7 +90,8 @@ def report(profile: Profile, calibration: dict) -> list[str]:
         lines.append(f"  {p['ilen']:5d}  {p['prefill'] * 1e3:10.2f}  {model * 1e3:8.2f}  {model / p['prefill'] - 1:+6.1%}")
     lines += ["decode (B streams of 512 in / 128 out, all sent at once; virtual-clock run of the model)",
               "  batch  ITL_p50 ms meas/model/err      TTFT_p50 ms meas/model/err        e2e_p50 s meas/model/err"]
-    limits = Limits(profile.max_running_requests, profile.max_total_num_tokens, profile.chunked_prefill_size)
+    limits = Limits(resolve_max_running_requests(None, profile.max_total_num_tokens, profile.context_length),
+                    profile.max_total_num_tokens, profile.chunked_prefill_size)
     for d in calibration["decode"]:
         b = d["batch"]
         step = profile.decode_duration(b, b * DECODE_MEAN_CONTEXT)

@@ -45,7 +45,6 @@ class Profile:
     output_s: float                # a token sampled on the GPU -> handed to the HTTP layer (detokenizer, IPC)
     client_overhead_s: float       # client-measured e2e minus server e2e; real HTTP provides it when served
     max_total_num_tokens: int      # KV capacity of the GPU for this model
-    max_running_requests: int
     context_length: int
     chunked_prefill_size: int
     accelerator: str
@@ -95,6 +94,14 @@ def load_profile(name_or_path: str) -> Profile:
     if unknown:
         raise ConfigError(f"{path}: field 'params': unknown {', '.join(unknown)}")
     return Profile(name=raw["name"], source=raw["source"], **params)
+
+
+def resolve_max_running_requests(requested: int | None, max_total_num_tokens: int, context_length: int) -> int:
+    """sglang 0.5.17's resolution of --max-running-requests (kv_cache_configurator.resolve_max_num_reqs): the flag
+    capped at half the KV pool, or by default clamp(kv / context * 512, 2048, 4096), also capped at half the pool."""
+    if requested is None:
+        requested = min(max(int(max_total_num_tokens / context_length * 512), 2048), 4096)
+    return max(1, min(requested, max_total_num_tokens // 2))
 
 
 @dataclass(frozen=True)
@@ -173,6 +180,8 @@ class BatchModel:
         self.running: list[SimRequest] = []       # decoding
         self.chunked: SimRequest | None = None    # admitted, input partly prefilled
         self.admitted: set[SimRequest] = set()   # every RUNNING request
+        # sglang's run-time admission cap (/set_internal_state pp_max_micro_batch_size), within [1, max_running]
+        self.admission_cap = limits.max_running_requests
         self.kv_reserved = 0
         self.current: Step | None = None
         self.last_start: float | None = None
@@ -182,6 +191,8 @@ class BatchModel:
         self.total_prefill_busy_s = 0.0
         self.total_generated_tokens = 0
         self.num_steps = 0
+        # sglang's /v1/loads decode_moments: [n_steps, sum b, sum t_us, sum b^2, sum b*t_us, sum generated]
+        self.decode_moments: list[float] | None = None
 
     # ---- queries ----
     @property
@@ -192,6 +203,17 @@ class BatchModel:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    @property
+    def num_decoding(self) -> int:
+        """Requests in the running (decode) batch: what sglang reports as num_running_reqs."""
+        return len(self.running)
+
+    def set_admission_cap(self, cap: int) -> None:
+        """Admit new requests only while fewer than `cap` run (running ones are never preempted)."""
+        if not 1 <= cap <= self.limits.max_running_requests:
+            raise ValueError(f"admission cap {cap} outside [1, {self.limits.max_running_requests}]")
+        self.admission_cap = cap
 
     def kv_used_tokens(self) -> int:
         """KV slots holding tokens now (sglang's num_used_tokens)."""
@@ -274,7 +296,7 @@ class BatchModel:
             chunks.append(take)
             costed.append((req.prefilled, take))
             budget -= take
-        slots = self.limits.max_running_requests - len(self.admitted)
+        slots = self.admission_cap - len(self.admitted)
         while budget > 0 and slots > 0 and self.waiting:
             req = self.waiting[0]
             if req.t_ready > cutoff:
@@ -351,6 +373,9 @@ class BatchModel:
                     still_running.append(req)
             self.total_generated_tokens += len(produced)
             self.running = still_running
+            b, t_us = len(step.requests), (t_end - step.t_start) * 1e6
+            m = self.decode_moments or [0.0] * 6
+            self.decode_moments = [m[0] + 1, m[1] + b, m[2] + t_us, m[3] + b * b, m[4] + b * t_us, m[5] + len(produced)]
         return StepResult(step, produced, finished, aborted)
 
     def _finish(self, req: SimRequest, t_end: float) -> None:

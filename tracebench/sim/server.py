@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 import orjson
 from aiohttp import web
 
-from tracebench.sim.model import BatchModel, Limits, Profile, ReqState, SimRequest, token_ids
+from tracebench.sim.model import BatchModel, Limits, Profile, SimRequest, resolve_max_running_requests, token_ids
 from tracebench.sim.sglang_server_info import SERVER_INFO
 
 MODEL_NAME = "llama-2-7b-hf"
@@ -30,7 +30,9 @@ SGLANG_VERSION = "0.5.17"
 DEFAULT_MAX_NEW_TOKENS = 128   # sglang's default when sampling_params has no max_new_tokens
 DECODE_LOG_INTERVAL = 40       # sglang's decode_log_interval: gen_throughput is refreshed every 40 decode steps
 
+_KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # llama-2-7b fp16 K and V (the capture: 231818 tokens = 113.193 GB)
 _JSON = "application/json"
+_SSE = "text/event-stream; charset=utf-8"
 _SCHED_LABELS = 'engine_type="unified",model_name="{m}",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
 _TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
 _E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0,
@@ -50,7 +52,7 @@ class SimArgs:
     port: int
     profile: Profile
     speed: float
-    max_running_requests: int | None     # None: the profile's (sglang's default)
+    max_running_requests: int | None     # None: sglang's default for the KV capacity
     max_total_tokens: int | None         # None: the profile's GPU capacity
     context_length: int
     chunked_prefill_size: int
@@ -60,10 +62,12 @@ class SimArgs:
     crash_on_bad_token: bool
     enable_metrics: bool
     disable_overlap_schedule: bool
+    skip_tokenizer_init: bool
 
     @property
     def effective_max_running_requests(self) -> int:
-        return self.max_running_requests if self.max_running_requests is not None else self.profile.max_running_requests
+        return resolve_max_running_requests(self.max_running_requests, self.effective_max_total_num_tokens,
+                                            self.context_length)
 
     @property
     def effective_max_total_num_tokens(self) -> int:
@@ -71,7 +75,13 @@ class SimArgs:
 
 
 class BadRequest(Exception):
-    """A request sglang answers with 400 `{"error": {"message": ...}}`."""
+    """A request sglang's tokenizer manager refuses: 400 `{"error": {"message": ...}}`, or in a stream an SSE error
+    event (status 200)."""
+
+
+class SchedulerAbort(Exception):
+    """A request sglang's scheduler refuses after accepting it (input >= max_req_input_len): 400 non-stream, or in a
+    stream one chunk whose finish_reason is an abort (status 200)."""
 
 
 @dataclass(eq=False)
@@ -147,6 +157,7 @@ class SimServer:
         self.model = BatchModel(args.profile, self.limits, args.speed)
         self.rng = random.Random(args.seed)
         self.pending: dict[SimRequest, Pending] = {}
+        self.rids_in_flight: set[str] = set()
         self.t_ready_at = 0.0           # loop time when /health turns 200
         self.mono_to_wall = 0.0          # wall = mono + mono_to_wall
         self.wake = asyncio.Event()
@@ -174,6 +185,9 @@ class SimServer:
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/generate", self.handle_generate)
+        app.router.add_put("/generate", self.handle_generate)
+        app.router.add_post("/set_internal_state", self.handle_set_internal_state)
+        app.router.add_put("/set_internal_state", self.handle_set_internal_state)
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/health_generate", self.handle_health)
         app.router.add_get("/server_info", self.handle_server_info)
@@ -277,20 +291,27 @@ class SimServer:
             return _bad_json(str(err).split(": line ")[0])
         if not isinstance(obj, dict):
             return _bad_json("Input should be a valid dictionary")
+        stream = bool(obj.get("stream", False))
         try:
-            single, items, stream = self._parse(obj)
+            single, items, rids = self._parse(obj, stream)
         except BadRequest as err:
+            if stream:
+                return await self._stream_error(request, str(err))
+            return web.Response(status=400, body=orjson.dumps({"error": {"message": str(err)}}), content_type=_JSON)
+        except SchedulerAbort as err:
+            if stream:
+                return await self._stream_abort(request, obj, str(err), t_received)
             return web.Response(status=400, body=orjson.dumps({"error": {"message": str(err)}}), content_type=_JSON)
 
         pendings: list[Pending] = []
         t_ready = t_received + self.queue_entry_delay
-        for input_len, max_new in items:
-            sim = SimRequest(rid="", input_len=input_len, max_new_tokens=max_new, t_ready=t_ready)
-            pend = Pending(sim=sim, rid=uuid.uuid4().hex, stream=stream, ids_seed=self.rng.getrandbits(64),
+        for (input_len, max_new), rid in zip(items, rids):
+            sim = SimRequest(rid=rid, input_len=input_len, max_new_tokens=max_new, t_ready=t_ready)
+            pend = Pending(sim=sim, rid=rid, stream=stream, ids_seed=self.rng.getrandbits(64),
                            t_received=t_received, t_dispatched=t_received + self.dispatch_delay)
-            sim.rid = pend.rid
             self.model.submit(sim)
             self.pending[sim] = pend
+            self.rids_in_flight.add(rid)
             pendings.append(pend)
         self.wake.set()
 
@@ -311,6 +332,8 @@ class SimServer:
             done = True
             return response
         finally:
+            for pend in pendings:
+                self.rids_in_flight.discard(pend.rid)
             if not done:  # the client went away (cancelled handler or failed write): free the slots, like sglang
                 for pend in pendings:
                     if not pend.finished:
@@ -318,18 +341,21 @@ class SimServer:
                         if self.model.abort(pend.sim):
                             self.num_aborted_total += 1
 
-    def _parse(self, obj: dict) -> tuple[bool, list[tuple[int, int]], bool]:
-        """Validate a /generate body like sglang does. Returns (single, [(input_len, max_new_tokens)], stream)."""
+    def _parse(self, obj: dict, stream: bool) -> tuple[bool, list[tuple[int, int]], list[str]]:
+        """Validate a /generate body in sglang's order. Returns (single, [(input_len, max_new_tokens)], rids)."""
         args = self.args
         text = obj.get("text")
         input_ids = obj.get("input_ids")
+        id_lists: list[list[int]] | None = None
         if text is not None:
             single = isinstance(text, str)
             texts = [text] if single else text
             if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
                 raise BadRequest("text must be a string or a list of strings.")
-            lengths = [len(t.split()) for t in texts]
-            id_lists: list[list[int]] | None = None
+            if args.skip_tokenizer_init:
+                raise BadRequest("The engine initialized with skip_tokenizer_init=True cannot accept text prompts. "
+                                 "Please provide input_ids or re-initialize the engine with skip_tokenizer_init=False.")
+            lengths = [len(t.split()) for t in texts]  # the word-level tokenizer: one token per word
         elif input_ids is not None:
             if not isinstance(input_ids, list):
                 raise BadRequest("input_ids must be a list of token ids or a list of such lists.")
@@ -346,6 +372,24 @@ class SimServer:
         n = len(lengths)
         if n == 0:
             raise BadRequest("input_ids cannot be empty.")
+        if stream and not single:
+            raise BadRequest("tracebench sim-server: streaming a batch is not supported; send one request per stream.")
+        rid = obj.get("rid")
+        if rid is None:
+            rids = [uuid.uuid4().hex for _ in range(n)]
+        elif isinstance(rid, str):
+            rids = [rid] if n == 1 else [f"{rid}_{i}" for i in range(n)]
+        elif isinstance(rid, list) and all(isinstance(r, str) for r in rid):
+            if len(rid) != n:
+                raise BadRequest("The specified rids length mismatch with the batch_size for batch processing.")
+            rids = rid
+        else:
+            raise BadRequest("The rid should be a string or a list of strings.")
+        seen: set[str] = set()
+        for r in rids:
+            if r in seen or r in self.rids_in_flight:
+                raise BadRequest(f"Duplicate request ID detected: {r}")
+            seen.add(r)
         params = obj.get("sampling_params") or {}
         if isinstance(params, dict):
             param_list = [params] * n
@@ -353,9 +397,6 @@ class SimServer:
             param_list = params
         else:
             raise BadRequest("sampling_params must be an object, or a list of objects as long as the batch.")
-        stream = bool(obj.get("stream", False))
-        if stream and not single:
-            raise BadRequest("tracebench sim-server: streaming a batch is not supported; send one request per stream.")
         items: list[tuple[int, int]] = []
         for k in range(n):
             input_len = lengths[k]
@@ -393,10 +434,61 @@ class SimServer:
                 raise BadRequest(f"The request needs {need} KV cache tokens (input + max_new_tokens) but the "
                                  f"server's max_total_num_tokens is {self.limits.max_total_num_tokens}.")
             items.append((input_len, max_new))
-        return single, items, stream
+        for input_len, _ in items:
+            if input_len >= self.max_req_input_len:
+                raise SchedulerAbort(f"Input length ({input_len} tokens) exceeds the maximum allowed length "
+                                     f"({self.max_req_input_len} tokens). Use a shorter input or enable "
+                                     "--allow-auto-truncate.")
+        return single, items, rids
+
+    @property
+    def max_req_input_len(self) -> int:
+        """sglang: (context_len - 1) - 5; inputs this long pass the tokenizer's check but the scheduler aborts them."""
+        return self.args.context_length - 6
+
+    async def _stream_error(self, request: web.Request, message: str) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": _SSE})
+        await response.prepare(request)
+        error = {"error": {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}}
+        await response.write(b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _stream_abort(self, request: web.Request, obj: dict, message: str, t_received: float
+                            ) -> web.StreamResponse:
+        """sglang's scheduler-side abort in a stream: one chunk with one token, prompt_tokens 1, an abort reason."""
+        rid = obj.get("rid") if isinstance(obj.get("rid"), str) else uuid.uuid4().hex
+        now = asyncio.get_running_loop().time()
+        out_id = token_ids(self.rng.getrandbits(64), 1, self.args.vocab_size)
+        meta: dict = {"id": rid, "finish_reason": {"type": "abort", "message": message, "status_code": 400,
+                                                    "err_type": "BadRequestError"},
+                      "prompt_tokens": 1, "weight_version": "default", "num_retractions": 0}
+        if self.args.enable_metrics:
+            meta.update({"forward_entry_time": self.wall(now), "prefill_finished_time": self.wall(now),
+                         "queue_time": 0.0})
+        else:
+            meta["queue_time"] = 0.0
+        meta.update({"reasoning_tokens": 0, "completion_tokens": 1, "cached_tokens": 0,
+                     "cached_tokens_details": None, "dp_rank": None, "e2e_latency": now - t_received})
+        if self.args.enable_metrics:
+            meta.update({"request_received_ts": self.wall(t_received),
+                         "api_server_dispatch_finish_ts": self.wall(t_received + self.dispatch_delay),
+                         "request_finished_ts": self.wall(now)})
+        meta["response_sent_to_client_ts"] = time.time()
+        out = self._with_text(out_id, meta)
+        response = web.StreamResponse(headers={"Content-Type": _SSE})
+        await response.prepare(request)
+        await response.write(b"data: " + orjson.dumps(out) + b"\n\ndata: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def _with_text(self, ids: list[int], meta: dict) -> dict:
+        if self.args.skip_tokenizer_init:
+            return {"output_ids": ids, "meta_info": meta}
+        return {"text": _render_text(ids), "output_ids": ids, "meta_info": meta}
 
     async def _stream(self, request: web.Request, pend: Pending) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        response = web.StreamResponse(headers={"Content-Type": _SSE})
         await response.prepare(request)
         sent = 0
         while True:
@@ -447,7 +539,7 @@ class SimServer:
         if pend.t_first_sent_wall == 0.0:
             pend.t_first_sent_wall = time.time()
             meta["response_sent_to_client_ts"] = pend.t_first_sent_wall
-        return {"text": _render_text(ids), "output_ids": ids, "meta_info": meta}
+        return self._with_text(ids, meta)
 
     def _final_out(self, pend: Pending, is_stream: bool) -> dict:
         sim = pend.sim
@@ -466,7 +558,7 @@ class SimServer:
             if decode_latency > 0.0 and n > 1:
                 meta["decode_throughput"] = (n - 1) / decode_latency
         self._observe_finished(pend, e2e)
-        return {"text": _render_text(ids), "output_ids": ids, "meta_info": meta}
+        return self._with_text(ids, meta)
 
     def _observe_finished(self, pend: Pending, e2e: float) -> None:
         stream = pend.stream
@@ -496,14 +588,15 @@ class SimServer:
             "random_seed": args.seed,
             "enable_metrics": args.enable_metrics,
             "disable_overlap_schedule": args.disable_overlap_schedule,
+            "skip_tokenizer_init": args.skip_tokenizer_init,
         }
         info.update(overrides)
         info["status"] = "ready" if self.ready() else "starting"
         info["max_total_num_tokens"] = self.limits.max_total_num_tokens
-        info["max_req_input_len"] = args.context_length - 6
+        info["max_req_input_len"] = self.max_req_input_len
         internal = dict(SERVER_INFO["internal_states"][0])
         internal.update(overrides)
-        internal["last_gen_throughput"] = self.gen_throughput
+        internal["last_gen_throughput"] = self.current_gen_throughput()
         internal["effective_max_running_requests_per_dp"] = self.limits.max_running_requests
         memory = dict(internal["memory_usage"])
         memory["token_capacity"] = self.limits.max_total_num_tokens
@@ -527,24 +620,31 @@ class SimServer:
                                             "max_model_len": self.args.context_length}]}
         return web.Response(body=orjson.dumps(body), content_type=_JSON)
 
+    def current_gen_throughput(self) -> float:
+        """Decode tokens/s over the last 40 decode steps; 0 when nothing decodes (like sglang)."""
+        return self.gen_throughput if self.model.num_decoding else 0.0
+
     def _load(self, now_wall: float) -> dict:
         model, limits = self.model, self.limits
         used = model.kv_used_tokens()
         waiting_tokens = sum(r.input_len for r in model.waiting)
+        if model.chunked is not None:
+            waiting_tokens += model.chunked.input_len - model.chunked.prefilled
         cap = limits.max_total_num_tokens
         return {
             "timestamp": now_wall, "dp_rank": 0,
-            "num_running_reqs": model.num_running, "num_waiting_reqs": model.num_waiting,
+            "num_running_reqs": model.num_decoding, "num_waiting_reqs": model.num_waiting,
             "num_waiting_uncached_tokens": waiting_tokens,
-            "num_used_tokens": used, "num_total_tokens": used, "num_active_tokens": used,
+            "num_used_tokens": used, "num_total_tokens": used + waiting_tokens,
+            "num_active_tokens": used + waiting_tokens,
             "max_total_num_tokens": cap, "max_running_requests": limits.max_running_requests,
-            "token_usage": used / cap, "gen_throughput": self.gen_throughput,
-            "cache_hit_rate": 0.0, "utilization": used / cap,
+            "token_usage": round(used / cap, 4), "gen_throughput": self.current_gen_throughput(),
+            "cache_hit_rate": 0.0, "utilization": 0.0,
             "total_prefill_uncached_tokens": model.total_prefill_tokens,
             "total_prefill_busy_us": int(model.total_prefill_busy_s * 1e6),
-            "decode_moments": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-            "memory": {"weight_gb": 12.57, "kv_cache_gb": round(cap * 524288 / 1e9 * 0.9313, 3), "graph_gb": 0.895,
-                       "token_capacity": cap},
+            "decode_moments": model.decode_moments,
+            "memory": {"weight_gb": 12.57, "kv_cache_gb": round(cap * _KV_BYTES_PER_TOKEN / 2**30, 3),
+                       "graph_gb": 0.895, "token_capacity": cap},
             "disaggregation": {"mode": "null", "prefill_bootstrap_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
                                "decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": 0,
                                "decode_retracted_queue_reqs": 0, "kv_transfer_speed_gb_s": 0.0,
@@ -559,11 +659,32 @@ class SimServer:
         return web.Response(body=orjson.dumps(body), content_type=_JSON)
 
     async def handle_get_load(self, request: web.Request) -> web.Response:
-        model = self.model
-        body = [{"dp_rank": 0, "num_reqs": model.num_running + model.num_waiting,
-                 "num_waiting_reqs": model.num_waiting, "num_tokens": model.kv_used_tokens(),
-                 "num_pending_tokens": sum(r.input_len for r in model.waiting), "ts_tic": time.perf_counter()}]
+        load = self._load(time.time())
+        body = [{"dp_rank": 0, "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
+                 "num_waiting_reqs": load["num_waiting_reqs"], "num_tokens": load["num_total_tokens"],
+                 "num_pending_tokens": load["num_total_tokens"] - load["num_used_tokens"],
+                 "ts_tic": time.perf_counter()}]
         return web.Response(body=orjson.dumps(body), content_type=_JSON)
+
+    async def handle_set_internal_state(self, request: web.Request) -> web.Response:
+        """sglang 0.5.17 accepts only `pp_max_micro_batch_size` in [1, max_running_requests] here: a run-time cap on
+        admission (running requests are not preempted). Anything else answers [false], like sglang."""
+        try:
+            obj = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as err:
+            return _bad_json(str(err).split(": line ")[0])
+        server_args = obj.get("server_args") if isinstance(obj, dict) else None
+        if not isinstance(server_args, dict):
+            return web.Response(status=400, body=orjson.dumps({"error": {"message": "server_args must be an object"}}),
+                                content_type=_JSON)
+        ok = True
+        for key, value in server_args.items():
+            if key == "pp_max_micro_batch_size" and type(value) is int and 1 <= value <= self.limits.max_running_requests:
+                self.model.set_admission_cap(value)
+                self.wake.set()
+            else:
+                ok = False
+        return web.Response(body=orjson.dumps([ok]), content_type=_JSON)
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         if not self.args.enable_metrics:
@@ -579,14 +700,8 @@ class SimServer:
         def gauge(name: str, doc: str, value: float) -> None:
             lines.extend([f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name}{{{sched}}} {float(value)!r}"])
 
-        gauge("sglang:num_running_reqs", "The number of running requests.", model.num_running)
-        gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", model.num_waiting)
-        gauge("sglang:gen_throughput", "The generation throughput (token/s).", self.gen_throughput)
-        gauge("sglang:token_usage", "The token usage.", used / limits.max_total_num_tokens)
-        gauge("sglang:num_used_tokens", "The number of used tokens.", used)
-        lines += ["# HELP sglang:queue_time_seconds Histogram of queueing time in seconds.",
-                  "# TYPE sglang:queue_time_seconds histogram"]
-        lines += self.queue_hist.render("sglang:queue_time_seconds", sched)
+        tok = f'engine_type="unified",model_name="{MODEL_NAME}"'
+        # sglang's order: tokenizer counters, then scheduler gauges, then histograms (queue time last)
         for name, doc, counts in (
             ("sglang:prompt_tokens_total", "Number of prefill tokens processed.", self.prompt_tokens_total),
             ("sglang:generation_tokens_total", "Number of generation tokens processed.", self.generation_tokens_total),
@@ -596,6 +711,19 @@ class SimServer:
             for stream in (False, True):
                 lines.append(f'{name}{{engine_type="unified",is_streaming="{str(stream).lower()}",'
                              f'model_name="{MODEL_NAME}"}} {float(counts[stream])!r}')
+        lines += ["# HELP sglang:num_aborted_requests_total Number of requests aborted.",
+                  "# TYPE sglang:num_aborted_requests_total counter",
+                  f"sglang:num_aborted_requests_total{{{tok}}} {float(self.num_aborted_total)!r}"]
+        gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
+              limits.max_total_num_tokens)
+        gauge("sglang:num_running_reqs", "The number of running requests.", model.num_decoding)
+        gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", model.num_waiting)
+        gauge("sglang:gen_throughput", "The generation throughput (token/s).", self.current_gen_throughput())
+        gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", 0.0)
+        gauge("sglang:decode_sum_seq_lens", "The sum of all sequence lengths in decode.",
+              sum(r.kv_used for r in model.running))
+        gauge("sglang:token_usage", "The token usage.", round(used / limits.max_total_num_tokens, 4))
+        gauge("sglang:num_used_tokens", "The number of used tokens.", used)
         for name, doc, hists in (
             ("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft_hist),
             ("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
@@ -605,6 +733,9 @@ class SimServer:
             for stream in (False, True):
                 labels = f'engine_type="unified",is_streaming="{str(stream).lower()}",model_name="{MODEL_NAME}"'
                 lines += hists[stream].render(name, labels)
+        lines += ["# HELP sglang:queue_time_seconds Histogram of queueing time in seconds.",
+                  "# TYPE sglang:queue_time_seconds histogram"]
+        lines += self.queue_hist.render("sglang:queue_time_seconds", sched)
         return "\n".join(lines) + "\n"
 
     async def handle_flush_cache(self, request: web.Request) -> web.Response:
