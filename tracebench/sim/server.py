@@ -229,11 +229,11 @@ class SimServer:
                 continue
             now = loop.time()
             if t_start > now:
+                # idle until the head of the queue is ready (an arrival may wake us earlier; a stale timer only
+                # makes the loop look again)
                 self.wake.clear()
-                try:
-                    await asyncio.wait_for(self.wake.wait(), t_start - now)
-                except asyncio.TimeoutError:
-                    pass  # the wait is a timed sleep that an arrival may cut short
+                loop.call_at(t_start, self.wake.set)
+                await self.wake.wait()
                 continue
             step = model.start_step(t_start)
             if step is None:
