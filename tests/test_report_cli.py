@@ -11,11 +11,13 @@ import io
 import json
 import math
 import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import time
+import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -76,13 +78,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "stopped": subprocess.Popen(_replay_cmd(trace, out, "stopped", "--max-running-requests", "1"),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
     }
-    # stop one replay with Ctrl-C about a second into its run (its requests.jsonl has records by then)
-    deadline = time.monotonic() + 60
-    records = out / "stopped" / "requests.jsonl"
-    while not (records.exists() and records.stat().st_size > 0) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    procs["stopped"].send_signal(signal.SIGINT)
+    # stop one replay with Ctrl-C one second into its run (the trace lasts 3 s; with cap 1 the run lasts longer):
+    # the replay prints its "control:" line when its clock starts
+    stopped = procs["stopped"]
+    assert stopped.stdout is not None
+    seen, deadline = b"", time.monotonic() + 60
+    while b"control:" not in seen and time.monotonic() < deadline and stopped.poll() is None:
+        if select.select([stopped.stdout], [], [], 0.1)[0]:
+            seen += os.read(stopped.stdout.fileno(), 4096)
+    assert b"control:" in seen, seen.decode()
+    time.sleep(1.0)
+    stopped.send_signal(signal.SIGINT)
     for name, proc in procs.items():
         output = proc.communicate(timeout=120)[0].decode()
         expected = 130 if name == "stopped" else 0
@@ -134,7 +140,7 @@ def test_numbers_equal_an_independent_computation(runs: Path) -> None:
     for entry in report["runs"]:
         records = _records(runs, entry["label"])
         ok = [r for r in records if r["status"] == "ok"]
-        assert entry["requests"]["ok"] == len(ok) == 300
+        assert entry["requests"]["ok"] == len(ok) == 300 and isinstance(entry["requests"]["ok"], int)
         assert entry["requests"]["error"] == entry["requests"]["timeout"] == entry["requests"]["cancelled"] == 0
         start = min(r["t_arrival"] for r in records)
         end = max(r["t_finish"] for r in ok)
@@ -355,6 +361,9 @@ def test_html_page_with_plots_and_png(runs: Path, tmp_path: Path) -> None:
     for words in ("Latency CDFs", "Over time", "Router queue length", "Per-server load", "INTERRUPTED", "significant"):
         assert words in text, words
     assert "<script" not in page.read_text() and "http://" not in page.read_text().split("<svg")[0].split("Runs")[0]
+    source = page.read_text()
+    for chunk in source.split("<svg")[1:]:  # each inline figure is well-formed XML
+        ET.fromstring("<svg" + chunk[: chunk.index("</svg>") + len("</svg>")])
     png = page.with_suffix(".png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000
     browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
@@ -374,7 +383,7 @@ def test_interrupted_run_is_marked(runs: Path) -> None:
     assert "run 'stopped' is INTERRUPTED" in done.stdout
     report = _report_json(runs, "wide", "stopped")
     entry = report["runs"][1]
-    assert entry["status"] == "interrupted" and entry["mark"] == "interrupted"
+    assert entry["status"] == "interrupted" and entry["mark"] == "INTERRUPTED"
     records = _records(runs, "stopped")
     assert entry["requests"]["cancelled"] == sum(r["status"] == "cancelled" for r in records) > 0
     assert any("INTERRUPTED" in w for w in report["warnings"])
@@ -492,3 +501,22 @@ def test_help_lists_every_option() -> None:
                    "--bootstrap", "--seed", "ttft", "tpot", "wait"):
         assert option in done.stdout
     assert os.path.exists(Path(__file__).parents[1] / "docs" / "report.md")
+
+
+@pytest.mark.parametrize(("status", "mark"), [("failed", "FAILED"), ("running", "UNFINISHED")])
+def test_failed_and_unfinished_runs_are_marked(runs: Path, tmp_path: Path, status: str, mark: str) -> None:
+    from tracebench.report.load import load_runs
+    from tracebench.report.metrics import build_report
+    from tracebench.report.render import document
+    from tracebench.report.render.md import render_md
+    from tracebench.report.render.table import render_table
+
+    folder = _copy_run(runs, tmp_path, f"run-{status}")
+    meta = json.loads((folder / "run.json").read_text())
+    meta["status"] = status
+    if status == "running":
+        meta["t_end"] = None
+    (folder / "run.json").write_text(json.dumps(meta))
+    report = build_report(load_runs(["wide", str(folder)], runs / "reports"), 0)
+    for text in (render_table(document(report), colour=False), render_md(document(report))):
+        assert f"[{mark}]" in text and text.count(mark) >= 3  # column headings, runs table, warning

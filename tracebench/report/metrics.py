@@ -112,7 +112,7 @@ class RunSummary:
     path: str
     run_name: str
     status: str  # run.json status
-    mark: str | None  # "interrupted" / "failed" / "unfinished (run.json still says running)" / None
+    mark: str | None  # "INTERRUPTED" / "FAILED" / "UNFINISHED" (run.json still says running) / None
     backend: str
     trace_path: str
     trace_sha256: str
@@ -323,11 +323,10 @@ class _RunStats:
 
 
 def _mark(status: str) -> str | None:
+    """The word a run that did not complete is marked with, everywhere it is named: INTERRUPTED, FAILED, UNFINISHED."""
     if status == "completed":
         return None
-    if status == "running":
-        return "unfinished (run.json still says running: the replay was killed or is still going)"
-    return status
+    return "UNFINISHED" if status == "running" else status.upper()
 
 
 def _busy_time(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -485,7 +484,8 @@ def build_report(
         s = st.summary
         if s.mark is not None:
             stopped = f"stopped at {s.t_end:.2f} s" if s.t_end is not None else "no end recorded"
-            warnings.append(f"run '{s.label}' is {s.mark.upper() if s.status != 'running' else s.mark} ({stopped}; "
+            why = " (run.json still says running: the replay was killed, or is still going)" if s.status == "running" else ""
+            warnings.append(f"run '{s.label}' is {s.mark}{why} ({stopped}; "
                             f"{s.records} of {s.trace_requests} requests recorded, {st.counts['cancelled']} of the kept "
                             "ones cancelled): its numbers cover only what happened before it stopped")
         elif s.missing:

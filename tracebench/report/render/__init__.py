@@ -115,7 +115,7 @@ def run_heading(report: Report, index: int) -> str:
     if index == report.baseline and len(report.runs) > 1:
         text += " (baseline)"
     if run.mark is not None:
-        text += f" [{run.status.upper() if run.status != 'running' else 'UNFINISHED'}]"
+        text += f" [{run.mark}]"
     return text
 
 
@@ -153,7 +153,7 @@ def _runs_table(report: Report) -> Table:
     header = ["run", "status", "backend", "trace", "requests recorded", "kept", "window (s)"]
     rows = []
     for i, run in enumerate(report.runs):
-        status = Cell(run.status if run.mark is None else run.status.upper(), None if run.mark is None else "warn",
+        status = Cell(run.status if run.mark is None else run.mark, None if run.mark is None else "warn",
                       strong=run.mark is not None)
         window = "-" if run.window_start is None else f"{run.window_start:.2f} – {run.window_end:.2f}"
         rows.append([

@@ -12,6 +12,11 @@ from tracebench.report.metrics import BALANCE_CV_MAX, CI_LEVEL, LATENCY_METRICS,
 REPORT_FORMAT_VERSION = 1
 
 
+def _value(unit: str, value: float | None) -> float | int | None:
+    """Counts are whole numbers: written as integers."""
+    return int(value) if unit == "requests" and value is not None else value
+
+
 def report_dict(report: Report) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     for i, run in enumerate(report.runs):
@@ -30,11 +35,11 @@ def report_dict(report: Report) -> dict[str, Any]:
                 if section.key == "latency":
                     values.setdefault(row.metric, {})[row.stat] = row.values[i]
                 else:
-                    values[row.metric] = row.values[i]
+                    values[row.metric] = _value(row.unit, row.values[i])
                 delta = row.deltas[i]
                 if delta is None:
                     continue
-                d = {"abs": delta.abs, "pct": delta.pct}
+                d = {"abs": _value(row.unit, delta.abs), "pct": delta.pct}
                 if delta.ci_low is not None:
                     d |= {"ci95_low": delta.ci_low, "ci95_high": delta.ci_high, "significant": delta.significant}
                 if section.key == "latency":

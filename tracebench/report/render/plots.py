@@ -25,7 +25,7 @@ def _run_name(report: Report, i: int) -> str:
     run = report.runs[i]
     name = run.label + (" (baseline)" if i == report.baseline and len(report.runs) > 1 else "")
     if run.mark is not None:
-        name += f" [{run.status.upper() if run.status != 'running' else 'UNFINISHED'}]"
+        name += f" [{run.mark}]"
     return name
 
 

@@ -14,8 +14,10 @@ from tracebench.report.metrics import Report
 HEADER = ("run", "metric", "stat", "value", "unit")
 
 
-def _num(value: float | None) -> str:
-    return "" if value is None else repr(float(value))
+def _num(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return ""
+    return str(int(value)) if unit == "requests" else repr(float(value))
 
 
 def render_csv(report: Report) -> str:
@@ -34,11 +36,11 @@ def render_csv(report: Report) -> str:
         for section in report.sections:
             for row in section.rows:
                 metric = f"{section.key}.{row.metric}"
-                out.writerow((label, metric, row.stat, _num(row.values[i]), row.unit))
+                out.writerow((label, metric, row.stat, _num(row.values[i], row.unit), row.unit))
                 delta = row.deltas[i]
                 if delta is None:
                     continue
-                out.writerow((label, metric, f"{row.stat}.delta", _num(delta.abs), row.unit))
+                out.writerow((label, metric, f"{row.stat}.delta", _num(delta.abs, row.unit), row.unit))
                 out.writerow((label, metric, f"{row.stat}.delta_pct", _num(delta.pct), "%"))
                 if delta.ci_low is not None:
                     out.writerow((label, metric, f"{row.stat}.ci95_low", _num(delta.ci_low), row.unit))
@@ -50,7 +52,7 @@ def render_csv(report: Report) -> str:
             out.writerow((label, metric, "share", _num(load.share), "fraction"))
             out.writerow((label, metric, "busy_s", _num(load.busy_s), "s"))
             out.writerow((label, metric, "busy_fraction", _num(load.busy_fraction), "fraction"))
-            out.writerow((label, metric, "mean_in_flight", _num(load.mean_in_flight), "requests"))
+            out.writerow((label, metric, "mean_in_flight", _num(load.mean_in_flight), "requests (time-average)"))
         bal = report.balance[i]
         out.writerow((label, "balance", "verdict", bal.verdict, ""))
         out.writerow((label, "balance", "cv", _num(bal.cv), ""))
