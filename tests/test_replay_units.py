@@ -83,6 +83,7 @@ def _cfg(**kw: object) -> ReplayConfig:
         ({"attach": ("http://127.0.0.1:1",), "gpus": 2}, "--gpus 2 with 1 --attach"),
         ({"attach": ("http://127.0.0.1:1",), "speed": 2.0}, "--speed"),
         ({"attach": ("http://127.0.0.1:1",), "server_args": ("--x",)}, "--server-arg"),
+        ({"attach": ("http://127.0.0.1:1", "http://127.0.0.1:1")}, "the same URL twice"),
         ({"backend": "sglang", "speed": 2.0, "model": "m"}, "--speed is for --backend sim"),
         ({"backend": "sglang"}, "needs --model"),
         ({}, "needs --model"),  # sglang is the default backend

@@ -200,7 +200,7 @@ class Router:
         state.reported_t = self.clock.now()
 
     def suspect(self, server: int, why: str) -> None:
-        """The server could not be reached: route nothing there until /health says whether it is up or down."""
+        """The server could not be reached: route nothing there until the health check says whether it is up."""
         state = self.servers[server]
         if state.state != "up" or self._closing:
             return

@@ -118,6 +118,8 @@ class ReplayConfig:
                 refuse("--sjf-key and --policy-opt key=... say the same thing: give one")
             cfg = dataclasses.replace(cfg, policy_options=(*self.policy_options, ("key", self.sjf_key)))
         if self.attach:
+            if len(set(self.attach)) != len(self.attach):
+                refuse("--attach: the same URL twice (each server once)")
             for name, key in (("--backend", "backend"), ("--port-base", "port_base"), ("--speed", "speed"),
                               ("--server-arg", "server_args"), ("--startup-timeout", "startup_timeout")):
                 if key in given:
@@ -152,6 +154,12 @@ class ReplayConfig:
         out["trace"], out["out_dir"] = str(self.trace), str(self.out_dir)
         out["policy_options"] = dict(self.policy_options)
         return out
+
+
+def one_line(err: BaseException) -> str:
+    """An error as one short line, for the records (a ServerStartError carries a whole log tail)."""
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text[:300]}"
 
 
 def default_run_name(cfg: ReplayConfig, policy: Policy) -> str:
@@ -316,7 +324,7 @@ class Replay:
             else:
                 self.status = "completed"
             if self.router is None and self.writer.count == 0:
-                reason = "interrupted before the run started" if self.status == "interrupted" else f"not run: {self.failure}"
+                reason = "interrupted before the run started" if self.status == "interrupted" else f"not run: {one_line(self.failure)}"
                 self._write_unstarted("cancelled" if self.status == "interrupted" else "error", reason)
             self.writer.close()
             self._write_run_json()
@@ -398,7 +406,7 @@ class Replay:
                 side_tasks.append(task)
             await router.ended.wait()
             if router.failure is not None:
-                await router.close(engine.unreleased, "error", f"run stopped: {type(router.failure).__name__}: {router.failure}")
+                await router.close(engine.unreleased, "error", f"run stopped: {one_line(router.failure)}")
         except asyncio.CancelledError:
             if self.router is not None and engine is not None and self.signal is not None:
                 await self.router.close(engine.unreleased, "cancelled", f"interrupted ({self.signal})")
@@ -428,7 +436,9 @@ class Replay:
         fleet = self.fleet
 
         async def check(index: int) -> str | None:
-            return fleet.exit_reason(index) or await client.alive(fleet.plans[index].url, PROBE_TIMEOUT_S)
+            why = fleet.exit_reason(index) or await client.alive(fleet.plans[index].url, PROBE_TIMEOUT_S)
+            # a killed server resets its connections a moment before its process is seen to exit
+            return why and (fleet.exit_reason(index) or why)
 
         return check
 
