@@ -223,9 +223,10 @@ class SimServer:
         while True:
             t_start = model.next_start(t_free)
             if t_start is None:
+                # no work: the GPU idles from t_free; the next request starts at its own ready time, even if this
+                # loop wakes up late (catch-up, no drift)
                 self.wake.clear()
                 await self.wake.wait()
-                t_free = max(t_free, loop.time())
                 continue
             now = loop.time()
             if t_start > now:
