@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import os
 import signal
 import socket
@@ -380,6 +381,10 @@ class Replay:
                             launch_cap=self.server_info[p.index].get("max_running_requests"))
                 for p in self.fleet.plans
             ]
+            # The trace, modules and server facts live for the whole run: out of the collector's sight, a full
+            # collection (a pause of the loop, so release lag) does not walk them again and again.
+            gc.collect()
+            gc.freeze()
             self.clock = clock = RunClock()
             self.router = router = Router(
                 clock=clock, servers=states, policy=self.policy, client=client, writer=self.writer,
