@@ -380,3 +380,26 @@ def test_attach_refusals_and_timeouts(tmp_path: Path, sim_server) -> None:
     assert run["backend"] == "attach" and run["servers"][0]["launch_command"] is None
     assert run["vocab_size"] == 32000  # told by the simulator's /server_info
     assert server.proc.poll() is None  # an attached server is left running
+
+
+def test_policy_breaking_the_rules_stops_the_run(tmp_path: Path) -> None:
+    policy = tmp_path / "greedy.py"
+    policy.write_text(
+        "from tracebench.policies import Policy\n\n"
+        "class Greedy(Policy):\n"
+        "    name = 'greedy'\n"
+        "    description = 'everything to server 0, ignoring the cap'\n\n"
+        "    def assign(self, queue, servers):\n"
+        "        return [(req, servers[0]) for req in queue]\n"
+    )
+    trace = write_trace_file(tmp_path / "t.jsonl", 40, rate=100, outputs=(16, 32))
+    result = run_cli("replay", str(trace), "--backend", "sim", "--speed", "20", "--port-base", port_base(1),
+                     "--max-running-requests", "2", "--policy", f"{policy}:Greedy", "--run-name", "p",
+                     "--out-dir", str(tmp_path), "--quiet")
+    assert result.returncode == 1
+    assert "policy 'greedy' assigned 3 requests to server 0, which had 2 free slot(s)" in result.stderr
+    run, records = read_run(tmp_path / "p")
+    check_every_request_once(records, 40)
+    assert run["status"] == "failed" and run["error"].startswith("PolicyError: policy 'greedy'")
+    assert all(r["status"] == "error" and r["error"].startswith("run stopped: PolicyError") for r in records
+               if r["status"] != "ok")

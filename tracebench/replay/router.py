@@ -50,8 +50,8 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 class ServerState:
-    """The router's own state of one server. `state`: `up` (routable), `probing` (a request lost its connection;
-    nothing is routed there until /health answers), `down` (for the rest of the run)."""
+    """The router's own state of one server. `state`: `up` (routable), `probing` (a request or a poll lost its
+    connection; nothing is routed there until the health check answers), `down` (for the rest of the run)."""
 
     __slots__ = (
         "index", "url", "generate_url", "require_stamps", "launch_cap", "state", "cap", "in_flight", "forming", "batch_seq",
@@ -162,16 +162,13 @@ class Router:
     def engine_finished(self) -> None:
         """Every request of the trace was released: partial static batches go now, once the assignment round
         already scheduled for the last arrivals has run (call_soon keeps that order)."""
-        self._loop.call_soon(self._after_last_release)
+        self._loop.call_soon(self._guarded, self._after_last_release)
 
     def _after_last_release(self) -> None:
         self._engine_done = True
-        try:
-            if self.static:
-                for server in self.servers:
-                    self._maybe_send_batch(server)
-        except Exception as err:  # a loop callback has no caller: the run stops with this error
-            self._fail(err)
+        if self.static:
+            for server in self.servers:
+                self._maybe_send_batch(server)
         self._check_ended()
 
     # ---- caps, health, telemetry -------------------------------------------------------------------------------
@@ -226,7 +223,7 @@ class Router:
             state.forming = []
             self._queue.sort(key=lambda q: (q.t_released, q.id))
         if all(s.state == "down" for s in self.servers):
-            self._fail(RunFailed(f"every server is down (the last: server {state.index}, {state.url}: {reason})"))
+            self.fail(RunFailed(f"every server is down (the last: server {state.index}, {state.url}: {reason})"))
         else:
             self._kick()
 
@@ -249,7 +246,7 @@ class Router:
         # Coalesced: a burst of arrivals or completions in one loop iteration makes one call to the policy.
         if not self._assign_scheduled and not self._closing:
             self._assign_scheduled = True
-            self._loop.call_soon(self._assign_round)
+            self._loop.call_soon(self._guarded, self._assign_round)
 
     def _views(self, now: float) -> list[ServerView]:
         views = []
@@ -264,19 +261,23 @@ class Router:
             views.append(ServerView(s.index, s.url, s.state == "up", in_flight, cap, rate, p50, p90, ttft, reported))
         return views
 
+    def _guarded(self, callback: Callable[..., None], *args: Any) -> None:
+        """Runs a loop callback. A callback has no caller to raise to: an error in one stops the run."""
+        try:
+            callback(*args)
+        except Exception as err:
+            self.fail(err)
+
     def _assign_round(self) -> None:
         self._assign_scheduled = False
         if self._closing or not self._queue:
             return
-        try:
-            now = self.clock.now()
-            views = self._views(now)
-            if not any(v.free_slots for v in views):
-                return  # nothing can be assigned: the policy is not asked
-            self.policy.now = now
-            self._apply(self.policy.assign(self._queue, views), views)
-        except Exception as err:  # a loop callback has no caller: the run stops with this error
-            self._fail(err)
+        now = self.clock.now()
+        views = self._views(now)
+        if not any(v.free_slots for v in views):
+            return  # nothing can be assigned: the policy is not asked
+        self.policy.now = now
+        self._apply(self.policy.assign(self._queue, views), views)
 
     def _apply(self, picks: Any, views: list[ServerView]) -> None:
         """Check every assignment against the rules (all or nothing), then carry them out."""
@@ -343,14 +344,11 @@ class Router:
                 self._dispatch(rec, server)
             server.batch_seq += 1
         elif deadline is not None and server.batch_timer is None:
-            server.batch_timer = self._loop.call_later(deadline - now, self._batch_deadline, server)
+            server.batch_timer = self._loop.call_later(deadline - now, self._guarded, self._batch_deadline, server)
 
     def _batch_deadline(self, server: ServerState) -> None:
         server.batch_timer = None
-        try:
-            self._maybe_send_batch(server)
-        except Exception as err:  # a loop callback has no caller: the run stops with this error
-            self._fail(err)
+        self._maybe_send_batch(server)
 
     # ---- one request: the three timestamps ---------------------------------------------------------------------
 
@@ -463,9 +461,10 @@ class Router:
         self._tasks.discard(task)
         self._probes.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            self._fail(task.exception())  # type: ignore[arg-type]
+            self.fail(task.exception())  # type: ignore[arg-type]
 
-    def _fail(self, err: BaseException) -> None:
+    def fail(self, err: BaseException) -> None:
+        """Stop the run with `err` (the first error wins); the runner then closes the router."""
         if self.failure is None:
             self.failure = err
         self.ended.set()

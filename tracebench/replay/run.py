@@ -435,7 +435,7 @@ class Replay:
     def _side_done(self, task: asyncio.Task[Any]) -> None:
         # the engine, poller, cap schedule and progress line run beside the requests: an error in one stops the run
         if not task.cancelled() and task.exception() is not None and self.router is not None:
-            self.router._fail(task.exception())  # type: ignore[arg-type]
+            self.router.fail(task.exception())  # type: ignore[arg-type]
 
     def _health_check(self, client: SglangClient):
         fleet = self.fleet
