@@ -1,0 +1,52 @@
+# Shared by the device scripts. Sourced from the repository root.
+# SIM=1 runs the same steps against tracebench sim-servers on this machine (to check the script without a GPU).
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+RES_ROOT=${OUT:-/tmp/tracebench-gpu-out}
+mkdir -p "$RES_ROOT"
+MODEL=.carry/models/llama-2-7b-hf
+# What our device's sglang needs (../shared/sglang-device/README.md): dummy weights, triton attention.
+SGL_ARGS="--load-format dummy --attention-backend triton --sampling-backend pytorch"
+if [ "${SIM:-0}" = 1 ]; then
+  TB="python3 -m tracebench"
+  [ -x .venv/bin/python ] && TB=".venv/bin/python -m tracebench"
+else
+  source .carry/sglang-device/setup-on-device.sh
+  export PYTHONPATH=$PWD:$PYTHONPATH
+  TB="python3 -m tracebench"
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$RES_ROOT/gpus.csv"
+fi
+
+# start_server GPU PORT LOG [TEXT_MODEL_DIR]: one server in its own session (so its whole group can be stopped).
+# Without TEXT_MODEL_DIR it is started like tracebench starts it (--skip-tokenizer-init: ids in, ids out);
+# with it, in text mode (the tokenizer in that folder), which sglang's bench_serving needs.
+start_server() {
+  local gpu=$1 port=$2 log=$3 model=${4:-} tok_args="--skip-tokenizer-init"
+  if [ -n "$model" ]; then tok_args=""; else model=$MODEL; fi
+  if [ "${SIM:-0}" = 1 ]; then
+    setsid $TB sim-server --port "$port" > "$log" 2>&1 &
+  else
+    CUDA_VISIBLE_DEVICES=$gpu setsid python3 -m sglang.launch_server --model-path "$model" $SGL_ARGS $tok_args \
+      --enable-metrics --host 127.0.0.1 --port "$port" > "$log" 2>&1 &
+  fi
+  echo $! > "$log.pid"
+}
+
+# wait_healthy PORT LOG: poll /health until 200 (fail with the log's tail after 600 s).
+wait_healthy() {
+  local port=$1 log=$2 t0=$SECONDS
+  until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 200 ]; do
+    if [ $((SECONDS - t0)) -gt 600 ] || ! kill -0 "$(cat "$log.pid")" 2>/dev/null; then
+      echo "server on port $port did not become healthy"; tail -40 "$log"; return 1
+    fi
+    sleep 2
+  done
+  echo "server on port $port healthy after $((SECONDS - t0)) s"
+}
+
+stop_server() {
+  local log=$1
+  kill -TERM -- "-$(cat "$log.pid")" 2>/dev/null || true  # its whole session (sglang has child processes)
+  sleep 5
+  kill -KILL -- "-$(cat "$log.pid")" 2>/dev/null || true
+}
