@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,10 +21,26 @@ SHARED = REPO.parent / "shared"
 AZURE_CSV = SHARED / "data" / "AzureLLMInferenceTrace_conv.csv"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(count: int = 1) -> int:
+    """A port P with P..P+count-1 free on 127.0.0.1 (a launched server i listens on base + i), drawn at random from
+    20000-32000: below the kernel's ephemeral range (32768+), where a client connection of this machine (the
+    replay's own, a health poll) could take the port between this probe and the server's bind."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - count)
+        socks = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free port(s) in 20000-32000")
 
 
 def tracebench_cmd(*args: str) -> list[str]:

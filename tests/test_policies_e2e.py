@@ -4,12 +4,11 @@ simulated servers (real processes, real HTTP, `--speed 10`), and the example pol
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, free_port, run_cli
 from tracebench.trace.format import format_request_line, write_trace
 
 Row = tuple[float, int, int]  # arrival_s, input_len, output_len
@@ -20,25 +19,10 @@ def write(path: Path, rows: list[Row]) -> Path:
     return write_trace(path, {"num_requests": len(rows), "duration_s": rows[-1][0]}, lines)
 
 
-def two_free_ports() -> int:
-    """A port P with P and P+1 free (the replay launches server i on port base+i)."""
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            base = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", base + 1))
-                except OSError:
-                    continue
-        return base
-    raise RuntimeError("no two consecutive free ports")
-
-
 def replay(tmp_path: Path, trace: Path, name: str, *args: str) -> tuple[list[dict], dict]:
     """Run the replay (2 sim servers, speed 10); the records sorted by dispatch time, and run.json."""
     proc = run_cli(
-        "replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", "10", "--port-base", str(two_free_ports()),
+        "replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", "10", "--port-base", str(free_port(2)),
         "--out-dir", str(tmp_path / "runs"), "--run-name", name, "--quiet", *args, cwd=REPO, timeout=60,
     )
     assert proc.returncode == 0, proc.stderr

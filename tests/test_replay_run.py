@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -24,24 +23,8 @@ STAMP_SLACK = 0.005  # server stamps are time.time(), ours monotonic: allow this
 
 
 def port_base(count: int = 2) -> str:
-    """A first port of `count` free consecutive ports (launched server i listens on base + i), below the
-    ephemeral range: there, the replay's own client connections could take a port before a server binds it."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000 - count)
-        socks = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return str(base)
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise AssertionError("no free port range")
+    """--port-base for `count` launched servers (server i listens on base + i)."""
+    return str(free_port(count))
 
 
 def write_trace_file(path: Path, n: int, rate: float, inputs: tuple[int, int] = (16, 256),

@@ -14,7 +14,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import xml.etree.ElementTree as ET
@@ -24,38 +23,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli, tracebench_cmd
+from conftest import free_port, run_cli, tracebench_cmd
 
 SPEED = "10"
-
-
-def _free_port_block(size: int) -> int:
-    """A base port with `size` free consecutive ports (the replay launches its servers on base+i)."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + size >= 65535:
-            continue
-        socks = []
-        try:
-            for offset in range(size):
-                sock = socket.socket()
-                sock.bind(("127.0.0.1", base + offset))
-                socks.append(sock)
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no block of free ports")
 
 
 def _replay_cmd(trace: Path, out: Path, name: str, *args: str) -> list[str]:
     return tracebench_cmd("replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", SPEED,
                           "--policy", "round_robin", "--out-dir", str(out), "--run-name", name, "--quiet",
-                          "--port-base", str(_free_port_block(2)), *args)
+                          "--port-base", str(free_port(2)), *args)
 
 
 @pytest.fixture(scope="module")
