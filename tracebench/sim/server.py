@@ -284,8 +284,10 @@ class SimServer:
     # ---------------------------------------------------------------- /generate
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        t_received = loop.time()
         body = await request.read()
+        # stamped once the body is in (as sglang stamps request_received_ts), with no await until submit(): requests
+        # reach the model in the order of their stamps (a stamp before the read let a slow upload be overtaken)
+        t_received = loop.time()
         try:
             obj = orjson.loads(body)
         except orjson.JSONDecodeError as err:
