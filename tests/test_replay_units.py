@@ -11,7 +11,7 @@ import pytest
 from conftest import run_cli
 from tracebench.errors import ConfigError
 from tracebench.replay.caps import CapChange, parse_cap_schedule
-from tracebench.replay.run import ReplayConfig
+from tracebench.replay.run import ReplayConfig, plan_servers
 from tracebench.replay.tokens import TOKEN_ID_LOW, InputIds, vocab_size_from_model
 from tracebench.trace.format import format_request_line, write_trace
 
@@ -39,6 +39,31 @@ def test_cap_schedule_parses_every_form() -> None:
 def test_cap_schedule_refuses(spec: str, why: str) -> None:
     with pytest.raises(ConfigError, match=why):
         parse_cap_schedule(spec, num_servers=2)
+
+
+def _launch_value(command: list[str] | None) -> str | None:
+    assert command is not None
+    return command[command.index("--max-running-requests") + 1] if "--max-running-requests" in command else None
+
+
+@pytest.mark.parametrize(
+    ("initial", "schedule", "launched"),
+    [
+        (8, "10s:16,20s:server1=4", "16"),  # a scheduled raise: the server must be able to run 16
+        (8, "10s:server1=32,20s:2", "32"),  # the largest cap anywhere in the schedule, on every server
+        (8, "10s:4,20s:server0=2", "8"),  # only lowered: the initial cap
+        (8, None, "8"),
+        (None, "10s:4", None),  # no initial cap: the run starts uncapped, the server keeps its own default
+        (None, None, None),
+    ],
+)
+def test_launch_cap_is_the_largest_cap_of_the_run(tmp_path: Path, initial: int | None, schedule: str | None,
+                                                  launched: str | None) -> None:
+    for backend, extra in (("sglang", {"model": "m"}), ("sim", {})):
+        cfg = _cfg(backend=backend, gpus=2, max_running_requests=initial, cap_schedule=schedule, **extra).resolve()
+        changes = parse_cap_schedule(schedule, cfg.num_servers) if schedule else []
+        plans = plan_servers(cfg, tmp_path, 32000, changes)
+        assert [_launch_value(plan.command) for plan in plans] == [launched, launched], backend
 
 
 def test_input_ids_deterministic_exact_and_in_vocabulary() -> None:

@@ -51,6 +51,16 @@ def parse_cap_schedule(spec: str, num_servers: int) -> list[CapChange]:
     return sorted(changes, key=lambda c: c.t)
 
 
+def launch_cap(initial: int | None, changes: list[CapChange]) -> int | None:
+    """The `--max-running-requests` for the servers tracebench launches: the largest cap the run can use, i.e. the
+    initial cap or a larger one of the schedule. sglang cannot raise its own value after launch, so a schedule that
+    raises the cap needs it at launch; the router enforces each cap in force. None (no initial cap: the run starts
+    uncapped) passes nothing, and the server keeps its own default."""
+    if initial is None:
+        return None
+    return max([initial, *(change.cap for change in changes)])
+
+
 SetCap = Callable[[int | None, int, str], None]  # (server or None for all, cap, source)
 
 

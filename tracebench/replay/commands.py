@@ -43,11 +43,16 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
               help="Static mode: a partial batch goes S seconds after its first request arrived. [default: it waits "
                    "until full, or until the trace has nothing more to release]")
 @click.option("--max-running-requests", type=int, default=None, metavar="N",
-              help="Per-server cap at tracebench's router (at most N in flight per server); also passed to the "
-                   "servers tracebench launches. [default: no cap]")
+              help="Per-server cap at tracebench's router (at most N in flight per server). The servers "
+                   "tracebench launches get --max-running-requests max(N, every cap of --cap-schedule): sglang "
+                   "cannot raise it after launch. A cap raised through the control endpoint above that launch value "
+                   "is recorded as a cap_above_launch event in run.json (the server itself runs at most its launch "
+                   "value; the rest wait in its own queue). [default: no cap]")
 @click.option("--cap-schedule", default=None, metavar="SPEC",
               help='Change caps during the run: "30s:8,60s:server1=2" (at 30 s every server\'s cap becomes 8, at '
-                   "60 s server 1's becomes 2; times are run seconds; all=N means every server).")
+                   "60 s server 1's becomes 2; times are run seconds; all=N means every server). With "
+                   "--max-running-requests, launched servers get the largest of these caps at launch; a raise "
+                   "through the control endpoint above it is recorded as a cap_above_launch event.")
 @click.option("--control-port", type=int, default=None, metavar="P",
               help='Port of the localhost control endpoint: POST /cap {"server": i|"all", "max_running_requests": n}, '
                    "GET /caps. Printed at start. [default: a free port]")

@@ -27,7 +27,9 @@ from tracebench import __version__
 from tracebench.errors import ConfigError, RunInterrupted, ServerStartError
 from tracebench.policies.base import Policy
 from tracebench.policies.registry import load_policy
-from tracebench.replay.caps import CapChange, ControlServer, bind_control_socket, parse_cap_schedule, run_cap_schedule
+from tracebench.replay.caps import (
+    CapChange, ControlServer, bind_control_socket, launch_cap, parse_cap_schedule, run_cap_schedule,
+)
 from tracebench.replay.client import SglangClient
 from tracebench.replay.clock import RunClock
 from tracebench.replay.engine import Engine
@@ -167,6 +169,19 @@ def default_run_name(cfg: ReplayConfig, policy: Policy) -> str:
     return f"{cfg.trace.stem}-{policy.name}-{cfg.mode}-{cfg.num_servers}g-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def plan_servers(cfg: ReplayConfig, run_dir: Path, vocab: int | None, cap_changes: list[CapChange]) -> list[ServerPlan]:
+    """The servers of a resolved config: the --attach URLs, or the commands that launch them (each launched server
+    gets the largest cap the run can use as its --max-running-requests: `launch_cap`)."""
+    if cfg.backend == "attach":
+        return plan_attached(cfg.attach)
+    sim_args = ["--vocab-size", str(vocab)] if cfg.backend == "sim" and vocab is not None else []
+    return plan_launched(
+        cfg.backend, cfg.num_servers, cfg.port_base, run_dir, model=cfg.model,  # type: ignore[arg-type]
+        max_running_requests=launch_cap(cfg.max_running_requests, cap_changes),
+        server_args=[*split_server_args(cfg.server_args), *sim_args], speed=cfg.speed,
+    )
+
+
 def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
     """Run one replay; returns the run folder. Raises RunInterrupted (Ctrl-C), RunFailed (no server left), or the
     error that stopped the run, after the run folder is complete and every launched server is stopped."""
@@ -187,15 +202,7 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
     run_dir = cfg.out_dir / run_name
     if run_dir.exists():
         raise ConfigError(f"run folder {run_dir} already exists: choose another --run-name (runs are never overwritten)")
-    if cfg.backend == "attach":
-        plans = plan_attached(cfg.attach)
-    else:
-        sim_args = ["--vocab-size", str(vocab)] if cfg.backend == "sim" and vocab is not None else []
-        plans = plan_launched(
-            cfg.backend, cfg.num_servers, cfg.port_base, run_dir, model=cfg.model,  # type: ignore[arg-type]
-            max_running_requests=cfg.max_running_requests,
-            server_args=[*split_server_args(cfg.server_args), *sim_args], speed=cfg.speed,
-        )
+    plans = plan_servers(cfg, run_dir, vocab, cap_changes)
     control_sock = bind_control_socket(cfg.control_port)
     try:
         run_dir.mkdir(parents=True)
