@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -9,11 +10,16 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
+from tracebench.policies.registry import load_policy
 from tracebench.errors import ConfigError
 from tracebench.replay.caps import CapChange, parse_cap_schedule
+from tracebench.replay.client import SglangClient
+from tracebench.replay.clock import RunClock
+from tracebench.replay.records import RecordWriter
+from tracebench.replay.router import Router, ServerState
 from tracebench.replay.run import ReplayConfig, plan_servers
 from tracebench.replay.tokens import TOKEN_ID_LOW, InputIds, vocab_size_from_model
-from tracebench.trace.format import format_request_line, write_trace
+from tracebench.trace.format import TraceRequest, format_request_line, write_trace
 
 SHA = "0f" * 32
 
@@ -161,3 +167,33 @@ def test_policies_command_lists_builtins() -> None:
     assert result.returncode == 0, result.stderr
     names = [line.split()[0] for line in result.stdout.splitlines() if line and not line.startswith(" ")]
     assert names == ["random", "round_robin", "least_outstanding", "sjf", "power_of_two", "param_aware"]
+
+
+def test_a_release_after_close_is_not_recorded_twice(tmp_path: Path) -> None:
+    """The engine runs until it is cancelled after Router.close(); a request it releases meanwhile is already among
+    the never-released ones that close() records (seen once as a duplicate id in an interrupted run)."""
+    path = tmp_path / "requests.jsonl"
+    requests = [TraceRequest(i, 0.5 * i, 8, 2) for i in range(3)]
+
+    async def main() -> None:
+        async def slow_health_check(index: int) -> None:
+            await asyncio.sleep(30)
+
+        client = SglangClient(None, True)
+        writer = RecordWriter(path)
+        router = Router(clock=RunClock(), servers=[ServerState(0, "http://127.0.0.1:9", None, True)],
+                        policy=load_policy("round_robin", np.random.default_rng(0), {}), client=client, writer=writer,
+                        input_ids=InputIds(SHA, 32000), total=len(requests), health_check=slow_health_check)
+        router.suspect(0, "connection lost")  # a probe under way: close() cancels it and waits for it
+        closing = asyncio.ensure_future(router.close(requests[1:], "cancelled", "interrupted (SIGINT)"))
+        await asyncio.sleep(0)  # close() runs up to that wait
+        router.release(requests[1])  # meanwhile the engine, not cancelled yet, releases the next request
+        await closing
+        writer.close()
+        await client.close()
+
+    asyncio.run(main())
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == [1, 2]
+    assert all(r["status"] == "cancelled" and r["t_released"] is None for r in records)
+    assert [r["t_arrival"] for r in records] == [0.5, 1.0]

@@ -150,6 +150,10 @@ class Router:
 
     def release(self, request: TraceRequest) -> None:
         """Timestamp 1: the request enters the router queue now."""
+        if self._closing:
+            # the engine runs on until it is cancelled after close(); close() already took this request among the
+            # never-released ones and writes its record (a release now would record it twice)
+            return
         t_released = self.clock.now()
         rid = request.id
         self._pending[rid] = RequestRecord(rid, request.input_len, request.output_len, request.arrival_s, t_released)
@@ -471,7 +475,9 @@ class Router:
 
     async def close(self, unreleased: Sequence[TraceRequest], status: str, reason: str) -> None:
         """End the run: cancel what is in flight and write a record for every request not written yet (queued,
-        in a forming batch, in flight, never released) with `status` and `reason`."""
+        in a forming batch, in flight, never released) with `status` and `reason`. `unreleased` is what the engine
+        had not released when close() was called; the engine may run on while close() waits, but a release from
+        now on is ignored (those requests are in `unreleased`)."""
         self._closing = True
         self._cancel_status, self._cancel_reason = status, reason
         for server in self.servers:
