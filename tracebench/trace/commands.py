@@ -34,8 +34,8 @@ Length distributions (--length-dist; --input-len / --output-len are the means, a
 
 \b
 Context clamp (--max-context C): no request has input_len + output_len > C. The prompt is kept and the
-answer shortened (output_len = C - input_len); a prompt of C tokens or more is cut to C - 1 with
-output_len 1 (its prefix_blocks cut to match). The count is printed on stderr and kept in the header.
+answer shortened (output_len = C - input_len); a prompt longer than C - 7 is cut to C - 7 (sglang 0.5.17
+refuses longer ones) with output_len at most 7 (its prefix_blocks cut to match). The count is printed on stderr and kept in the header.
 
 \b
 Datasets (--dataset PATH; --dataset-format auto detects from the content):

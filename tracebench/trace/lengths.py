@@ -181,14 +181,22 @@ class Clamped:
     input_cut_mask: np.ndarray
 
 
+# sglang 0.5.17 refuses a prompt of context_len - 6 tokens or more (its scheduler's max_req_input_len is
+# context_len - 6; a 4096-context model serves prompts of at most 4089 tokens): .DUCUMENT/failure-modes.md.
+PROMPT_RESERVE = 7
+
+
 def clamp_to_context(input_len: np.ndarray, output_len: np.ndarray, max_context: int) -> Clamped:
-    """Make input_len + output_len <= max_context for every request. The prompt is kept and the answer shortened
-    (output_len = max_context - input_len): the prompt is what the user sent. Only when the prompt alone leaves no room
-    for one output token is it cut to max_context - 1 tokens, with output_len 1."""
-    if max_context < 2:
-        raise ConfigError(f"--max-context must be at least 2 (one input and one output token), got {max_context}")
-    over = (input_len + output_len) > max_context
-    input_cut_mask = input_len > max_context - 1
-    new_input = np.minimum(input_len, max_context - 1)
+    """Make every request one sglang serves: input_len + output_len <= max_context and input_len <= max_context -
+    PROMPT_RESERVE. The prompt is kept and the answer shortened (output_len = max_context - input_len): the prompt is
+    what the user sent. Only a prompt longer than max_context - PROMPT_RESERVE is cut to that length (its output_len
+    then at most PROMPT_RESERVE)."""
+    if max_context <= PROMPT_RESERVE:
+        raise ConfigError(f"--max-context must be more than {PROMPT_RESERVE} (sglang keeps {PROMPT_RESERVE - 1} "
+                          f"positions of the context from the prompt), got {max_context}")
+    longest_prompt = max_context - PROMPT_RESERVE
+    input_cut_mask = input_len > longest_prompt
+    over = ((input_len + output_len) > max_context) | input_cut_mask
+    new_input = np.minimum(input_len, longest_prompt)
     new_output = np.minimum(output_len, max_context - new_input)
     return Clamped(new_input, new_output, int(over.sum()), int(input_cut_mask.sum()), input_cut_mask)
