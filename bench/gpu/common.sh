@@ -2,8 +2,10 @@
 # SIM=1 runs the same steps against tracebench sim-servers on this machine (to check the script without a GPU).
 set -euo pipefail
 export PYTHONUNBUFFERED=1
-RES_ROOT=${OUT:-/tmp/tracebench-gpu-out}
-mkdir -p "$RES_ROOT"
+# Results are gathered in RES_ROOT and packed into one archive in $OUT (the device returns at most 8 files).
+RES_ROOT=/tmp/tracebench-gpu-results
+PACK_TO=${OUT:-/tmp/tracebench-gpu-out}
+mkdir -p "$RES_ROOT" "$PACK_TO"
 MODEL=.carry/models/llama-2-7b-hf
 # What our device's sglang needs (../shared/sglang-device/README.md): dummy weights, triton attention.
 SGL_ARGS="--load-format dummy --attention-backend triton --sampling-backend pytorch"
@@ -14,7 +16,7 @@ else
   source .carry/sglang-device/setup-on-device.sh
   export PYTHONPATH=$PWD:$PYTHONPATH
   TB="python3 -m tracebench"
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$RES_ROOT/gpus.csv"
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$PACK_TO/gpus.csv"
 fi
 
 # start_server GPU PORT LOG [TEXT_MODEL_DIR]: one server in its own session (so its whole group can be stopped).

@@ -6,7 +6,7 @@
 #    tracebench continuous, tracebench static (batch 8), and sglang's own bench_serving on the same workload.
 source bench/gpu/common.sh
 RES=$RES_ROOT/node; mkdir -p "$RES"
-trap 'tar -czf "$RES_ROOT/node.tgz" -C "$RES_ROOT" node; ls -la "$RES_ROOT"' EXIT
+trap 'tar -czf "$PACK_TO/node.tgz" -C "$RES_ROOT" node; ls -la "$PACK_TO"' EXIT
 $TB generate --rate 8 --num-requests 400 --input-len 512 --output-len 128 --length-dist fixed --seed 0 -o "$RES/trace.jsonl"
 
 if [ "${SIM:-0}" = 1 ]; then
