@@ -7,7 +7,8 @@
 source bench/gpu/common.sh
 RATE=${RATE:-16}; N=${N:-720}; CAP=${CAP:-24}
 RES=$RES_ROOT/routing; mkdir -p "$RES"
-trap 'tar -czf "$PACK_TO/routing.tgz" -C "$RES_ROOT" routing; ls -la "$PACK_TO"' EXIT
+pack() { tar -czf "$PACK_TO/routing.tgz" -C "$RES_ROOT" routing; }  # after every run: a call cut short keeps what ran
+trap 'pack; ls -la "$PACK_TO"' EXIT
 $TB generate --dataset .carry/AzureLLMInferenceTrace_conv.csv --rate "$RATE" --num-requests "$N" --seed 0 \
   -o "$RES/azure.jsonl"
 COMMON=(--max-running-requests "$CAP" --out-dir "$RES" --quiet)
@@ -18,6 +19,7 @@ else
   $TB replay "$RES/azure.jsonl" --backend sglang --gpus 2 --model "$MODEL" --server-arg "$SGL_ARGS" --policy random \
     --run-name random "${COMMON[@]}"
 fi
+pack
 
 start_server 0 30100 "$RES/server-0.log"
 start_server 1 30101 "$RES/server-1.log"
@@ -26,6 +28,7 @@ wait_healthy 30101 "$RES/server-1.log"
 ATTACH=(--attach http://127.0.0.1:30100 --attach http://127.0.0.1:30101 --model "$MODEL")
 for policy in round_robin sjf param_aware; do
   $TB replay "$RES/azure.jsonl" "${ATTACH[@]}" --policy $policy --run-name $policy "${COMMON[@]}"
+  pack
 done
 $TB replay "$RES/azure.jsonl" "${ATTACH[@]}" --policy random --cap-schedule "15s:8,30s:24" --run-name random-cap8-15s-30s \
   "${COMMON[@]}"
