@@ -56,7 +56,7 @@ def write_synthetic_run(folder: Path, num_requests: int, seed: int, *, policy: s
         "wall_clock_start": wall_start,
         "trace": {"path": "traces/bench.jsonl", "sha256": trace_sha256, "num_requests": num_requests,
                   "duration_s": float(t_arrival[-1]), "header": {}},
-        "options": {"speed": 1.0, "stream": True}, "backend": "sim", "mode": "continuous", "batch_size": None,
+        "options": {"speed": None, "stream": True}, "speed": None, "backend": "sim", "mode": "continuous", "batch_size": None,
         "policy": {"name": policy, "class": f"bench.{policy}", "options": {}}, "seed": 0,
         "servers": [{"index": i, "url": f"http://127.0.0.1:{30000 + i}", "gpu": None, "launch_command": None,
                      "same_host": True, "server_info": {}, "version": "sim", "log": None} for i in range(servers)],

@@ -11,18 +11,21 @@ import pytest
 from tests.conftest import REPO, free_port, run_cli
 from tracebench.trace.format import format_request_line, write_trace
 
-Row = tuple[float, int, int]  # arrival_s, input_len, output_len
+Row = tuple[float, int, int]  # arrival (run seconds), input_len, output_len
+SPEED = 10  # every replay here runs at --speed 10: the whole run, arrivals included, 10 times compressed
 
 
 def write(path: Path, rows: list[Row]) -> Path:
-    lines = [format_request_line(i, arrival, ilen, olen) for i, (arrival, ilen, olen) in enumerate(rows)]
-    return write_trace(path, {"num_requests": len(rows), "duration_s": rows[-1][0]}, lines)
+    """A trace whose requests arrive at the given run seconds of a replay at --speed SPEED (arrival_s = that × SPEED:
+    the replay releases request i at arrival_s / SPEED)."""
+    lines = [format_request_line(i, arrival * SPEED, ilen, olen) for i, (arrival, ilen, olen) in enumerate(rows)]
+    return write_trace(path, {"num_requests": len(rows), "duration_s": rows[-1][0] * SPEED}, lines)
 
 
 def replay(tmp_path: Path, trace: Path, name: str, *args: str) -> tuple[list[dict], dict]:
     """Run the replay (2 sim servers, speed 10); the records sorted by dispatch time, and run.json."""
     proc = run_cli(
-        "replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", "10", "--port-base", str(free_port(2)),
+        "replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", str(SPEED), "--port-base", str(free_port(2)),
         "--out-dir", str(tmp_path / "runs"), "--run-name", name, "--quiet", *args, cwd=REPO, timeout=60,
     )
     assert proc.returncode == 0, proc.stderr

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from conftest import free_port, run_cli, tracebench_cmd
-from tracebench.trace.format import format_request_line, write_trace
+from tracebench.trace.format import format_request_line, load_trace, write_trace
 
 STAMP_SLACK = 0.005  # server stamps are time.time(), ours monotonic: allow this much disagreement
 
@@ -97,7 +97,7 @@ def group_gone(pgid: int) -> bool:
 
 def test_continuous_two_servers(tmp_path: Path) -> None:
     n = 300
-    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=120)
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=120 / 20)  # 120 req/s of run time at --speed 20
     result = run_cli("replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", "20", "--port-base",
                      port_base(), "--policy", "round_robin", "--run-name", "c", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 0, result.stderr
@@ -126,7 +126,7 @@ def test_continuous_two_servers(tmp_path: Path) -> None:
 
 def test_static_batches_and_no_stream(tmp_path: Path) -> None:
     n, batch = 60, 4
-    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=80, outputs=(16, 48))
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=80 / 20, outputs=(16, 48))  # 80 req/s of run time
     result = run_cli("replay", str(trace), "--backend", "sim", "--speed", "20", "--port-base", port_base(),
                      "--mode", "static", "--batch-size", str(batch), "--no-stream", "--run-name", "s",
                      "--out-dir", str(tmp_path), "--quiet")
@@ -153,9 +153,10 @@ def test_static_batches_and_no_stream(tmp_path: Path) -> None:
 
 def test_static_two_servers_partial_batches(tmp_path: Path) -> None:
     n, batch = 50, 8
-    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=40, outputs=(8, 24))
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=40 / 20, outputs=(8, 24))  # 40 req/s of run time
+    # --batch-timeout 2 trace seconds = 0.1 run seconds at --speed 20
     result = run_cli("replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", "20", "--port-base",
-                     port_base(), "--mode", "static", "--batch-size", str(batch), "--batch-timeout", "0.1",
+                     port_base(), "--mode", "static", "--batch-size", str(batch), "--batch-timeout", "2",
                      "--policy", "least_outstanding", "--run-name", "s2", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 0, result.stderr
     _, records = read_run(tmp_path / "s2")
@@ -174,10 +175,56 @@ def test_static_two_servers_partial_batches(tmp_path: Path) -> None:
             first_arrival = min(r["t_released"] for r in members)
             start = min(r["t_dispatch"] for r in members)
             assert start >= previous_end
-            # a partial batch went because its timeout passed (or the trace ended), never early
+            # a partial batch went because its timeout passed (or the trace ended), never early, and not much
+            # later either: the timeout is 0.1 run seconds (2 trace seconds at --speed 20), not 2
             if len(members) < batch and number != max(batches):
                 assert start >= first_arrival + 0.1 - 0.005 or start >= previous_end, members
+                assert start <= max(first_arrival + 0.1, previous_end) + 0.15, members
             previous_end = max(r["t_finish"] for r in members)
+
+
+def test_speed_compresses_the_whole_run(tmp_path: Path) -> None:
+    """--speed 8: a trace whose arrivals span S trace seconds runs in about S/8 seconds, request i is released at
+    arrival_s/8, and the other trace-time options (--cap-schedule, --timeout) are divided by 8 too."""
+    speed, n, span = 8, 64, 16.0
+    rng = np.random.default_rng(5)
+    arrivals = np.sort(rng.uniform(0, span, n))
+    arrivals[0], arrivals[-1] = 0.0, span
+    long_id = 20  # 1000 output tokens: about 10 trace seconds of decoding, longer than the --timeout of 4
+    lines = [format_request_line(i, float(a), int(rng.integers(16, 128)),
+                                 1000 if i == long_id else int(rng.integers(4, 24))) for i, a in enumerate(arrivals)]
+    trace = write_trace(tmp_path / "t.jsonl", {"num_requests": n, "duration_s": span}, lines)
+    started = time.monotonic()
+    result = run_cli("replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", str(speed), "--port-base",
+                     port_base(), "--policy", "round_robin", "--cap-schedule", "8s:server0=1", "--timeout", "4",
+                     "--run-name", "fast", "--out-dir", str(tmp_path), "--quiet")
+    wall = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    run, records = read_run(tmp_path / "fast")
+    check_every_request_once(records, n)
+    assert run["speed"] == speed and run["options"]["speed"] == speed
+    # one clock, run seconds: t_arrival is the trace's arrival_s / K, exactly, and releases keep that schedule
+    arrival_s = {req.id: req.arrival_s for req in load_trace(trace)[1]}
+    assert max(arrival_s.values()) == span
+    for r in records:
+        assert r["t_arrival"] == arrival_s[r["id"]] / speed, r
+    lags = np.array([r["t_released"] - r["t_arrival"] for r in records])
+    assert lags.min() >= 0 and np.percentile(lags, 99) < 0.05
+    # the run lasts about S/K (the last arrival, plus a short request), not S
+    assert span / speed <= run["t_end"] < span / speed + 1.0, run["t_end"]
+    assert wall < span / 2, f"the replay took {wall:.1f} s for a trace of {span:g} s at --speed {speed}"
+    # the cap schedule's 8 s is run second 1
+    [change] = run["caps"]["changes"]
+    assert (change["server"], change["cap"]) == (0, 1) and abs(change["t"] - 8 / speed) < 0.1, change
+    # --timeout 4 trace seconds is 0.5 run seconds: the long request times out then (at 4 run seconds it would
+    # finish, after about 10 / 8 s); the short ones finish well within it
+    by_id = {r["id"]: r for r in records}
+    long_one = by_id[long_id]
+    assert long_one["status"] == "timeout"
+    assert "--timeout 4 s (simulated seconds: 0.5 s of run time" in long_one["error"]
+    assert 0.5 <= long_one["t_finish"] - long_one["t_dispatch"] < 0.5 + 0.3, long_one
+    assert all(r["status"] == "ok" for r in records if r["id"] != long_id)
+    check_ok_order(records)
 
 
 def in_flight_at_dispatches(records: list[dict[str, Any]], server: int) -> list[tuple[float, int]]:
@@ -198,11 +245,12 @@ def cap_in_force(run: dict[str, Any], server: int, t: float, settle: float) -> i
 
 def test_caps_schedule_and_control_endpoint(tmp_path: Path) -> None:
     n, cap = 360, 6
-    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=150, outputs=(48, 96))
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=150 / 10, outputs=(48, 96))  # 150 req/s of run time
     control = free_port()
+    # the schedule is in trace seconds: 10 s at --speed 10 is run second 1
     proc = start_replay(str(trace), "--backend", "sim", "--gpus", "2", "--speed", "10", "--port-base", port_base(),
                         "--policy", "least_outstanding", "--max-running-requests", str(cap), "--cap-schedule",
-                        "1s:server1=2", "--control-port", str(control), "--run-name", "caps", "--out-dir", str(tmp_path),
+                        "10s:server1=2", "--control-port", str(control), "--run-name", "caps", "--out-dir", str(tmp_path),
                         "--quiet", cwd=tmp_path)
     run_dir = tmp_path / "caps"
     wait_running(run_dir, proc)
@@ -244,7 +292,7 @@ def test_caps_schedule_and_control_endpoint(tmp_path: Path) -> None:
 
 def test_server_killed_mid_run(tmp_path: Path) -> None:
     n = 240
-    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=80, outputs=(32, 64))
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=80 / 4, outputs=(32, 64))  # 80 req/s of run time
     proc = start_replay(str(trace), "--backend", "sim", "--gpus", "2", "--speed", "4", "--port-base", port_base(),
                         "--policy", "round_robin", "--run-name", "kill", "--out-dir", str(tmp_path), cwd=tmp_path)
     run_dir = tmp_path / "kill"
@@ -270,7 +318,7 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
 
 def test_every_server_killed_fails_the_run(tmp_path: Path) -> None:
     n = 150
-    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=60, outputs=(32, 64))
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=60 / 4, outputs=(32, 64))  # 60 req/s of run time
     proc = start_replay(str(trace), "--backend", "sim", "--speed", "4", "--port-base", port_base(),
                         "--run-name", "dead", "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path)
     run = wait_running(tmp_path / "dead", proc)
@@ -289,7 +337,7 @@ def test_every_server_killed_fails_the_run(tmp_path: Path) -> None:
 
 def test_ctrl_c(tmp_path: Path) -> None:
     n = 400
-    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=100, outputs=(32, 64))
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=100 / 2, outputs=(32, 64))  # 100 req/s of run time
     proc = start_replay(str(trace), "--backend", "sim", "--gpus", "2", "--speed", "2", "--port-base", port_base(),
                         "--run-name", "int", "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path)
     run_dir = tmp_path / "int"
@@ -361,6 +409,7 @@ def test_attach_refusals_and_timeouts(tmp_path: Path, sim_server) -> None:
     assert by_id[9]["status"] == "error" and "longer than the model's context length" in by_id[9]["error"]
     assert by_id[10]["status"] == "timeout" and by_id[10]["t_finish"] - by_id[10]["t_dispatch"] >= 0.5
     assert run["backend"] == "attach" and run["servers"][0]["launch_command"] is None
+    assert run["speed"] is None  # a real server's time: nothing to convert
     assert run["vocab_size"] == 32000  # told by the simulator's /server_info
     assert server.proc.poll() is None  # an attached server is left running
 
@@ -375,7 +424,7 @@ def test_policy_breaking_the_rules_stops_the_run(tmp_path: Path) -> None:
         "    def assign(self, queue, servers):\n"
         "        return [(req, servers[0]) for req in queue]\n"
     )
-    trace = write_trace_file(tmp_path / "t.jsonl", 40, rate=100, outputs=(16, 32))
+    trace = write_trace_file(tmp_path / "t.jsonl", 40, rate=100 / 20, outputs=(16, 32))  # 100 req/s of run time
     result = run_cli("replay", str(trace), "--backend", "sim", "--speed", "20", "--port-base", port_base(1),
                      "--max-running-requests", "2", "--policy", f"{policy}:Greedy", "--run-name", "p",
                      "--out-dir", str(tmp_path), "--quiet")

@@ -29,6 +29,9 @@ def test_cap_schedule_parses_every_form() -> None:
     assert changes == [
         CapChange(0.5, 0, 1), CapChange(30.0, None, 8), CapChange(45.5, None, 3), CapChange(60.0, 1, 2),
     ]
+    # times are trace seconds: at --speed 4 they come 4 times sooner on the run clock
+    sped_up = parse_cap_schedule("60s:server1=2,30s:8", num_servers=2, speed=4.0)
+    assert sped_up == [CapChange(7.5, None, 8), CapChange(15.0, 1, 2)]
 
 
 @pytest.mark.parametrize(
@@ -183,11 +186,11 @@ def test_a_release_after_close_is_not_recorded_twice(tmp_path: Path) -> None:
         writer = RecordWriter(path)
         router = Router(clock=RunClock(), servers=[ServerState(0, "http://127.0.0.1:9", None, True)],
                         policy=load_policy("round_robin", np.random.default_rng(0), {}), client=client, writer=writer,
-                        input_ids=InputIds(SHA, 32000), total=len(requests), health_check=slow_health_check)
+                        input_ids=InputIds(SHA, 32000), total=len(requests), health_check=slow_health_check, speed=2.0)
         router.suspect(0, "connection lost")  # a probe under way: close() cancels it and waits for it
         closing = asyncio.ensure_future(router.close(requests[1:], "cancelled", "interrupted (SIGINT)"))
         await asyncio.sleep(0)  # close() runs up to that wait
-        router.release(requests[1])  # meanwhile the engine, not cancelled yet, releases the next request
+        router.release(requests[1], 0.25)  # meanwhile the engine, not cancelled yet, releases the next request
         await closing
         writer.close()
         await client.close()
@@ -196,4 +199,4 @@ def test_a_release_after_close_is_not_recorded_twice(tmp_path: Path) -> None:
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert sorted(r["id"] for r in records) == [1, 2]
     assert all(r["status"] == "cancelled" and r["t_released"] is None for r in records)
-    assert [r["t_arrival"] for r in records] == [0.5, 1.0]
+    assert [r["t_arrival"] for r in records] == [0.25, 0.5]  # arrival_s / speed

@@ -2,7 +2,9 @@
 
 The replays run once for the module: one trace replayed with a roomy cap (`wide`) and with cap 1 (`narrow`, so
 requests wait at the router), a second trace (`other`), and a replay stopped with SIGINT (`stopped`). Every number
-the report prints is checked against an independent computation from requests.jsonl here (json + numpy)."""
+the report prints is checked against an independent computation from requests.jsonl here (json + numpy). The replays
+run at --speed 10, so requests.jsonl is on a 10 times compressed run clock and the report is in simulated seconds:
+`_records` multiplies every time by run.json's speed, as the report must."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ import pytest
 from conftest import free_port, run_cli, tracebench_cmd
 
 SPEED = "10"
+TIME_FIELDS = ("t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server_e2e_latency",
+               "server_queue_time", "server_received", "server_forward_entry", "server_prefill_finished", "server_finished")
 
 
 def _replay_cmd(trace: Path, out: Path, name: str, *args: str) -> list[str]:
@@ -40,8 +44,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("report-runs")
     out = root / "reports"
     trace, other_trace = root / "traces" / "a.jsonl", root / "traces" / "b.jsonl"
+    # 10 req/s of trace time: at --speed 10, 100 requests per run second (a 300-request trace runs 3 s)
     for path, seed, num in ((trace, "1", "300"), (other_trace, "2", "60")):
-        done = run_cli("generate", "--rate", "100", "--num-requests", num, "--seed", seed, "--input-len", "200",
+        done = run_cli("generate", "--rate", "10", "--num-requests", num, "--seed", seed, "--input-len", "200",
                        "--output-len", "50", "-o", str(path))
         assert done.returncode == 0, done.stderr
     procs = {
@@ -54,7 +59,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "stopped": subprocess.Popen(_replay_cmd(trace, out, "stopped", "--max-running-requests", "1"),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
     }
-    # stop one replay with Ctrl-C one second into its run (the trace lasts 3 s; with cap 1 the run lasts longer):
+    # stop one replay with Ctrl-C one second into its run (the trace lasts 30 trace seconds, 3 s of run time; with
+    # cap 1 the run lasts longer):
     # the replay prints its "control:" line when its clock starts
     stopped = procs["stopped"]
     assert stopped.stdout is not None
@@ -82,9 +88,22 @@ def _report_json(runs: Path, *args: str) -> dict:
     return json.loads(done.stdout)
 
 
-def _records(runs: Path, name: str) -> list[dict]:
+def _raw_records(runs: Path, name: str) -> list[dict]:
+    """requests.jsonl as written: times in run seconds."""
     with (runs / "reports" / name / "requests.jsonl").open() as fh:
         return [json.loads(line) for line in fh]
+
+
+def _records(runs: Path, name: str) -> list[dict]:
+    """requests.jsonl with every time in simulated seconds: × run.json speed (the replays here ran at --speed 10)."""
+    speed = json.loads((runs / "reports" / name / "run.json").read_text())["speed"]
+    assert speed == float(SPEED)
+    records = _raw_records(runs, name)
+    for record in records:
+        for field in TIME_FIELDS:
+            if record[field] is not None:
+                record[field] *= speed
+    return records
 
 
 def _close(a: float | None, b: float, rel: float = 1e-9) -> bool:
@@ -136,6 +155,67 @@ def test_numbers_equal_an_independent_computation(runs: Path) -> None:
     expected = narrow["latency"]["total"]["p90"] - wide["latency"]["total"]["p90"]
     assert _close(delta["abs"], expected)
     assert _close(delta["pct"], expected / wide["latency"]["total"]["p90"] * 100)
+
+
+def test_sped_up_run_is_reported_in_simulated_seconds(runs: Path, tmp_path: Path) -> None:
+    """The run clock of a --speed 10 run, as written, times 10: durations and latencies x10, throughputs /10."""
+    speed = float(SPEED)
+    report = _report_json(runs, "wide")
+    entry = report["runs"][0]
+    raw = _raw_records(runs, "wide")
+    ok = [r for r in raw if r["status"] == "ok"]
+    run_duration = max(r["t_finish"] for r in ok) - min(r["t_arrival"] for r in raw)  # run seconds, as recorded
+    assert 2.5 < run_duration < 10  # the replay itself took seconds: its trace spans 30 trace seconds
+    assert _close(entry["throughput"]["duration"], run_duration * speed, rel=1e-9)
+    assert _close(entry["throughput"]["requests_per_s"], len(ok) / run_duration / speed, rel=1e-9)
+    assert _close(entry["throughput"]["output_tokens_per_s"],
+                  sum(r["completion_tokens"] for r in ok) / run_duration / speed, rel=1e-9)
+    for key, seconds in (("total", [r["t_finish"] - r["t_arrival"] for r in ok]),
+                         ("server_sglang", [r["server_e2e_latency"] for r in ok]),
+                         ("ttft_dispatch", [r["t_first_token"] - r["t_dispatch"] for r in ok])):
+        for stat, q in (("p50", 50), ("p99", 99)):
+            assert _close(entry["latency"][key][stat], float(np.percentile(seconds, q)) * speed, rel=1e-9), (key, stat)
+    meta = json.loads((runs / "reports" / "wide" / "run.json").read_text())
+    assert _close(entry["t_end"], meta["t_end"] * speed, rel=1e-12)
+    # every format says so
+    assert entry["speed"] == speed and entry["times"] == "simulated seconds (run clock × 10)"
+    assert report["notes"] and "simulated seconds" in report["notes"][0] and "wide at --speed 10" in report["notes"][0]
+    table = _report(runs, "wide").stdout
+    assert "times of sped-up runs are in simulated seconds (wide at --speed 10)" in table
+    assert "speed 10x (simulated seconds)" in table
+    tidy = _report(runs, "wide", "--format", "csv").stdout
+    rows = {(r["metric"], r["stat"]): r["value"] for r in csv.DictReader(io.StringIO(tidy))}
+    assert rows[("run", "speed")] == "10.0" and rows[("run", "times")] == "simulated seconds (run clock x 10)"
+    assert "times of sped-up runs are in simulated seconds" in _report(runs, "wide", "--format", "md").stdout
+    page = tmp_path / "r.html"
+    assert _report(runs, "wide", "--format", "html", "-o", str(page)).returncode == 0
+    assert "times of sped-up runs are in simulated seconds" in page.read_text()
+
+
+def test_sped_up_run_compares_like_with_like_with_a_real_time_run(runs: Path, tmp_path: Path) -> None:
+    """The wide run written as a real-time run would have recorded it (every time x10, speed null) compares equal
+    to the sped-up original: no throughput or latency changes, only the speed setting differs."""
+    real = tmp_path / "wide-real-time"
+    shutil.copytree(runs / "reports" / "wide", real)
+    meta = json.loads((real / "run.json").read_text())
+    speed = meta["speed"]
+    meta["speed"] = None
+    meta["options"]["speed"] = None
+    meta["t_end"] *= speed
+    for change in meta["caps"]["changes"]:
+        change["t"] *= speed
+    (real / "run.json").write_text(json.dumps(meta))
+    (real / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(runs, "wide")))
+    report = _report_json(runs, "wide", str(real))
+    assert report["runs"][1]["speed"] is None and report["runs"][1]["times"] == "seconds (run clock)"
+    labels = [entry["label"] for entry in report["runs"]]  # both are named "wide": labelled by their folders
+    assert report["config"]["changed"]["speed"] == dict(zip(labels, ["10x (simulated seconds)", "1x (real time)"]))
+    for section in ("throughput", "latency"):
+        for metric, delta in report["runs"][1]["delta"][section].items():
+            for d in delta.values() if section == "latency" else [delta]:
+                assert d["abs"] is not None and abs(d["abs"]) < 1e-9, (section, metric, d)
+    durations = [entry["throughput"]["duration"] for entry in report["runs"]]
+    assert durations[0] == pytest.approx(durations[1], rel=1e-12)
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
@@ -222,10 +302,10 @@ def test_refuses_runs_of_different_traces(runs: Path) -> None:
 
 
 def test_warmup_excludes_early_arrivals(runs: Path) -> None:
-    report = _report_json(runs, "wide", "narrow", "--warmup", "1.0")
+    report = _report_json(runs, "wide", "narrow", "--warmup", "10")  # simulated seconds, a third of the trace
     for entry in report["runs"]:
         records = _records(runs, entry["label"])
-        kept = [r for r in records if r["t_arrival"] >= 1.0]
+        kept = [r for r in records if r["t_arrival"] >= 10.0]
         ok = [r for r in kept if r["status"] == "ok"]
         assert 100 < len(kept) < 300
         assert entry["kept"] == entry["requests"]["kept"] == len(kept)
@@ -443,6 +523,17 @@ def test_not_a_run_folder(runs: Path, tmp_path: Path) -> None:
     (folder / "run.json").write_text("{not json")
     done = _report(runs, str(folder))
     assert done.returncode == 2 and "run.json: not JSON" in done.stderr
+    # a run without "speed" (written before replays recorded it, when --speed did not compress arrivals), or a bad one
+    for speed, why in ((..., "field 'speed': missing"), (0, "field 'speed': must be a number > 0 or null"),
+                       ("4", "field 'speed': must be int or float or null")):
+        meta = json.loads((runs / "reports" / "wide" / "run.json").read_text())
+        if speed is ...:
+            del meta["speed"]
+        else:
+            meta["speed"] = speed
+        (folder / "run.json").write_text(json.dumps(meta))
+        done = _report(runs, str(folder))
+        assert done.returncode == 2 and why in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from tracebench.errors import ConfigError
-from tracebench.replay.clock import RunClock
+from tracebench.replay.clock import RunClock, run_seconds
 
 _ITEM = re.compile(r"^\s*(?P<t>\d+(?:\.\d*)?|\.\d+)s?\s*:\s*(?:(?P<target>all|server(?P<index>\d+))\s*=\s*)?(?P<cap>[+-]?\d+)\s*$")
 
@@ -30,9 +30,10 @@ class CapChange:
     cap: int
 
 
-def parse_cap_schedule(spec: str, num_servers: int) -> list[CapChange]:
+def parse_cap_schedule(spec: str, num_servers: int, speed: float = 1.0) -> list[CapChange]:
     """`"30s:8,60s:server1=2"`: at 30 s every server's cap becomes 8, at 60 s server 1's becomes 2. A bare cap or
-    `all=N` means every server; times are run seconds (the `s` is optional). Sorted by time, stable."""
+    `all=N` means every server; times are trace seconds (the `s` is optional), on the run clock at `speed`:
+    `CapChange.t` = time / speed. Sorted by time, stable."""
     changes = []
     for item in spec.split(","):
         match = _ITEM.match(item)
@@ -47,7 +48,7 @@ def parse_cap_schedule(spec: str, num_servers: int) -> list[CapChange]:
         cap = int(match["cap"])
         if cap < 1:
             raise ConfigError(f"--cap-schedule: {item.strip()!r}: the cap must be >= 1, got {cap}")
-        changes.append(CapChange(t=float(match["t"]), server=index, cap=cap))
+        changes.append(CapChange(t=run_seconds(float(match["t"]), speed), server=index, cap=cap))
     return sorted(changes, key=lambda c: c.t)
 
 

@@ -75,9 +75,13 @@ class SglangClient:
     session-wide timeout (aiohttp's default of 300 s would cut long requests); `request_timeout` applies per
     /generate, from send to the last byte."""
 
-    def __init__(self, request_timeout: float | None, stream: bool) -> None:
+    def __init__(self, request_timeout: float | None, stream: bool, timeout_reason: str | None = None) -> None:
+        """`request_timeout`: run seconds; `timeout_reason`: what a timed-out record says (default: names it)."""
         self.stream = stream
         self.request_timeout = request_timeout
+        if timeout_reason is None and request_timeout is not None:
+            timeout_reason = f"no complete answer within --timeout {request_timeout:g} s"
+        self.timeout_reason = timeout_reason
         self._gen_timeout = aiohttp.ClientTimeout(total=request_timeout)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
@@ -124,7 +128,7 @@ class SglangClient:
                     del buf[:start]
                 yield Answer("error", "the stream ended before data: [DONE] (connection closed)", connection_lost=True)
         except asyncio.TimeoutError:
-            yield Answer("timeout", f"no complete answer within --timeout {self.request_timeout:g} s")
+            yield Answer("timeout", self.timeout_reason)
         except (aiohttp.ClientError, ConnectionError) as err:
             yield Answer("error", f"{type(err).__name__}: {err}", connection_lost=True)
 

@@ -3,11 +3,20 @@
 sglang stamps its `meta_info` with `time.time()` on the server's machine; `from_wall` converts such a stamp to the
 run's clock. That is only meaningful when the server shares this machine's wall clock (launched or attached on the
 same host); the run records which servers that holds for.
+
+At `--speed K` (simulated servers K times faster) the whole run is compressed: every time given in trace seconds
+(arrivals, cap schedule, batch timeout, request timeout) happens at `run_seconds(t, K)` = t / K on this clock. The
+records stay on this one clock (run seconds); `tracebench report` multiplies by K (run.json `speed`).
 """
 
 from __future__ import annotations
 
 import time
+
+
+def run_seconds(trace_seconds: float, speed: float) -> float:
+    """A time given in trace (simulated) seconds, on the run clock of a run at `speed` (1.0: not sped up)."""
+    return trace_seconds / speed
 
 
 class RunClock:

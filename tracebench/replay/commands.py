@@ -40,8 +40,9 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "its next batch of --batch-size only after every request of the previous one finished.")
 @click.option("--batch-size", type=int, default=None, help="Static mode: requests per batch.")
 @click.option("--batch-timeout", type=float, default=None, metavar="S",
-              help="Static mode: a partial batch goes S seconds after its first request arrived. [default: it waits "
-                   "until full, or until the trace has nothing more to release]")
+              help="Static mode: a partial batch goes S seconds after its first request arrived (trace seconds: "
+                   "S/K run seconds at --speed K). [default: it waits until full, or until the trace has nothing "
+                   "more to release]")
 @click.option("--max-running-requests", type=int, default=None, metavar="N",
               help="Per-server cap at tracebench's router (at most N in flight per server). The servers "
                    "tracebench launches get --max-running-requests max(N, every cap of --cap-schedule): sglang "
@@ -50,7 +51,8 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "value; the rest wait in its own queue). [default: no cap]")
 @click.option("--cap-schedule", default=None, metavar="SPEC",
               help='Change caps during the run: "30s:8,60s:server1=2" (at 30 s every server\'s cap becomes 8, at '
-                   "60 s server 1's becomes 2; times are run seconds; all=N means every server). With "
+                   "60 s server 1's becomes 2; times are trace seconds, i.e. run seconds unless --speed K divides "
+                   "them by K; all=N means every server). With "
                    "--max-running-requests, launched servers get the largest of these caps at launch; a raise "
                    "through the control endpoint above it is recorded as a cap_above_launch event.")
 @click.option("--control-port", type=int, default=None, metavar="P",
@@ -67,21 +69,26 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 @click.option("--port-base", type=int, default=None, metavar="PORT",
               help="Launched server i listens on 127.0.0.1:PORT+i. [default: 30000]")
 @click.option("--speed", type=float, default=None, metavar="K",
-              help="--backend sim: the simulated GPUs run K times faster than real time.")
+              help="--backend sim: compress the whole run K times. The simulated GPUs run K times faster, request i "
+                   "is released at arrival_s/K run seconds, and the other trace-time options (--cap-schedule times, "
+                   "--batch-timeout, --timeout) are divided by K (--poll-interval and --startup-timeout stay run "
+                   "seconds). requests.jsonl stays on the run clock (t_arrival = arrival_s/K); run.json records "
+                   "\"speed\": K, and `tracebench report` shows such a run in simulated seconds (times x K).")
 @click.option("--run-name", default=None, metavar="NAME",
               help="Run folder name. [default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>]")
 @click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("reports"),
               show_default=True, help="Where run folders go.")
 @click.option("--timeout", type=float, default=None, metavar="S",
-              help="A request without a complete answer S seconds after dispatch is recorded as timeout. "
-                   "[default: no limit]")
+              help="A request without a complete answer S seconds after dispatch is recorded as timeout (trace "
+                   "seconds: S/K run seconds at --speed K). [default: no limit]")
 @click.option("--stream/--no-stream", default=True, show_default=True,
               help="Stream answers (gives time to first token) or wait for whole answers.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the policy's random choices.")
 @click.option("--sjf-key", type=click.Choice(["output", "input"]), default=None,
               help="--policy sjf: order by output_len (its default) or input_len.")
 @click.option("--poll-interval", type=float, default=0.5, show_default=True, metavar="S",
-              help="Seconds between /v1/loads polls (telemetry.jsonl; what policies see as the servers' reports).")
+              help="Run seconds between /v1/loads polls (telemetry.jsonl; what policies see as the servers' "
+                   "reports); not divided by --speed.")
 @click.option("--startup-timeout", type=float, default=None, metavar="S",
               help="Seconds a launched server may take to answer /health 200. [default: 600 sglang, 30 sim]")
 @click.option("--quiet", is_flag=True, default=False, help="No progress line on stderr.")
@@ -98,6 +105,8 @@ def replay(trace: Path, policy: str, policy_opts: tuple[str, ...], gpus: int | N
     sends it to a server under the per-server cap; its three moments are recorded (t_released, t_dispatch,
     t_finish, plus t_first_token and sglang's own stamps). The run folder <out-dir>/<run-name>/ holds
     run.json, requests.jsonl, telemetry.jsonl and the servers' logs (docs/run-format.md).
+    --speed K (simulator) compresses the whole run K times: every trace time is divided by K, and
+    `tracebench report` shows the run in simulated seconds.
     \b
     tracebench replay t.jsonl --backend sim --gpus 2 --speed 4 --policy sjf --max-running-requests 16
     tracebench replay t.jsonl --model models/llama-2-7b-hf --gpus 4 --policy round_robin \\

@@ -25,7 +25,7 @@ import orjson
 from tracebench.errors import PolicyError, RunFailed, ServerProtocolError
 from tracebench.policies.base import UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView
 from tracebench.replay.client import FIRST_TOKEN, Answer, SglangClient
-from tracebench.replay.clock import RunClock
+from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.records import STATUSES, RecordWriter, RequestRecord
 from tracebench.replay.tokens import InputIds
 from tracebench.trace.format import TraceRequest
@@ -112,8 +112,12 @@ class Router:
         health_check: HealthCheck,
         batch_size: int | None = None,
         batch_timeout: float | None = None,
+        speed: float = 1.0,
     ) -> None:
+        """`batch_timeout` is in run seconds; `speed` (--speed K, 1.0 when not sped up) turns the trace's arrival
+        times into run seconds (`run_seconds`)."""
         self.clock = clock
+        self.speed = speed
         self.servers = servers
         self.policy = policy
         self.client = client
@@ -148,16 +152,17 @@ class Router:
 
     # ---- the engine's side -------------------------------------------------------------------------------------
 
-    def release(self, request: TraceRequest) -> None:
-        """Timestamp 1: the request enters the router queue now."""
+    def release(self, request: TraceRequest, t_arrival: float) -> None:
+        """Timestamp 1: the request enters the router queue now. `t_arrival`: its scheduled arrival on the run clock
+        (`run_seconds(request.arrival_s, speed)`)."""
         if self._closing:
             # the engine runs on until it is cancelled after close(); close() already took this request among the
             # never-released ones and writes its record (a release now would record it twice)
             return
         t_released = self.clock.now()
         rid = request.id
-        self._pending[rid] = RequestRecord(rid, request.input_len, request.output_len, request.arrival_s, t_released)
-        queued = QueuedRequest(rid, request.input_len, request.output_len, request.arrival_s, t_released)
+        self._pending[rid] = RequestRecord(rid, request.input_len, request.output_len, t_arrival, t_released)
+        queued = QueuedRequest(rid, request.input_len, request.output_len, t_arrival, t_released)
         self._queued[rid] = queued
         self._queue.append(queued)
         self.released += 1
@@ -492,8 +497,9 @@ class Router:
             rec.status, rec.error = status, reason  # type: ignore[assignment]
             self._write(rec)
         for req in unreleased:
+            t_arrival = run_seconds(req.arrival_s, self.speed)
             self.writer.write(
-                RequestRecord(req.id, req.input_len, req.output_len, req.arrival_s, status=status, error=reason)  # type: ignore[arg-type]
+                RequestRecord(req.id, req.input_len, req.output_len, t_arrival, status=status, error=reason)  # type: ignore[arg-type]
             )
             self.counts[status] += 1
             self.finished += 1

@@ -31,7 +31,7 @@ from tracebench.replay.caps import (
     CapChange, ControlServer, bind_control_socket, launch_cap, parse_cap_schedule, run_cap_schedule,
 )
 from tracebench.replay.client import SglangClient
-from tracebench.replay.clock import RunClock
+from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.engine import Engine
 from tracebench.replay.records import STATUSES, RecordWriter, RequestRecord
 from tracebench.replay.router import Router, ServerState
@@ -79,6 +79,12 @@ class ReplayConfig:
     @property
     def num_servers(self) -> int:
         return len(self.attach) if self.attach else (self.gpus or 1)
+
+    @property
+    def time_speed(self) -> float:
+        """How many times the run is compressed: --speed K (simulated servers), 1.0 otherwise. Every time given in
+        trace seconds (arrivals, --cap-schedule, --batch-timeout, --timeout) happens at t / K on the run clock."""
+        return self.speed if self.speed is not None else 1.0
 
     def resolve(self) -> ReplayConfig:
         """Refuse contradictions and bad values (ConfigError); fill the defaults that depend on other options."""
@@ -195,7 +201,7 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
     if vocab is not None:
         InputIds(trace_sha, vocab)  # refuses a vocabulary too small now, not after start-up
     policy = load_policy(cfg.policy, np.random.default_rng(cfg.seed), dict(cfg.policy_options))
-    cap_changes = parse_cap_schedule(cfg.cap_schedule, cfg.num_servers) if cfg.cap_schedule else []
+    cap_changes = parse_cap_schedule(cfg.cap_schedule, cfg.num_servers, cfg.time_speed) if cfg.cap_schedule else []
     run_name = cfg.run_name or default_run_name(cfg, policy)
     if not run_name or "/" in run_name or run_name in (".", ".."):
         raise ConfigError(f"--run-name {run_name!r}: must be a plain folder name")
@@ -271,6 +277,7 @@ class Replay:
                 "duration_s": self.header.duration_s, "header": self.header.fields,
             },
             "options": self.cfg.to_json(),
+            "speed": self.cfg.speed,
             "backend": self.cfg.backend,
             "mode": self.cfg.mode,
             "batch_size": self.cfg.batch_size,
@@ -305,7 +312,8 @@ class Replay:
     def _write_unstarted(self, status: str, reason: str) -> None:
         """The run ended before the router existed: every request gets a record saying why it was not run."""
         for req in self.requests:
-            self.writer.write(RequestRecord(req.id, req.input_len, req.output_len, req.arrival_s, status=status, error=reason))  # type: ignore[arg-type]
+            t_arrival = run_seconds(req.arrival_s, self.cfg.time_speed)
+            self.writer.write(RequestRecord(req.id, req.input_len, req.output_len, t_arrival, status=status, error=reason))  # type: ignore[arg-type]
         self._unstarted_counts = {**dict.fromkeys(STATUSES, 0), status: len(self.requests)}
 
     # ---- the run -----------------------------------------------------------------------------------------------
@@ -349,6 +357,8 @@ class Replay:
         counts = self._counts()
         summary = ", ".join(f"{k} {counts[k]}" for k in STATUSES)
         took = f" in {self.t_end:.1f} s" if self.t_end is not None else ""
+        if took and self.cfg.speed is not None:
+            took += f" ({self.t_end * self.cfg.speed:.1f} simulated s at --speed {self.cfg.speed:g})"
         self.stderr.write(f"{self.run_dir}: {self.status}{took} ({summary})\n")
         self.stderr.flush()
 
@@ -374,7 +384,13 @@ class Replay:
 
     async def _work(self) -> None:
         cfg = self.cfg
-        client = SglangClient(cfg.timeout, cfg.stream)
+        speed = cfg.time_speed
+        timeout = None if cfg.timeout is None else run_seconds(cfg.timeout, speed)
+        reason = None
+        if cfg.timeout is not None and cfg.speed is not None:
+            reason = (f"no complete answer within --timeout {cfg.timeout:g} s (simulated seconds: {timeout:g} s of run "
+                      f"time at --speed {cfg.speed:g})")
+        client = SglangClient(timeout, cfg.stream, reason)
         engine: Engine | None = None
         side_tasks: list[asyncio.Task[Any]] = []
         control: ControlServer | None = None
@@ -396,7 +412,8 @@ class Replay:
             self.router = router = Router(
                 clock=clock, servers=states, policy=self.policy, client=client, writer=self.writer,
                 input_ids=input_ids, total=len(self.requests), health_check=self._health_check(client),
-                batch_size=cfg.batch_size if cfg.mode == "static" else None, batch_timeout=cfg.batch_timeout,
+                batch_size=cfg.batch_size if cfg.mode == "static" else None,
+                batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, speed), speed=speed,
             )
             control = ControlServer(self.control_sock, len(states), router.set_cap, router.caps)
             await control.start()

@@ -2,6 +2,10 @@
 
 Nothing of the replay path is imported: the report reads the files. polars does the parsing; its errors do not name
 lines, so when it refuses a file (or a record breaks a rule) the file is walked again with orjson to name the line.
+
+A run replayed at `--speed K` (run.json `speed`) is K times compressed. Once validated, its times are converted here,
+once, to simulated seconds (every time field of the records, and run.json's t_end, cap change and event times, ×K),
+so every metric and plot of the report is in simulated seconds and compares with a run on real GPUs.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ FLOAT_FIELDS = (
     "server_prefill_finished", "server_finished",
 )
 STR_FIELDS = ("status", "error")
+TIME_FIELDS = FLOAT_FIELDS  # every float field is a time (a run-clock stamp or a duration, seconds)
 # never null, whatever the status
 REQUIRED_FIELDS = ("id", "input_len", "output_len", "t_arrival", "status")
 # never null in an `ok` record: an answer that completed went through every step
@@ -50,8 +55,13 @@ class Run:
 
     label: str  # how the report names the run (run_name; the folder path when two runs share a name)
     path: Path
-    meta: dict[str, Any]  # run.json as written
-    requests: pl.DataFrame
+    meta: dict[str, Any]  # run.json, its run-clock times (t_end, caps.changes[].t, events[].t) in simulated seconds
+    requests: pl.DataFrame  # time fields in simulated seconds (run seconds × speed)
+
+    @property
+    def speed(self) -> float | None:
+        """--speed K of the replay (its times were multiplied by K on loading); None: not sped up."""
+        return self.meta["speed"]
 
     @property
     def status(self) -> str:
@@ -107,7 +117,24 @@ def load_runs(specs: list[str], reports_dir: Path) -> list[Run]:
 def load_run(folder: Path) -> Run:
     meta = read_run_json(folder)
     requests = read_requests(folder / "requests.jsonl", meta)
+    if meta["speed"] is not None:
+        meta, requests = to_simulated_seconds(meta, requests, float(meta["speed"]))
     return Run(label=meta["run_name"], path=folder, meta=meta, requests=requests)
+
+
+def to_simulated_seconds(
+    meta: dict[str, Any], requests: pl.DataFrame, speed: float
+) -> tuple[dict[str, Any], pl.DataFrame]:
+    """A run at --speed K, K times compressed on its run clock: every time ×K (so throughputs are ÷K)."""
+    requests = requests.with_columns([pl.col(name) * speed for name in TIME_FIELDS])
+    caps = meta["caps"]
+    meta = {
+        **meta,
+        "t_end": None if meta["t_end"] is None else meta["t_end"] * speed,
+        "caps": {**caps, "changes": [{**change, "t": change["t"] * speed} for change in caps["changes"]]},
+        "events": [{**event, "t": event["t"] * speed} for event in meta["events"]],
+    }
+    return meta, requests
 
 
 # ---------------------------------------------------------------------------------------------------- run.json
@@ -148,6 +175,12 @@ def read_run_json(folder: Path) -> dict[str, Any]:
     if num < 0:
         raise RunFolderError(path, None, "trace.num_requests", f"must be >= 0, got {num}")
     _need(meta, "options", (dict,), path, "options")
+    if "speed" not in meta:
+        raise RunFolderError(path, None, "speed", "missing (written by a tracebench whose --speed did not compress the "
+                                                  "arrivals: replay the trace again)")
+    speed = _need(meta, "speed", (int, float), path, "speed", nullable=True)
+    if speed is not None and not (math.isfinite(speed) and speed > 0):
+        raise RunFolderError(path, None, "speed", f"must be a number > 0 or null, got {speed!r}")
     _need(meta, "backend", (str,), path, "backend")
     _need(meta, "mode", (str,), path, "mode")
     _need(meta, "batch_size", (int,), path, "batch_size", nullable=True)
@@ -172,7 +205,11 @@ def read_run_json(folder: Path) -> dict[str, Any]:
             raise RunFolderError(path, None, f"caps.changes[{i}]", f"must be an object, got {change!r}")
         _need(change, "t", (int, float), path, f"caps.changes[{i}].t")
         _need(change, "cap", (int,), path, f"caps.changes[{i}].cap")
-    _need(meta, "events", (list,), path, "events")
+    events = _need(meta, "events", (list,), path, "events")
+    for i, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise RunFolderError(path, None, f"events[{i}]", f"must be an object, got {event!r}")
+        _need(event, "t", (int, float), path, f"events[{i}].t")
     status = _need(meta, "status", (str,), path, "status")
     if status not in RUN_STATUSES:
         raise RunFolderError(path, None, "status", f"must be one of {', '.join(RUN_STATUSES)}, got {status!r}")

@@ -1,5 +1,8 @@
 """What the report computes, with one definition per number (docs/report.md says the same in prose).
 
+- Times: seconds on the run clock; for a run replayed with `--speed K`, simulated seconds (run seconds × K, converted
+  once by the loader), so sped-up simulator runs and real-GPU runs compare like with like.
+
 - Requests kept: every record whose `t_arrival >= warmup` (default 0: all). Everything below is over kept requests.
 - Latencies: over kept `ok` requests that have the stamps the metric needs.
 - Percentiles: linear interpolation between order statistics (numpy's default `method="linear"`, polars'
@@ -124,6 +127,7 @@ class RunSummary:
     window_end: float | None
     duration: float | None
     t_end: float | None
+    speed: float | None  # --speed K of the replay: its times are run seconds × K (simulated seconds); None: real time
 
 
 @dataclass
@@ -209,7 +213,7 @@ def parse_slo(spec: str) -> dict[str, float]:
 
 # options already shown through run.json's own fields (or that name the run rather than configure it)
 _CURATED_OPTIONS = {"backend", "mode", "batch_size", "policy", "policy_options", "gpus", "max_running_requests",
-                    "cap_schedule", "run_name", "out_dir", "quiet", "trace"}
+                    "cap_schedule", "run_name", "out_dir", "quiet", "trace", "speed"}
 
 
 def _show(value: Any) -> str:
@@ -222,6 +226,21 @@ def _show(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
+def speed_text(speed: float | None) -> str:
+    """How a run's speed is shown: `4x (simulated seconds)`, or `1x (real time)` for a run that was not sped up."""
+    return "1x (real time)" if speed is None else f"{_show(speed)}x (simulated seconds)"
+
+
+def time_note(runs: list[RunSummary]) -> str | None:
+    """The line that says which runs' times are simulated seconds (None when no run was sped up)."""
+    sped = [run for run in runs if run.speed is not None]
+    if not sped:
+        return None
+    which = ", ".join(f"{run.label} at --speed {_show(run.speed)}" for run in sped)
+    return (f"times of sped-up runs are in simulated seconds ({which}): their run-clock times × speed, so "
+            "throughputs are per simulated second")
+
+
 def config_of(meta: dict[str, Any]) -> dict[str, str]:
     """The settings of a run that a comparison cares about, as text, in display order."""
     servers = meta["servers"]
@@ -230,6 +249,7 @@ def config_of(meta: dict[str, Any]) -> dict[str, str]:
     initial = caps["initial"]
     cfg = {
         "backend": meta["backend"],
+        "speed": speed_text(meta["speed"]),
         "mode": meta["mode"],
         "batch size": _show(meta["batch_size"]),
         "policy": policy["name"] + (f" {_show(policy['options'])}" if policy["options"] else ""),
@@ -437,6 +457,7 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
         backend=meta["backend"], trace_path=run.trace_path, trace_sha256=run.trace_sha256,
         trace_requests=meta["trace"]["num_requests"], records=run.requests.height, missing=run.missing,
         kept=kept.height, window_start=start, window_end=end, duration=duration, t_end=meta["t_end"],
+        speed=run.speed,
     )
     return _RunStats(summary, kept, ok, counts, throughput, latency, latency_n, sorted_latency, slo_out, loads, balance)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tracebench.report.metrics import BALANCE_CV_MAX, CI_LEVEL, PERCENTILES, Delta, Report, Row
+from tracebench.report.metrics import BALANCE_CV_MAX, CI_LEVEL, PERCENTILES, Delta, Report, Row, time_note
 
 
 @dataclass
@@ -214,6 +214,9 @@ def document(report: Report) -> Document:
                      "'significant' only when it excludes 0")
     lines.append("duration: first arrival to last ok finish" + (f"; warm-up: arrivals before {report.warmup_s:g} s excluded"
                                                                if report.warmup_s > 0 else ""))
+    note = time_note(report.runs)
+    if note is not None:
+        lines.append(note)
     tables = [_runs_table(report), _config_table(report)]
     by_key = {s.key: s for s in report.sections}
     tables.append(_section_table(report, "Requests and throughput",

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from tracebench.report.metrics import BALANCE_CV_MAX, CI_LEVEL, LATENCY_METRICS, Report
+from tracebench.report.metrics import BALANCE_CV_MAX, CI_LEVEL, LATENCY_METRICS, Report, time_note
 
 REPORT_FORMAT_VERSION = 1
 
@@ -26,6 +26,8 @@ def report_dict(report: Report) -> dict[str, Any]:
             "trace": {"path": run.trace_path, "sha256": run.trace_sha256, "num_requests": run.trace_requests},
             "records": run.records, "missing": run.missing, "kept": run.kept,
             "window": {"start": run.window_start, "end": run.window_end, "duration_s": run.duration}, "t_end": run.t_end,
+            "speed": run.speed,
+            "times": "seconds (run clock)" if run.speed is None else f"simulated seconds (run clock × {run.speed:g})",
         }
         deltas: dict[str, Any] = {}
         for section in report.sections:
@@ -67,6 +69,7 @@ def report_dict(report: Report) -> dict[str, Any]:
                   "slo": {"met": "requests", "fraction": "fraction of kept requests", "goodput": "req/s"}},
         "latency_definitions": {key: definition for key, _, definition in LATENCY_METRICS},
         "warnings": report.warnings,
+        "notes": [note] if (note := time_note(report.runs)) is not None else [],
         "config": {
             "changed": {key: dict(zip((r.label for r in report.runs), values)) for key, values in report.config.changed},
             "same": dict(report.config.same),

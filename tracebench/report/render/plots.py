@@ -104,7 +104,10 @@ def over_time(report: Report) -> Figure:
         ax.set_ylim(bottom=0)
         _style(ax)
     step = report.series[0].time_edges[1] - report.series[0].time_edges[0]
-    axes[-1].set_xlabel(f"run clock (s since the run started; bins of {step:g} s, time-averaged)")
+    clock = "run clock"
+    if any(run.speed is not None for run in report.runs):
+        clock += ", simulated seconds for sped-up runs"
+    axes[-1].set_xlabel(f"{clock} (s since the run started; bins of {step:g} s, time-averaged)")
     axes[-1].set_xlim(left=0)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), frameon=False, fontsize=10)

@@ -2,7 +2,8 @@
 
 metric is `section.name` (`latency.total`, `throughput.requests_per_s`, `server.1`, ...); a delta against the
 baseline is the stat with a suffix: `p50.delta`, `p50.delta_pct`, `p50.ci95_low`, `p50.ci95_high`,
-`p50.significant` (1/0). A few descriptive lines (`run.status`, `balance.verdict`) carry text in `value`."""
+`p50.significant` (1/0). A few descriptive lines (`run.status`, `run.times`, `balance.verdict`) carry text in
+`value`. `run.speed` is the replay's --speed K (empty: real time); the times of such a run are simulated seconds."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def render_csv(report: Report) -> str:
         label = run.label
         out.writerow((label, "run", "status", run.status, ""))
         out.writerow((label, "run", "baseline", "1" if i == report.baseline else "0", ""))
+        out.writerow((label, "run", "speed", _num(run.speed), "x"))
+        times = "seconds (run clock)" if run.speed is None else f"simulated seconds (run clock x {run.speed:g})"
+        out.writerow((label, "run", "times", times, ""))
         out.writerow((label, "run", "records", run.records, "requests"))
         out.writerow((label, "run", "missing", run.missing, "requests"))
         out.writerow((label, "run", "kept", run.kept, "requests"))
