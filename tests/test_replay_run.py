@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -429,7 +430,9 @@ def test_policy_breaking_the_rules_stops_the_run(tmp_path: Path) -> None:
                      "--max-running-requests", "2", "--policy", f"{policy}:Greedy", "--run-name", "p",
                      "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 1
-    assert "policy 'greedy' assigned 3 requests to server 0, which had 2 free slot(s)" in result.stderr
+    # how many were queued when it first broke the cap depends on timing (2 free slots, or 1 with one in flight)
+    broke = re.search(r"policy 'greedy' assigned (\d+) requests to server 0, which had (\d+) free slot\(s\)", result.stderr)
+    assert broke and int(broke[1]) > int(broke[2]), result.stderr
     run, records = read_run(tmp_path / "p")
     check_every_request_once(records, 40)
     assert run["status"] == "failed" and run["error"].startswith("PolicyError: policy 'greedy'")
