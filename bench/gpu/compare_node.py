@@ -1,7 +1,7 @@
 """Issue 6, steps 1-2: tracebench's node-level runs next to sglang's own bench_serving on the same server and
 workload, and tracebench's client-side stamps against sglang's own.
 
-    python bench/gpu/compare_node.py RESULTS_DIR   (the folder node_level.sh filled: runs + bench_serving.jsonl)
+    python bench/gpu/compare_node.py RUN_DIR [RUN_DIR ...] --bench-serving FILE   (bench_serving's --output-file)
 
 Definitions are aligned to bench_serving's (.DUCUMENT/bench_serving.md): a request's E2E is send -> last byte
 (tracebench: t_finish - t_dispatch), TTFT is send -> first token (t_first_token - t_dispatch), TPOT is
@@ -64,27 +64,33 @@ def stamp_check(run: dict[str, np.ndarray]) -> str:
     ])
 
 
-def main(results: Path) -> None:
+def main(run_dirs: list[Path], bench_serving: Path | None) -> None:
     columns: dict[str, dict[str, float]] = {}
-    runs = {}
-    for name in ("launch-continuous", "attach-continuous", "attach-static8"):
-        if (results / name / "requests.jsonl").exists():
-            runs[name] = load_run(results / name)
-            columns[f"tracebench {name}"] = tracebench_summary(runs[name])
-    if (results / "bench_serving.jsonl").exists():
-        columns["sglang bench_serving"] = bench_serving_summary(results / "bench_serving.jsonl")
+    runs = {folder.name: load_run(folder) for folder in run_dirs}
+    for name, run in runs.items():
+        columns[f"tracebench {name}"] = tracebench_summary(run)
+    if bench_serving is not None:
+        columns["sglang bench_serving"] = bench_serving_summary(bench_serving)
     metrics = list(next(iter(columns.values())))
     print("| metric | " + " | ".join(columns) + " |")
     print("| --- |" + " --- |" * len(columns))
     for m in metrics:
         print(f"| {m} | " + " | ".join(f"{c[m]:.2f}" for c in columns.values()) + " |")
-    if "sglang bench_serving" in columns and "tracebench attach-continuous" in columns:
-        tb, bs = columns["tracebench attach-continuous"], columns["sglang bench_serving"]
-        print("\ntracebench attach-continuous vs bench_serving (same server): " + ", ".join(
-            f"{m} {100 * (tb[m] - bs[m]) / bs[m]:+.1f}%" for m in ("request_throughput", "e2e_p50_ms", "ttft_p50_ms", "tpot_p50_ms")))
+    if bench_serving is not None:
+        bs = columns["sglang bench_serving"]
+        for name in runs:
+            tb = columns[f"tracebench {name}"]
+            print(f"\ntracebench {name} vs bench_serving: " + ", ".join(
+                f"{m} {100 * (tb[m] - bs[m]) / bs[m]:+.1f}%" for m in ("request_throughput", "e2e_p50_ms", "ttft_p50_ms", "tpot_p50_ms")))
     for name, run in runs.items():
         print(f"\nStamps, {name}:\n{stamp_check(run)}")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    args = sys.argv[1:]
+    bench_file = None
+    if "--bench-serving" in args:
+        i = args.index("--bench-serving")
+        bench_file = Path(args[i + 1])
+        del args[i:i + 2]
+    main([Path(a) for a in args], bench_file)
