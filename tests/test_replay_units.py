@@ -130,7 +130,8 @@ def _cfg(**kw: object) -> ReplayConfig:
         ({"backend": "sim", "policy_options": (("a", "1"), ("a", "2"))}, "given twice"),
     ],
 )
-def test_contradictions_refused(options: dict[str, object], why: str) -> None:
+def test_contradictions_refused(options: dict[str, object], why: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRACEBENCH_MODEL", raising=False)
     with pytest.raises(ConfigError, match=why):
         _cfg(**options).resolve()
 
@@ -144,6 +145,21 @@ def test_resolve_fills_defaults() -> None:
     assert (cfg.backend, cfg.gpus) == ("attach", 2)
     cfg = _cfg(backend="sim", policy="sjf", sjf_key="input").resolve()
     assert dict(cfg.policy_options) == {"key": "input"}
+
+
+def test_sglang_model_and_server_args_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tracebench replay t.jsonl --gpus 4` works as the user wrote it once TRACEBENCH_MODEL is set; flags win."""
+    monkeypatch.setenv("TRACEBENCH_MODEL", "/models/llama-2-7b-hf")
+    monkeypatch.setenv("TRACEBENCH_SERVER_ARGS", "--load-format dummy")
+    cfg = _cfg(gpus=4).resolve()
+    assert (cfg.backend, cfg.model, cfg.server_args) == ("sglang", "/models/llama-2-7b-hf", ("--load-format dummy",))
+    cfg = _cfg(model="m", server_args=("--x 1",)).resolve()
+    assert (cfg.model, cfg.server_args) == ("m", ("--x 1",))
+    cfg = _cfg(backend="sim").resolve()  # the simulator takes neither
+    assert (cfg.model, cfg.server_args) == (None, ())
+    monkeypatch.delenv("TRACEBENCH_MODEL")
+    with pytest.raises(ConfigError, match="TRACEBENCH_MODEL"):
+        _cfg(gpus=4).resolve()
 
 
 def test_cli_refuses_before_anything_starts(tmp_path: Path) -> None:

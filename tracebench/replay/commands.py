@@ -60,12 +60,13 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "GET /caps. Printed at start. [default: a free port]")
 @click.option("--model", default=None, metavar="PATH",
               help="Model folder for --backend sglang (--model-path); its config.json gives the vocabulary size of "
-                   "the input ids (also usable with --attach).")
+                   "the input ids (also usable with --attach). [default for --backend sglang: $TRACEBENCH_MODEL]")
 @click.option("--vocab-size", type=int, default=None, metavar="V",
               help="Vocabulary size for --attach (input ids stay below it), or for the simulator (passed to it).")
 @click.option("--server-arg", "server_args", multiple=True, metavar="ARG",
               help='Extra argument(s) for each launched server, split like a shell (repeatable), e.g. '
-                   '--server-arg "--load-format dummy --attention-backend triton".')
+                   '--server-arg "--load-format dummy --attention-backend triton". [default for --backend sglang: '
+                   '$TRACEBENCH_SERVER_ARGS]')
 @click.option("--port-base", type=int, default=None, metavar="PORT",
               help="Launched server i listens on 127.0.0.1:PORT+i. [default: 30000]")
 @click.option("--speed", type=float, default=None, metavar="K",

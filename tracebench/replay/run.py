@@ -141,9 +141,17 @@ class ReplayConfig:
         backend = self.backend or "sglang"
         if backend not in ("sglang", "sim"):
             refuse(f"--backend must be sglang or sim, got {backend!r}")
+        model, server_args = self.model, self.server_args
         if backend == "sglang":
-            if self.model is None:
-                refuse("--backend sglang needs --model PATH (the model folder: sglang loads it, its config.json gives the vocabulary)")
+            # Set once per machine, so the plain `tracebench replay t.jsonl --gpus 4` works; run.json keeps the
+            # resolved values. Explicit flags win.
+            if model is None:
+                model = os.environ.get("TRACEBENCH_MODEL") or None
+            if not server_args and os.environ.get("TRACEBENCH_SERVER_ARGS"):
+                server_args = (os.environ["TRACEBENCH_SERVER_ARGS"],)
+            if model is None:
+                refuse("--backend sglang needs --model PATH or TRACEBENCH_MODEL (the model folder: sglang loads it, "
+                       "its config.json gives the vocabulary)")
             if self.speed is not None:
                 refuse("--speed is for --backend sim (a real GPU runs at its own speed)")
             if self.vocab_size is not None:
@@ -153,6 +161,8 @@ class ReplayConfig:
         return dataclasses.replace(
             cfg,
             backend=backend,
+            model=model,
+            server_args=server_args,
             gpus=self.gpus or 1,
             port_base=self.port_base if self.port_base is not None else 30000,
             startup_timeout=self.startup_timeout or STARTUP_TIMEOUT_S[backend],
