@@ -13,16 +13,19 @@ $(BIN)/tracebench: pyproject.toml
 
 venv: $(BIN)/tracebench
 
-# generate a Poisson trace -> replay it on a simulated 2-GPU cluster under two policies -> compare them.
+# generate a Poisson trace -> replay it on a simulated 2-GPU cluster (llama-2-7b on H200 profile, 4x faster than
+# real time, cap 8 per server so requests queue at the router) under two policies -> compare them.
+# Each run gets a fresh folder name (a run folder is never overwritten).
+DEMO_ID := $(shell date +%Y%m%d-%H%M%S)
 demo: venv
-	$(BIN)/tracebench generate --rate 16 --num-requests 400 --seed 0 -o traces/demo.jsonl
+	$(BIN)/tracebench generate --rate 20 --num-requests 400 --seed 0 -o traces/demo.jsonl
 	$(BIN)/tracebench inspect traces/demo.jsonl
-	$(BIN)/tracebench replay traces/demo.jsonl --backend sim --gpus 2 --speed 4 --max-running-requests 16 \
-		--policy round_robin --run-name demo-round_robin --quiet
-	$(BIN)/tracebench replay traces/demo.jsonl --backend sim --gpus 2 --speed 4 --max-running-requests 16 \
-		--policy sjf --run-name demo-sjf --quiet
-	$(BIN)/tracebench report demo-round_robin demo-sjf -o reports/demo-report.html --format html
-	$(BIN)/tracebench report demo-round_robin demo-sjf
+	$(BIN)/tracebench replay traces/demo.jsonl --backend sim --gpus 2 --speed 4 --max-running-requests 8 \
+		--policy round_robin --run-name demo-round_robin-$(DEMO_ID) --quiet
+	$(BIN)/tracebench replay traces/demo.jsonl --backend sim --gpus 2 --speed 4 --max-running-requests 8 \
+		--policy sjf --run-name demo-sjf-$(DEMO_ID) --quiet
+	$(BIN)/tracebench report demo-round_robin-$(DEMO_ID) demo-sjf-$(DEMO_ID) -o reports/demo-report.html
+	$(BIN)/tracebench report demo-round_robin-$(DEMO_ID) demo-sjf-$(DEMO_ID)
 
 test: venv
 	$(BIN)/python -m pytest -q
