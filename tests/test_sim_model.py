@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from conftest import SHARED
+from conftest import REPO, SHARED
 from tracebench.errors import ConfigError
-from tracebench.sim.fit import fit, profile_document
+from tracebench.sim.fit import DECODE_MEAN_CONTEXT, RoutingRun, fit, load_routing_runs, profile_document
 from tracebench.sim.model import (PROFILES_DIR, BatchModel, Limits, ReqState, SimRequest, load_profile, simulate,
                                   token_ids)
 
@@ -182,12 +182,18 @@ def test_token_ids_are_deterministic_and_in_vocab() -> None:
     assert all(0 <= t < 32000 for t in a) and len(set(a)) > 40
 
 
+ROUTING_RUNS = REPO / "reports" / "examples" / "h200x2-routing"
+
+
 def test_committed_profile_is_the_fit_of_the_calibration() -> None:
+    # the fit reads the sglang captures and the committed real routing runs (bench/fit_profile.py regenerates it)
     sglang = SHARED / "sglang-0.5.17"
     if not sglang.is_dir():
         pytest.skip(f"{sglang} not present")
+    runs = load_routing_runs(ROUTING_RUNS)
+    assert len(runs) >= 4 and all(len(run.records) >= 700 for run in runs)
     fitted = fit(json.loads((sglang / "calibration.json").read_text()),
-                 json.loads((sglang / "api_capture.json").read_text()), PROFILE.name)
+                 json.loads((sglang / "api_capture.json").read_text()), runs, PROFILE.name)
     committed = json.loads((PROFILES_DIR / f"{PROFILE.name}.json").read_text())
     regenerated = profile_document(fitted)
     for key, value in committed["params"].items():
@@ -195,6 +201,32 @@ def test_committed_profile_is_the_fit_of_the_calibration() -> None:
             assert regenerated["params"][key] == pytest.approx(value, rel=1e-9), key
         else:
             assert regenerated["params"][key] == value, key
+
+
+def test_fit_recovers_the_decode_cost_per_kv_token_from_a_routing_run() -> None:
+    # a server whose decode costs e = 0.3 us per KV token (twice the committed value), with the calibration's c and
+    # d + 576 e, serves mixed-length requests under a cap of 24; its stamps, fed to the fit as a routing run, must
+    # give back that e (the estimator sees only the stamps, like those of a real run)
+    sglang = SHARED / "sglang-0.5.17"
+    if not sglang.is_dir():
+        pytest.skip(f"{sglang} not present")
+    true_e = 3e-7
+    slope = PROFILE.decode_per_req_s + DECODE_MEAN_CONTEXT * PROFILE.decode_per_kv_token_s
+    server = dataclasses.replace(PROFILE, decode_per_kv_token_s=true_e, decode_per_req_s=slope - DECODE_MEAN_CONTEXT * true_e)
+    rng = np.random.default_rng(3)
+    arrivals = np.cumsum(rng.exponential(1 / 7.0, 500))
+    inputs = rng.integers(100, 3000, 500)
+    outputs = rng.integers(10, 400, 500)
+    outs = simulate(server, limits(max_running_requests=24), [(float(t), int(i), int(o)) for t, i, o in
+                                                              zip(arrivals, inputs, outputs)])
+    records = [{"server": 0, "input_len": o.input_len, "completion_tokens": o.output_len,
+                "server_forward_entry": o.t_forward_entry, "server_prefill_finished": o.t_first_token - server.output_s,
+                "server_finished": o.t_finished} for o in outs]
+    fitted = fit(json.loads((sglang / "calibration.json").read_text()),
+                 json.loads((sglang / "api_capture.json").read_text()), [RoutingRun("synthetic", "1 x sim", records)],
+                 PROFILE.name)
+    assert fitted.decode_per_kv_token_s == pytest.approx(true_e, rel=0.05)
+    assert fitted.decode_base_s == pytest.approx(PROFILE.decode_base_s, rel=1e-9)
 
 
 def test_fidelity_of_the_bench_serving_workload_on_the_virtual_clock() -> None:

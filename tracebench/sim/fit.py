@@ -1,22 +1,32 @@
 """Fit a sim-server timing profile to sglang measurements and print the error per calibration point.
 
-    python -m tracebench.sim.fit --sglang-dir ../shared/sglang-0.5.17 [--write tracebench/sim/profiles/NAME.json]
+    python -m tracebench.sim.fit --sglang-dir ../shared/sglang-0.5.17 \
+        --routing-runs reports/examples/h200x2-routing [--write tracebench/sim/profiles/NAME.json]
 
 Inputs (what real sglang 0.5.17 measured, see that folder's README):
 - calibration.json `prefill`: one request at a time, 1 output token; `prefill` = prefill_finished - forward_entry.
 - calibration.json `decode`: B concurrent streams of 512 in / 128 out; ITL, TTFT, e2e percentiles.
 - api_capture.json: single /generate answers, for the per-request stamps (received -> queued, -> dispatched).
+- the run folders of real routing runs (`--routing-runs`: a folder of run folders, every one of which was replayed on
+  real sglang; the committed ones are `reports/examples/h200x2-routing/`, two H200 servers, Azure conversation
+  lengths): their per-request sglang stamps, used for the decode cost per KV token `e` only.
 
 The model (see model.Profile):
 - prefill step = max(min, a + b * new_tokens + q * sum over requests of (end^2 - start^2)): short prompts are
   launch-bound (a floor), long ones compute-bound (linear GEMMs plus quadratic attention). `min` is the median of the
   short-prompt points (ilen <= 256); a, b, q are least squares (relative error) on the compute-bound points
   (ilen >= 1024).
-- decode step = c + d * batch + e * kv_tokens. In the calibration every request has a context of 512..640 tokens, so
-  batch and kv_tokens are collinear and the data cannot split d from e. We fix e from physics: each decode step reads
-  every cached token's K and V once, 2 * layers * hidden * 2 bytes = 512 KiB per token for llama-2-7b in fp16, at the
-  H200's 4.8 TB/s HBM bandwidth (a lower bound on attention's cost); c and d are then least squares (relative error)
-  on the ITL medians with kv_tokens = batch * 576 (the mean context over 128 decode steps of a 512-token prompt).
+- decode step = c + d * batch + e * kv_tokens. In the calibration every request has a context of 512..640 tokens
+  (mean 576 over the 128 decode steps), so batch and kv_tokens are collinear: the ITL medians pin c and the
+  per-request slope d + 576 e (least squares, relative error), not d and e apart. The routing runs split them: their
+  requests hold ~1,100 tokens of context each, at batch sizes 8..24. For each of their requests with at least
+  MIN_DECODE_TOKENS output tokens, on its server, the window prefill_finished -> finished holds (completion_tokens - 1)
+  decode steps plus the prefill steps of the batches that finished inside it; its mean decode step is (window - those
+  prefills, costed with the prefill fit above) / (completion_tokens - 1), at the window's mean batch size and mean KV
+  tokens (reconstructed exactly from every request's stamps on that server: a request decodes from its
+  prefill_finished to its finished stamp, holding input_len tokens plus its outputs so far, grown linearly). `e` is
+  the closed-form least squares (relative error, weighted by decode steps) of those means with c and d + 576 e held
+  to the calibration's values; d follows.
 - per-request overheads: received -> in the waiting queue and received -> dispatched from the capture's stamps;
   token sampled -> visible to HTTP = server_e2e - prefill - queue_time - (received -> queued) on the 1-token points;
   client overhead = client_e2e - server_e2e (medians).
@@ -27,21 +37,108 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
+from tracebench.errors import ConfigError, RunFolderError
 from tracebench.sim.model import Limits, Profile, resolve_max_running_requests, simulate
 
 LLAMA2_7B_KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # K and V, 32 layers, hidden 4096, fp16
 H200_HBM_BYTES_PER_S = 4.8e12
 DECODE_MEAN_CONTEXT = 512 + 64                    # 512-token prompt, mean over the 128 decode steps
 H200_MAX_TOTAL_NUM_TOKENS = 231818                # sglang's log and /server_info on the H200 (mem_fraction 0.904)
+MIN_DECODE_TOKENS = 16                            # shorter decode windows are dominated by their edges
+STAMPS = ("server_forward_entry", "server_prefill_finished", "server_finished", "completion_tokens", "input_len",
+          "server")
 
 
-def fit(calibration: dict, capture: dict, name: str) -> Profile:
-    """Fit the profile. Pure: takes the two JSON documents, returns the profile."""
+@dataclass(frozen=True)
+class RoutingRun:
+    """The ok requests of one real-sglang run folder (requests.jsonl records with every stamp the fit reads)."""
+
+    name: str
+    servers: str          # e.g. "2 x NVIDIA H200", from run.json
+    records: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class DecodeWindows:
+    """Per request of a routing run: decode steps in its window, mean measured decode step (s), mean batch, mean KV."""
+
+    steps: np.ndarray
+    step_s: np.ndarray
+    batch: np.ndarray
+    kv_tokens: np.ndarray
+
+
+def load_routing_runs(folder: Path) -> list[RoutingRun]:
+    """Every run folder under `folder` (sorted by name), each replayed on real sglang and completed."""
+    if not folder.is_dir():
+        raise ConfigError(f"--routing-runs {folder}: no such folder")
+    runs = []
+    for run_dir in sorted(p for p in folder.iterdir() if (p / "run.json").is_file()):
+        meta = json.loads((run_dir / "run.json").read_text())
+        if meta.get("backend") not in ("sglang", "attach") or meta.get("speed") is not None:
+            raise RunFolderError(str(run_dir / "run.json"), None, "backend",
+                                 f"{meta.get('backend')!r} (speed {meta.get('speed')}): the fit needs runs on real sglang")
+        if meta.get("status") != "completed":
+            raise RunFolderError(str(run_dir / "run.json"), None, "status", f"{meta.get('status')!r}, not completed")
+        records = []
+        path = run_dir / "requests.jsonl"
+        for line_no, line in enumerate(path.read_text().splitlines(), 1):
+            rec = json.loads(line)
+            if rec["status"] != "ok":
+                continue
+            for key in STAMPS:
+                if rec.get(key) is None:
+                    raise RunFolderError(str(path), line_no, key, "missing in an ok record (run without --enable-metrics?)")
+            records.append(rec)
+        accelerators = sorted({str(server.get("accelerator")) for server in meta["servers"]})
+        runs.append(RoutingRun(run_dir.name, f"{len(meta['servers'])} x {'/'.join(accelerators)}", records))
+    if not runs:
+        raise ConfigError(f"--routing-runs {folder}: no run folder (with run.json) in it")
+    return runs
+
+
+def decode_windows(run: RoutingRun, prefill_cost: Callable[[list[int]], float]) -> DecodeWindows:
+    """Each request's mean decode step over its decode window, with the window's mean batch size and KV tokens."""
+    steps, step_s, batch, kv = [], [], [], []
+    for server in sorted({r["server"] for r in run.records}):
+        mine = [r for r in run.records if r["server"] == server]
+        entry = np.array([r["server_forward_entry"] for r in mine])
+        start = np.array([r["server_prefill_finished"] for r in mine])
+        end = np.array([r["server_finished"] for r in mine])
+        out = np.array([r["completion_tokens"] for r in mine], dtype=float)
+        inp = np.array([r["input_len"] for r in mine], dtype=float)
+        # prefill batches: sglang stamps one forward_entry_time for every request of a batch
+        batches: dict[float, list[int]] = {}
+        for i, t in enumerate(entry):
+            batches.setdefault(float(t), []).append(i)
+        batch_end = np.array([start[b[0]] for b in batches.values()])
+        batch_cost = np.array([prefill_cost([int(inp[i]) for i in b]) for b in batches.values()])
+        # overlap of window i (rows) with request j's decoding (columns), and the KV tokens j holds there (integral)
+        lo = np.maximum(start[:, None], start[None, :])
+        hi = np.minimum(end[:, None], end[None, :])
+        overlap = np.clip(hi - lo, 0.0, None)
+        grow = out / (end - start)   # tokens per second while decoding
+        grown = np.where(overlap > 0, grow[None, :] * ((hi - start[None, :]) ** 2 - (lo - start[None, :]) ** 2) / 2, 0.0)
+        width = end - start
+        mean_batch = overlap.sum(axis=1) / width
+        mean_kv = (inp[None, :] * overlap + grown).sum(axis=1) / width
+        prefills = np.array([batch_cost[(batch_end > start[i]) & (batch_end <= end[i])].sum() for i in range(len(mine))])
+        keep = out >= MIN_DECODE_TOKENS
+        steps.append(out[keep] - 1)
+        step_s.append((width - prefills)[keep] / (out[keep] - 1))
+        batch.append(mean_batch[keep])
+        kv.append(mean_kv[keep])
+    return DecodeWindows(*(np.concatenate(x) for x in (steps, step_s, batch, kv)))
+
+
+def fit(calibration: dict, capture: dict, routing_runs: list[RoutingRun], name: str) -> Profile:
+    """Fit the profile. Pure: takes the two JSON documents and the routing runs' records, returns the profile."""
     prefill = calibration["prefill"]
     ilen = np.array([p["ilen"] for p in prefill], dtype=float)
     t_prefill = np.array([p["prefill"] for p in prefill], dtype=float)
@@ -52,13 +149,24 @@ def fit(calibration: dict, capture: dict, name: str) -> Profile:
     design = np.c_[np.ones(long_.sum()), ilen[long_], ilen[long_] ** 2] / t_prefill[long_, None]
     a, b, q = np.linalg.lstsq(design, np.ones(long_.sum()), rcond=None)[0]
 
+    def prefill_cost(ilens: list[int]) -> float:
+        return max(prefill_min, a + b * sum(ilens) + q * sum(n * n for n in ilens))
+
     decode = calibration["decode"]
     batch = np.array([d["batch"] for d in decode], dtype=float)
     itl = np.array([d["itl_p50_ms"] for d in decode], dtype=float) / 1e3
-    e = LLAMA2_7B_KV_BYTES_PER_TOKEN / H200_HBM_BYTES_PER_S
-    rest = itl - e * batch * DECODE_MEAN_CONTEXT
     design = np.c_[np.ones_like(batch), batch] / itl[:, None]
-    c, d = np.linalg.lstsq(design, rest / itl, rcond=None)[0]
+    c, slope = np.linalg.lstsq(design, np.ones_like(itl), rcond=None)[0]   # slope = d + DECODE_MEAN_CONTEXT * e
+    if not routing_runs:
+        raise ConfigError("the fit needs at least one routing run (decode at longer contexts) to split d from e")
+    w = [decode_windows(run, prefill_cost) for run in routing_runs]
+    steps, step_s, mean_batch, mean_kv = (np.concatenate([getattr(x, f) for x in w])
+                                          for f in ("steps", "step_s", "batch", "kv_tokens"))
+    # model / measured - 1 = (c + slope * B + e * (KV - 576 B)) / step - 1: linear in e
+    u = (mean_kv - DECODE_MEAN_CONTEXT * mean_batch) / step_s
+    v = (c + slope * mean_batch) / step_s - 1.0
+    e = float(-(steps * u * v).sum() / (steps * u * u).sum())
+    d = slope - DECODE_MEAN_CONTEXT * e
 
     singles = [json.loads(capture[k]["body"])["meta_info"] for k in ("generate_ids_nonstream", "generate_text_nonstream")]
     stream_last = capture["generate_stream_raw"]["last_lines"]
@@ -78,12 +186,15 @@ def fit(calibration: dict, capture: dict, name: str) -> Profile:
         max_total_num_tokens=H200_MAX_TOTAL_NUM_TOKENS, context_length=4096,
         chunked_prefill_size=8192, accelerator="NVIDIA H200",
         source="fitted by `python -m tracebench.sim.fit` to sglang 0.5.17 calibration.json and api_capture.json "
-               "(llama-2-7b-hf, dummy weights, triton attention, one H200)",
+               "(llama-2-7b-hf, dummy weights, triton attention, one H200) and, for the decode cost per KV token, the "
+               "per-request stamps of real routing runs ("
+               + ", ".join(f"{r.name}: {r.servers}" for r in routing_runs) + ")",
     )
 
 
-def report(profile: Profile, calibration: dict) -> list[str]:
-    """The fit's error at every calibration point: step level, and whole runs of the decode scenarios."""
+def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun]) -> list[str]:
+    """The fit's error at every calibration point: step level, and whole runs of the decode scenarios; and the mean
+    decode step of the routing runs, measured (as in the fit) and modelled, also with e at its physical lower bound."""
     lines = ["prefill (one request, server-side prefill time)", "  ilen   measured_ms  model_ms  error"]
     for p in calibration["prefill"]:
         model = profile.prefill_duration([(0, p["ilen"])])
@@ -102,6 +213,20 @@ def report(profile: Profile, calibration: dict) -> list[str]:
             f"  {b:5d}  {d['itl_p50_ms']:7.2f} {step * 1e3:7.2f} {step * 1e3 / d['itl_p50_ms'] - 1:+6.1%}"
             f"   {d['ttft_p50_ms']:8.1f} {ttft * 1e3:8.1f} {ttft * 1e3 / d['ttft_p50_ms'] - 1:+6.1%}"
             f"   {d['e2e_p50']:6.3f} {e2e:6.3f} {e2e / d['e2e_p50'] - 1:+6.1%}")
+    lines += ["decode in the routing runs (mean decode step over requests' windows, weighted by steps)",
+              f"  {'run':<22} {'requests':>8} {'batch':>6} {'kv/req':>7}  measured_ms  model_ms  error"
+              f"   (e = HBM bound {LLAMA2_7B_KV_BYTES_PER_TOKEN / H200_HBM_BYTES_PER_S * 1e6:.3f} us: model_ms  error)"]
+    e_bound = LLAMA2_7B_KV_BYTES_PER_TOKEN / H200_HBM_BYTES_PER_S
+    d_bound = profile.decode_per_req_s + DECODE_MEAN_CONTEXT * (profile.decode_per_kv_token_s - e_bound)
+    for run in routing_runs:
+        w = decode_windows(run, lambda ilens: profile.prefill_duration([(0, n) for n in ilens]))
+        measured = float(np.average(w.step_s, weights=w.steps))
+        model = float(np.average(profile.decode_base_s + profile.decode_per_req_s * w.batch
+                                 + profile.decode_per_kv_token_s * w.kv_tokens, weights=w.steps))
+        bound = float(np.average(profile.decode_base_s + d_bound * w.batch + e_bound * w.kv_tokens, weights=w.steps))
+        lines.append(f"  {run.name:<22} {w.steps.size:8d} {w.batch.mean():6.1f} {(w.kv_tokens / w.batch).mean():7.0f}"
+                     f"  {measured * 1e3:11.2f}  {model * 1e3:8.2f}  {model / measured - 1:+6.1%}"
+                     f"                             {bound * 1e3:8.2f}  {bound / measured - 1:+6.1%}")
     return lines
 
 
@@ -115,15 +240,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sglang-dir", type=Path, required=True,
                         help="folder with calibration.json and api_capture.json (../shared/sglang-0.5.17)")
+    parser.add_argument("--routing-runs", type=Path, required=True,
+                        help="folder of run folders replayed on real sglang (reports/examples/h200x2-routing)")
     parser.add_argument("--name", default="llama-2-7b-h200-triton")
     parser.add_argument("--write", type=Path, default=None, help="write the profile JSON here")
     opts = parser.parse_args(argv)
     calibration = json.loads((opts.sglang_dir / "calibration.json").read_text())
     capture = json.loads((opts.sglang_dir / "api_capture.json").read_text())
-    profile = fit(calibration, capture, opts.name)
+    routing_runs = load_routing_runs(opts.routing_runs)
+    profile = fit(calibration, capture, routing_runs, opts.name)
     doc = profile_document(profile)
     print(json.dumps(doc["params"], indent=2))
-    print("\n".join(report(profile, calibration)))
+    print("\n".join(report(profile, calibration, routing_runs)))
     if opts.write is not None:
         tmp = opts.write.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
