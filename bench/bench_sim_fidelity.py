@@ -1,6 +1,6 @@
 """Fidelity of the sim-server against real sglang 0.5.17 on sglang's own bench_serving run.
 
-The captured run (../shared/sglang-0.5.17/bench_serving.jsonl): Poisson 8 req/s, 400 requests, 512 in / 128 out,
+The captured run (tests/data/sglang-0.5.17/bench_serving.jsonl, a copy of the shared capture): Poisson 8 req/s, 400 requests, 512 in / 128 out,
 one H200, llama-2-7b-hf, triton attention. Acceptance: E2E p50 and TTFT p50 within 15% of real sglang.
 
     .venv/bin/python bench/bench_sim_fidelity.py                  # (a) virtual clock, then (b) HTTP at --speeds 4
@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from tracebench.sim.model import Limits, load_profile, resolve_max_running_requests, simulate  # noqa: E402
 
-BENCH_FILE = REPO.parent / "shared" / "sglang-0.5.17" / "bench_serving.jsonl"
+BENCH_FILE = REPO / "tests" / "data" / "sglang-0.5.17" / "bench_serving.jsonl"
 RATE, NUM, ILEN, OLEN = 8.0, 400, 512, 128
 
 

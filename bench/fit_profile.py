@@ -1,6 +1,6 @@
 """Regenerate the default sim-server profile from the sglang 0.5.17 measurements and print its error per point.
 
-Reads ../shared/sglang-0.5.17 (calibration.json, api_capture.json) and the committed real routing runs
+Reads tests/data/sglang-0.5.17 (calibration.json, api_capture.json: the shared captures, kept in the repo) and the committed real routing runs
 reports/examples/h200x2-routing/*/ (two H200s, Azure conversation lengths: the decode cost per KV token).
 
     .venv/bin/python bench/fit_profile.py            # writes tracebench/sim/profiles/llama-2-7b-h200-triton.json
@@ -22,5 +22,5 @@ from tracebench.sim.fit import main  # noqa: E402
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--no-write"]
     write = [] if "--no-write" in sys.argv[1:] else ["--write", str(REPO / "tracebench/sim/profiles/llama-2-7b-h200-triton.json")]
-    main(["--sglang-dir", str(REPO.parent / "shared" / "sglang-0.5.17"),
+    main(["--sglang-dir", str(REPO / "tests" / "data" / "sglang-0.5.17"),
           "--routing-runs", str(REPO / "reports" / "examples" / "h200x2-routing"), *write, *args])

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import REPO, SHARED
+from conftest import REPO, SGLANG_CAPTURES
 from tracebench.errors import ConfigError
 from tracebench.sim.fit import DECODE_MEAN_CONTEXT, RoutingRun, fit, load_routing_runs, profile_document
 from tracebench.sim.model import (PROFILES_DIR, BatchModel, Limits, ReqState, SimRequest, load_profile, simulate,
@@ -187,9 +187,7 @@ ROUTING_RUNS = REPO / "reports" / "examples" / "h200x2-routing"
 
 def test_committed_profile_is_the_fit_of_the_calibration() -> None:
     # the fit reads the sglang captures and the committed real routing runs (bench/fit_profile.py regenerates it)
-    sglang = SHARED / "sglang-0.5.17"
-    if not sglang.is_dir():
-        pytest.skip(f"{sglang} not present")
+    sglang = SGLANG_CAPTURES
     runs = load_routing_runs(ROUTING_RUNS)
     assert len(runs) >= 4 and all(len(run.records) >= 700 for run in runs)
     fitted = fit(json.loads((sglang / "calibration.json").read_text()),
@@ -207,9 +205,7 @@ def test_fit_recovers_the_decode_cost_per_kv_token_from_a_routing_run() -> None:
     # a server whose decode costs e = 0.3 us per KV token (twice the committed value), with the calibration's c and
     # d + 576 e, serves mixed-length requests under a cap of 24; its stamps, fed to the fit as a routing run, must
     # give back that e (the estimator sees only the stamps, like those of a real run)
-    sglang = SHARED / "sglang-0.5.17"
-    if not sglang.is_dir():
-        pytest.skip(f"{sglang} not present")
+    sglang = SGLANG_CAPTURES
     true_e = 3e-7
     slope = PROFILE.decode_per_req_s + DECODE_MEAN_CONTEXT * PROFILE.decode_per_kv_token_s
     server = dataclasses.replace(PROFILE, decode_per_kv_token_s=true_e, decode_per_req_s=slope - DECODE_MEAN_CONTEXT * true_e)

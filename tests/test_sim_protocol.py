@@ -1,4 +1,4 @@
-"""The sim-server's HTTP answers against what real sglang 0.5.17 answered (../shared/sglang-0.5.17/api_capture.json):
+"""The sim-server's HTTP answers against what real sglang 0.5.17 answered (tests/data/sglang-0.5.17/api_capture.json):
 same paths, status codes, content types, key sets (and key order of meta_info) and value types; not values.
 One real sim-server process for the module (started like the `sim_server` fixture does)."""
 
@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED, SimServer, free_port, tracebench_cmd, wait_healthy
+from conftest import SGLANG_CAPTURES, SimServer, free_port, tracebench_cmd, wait_healthy
 
-CAPTURE_DIR = SHARED / "sglang-0.5.17"
-pytestmark = pytest.mark.skipif(not CAPTURE_DIR.is_dir(), reason=f"{CAPTURE_DIR} not present")
+CAPTURE_DIR = SGLANG_CAPTURES
 
 
 def _capture() -> dict:
@@ -241,8 +240,6 @@ PROBE_DIR = Path(__file__).resolve().parents[1] / ".DUCUMENT" / "captures" / "h2
 
 
 def _probe(name: str) -> dict:
-    if not PROBE_DIR.is_dir():
-        pytest.skip(f"{PROBE_DIR} not present")
     part = "resultsA.json" if name.startswith("A_") else "resultsB.json"
     return json.loads((PROBE_DIR / part).read_text())[name]
 

@@ -14,7 +14,6 @@ import pytest
 from conftest import AZURE_CSV, run_cli
 from tracebench.trace.format import iter_requests, read_header
 
-pytestmark = pytest.mark.skipif(not AZURE_CSV.exists(), reason=f"{AZURE_CSV} not present")
 
 
 def _azure_rows() -> list[tuple[float, int, int]]:

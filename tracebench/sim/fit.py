@@ -1,6 +1,6 @@
 """Fit a sim-server timing profile to sglang measurements and print the error per calibration point.
 
-    python -m tracebench.sim.fit --sglang-dir ../shared/sglang-0.5.17 \
+    python -m tracebench.sim.fit --sglang-dir tests/data/sglang-0.5.17 \
         --routing-runs reports/examples/h200x2-routing [--write tracebench/sim/profiles/NAME.json]
 
 Inputs (what real sglang 0.5.17 measured, see that folder's README):
@@ -239,7 +239,7 @@ def profile_document(profile: Profile) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sglang-dir", type=Path, required=True,
-                        help="folder with calibration.json and api_capture.json (../shared/sglang-0.5.17)")
+                        help="folder with calibration.json and api_capture.json (tests/data/sglang-0.5.17)")
     parser.add_argument("--routing-runs", type=Path, required=True,
                         help="folder of run folders replayed on real sglang (reports/examples/h200x2-routing)")
     parser.add_argument("--name", default="llama-2-7b-h200-triton")
