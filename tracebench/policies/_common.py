@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from tracebench.policies.base import ServerView
+from tracebench.policies.base import Assignment, QueuedRequest, ServerView
 
 
 class SlotTally:
@@ -28,6 +28,28 @@ class SlotTally:
     def take(self, server: ServerView) -> None:
         self.free[server.index] -= 1
         self.in_flight[server.index] += 1
+
+
+Chooser = Callable[[list[ServerView], SlotTally], ServerView]
+
+
+def assign_in_order(requests: Iterable[QueuedRequest], servers: Sequence[ServerView], choose: Chooser) -> list[Assignment]:
+    """Hand out `requests` in the order given, each to `choose(open_servers, tally)`, until no server has a free
+    slot; the rest wait at the router. The loop every built-in shares: they differ only in the order and the choice."""
+    tally, picks = SlotTally(servers), []
+    for req in requests:
+        open_servers = tally.open_servers()
+        if not open_servers:
+            break  # the rest wait at the router
+        server = choose(open_servers, tally)
+        picks.append((req, server))
+        tally.take(server)
+    return picks
+
+
+def least_loaded(open_servers: list[ServerView], tally: SlotTally) -> ServerView:
+    """The open server with the fewest requests in flight (this call's picks counted); ties: lowest index."""
+    return min(open_servers, key=lambda s: (tally.in_flight[s.index], s.index))
 
 
 def parse_weight(raw: str) -> float:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tracebench.policies._common import SlotTally, parse_choice, parse_weight
+from tracebench.policies._common import SlotTally, assign_in_order, parse_choice, parse_weight
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 
 _LATENCY_STATS: dict[str, Callable[[ServerView], float | None]] = {
@@ -70,16 +70,11 @@ class ParamAwarePolicy(Policy):
         self.latency_stat = _LATENCY_STATS[self.option("latency", "p50", parse_choice(*_LATENCY_STATS))]
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
-        tally, picks = SlotTally(servers), []
-        for req in queue:  # oldest first
-            candidates = tally.open_servers()
-            if not candidates:
-                break  # the rest wait at the router
+        def cheapest(candidates: list[ServerView], tally: SlotTally) -> ServerView:
             costs = self.costs(candidates, tally.in_flight)
-            server = min(candidates, key=lambda s: (costs[s.index], tally.in_flight[s.index], s.index))
-            picks.append((req, server))
-            tally.take(server)
-        return picks
+            return min(candidates, key=lambda s: (costs[s.index], tally.in_flight[s.index], s.index))
+
+        return assign_in_order(queue, servers, cheapest)  # oldest first
 
     def costs(self, candidates: Sequence[ServerView], in_flight: dict[int, int]) -> dict[int, float]:
         """Cost per candidate server index (lower is better), as in the module docstring."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tracebench.policies._common import SlotTally
+from tracebench.policies._common import SlotTally, assign_in_order
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 
 
@@ -20,19 +20,13 @@ class PowerOfTwoPolicy(Policy):
     description = "draw two servers with a free slot (seeded), send to the one with fewer in flight (tie: reported load)"
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
-        tally, picks = SlotTally(servers), []
-        for req in queue:  # oldest first
-            open_servers = tally.open_servers()
-            if not open_servers:
-                break  # the rest wait at the router
-            if len(open_servers) == 1:
-                server = open_servers[0]
-            else:
-                first, second = self.rng.choice(len(open_servers), size=2, replace=False)
-                server = self._less_loaded(tally, open_servers[int(first)], open_servers[int(second)])
-            picks.append((req, server))
-            tally.take(server)
-        return picks
+        return assign_in_order(queue, servers, self._pick)  # oldest first
+
+    def _pick(self, open_servers: list[ServerView], tally: SlotTally) -> ServerView:
+        if len(open_servers) == 1:
+            return open_servers[0]
+        first, second = self.rng.choice(len(open_servers), size=2, replace=False)
+        return self._less_loaded(tally, open_servers[int(first)], open_servers[int(second)])
 
     @staticmethod
     def _less_loaded(tally: SlotTally, a: ServerView, b: ServerView) -> ServerView:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tracebench.policies._common import SlotTally
+from tracebench.policies._common import SlotTally, assign_in_order
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 
 
@@ -19,14 +19,10 @@ class RoundRobinPolicy(Policy):
         self._next_index = 0  # server index whose turn it is
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
-        tally, picks = SlotTally(servers), []
-        for req in queue:  # oldest first
-            open_servers = tally.open_servers()
-            if not open_servers:
-                break  # the rest wait at the router
-            # the first server at or after the one whose turn it is, wrapping around
-            server = min(open_servers, key=lambda s: (s.index < self._next_index, s.index))
-            picks.append((req, server))
-            tally.take(server)
-            self._next_index = server.index + 1  # past the last index: the min() above wraps to the lowest
-        return picks
+        return assign_in_order(queue, servers, self._next_in_turn)  # oldest first
+
+    def _next_in_turn(self, open_servers: list[ServerView], _: SlotTally) -> ServerView:
+        # the first open server at or after the one whose turn it is, wrapping around
+        server = min(open_servers, key=lambda s: (s.index < self._next_index, s.index))
+        self._next_index = server.index + 1  # past the last index: the min() above wraps to the lowest
+        return server

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tracebench.policies._common import SlotTally, parse_choice
+from tracebench.policies._common import assign_in_order, least_loaded, parse_choice
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 
 
@@ -25,10 +25,9 @@ class ShortestJobFirstPolicy(Policy):
         self.key = self.option("key", "output", parse_choice("output", "input"))
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
-        tally, picks = SlotTally(servers), []
-        total_free = sum(tally.free.values())
+        total_free = sum(s.free_slots for s in servers)
         if total_free == 0:
-            return picks  # everything waits at the router
+            return []  # everything waits at the router
         by_input = self.key == "input"
 
         def job_size(r: QueuedRequest) -> tuple[int, float, int]:
@@ -37,11 +36,4 @@ class ShortestJobFirstPolicy(Policy):
 
         # only the `total_free` shortest can go now; a long queue at the cap is not sorted in full on every call
         ordered = sorted(queue, key=job_size) if total_free >= len(queue) else heapq.nsmallest(total_free, queue, key=job_size)
-        for req in ordered:
-            open_servers = tally.open_servers()
-            if not open_servers:
-                break  # the rest wait at the router
-            server = min(open_servers, key=lambda s: (tally.in_flight[s.index], s.index))
-            picks.append((req, server))
-            tally.take(server)
-        return picks
+        return assign_in_order(ordered, servers, least_loaded)
