@@ -18,12 +18,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from importlib import resources
 
 import orjson
 from aiohttp import web
 
 from tracebench.sim.model import BatchModel, Limits, Profile, SimRequest, resolve_max_running_requests, token_ids
-from tracebench.sim.sglang_server_info import SERVER_INFO
 
 MODEL_NAME = "llama-2-7b-hf"
 SGLANG_VERSION = "0.5.17"
@@ -148,6 +148,11 @@ class SimServer:
 
     def __init__(self, args: SimArgs) -> None:
         self.args = args
+        # real sglang 0.5.17's /server_info (--skip-tokenizer-init, one H200): the keys the sim answers, with the
+        # values that reflect its own flags overwritten in server_info(). A verbatim copy of the capture
+        # tests/data/sglang-0.5.17/server_info_skip_tokenizer.json, shipped as package data.
+        captured = resources.files("tracebench.sim").joinpath("sglang_server_info.json")
+        self.captured_server_info = orjson.loads(captured.read_bytes())
         self.limits = Limits(
             max_running_requests=args.effective_max_running_requests,
             max_total_num_tokens=args.effective_max_total_num_tokens,
@@ -580,7 +585,7 @@ class SimServer:
 
     def server_info(self) -> dict:
         args = self.args
-        info = dict(SERVER_INFO)
+        info = dict(self.captured_server_info)
         overrides = {
             "model_path": MODEL_NAME, "tokenizer_path": MODEL_NAME, "served_model_name": MODEL_NAME,
             "host": args.host, "port": args.port,
@@ -597,7 +602,7 @@ class SimServer:
         info["status"] = "ready" if self.ready() else "starting"
         info["max_total_num_tokens"] = self.limits.max_total_num_tokens
         info["max_req_input_len"] = self.max_req_input_len
-        internal = dict(SERVER_INFO["internal_states"][0])
+        internal = dict(self.captured_server_info["internal_states"][0])
         internal.update(overrides)
         internal["last_gen_throughput"] = self.current_gen_throughput()
         internal["effective_max_running_requests_per_dp"] = self.limits.max_running_requests
