@@ -1,36 +1,56 @@
 #!/usr/bin/env bash
-# Issue 6, step 3, on two GPUs. Run from the repository root on the device; results: $OUT/routing.tgz
-# A trace derived from the Azure conversation trace (its lengths, Poisson arrivals at $RATE), replayed on two
-# llama-2-7b servers with a per-server router cap of $CAP:
-#   random (tracebench launches both servers itself: --backend sglang --gpus 2), then, on two servers started once
-#   and attached: round_robin, sjf, param_aware, and random with the cap lowered mid-run (30 s: 4 per server).
+# Routing level on GPUS GPUs (issue 6 on two, issue 11 on four). Run from the repository root on the device;
+# results: $OUT/routing-<GPUS>g.tgz
+#   random (tracebench launches the servers itself: --backend sglang --gpus $GPUS), then, on $GPUS servers started once
+#   and attached: each policy of $POLICIES, and (CAP_RUN=1) random with the cap lowered mid-run (15 s: 8 per server,
+#   30 s: back to $CAP).
+# The trace: TRACE=path (an existing trace), or one derived from the Azure conversation trace (its lengths, Poisson
+# arrivals at $RATE, $N requests).
+# Examples:
+#   GPUS=2 bash bench/gpu/routing.sh                                     # issue 6 (h200x2-routing)
+#   GPUS=4 TRACE=reports/examples/sim4-routing/azure4.jsonl POLICIES="round_robin sjf param_aware power_of_two" \
+#     CAP_RUN=0 bash bench/gpu/routing.sh                                # issue 11 (h200x4-routing)
 source bench/gpu/common.sh
-RATE=${RATE:-16}; N=${N:-720}; CAP=${CAP:-24}
-RES=$RES_ROOT/routing; mkdir -p "$RES"
-pack() { tar -czf "$PACK_TO/routing.tgz" -C "$RES_ROOT" routing; }  # after every run: a call cut short keeps what ran
+GPUS=${GPUS:-2}; RATE=${RATE:-16}; N=${N:-720}; CAP=${CAP:-24}; TRACE=${TRACE:-}
+POLICIES=${POLICIES:-"round_robin sjf param_aware"}; CAP_RUN=${CAP_RUN:-1}; PORT0=${PORT0:-30100}
+NAME=routing-${GPUS}g
+RES=$RES_ROOT/$NAME; mkdir -p "$RES"
+# after every run: a call cut short keeps what ran (server logs cut to their last 200 lines: size)
+pack() {
+  for log in $(find "$RES" -name '*.log'); do tail -n 200 "$log" > "$log.tail" && mv "$log.tail" "$log"; done
+  tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
+}
 trap 'pack; ls -la "$PACK_TO"' EXIT
-$TB generate --dataset .carry/AzureLLMInferenceTrace_conv.csv --rate "$RATE" --num-requests "$N" --seed 0 \
-  -o "$RES/azure.jsonl"
+if [ -n "$TRACE" ]; then
+  cp "$TRACE" "$RES/trace.jsonl"
+else
+  $TB generate --dataset tests/data/AzureLLMInferenceTrace_conv.csv --rate "$RATE" --num-requests "$N" --seed 0 \
+    -o "$RES/trace.jsonl"
+fi
 COMMON=(--max-running-requests "$CAP" --out-dir "$RES" --quiet)
 
+t0=$SECONDS
 if [ "${SIM:-0}" = 1 ]; then
-  $TB replay "$RES/azure.jsonl" --backend sim --gpus 2 --policy random --run-name random "${COMMON[@]}"
+  $TB replay "$RES/trace.jsonl" --backend sim --gpus "$GPUS" --policy random --run-name random "${COMMON[@]}"
 else
-  $TB replay "$RES/azure.jsonl" --backend sglang --gpus 2 --model "$MODEL" --server-arg "$SGL_ARGS" --policy random \
-    --run-name random "${COMMON[@]}"
+  $TB replay "$RES/trace.jsonl" --backend sglang --gpus "$GPUS" --model "$MODEL" --server-arg "$SGL_ARGS" \
+    --policy random --run-name random "${COMMON[@]}"
 fi
+echo "launched random run: $((SECONDS - t0)) s (server start-up included)"
 pack
 
-start_server 0 30100 "$RES/server-0.log"
-start_server 1 30101 "$RES/server-1.log"
-wait_healthy 30100 "$RES/server-0.log"
-wait_healthy 30101 "$RES/server-1.log"
-ATTACH=(--attach http://127.0.0.1:30100 --attach http://127.0.0.1:30101 --model "$MODEL")
-for policy in round_robin sjf param_aware; do
-  $TB replay "$RES/azure.jsonl" "${ATTACH[@]}" --policy $policy --run-name $policy "${COMMON[@]}"
+ATTACH=(--model "$MODEL")
+for ((i = 0; i < GPUS; i++)); do
+  start_server "$i" $((PORT0 + i)) "$RES/attached-server-$i.log"
+  ATTACH+=(--attach "http://127.0.0.1:$((PORT0 + i))")
+done
+for ((i = 0; i < GPUS; i++)); do wait_healthy $((PORT0 + i)) "$RES/attached-server-$i.log"; done
+for policy in $POLICIES; do
+  $TB replay "$RES/trace.jsonl" "${ATTACH[@]}" --policy "$policy" --run-name "$policy" "${COMMON[@]}"
   pack
 done
-$TB replay "$RES/azure.jsonl" "${ATTACH[@]}" --policy random --cap-schedule "15s:8,30s:24" --run-name random-cap8-15s-30s \
-  "${COMMON[@]}"
-stop_server "$RES/server-0.log"
-stop_server "$RES/server-1.log"
+if [ "$CAP_RUN" = 1 ]; then
+  $TB replay "$RES/trace.jsonl" "${ATTACH[@]}" --policy random --cap-schedule "15s:8,30s:$CAP" \
+    --run-name random-cap8-15s-30s "${COMMON[@]}"
+fi
+for ((i = 0; i < GPUS; i++)); do stop_server "$RES/attached-server-$i.log"; done
