@@ -159,8 +159,8 @@ def test_columnar_reader_matches_streaming_reader_on_valid_traces(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     trace = tmp_path / "t.jsonl"
     lines = [
-        '{"tracebench_trace":1,"num_requests":4,"duration_s":3}',
-        '{"id":-4,"arrival_s":0,"input_len":1,"output_len":1,"prefix_blocks":[1,2]}',
+        '{"tracebench_trace":1,"num_requests":4,"duration_s":3,"block_size":2}',
+        '{"id":-4,"arrival_s":0,"input_len":3,"output_len":1,"prefix_blocks":[1,2]}',
         '{"output_len":9,"input_len":8,"arrival_s":1.5e-3,"id":7}',
         '{"id":8,"arrival_s":1.5e-3,"input_len":9223372036854775807,"output_len":2}',
         '{"id":20,"arrival_s":3,"input_len":4,"output_len":5}',

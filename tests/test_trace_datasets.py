@@ -113,9 +113,8 @@ def test_mooncake_keep_timestamps_carries_prefix_blocks_and_drops_zero_rows(tmp_
     assert [(r.arrival_s, r.input_len, r.output_len) for r in requests] == [
         (0.0, 1200, 40), (0.0, 700, 12), (1.526, 2993, 7), (2.0, 300, 30)]
     # prefix blocks carried; the cut prompt (3000 - 7 = 2993 tokens) keeps only its ceil(2993 / 512) = 6 blocks
-    assert [r.extra for r in requests] == [
-        {"prefix_blocks": [0, 1, 2]}, {"prefix_blocks": [0, 3]}, {"prefix_blocks": [4, 5, 6, 7, 8, 9]},
-        {"prefix_blocks": [0]}]
+    assert [r.prefix_blocks for r in requests] == [(0, 1, 2), (0, 3), (4, 5, 6, 7, 8, 9), (0,)]
+    assert read_header(trace).block_size == 512
     source_info = read_header(trace).fields["source"]
     assert (source_info["format"], source_info["detected"], source_info["rows"],
             source_info["dropped_zero_tokens"]) == ("mooncake", True, 5, 1)

@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 
 from tracebench.errors import DatasetError
-from tracebench.trace.format import HEADER_KEY, iter_requests, sha256_file
+from tracebench.trace.format import HEADER_KEY, iter_requests, read_header, sha256_file
 
 DATASET_FORMATS = ("auto", "azure", "mooncake", "tracebench")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -52,6 +52,7 @@ class Dataset:
     output_len: np.ndarray
     line: np.ndarray
     extras: list[dict[str, Any] | None] | None
+    block_size: int | None = None  # tokens per prefix block, where rows carry prefix_blocks
 
     @property
     def usable_rows(self) -> int:
@@ -134,7 +135,7 @@ def _decode(path: Path, data: bytes) -> str:
 
 
 def _finish(path: Path, fmt: str, sha256: str, time_s: np.ndarray, input_len: np.ndarray, output_len: np.ndarray,
-            line: np.ndarray, extras: list[dict[str, Any] | None] | None) -> Dataset:
+            line: np.ndarray, extras: list[dict[str, Any] | None] | None, block_size: int | None = None) -> Dataset:
     rows = len(input_len)
     keep = (input_len > 0) & (output_len > 0)
     kept = np.flatnonzero(keep)
@@ -146,6 +147,7 @@ def _finish(path: Path, fmt: str, sha256: str, time_s: np.ndarray, input_len: np
         path=path, format=fmt, sha256=sha256, rows=rows, dropped_zero_tokens=rows - int(kept.size),
         time_s=times - times[0], input_len=input_len[kept], output_len=output_len[kept], line=line[kept],
         extras=None if extras is None else [extras[i] for i in kept.tolist()],
+        block_size=None if extras is None else block_size,
     )
 
 
@@ -261,6 +263,10 @@ def _load_mooncake(path: Path, data: bytes) -> Dataset:
             blocks = obj["hash_ids"]
             if not isinstance(blocks, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in blocks):
                 raise DatasetError(path, lineno, "hash_ids", f"must be a list of integers, got {blocks!r}"[:200])
+            want = -(-obj["input_length"] // MOONCAKE_BLOCK_TOKENS)
+            if len(blocks) != want:
+                raise DatasetError(path, lineno, "hash_ids", f"has {len(blocks)} ids; input_length {obj['input_length']} "
+                                   f"needs ceil({obj['input_length']}/{MOONCAKE_BLOCK_TOKENS}) = {want}")
             extra = {"prefix_blocks": blocks}
         times.append(float(stamp) / 1000.0)
         inputs.append(obj["input_length"])
@@ -268,7 +274,7 @@ def _load_mooncake(path: Path, data: bytes) -> Dataset:
         extras.append(extra)
     return _finish(path, "mooncake", _sha256(data), np.array(times, dtype=np.float64), np.array(inputs, dtype=np.int64),
                    np.array(outputs, dtype=np.int64), np.arange(1, len(times) + 1, dtype=np.int64),
-                   extras if any(e is not None for e in extras) else None)
+                   extras if any(e is not None for e in extras) else None, MOONCAKE_BLOCK_TOKENS)
 
 
 # ----------------------------------------------------------------------------------------------------- tracebench
@@ -283,7 +289,10 @@ def _load_tracebench(path: Path) -> Dataset:
         times.append(req.arrival_s)
         inputs.append(req.input_len)
         outputs.append(req.output_len)
-        extras.append(req.extra)
+        extra = dict(req.extra or {})
+        if req.prefix_blocks is not None:
+            extra["prefix_blocks"] = list(req.prefix_blocks)
+        extras.append(extra or None)
     return _finish(path, "tracebench", sha256_file(path), np.array(times, dtype=np.float64), np.array(inputs, dtype=np.int64),
                    np.array(outputs, dtype=np.int64), np.arange(2, len(times) + 2, dtype=np.int64),
-                   extras if any(e is not None for e in extras) else None)
+                   extras if any(e is not None for e in extras) else None, read_header(path).block_size)

@@ -21,27 +21,42 @@ from tracebench.errors import TraceError
 TRACE_VERSION = 1
 HEADER_KEY = "tracebench_trace"
 REQUIRED_FIELDS = ("id", "arrival_s", "input_len", "output_len")
+# Optional fields the reader validates and turns into TraceRequest attributes (anything else goes to `extra`).
+PREFIX_FIELD = "prefix_blocks"  # block ids of the prompt, block_size tokens each (header: block_size)
+AFTER_FIELD = "after"  # closed loop: released delay_s after the request with this id finished
+DELAY_FIELD = "delay_s"
+KNOWN_FIELDS = frozenset((*REQUIRED_FIELDS, PREFIX_FIELD, AFTER_FIELD, DELAY_FIELD))
 
 
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
-    """One request of a trace. `arrival_s` is seconds from trace start; `extra` holds optional importer fields."""
+    """One request of a trace. `arrival_s` is seconds from trace start.
+
+    `prefix_blocks`: the prompt as block ids, `block_size` tokens each (the header's), the last block possibly
+    partial; equal ids mean equal content, so requests whose leading ids agree share that prompt prefix.
+    `after` / `delay_s` (closed loop): the request is sent `delay_s` after request `after` finished; `arrival_s` is
+    then only the generator's open-loop estimate (docs/trace-format.md). `extra` holds other optional fields."""
 
     id: int
     arrival_s: float
     input_len: int
     output_len: int
     extra: dict[str, Any] | None = None
+    prefix_blocks: tuple[int, ...] | None = None
+    after: int | None = None
+    delay_s: float | None = None
 
 
 @dataclass(frozen=True)
 class TraceHeader:
-    """Line 1 of a trace. `fields` is the whole header object as written (generator arguments, source, ...)."""
+    """Line 1 of a trace. `fields` is the whole header object as written (generator arguments, source, ...).
+    `block_size`: tokens per prefix block (required when any request has `prefix_blocks`)."""
 
     version: int
     num_requests: int
     duration_s: float
     fields: dict[str, Any] = field(repr=False)
+    block_size: int | None = None
 
 
 # Ids and lengths are stored as 64-bit integers by the columnar reader (and by every consumer that uses numpy).
@@ -83,10 +98,25 @@ def _parse_header(path: Path, raw: bytes | None) -> TraceHeader:
     duration = obj.get("duration_s")
     if not _is_number(duration) or duration < 0:
         raise TraceError(path, 1, "duration_s", f"must be a number >= 0, got {duration!r}")
-    return TraceHeader(version=version, num_requests=num, duration_s=float(duration), fields=obj)
+    block_size = obj.get("block_size")
+    if block_size is not None and (not _is_int(block_size) or not 1 <= block_size <= MAX_INT):
+        raise TraceError(path, 1, "block_size", f"must be an integer >= 1 (tokens per prefix block), got {block_size!r}")
+    return TraceHeader(version=version, num_requests=num, duration_s=float(duration), fields=obj, block_size=block_size)
 
 
-def _parse_request(path: Path, lineno: int, obj: dict[str, Any], prev_id: int | None, prev_arrival: float) -> TraceRequest:
+class _Context:
+    """What validating a request needs from the lines before it: the header's block size and the ids seen (for a
+    closed-loop `after`, which must name an earlier request)."""
+
+    __slots__ = ("block_size", "ids")
+
+    def __init__(self, block_size: int | None) -> None:
+        self.block_size = block_size
+        self.ids: set[int] = set()
+
+
+def _parse_request(path: Path, lineno: int, obj: dict[str, Any], prev_id: int | None, prev_arrival: float,
+                   ctx: _Context) -> TraceRequest:
     for name in REQUIRED_FIELDS:
         if name not in obj:
             raise TraceError(path, lineno, name, "missing")
@@ -109,8 +139,40 @@ def _parse_request(path: Path, lineno: int, obj: dict[str, Any], prev_id: int | 
         raise TraceError(path, lineno, "output_len", f"must be an integer >= 1, got {olen!r}")
     if olen > MAX_INT:
         raise TraceError(path, lineno, "output_len", f"too large ({olen}); at most {MAX_INT}")
-    extra = {k: v for k, v in obj.items() if k not in REQUIRED_FIELDS} if len(obj) > 4 else None
-    return TraceRequest(id=rid, arrival_s=float(arrival), input_len=ilen, output_len=olen, extra=extra)
+    if len(obj) == 4:
+        ctx.ids.add(rid)
+        return TraceRequest(id=rid, arrival_s=float(arrival), input_len=ilen, output_len=olen)
+    blocks = _parse_blocks(path, lineno, obj.get(PREFIX_FIELD), ilen, ctx.block_size) if PREFIX_FIELD in obj else None
+    after = delay = None
+    if AFTER_FIELD in obj or DELAY_FIELD in obj:
+        after, delay = obj.get(AFTER_FIELD), obj.get(DELAY_FIELD)
+        if AFTER_FIELD not in obj:
+            raise TraceError(path, lineno, AFTER_FIELD, f"missing: '{DELAY_FIELD}' is only for a closed-loop request (after = an earlier id)")
+        if not _is_int(after):
+            raise TraceError(path, lineno, AFTER_FIELD, f"must be the integer id of an earlier request, got {after!r}")
+        if after not in ctx.ids:
+            raise TraceError(path, lineno, AFTER_FIELD, f"names request {after}, which is not an earlier line of this trace")
+        if DELAY_FIELD not in obj:
+            raise TraceError(path, lineno, DELAY_FIELD, f"missing: a closed-loop request (after {after}) needs the delay after it finished")
+        if not _is_number(delay) or delay < 0:
+            raise TraceError(path, lineno, DELAY_FIELD, f"must be a finite number >= 0 (seconds), got {delay!r}")
+        delay = float(delay)
+    extra = {k: v for k, v in obj.items() if k not in KNOWN_FIELDS} or None
+    ctx.ids.add(rid)
+    return TraceRequest(id=rid, arrival_s=float(arrival), input_len=ilen, output_len=olen, extra=extra,
+                        prefix_blocks=blocks, after=after, delay_s=delay)
+
+
+def _parse_blocks(path: Path, lineno: int, blocks: Any, input_len: int, block_size: int | None) -> tuple[int, ...]:
+    if block_size is None:
+        raise TraceError(path, lineno, PREFIX_FIELD, "the trace header (line 1) has no block_size: the tokens per block are unknown")
+    if not isinstance(blocks, list) or not all(_is_int(b) and abs(b) <= MAX_INT for b in blocks):
+        raise TraceError(path, lineno, PREFIX_FIELD, f"must be a list of integers (64-bit), got {str(blocks)[:80]}")
+    want = -(-input_len // block_size)
+    if len(blocks) != want:
+        raise TraceError(path, lineno, PREFIX_FIELD, f"has {len(blocks)} block(s); input_len {input_len} with block_size "
+                         f"{block_size} needs ceil({input_len}/{block_size}) = {want}")
+    return tuple(blocks)
 
 
 def read_header(path: str | os.PathLike[str]) -> TraceHeader:
@@ -126,11 +188,12 @@ def iter_requests(path: str | os.PathLike[str]) -> Iterator[TraceRequest]:
     path = Path(path)
     with _open(path) as fh:
         header = _parse_header(path, fh.readline() or None)
+        ctx = _Context(header.block_size)
         prev_id: int | None = None
         prev_arrival = 0.0
         count = 0
         for lineno, raw in enumerate(fh, start=2):
-            req = _parse_request(path, lineno, _parse_line(path, lineno, raw), prev_id, prev_arrival)
+            req = _parse_request(path, lineno, _parse_line(path, lineno, raw), prev_id, prev_arrival, ctx)
             prev_id, prev_arrival = req.id, req.arrival_s
             count += 1
             yield req
@@ -170,6 +233,7 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[TraceHeader, TraceColumn
     id_parts, arrival_parts, input_parts, output_parts = [], [], [], []
     with _open(path) as fh:
         header = _parse_header(path, fh.readline() or None)
+        ctx = _Context(header.block_size)
         prev_id: int | None = None
         prev_arrival = 0.0
         first_lineno = 2
@@ -180,8 +244,9 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[TraceHeader, TraceColumn
                 break
             try:
                 ids, arrivals, ilens, olens = _fast_columns(np, loads, lines, prev_id, prev_arrival)
+                ctx.ids.update(ids.tolist())
             except _NeedsExactCheck:
-                ids, arrivals, ilens, olens = _exact_columns(np, path, first_lineno, lines, prev_id, prev_arrival)
+                ids, arrivals, ilens, olens = _exact_columns(np, path, first_lineno, lines, prev_id, prev_arrival, ctx)
             id_parts.append(ids)
             arrival_parts.append(arrivals)
             input_parts.append(ilens)
@@ -213,6 +278,8 @@ def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, 
         raise _NeedsExactCheck from None
     if set(map(type, objs)) != {dict}:
         raise _NeedsExactCheck
+    if any(len(obj) != 4 and not KNOWN_FIELDS.isdisjoint(obj.keys() - REQUIRED_FIELDS) for obj in objs):
+        raise _NeedsExactCheck  # prefix blocks or closed-loop fields: the exact validator checks them
     try:
         ids = [obj["id"] for obj in objs]
         arrivals = [obj["arrival_s"] for obj in objs]
@@ -244,10 +311,10 @@ def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, 
 
 
 def _exact_columns(np: Any, path: Path, first_lineno: int, lines: list[bytes], prev_id: int | None,
-                   prev_arrival: float) -> tuple[Any, ...]:
+                   prev_arrival: float, ctx: _Context) -> tuple[Any, ...]:
     requests = []
     for lineno, raw in enumerate(lines, start=first_lineno):
-        req = _parse_request(path, lineno, _parse_line(path, lineno, raw), prev_id, prev_arrival)
+        req = _parse_request(path, lineno, _parse_line(path, lineno, raw), prev_id, prev_arrival, ctx)
         prev_id, prev_arrival = req.id, req.arrival_s
         requests.append(req)
     return (

@@ -20,7 +20,7 @@ import numpy as np
 from tracebench import __version__
 from tracebench.errors import ConfigError
 from tracebench.trace import arrivals as arrival_mod
-from tracebench.trace.datasets import DATASET_FORMATS, MOONCAKE_BLOCK_TOKENS, Dataset, load_dataset
+from tracebench.trace.datasets import DATASET_FORMATS, Dataset, load_dataset
 from tracebench.trace.format import format_request_line, format_request_lines, write_trace
 from tracebench.trace.lengths import LengthDistribution, clamp_to_context, make_distribution, sample_lengths
 
@@ -233,7 +233,7 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
 
     clamp = clamp_to_context(input_len, output_len, p.max_context)
     if extras is not None and clamp.input_cut:
-        extras = _cut_prefix_blocks(extras, clamp.input_cut_mask, clamp.input_len)
+        extras = _cut_prefix_blocks(extras, clamp.input_cut_mask, clamp.input_len, dataset.block_size)  # type: ignore[union-attr,arg-type]
 
     count = len(arrivals)
     duration_s = float("%.6f" % arrivals[-1])  # as written in the last line
@@ -248,6 +248,8 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
         "clamped_requests": clamp.clamped,
         "clamped_input_requests": clamp.input_cut,
     }
+    if extras is not None and any(e is not None and "prefix_blocks" in e for e in extras):
+        header["block_size"] = dataset.block_size  # type: ignore[union-attr]
     if dataset is not None:
         header["source"] = {
             "path": str(dataset.path), "format": dataset.format, "detected": p.dataset_format == "auto",
@@ -318,13 +320,13 @@ def _arrivals_info(p: _Plan) -> dict[str, Any]:
 
 
 def _cut_prefix_blocks(extras: list[dict[str, Any] | None], cut_mask: np.ndarray,
-                       input_len: np.ndarray) -> list[dict[str, Any] | None]:
+                       input_len: np.ndarray, block_size: int) -> list[dict[str, Any] | None]:
     """A prompt cut by the clamp keeps only the prefix blocks that still lie inside it."""
     out = list(extras)
     for i in np.flatnonzero(cut_mask).tolist():
         extra = out[i]
         if extra is not None and "prefix_blocks" in extra:
-            keep = -(-int(input_len[i]) // MOONCAKE_BLOCK_TOKENS)
+            keep = -(-int(input_len[i]) // block_size)
             out[i] = {**extra, "prefix_blocks": extra["prefix_blocks"][:keep]}
     return out
 
