@@ -159,6 +159,22 @@ class SglangClient:
         no generation, unlike /health)."""
         return await self._answers_200(f"{base_url}/model_info", timeout)
 
+    async def flush_cache(self, base_url: str, timeout: float) -> str | None:
+        """None when `POST /flush_cache` emptied the server's radix cache, else why not. sglang 0.5.17 answers 200 when
+        it flushed and 400 (same text) when requests were running or waiting, so nothing was flushed
+        (.DUCUMENT/radix-cache.md)."""
+        url = f"{base_url}/flush_cache"
+        try:
+            async with self.session.post(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                body = await resp.read()
+                if resp.status == 200:
+                    return None
+                return f"/flush_cache answered HTTP {resp.status} (not flushed: requests running or waiting there?): {_error_text(body)}"
+        except asyncio.TimeoutError:
+            return f"/flush_cache gave no answer within {timeout:g} s"
+        except (aiohttp.ClientError, ConnectionError) as err:
+            return f"/flush_cache: {type(err).__name__}: {err}"
+
     async def _answers_200(self, url: str, timeout: float) -> str | None:
         path = url[url.index("/", url.index("//") + 2):]
         try:

@@ -92,13 +92,17 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "reports); not divided by --speed.")
 @click.option("--startup-timeout", type=float, default=None, metavar="S",
               help="Seconds a launched server may take to answer /health 200. [default: 600 sglang, 30 sim]")
+@click.option("--flush-cache/--no-flush-cache", default=True, show_default=True,
+              help="Empty every server's prefix (radix) cache before the run starts (POST /flush_cache), so runs of "
+                   "one trace start from the same cache state. A server that refuses (sglang does while requests "
+                   "run or wait there) stops the run before it starts.")
 @click.option("--quiet", is_flag=True, default=False, help="No progress line on stderr.")
 def replay(trace: Path, policy: str, policy_opts: tuple[str, ...], gpus: int | None, backend: str | None,
            attach: tuple[str, ...], mode: str, batch_size: int | None, batch_timeout: float | None,
            max_running_requests: int | None, cap_schedule: str | None, control_port: int | None, model: str | None,
            vocab_size: int | None, server_args: tuple[str, ...], port_base: int | None, speed: float | None,
            run_name: str | None, out_dir: Path, timeout: float | None, stream: bool, seed: int, sjf_key: str | None,
-           poll_interval: float, startup_timeout: float | None, quiet: bool) -> None:
+           poll_interval: float, startup_timeout: float | None, flush_cache: bool, quiet: bool) -> None:
     """Replay TRACE against sglang servers (launched or attached) and record every request.
 
     \b
@@ -125,7 +129,7 @@ def replay(trace: Path, policy: str, policy_opts: tuple[str, ...], gpus: int | N
         max_running_requests=max_running_requests, cap_schedule=cap_schedule, control_port=control_port,
         model=model, vocab_size=vocab_size, server_args=server_args, port_base=port_base, speed=speed,
         run_name=run_name, out_dir=out_dir, timeout=timeout, stream=stream, seed=seed, sjf_key=sjf_key,
-        poll_interval=poll_interval, startup_timeout=startup_timeout, quiet=quiet,
+        poll_interval=poll_interval, startup_timeout=startup_timeout, flush_cache=flush_cache, quiet=quiet,
     )
     click.echo(run_replay(config))
 

@@ -4,6 +4,11 @@ The schedule is absolute: request i is released at run start + arrival_s / speed
 whole run is K times compressed), by sleeping until that moment on the run clock, never by sleeping the gap since
 the previous request (gaps would add up every wake-up delay: drift).
 Requests whose moment has passed are released at once, in order, so a late wake-up never reorders or drops them.
+
+Closed-loop requests (trace `after` = an earlier id, `delay_s`) are not on that schedule: such a request is released
+delay_s / speed after the request it follows finished (whatever its status: the next turn of a conversation comes
+whether or not the previous answer was good), and that moment is its t_arrival. The trace's own `arrival_s` of a
+closed-loop request is only the generator's open-loop estimate and is not used.
 """
 
 from __future__ import annotations
@@ -24,14 +29,25 @@ class Engine:
         self.clock = clock
         self.router = router
         self.speed = router.speed
-        self.next_index = 0  # requests[next_index:] are not released yet
+        self._open = [r for r in requests if r.after is None]  # released on the absolute schedule
+        self.next_index = 0  # self._open[next_index:] are not released yet
+        # closed loop: id of the request followed -> the requests that follow it
+        self._followers: dict[int, list[TraceRequest]] = {}
+        self._held: dict[int, TraceRequest] = {}  # closed-loop requests not released yet
+        for r in requests:
+            if r.after is not None:
+                self._followers.setdefault(r.after, []).append(r)
+                self._held[r.id] = r
+        self._schedule_done = False
+        if self._followers:
+            router.on_finished = self._finished
 
     async def run(self) -> None:
         now = self.clock.now
         release = self.router.release
         speed = self.speed
         burst = 0
-        for index, request in enumerate(self.requests):
+        for index, request in enumerate(self._open):
             due = run_seconds(request.arrival_s, speed)
             if now() < due:
                 burst = 0
@@ -44,8 +60,32 @@ class Engine:
                     await asyncio.sleep(0)
             release(request, due)
             self.next_index = index + 1
-        self.router.engine_finished()
+        self._schedule_done = True
+        self._maybe_done()
+
+    def _finished(self, request_id: int) -> None:
+        """The router wrote the record of `request_id`: its followers are released delay_s / speed from now."""
+        followers = self._followers.pop(request_id, None)
+        if followers is None:
+            return
+        t_done = self.clock.now()
+        loop = asyncio.get_running_loop()
+        for request in followers:
+            delay = run_seconds(request.delay_s, self.speed)  # type: ignore[arg-type]  # the reader requires delay_s
+            loop.call_later(delay, self.router.guarded, self._release_follower, request, t_done + delay)
+
+    def _release_follower(self, request: TraceRequest, due: float) -> None:
+        del self._held[request.id]
+        self.router.release(request, due)
+        self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        if self._schedule_done and not self._held:
+            self.router.engine_finished()
 
     @property
     def unreleased(self) -> Sequence[TraceRequest]:
-        return self.requests[self.next_index:]
+        """Every request not released yet, in trace order."""
+        rest = {r.id for r in self._open[self.next_index:]}
+        rest.update(self._held)
+        return [r for r in self.requests if r.id in rest]

@@ -30,6 +30,7 @@ class RequestRecord:
     error: str | None = None
     completion_tokens: int | None = None
     prompt_tokens: int | None = None  # as sglang counted them
+    cached_tokens: int | None = None  # prompt tokens sglang served from its radix (prefix) cache
     # sglang's meta_info, converted to the run clock (server_* stamps) or as reported (latencies, seconds)
     server_e2e_latency: float | None = None
     server_queue_time: float | None = None

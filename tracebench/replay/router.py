@@ -132,6 +132,7 @@ class Router:
         self._queue: list[QueuedRequest] = []  # the router queue, oldest first (what the policy sees)
         self._queued: dict[int, QueuedRequest] = {}
         self._pending: dict[int, RequestRecord] = {}  # released, record not written yet
+        self._prefix_blocks: dict[int, tuple[int, ...]] = {}  # released requests that have prefix blocks
         self._tasks: set[asyncio.Task[None]] = set()  # one _serve per dispatched request
         self._probes: set[asyncio.Task[None]] = set()
         self._assign_scheduled = False
@@ -146,6 +147,8 @@ class Router:
         self.cap_changes: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.failure: BaseException | None = None
+        # called with a request's id once its record is written (the engine releases closed-loop followers)
+        self.on_finished: Callable[[int], None] | None = None
         self.ended = asyncio.Event()  # every record written, or the run must stop (failure set)
         if total == 0:
             self.ended.set()
@@ -162,6 +165,8 @@ class Router:
         t_released = self.clock.now()
         rid = request.id
         self._pending[rid] = RequestRecord(rid, request.input_len, request.output_len, t_arrival, t_released)
+        if request.prefix_blocks is not None:
+            self._prefix_blocks[rid] = request.prefix_blocks
         queued = QueuedRequest(rid, request.input_len, request.output_len, t_arrival, t_released)
         self._queued[rid] = queued
         self._queue.append(queued)
@@ -171,7 +176,7 @@ class Router:
     def engine_finished(self) -> None:
         """Every request of the trace was released: partial static batches go now, once the assignment round
         already scheduled for the last arrivals has run (call_soon keeps that order)."""
-        self._loop.call_soon(self._guarded, self._after_last_release)
+        self._loop.call_soon(self.guarded, self._after_last_release)
 
     def _after_last_release(self) -> None:
         self._engine_done = True
@@ -255,7 +260,7 @@ class Router:
         # Coalesced: a burst of arrivals or completions in one loop iteration makes one call to the policy.
         if not self._assign_scheduled and not self._closing:
             self._assign_scheduled = True
-            self._loop.call_soon(self._guarded, self._assign_round)
+            self._loop.call_soon(self.guarded, self._assign_round)
 
     def _views(self, now: float) -> list[ServerView]:
         views = []
@@ -270,7 +275,7 @@ class Router:
             views.append(ServerView(s.index, s.url, s.state == "up", in_flight, cap, rate, p50, p90, ttft, reported))
         return views
 
-    def _guarded(self, callback: Callable[..., None], *args: Any) -> None:
+    def guarded(self, callback: Callable[..., None], *args: Any) -> None:
         """Runs a loop callback. A callback has no caller to raise to: an error in one stops the run."""
         try:
             callback(*args)
@@ -353,7 +358,7 @@ class Router:
                 self._dispatch(rec, server)
             server.batch_seq += 1
         elif deadline is not None and server.batch_timer is None:
-            server.batch_timer = self._loop.call_later(deadline - now, self._guarded, self._batch_deadline, server)
+            server.batch_timer = self._loop.call_later(deadline - now, self.guarded, self._batch_deadline, server)
 
     def _batch_deadline(self, server: ServerState) -> None:
         server.batch_timer = None
@@ -368,9 +373,11 @@ class Router:
         task.add_done_callback(self._task_done)
 
     def _body(self, rec: RequestRecord) -> bytes:
+        blocks = self._prefix_blocks.pop(rec.id, None)
+        ids = self.input_ids.ids(rec.id, rec.input_len) if blocks is None else self.input_ids.block_ids(blocks, rec.input_len)
         return orjson.dumps(
             {
-                "input_ids": self.input_ids.ids(rec.id, rec.input_len),
+                "input_ids": ids,
                 "sampling_params": {"max_new_tokens": rec.output_len, "ignore_eos": True, "temperature": 0},
                 "stream": self.client.stream,
             },
@@ -414,12 +421,13 @@ class Router:
         meta = answer.meta
         assert meta is not None
         url = server.generate_url
-        for key in ("completion_tokens", "prompt_tokens"):
+        for key in ("completion_tokens", "prompt_tokens", "cached_tokens"):
             value = meta.get(key)
             if not isinstance(value, int):
                 raise ServerProtocolError(f"{url}: meta_info.{key} missing or not an integer ({value!r}), request {rec.id}")
         rec.completion_tokens = meta["completion_tokens"]
         rec.prompt_tokens = meta["prompt_tokens"]
+        rec.cached_tokens = meta["cached_tokens"]
         e2e = meta.get("e2e_latency")
         if not isinstance(e2e, (int, float)):
             raise ServerProtocolError(f"{url}: meta_info.e2e_latency missing or not a number ({e2e!r}), request {rec.id}")
@@ -446,6 +454,8 @@ class Router:
             server.recent.append((rec.t_finish, rec.t_finish - rec.t_dispatch, ttft))
         if self._closing:
             return
+        if self.on_finished is not None:
+            self.on_finished(rec.id)
         self.policy.on_complete(rec.id, server.index, rec.status == "ok")
         if self.static and not server.in_flight:
             self._maybe_send_batch(server)

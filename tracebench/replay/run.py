@@ -74,6 +74,7 @@ class ReplayConfig:
     sjf_key: str | None = None
     poll_interval: float = 0.5
     startup_timeout: float | None = None
+    flush_cache: bool = True
     quiet: bool = False
 
     @property
@@ -293,6 +294,7 @@ class Replay:
             "batch_size": self.cfg.batch_size,
             "batch_timeout": self.cfg.batch_timeout,
             "stream": self.cfg.stream,
+            "flush_cache": self.cfg.flush_cache,
             "policy": self.policy.describe(),
             "seed": self.cfg.seed,
             "vocab_size": self.vocab,
@@ -408,7 +410,9 @@ class Replay:
             startup = cfg.startup_timeout if cfg.startup_timeout is not None else PROBE_TIMEOUT_S
             await self.fleet.wait_healthy(client, startup)
             await self._server_facts(client)
-            input_ids = InputIds(self.trace_sha, self.vocab)  # type: ignore[arg-type]
+            if cfg.flush_cache:
+                await self._flush_caches(client)
+            input_ids = InputIds(self.trace_sha, self.vocab, self.header.block_size)  # type: ignore[arg-type]
             states = [
                 ServerState(p.index, p.url, cfg.max_running_requests, require_stamps=self.enable_metrics[p.index],
                             launch_cap=self.server_info[p.index].get("max_running_requests"))
@@ -465,6 +469,16 @@ class Replay:
                 tty = self.stderr.isatty()
                 line = progress_line(self.router, self.t_end, self.router.finished / self.t_end)
                 self.stderr.write(("\r" if tty else "") + line + "\n")
+
+    async def _flush_caches(self, client: SglangClient) -> None:
+        """Empty every server's prefix cache before the clock starts, so runs of one trace start from the same cache
+        state (what a previous run or a warm-up left there would otherwise be hits of this one)."""
+        plans = self.fleet.plans
+        answers = await asyncio.gather(*(client.flush_cache(p.url, PROBE_TIMEOUT_S) for p in plans))
+        for plan, why in zip(plans, answers):
+            if why is not None:
+                raise ServerStartError(f"server {plan.index} ({plan.url}): {why}; an attached server must be idle "
+                                       "when the run starts, or give --no-flush-cache")
 
     def _side_done(self, task: asyncio.Task[Any]) -> None:
         # the engine, poller, cap schedule and progress line run beside the requests: an error in one stops the run
