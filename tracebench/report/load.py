@@ -24,7 +24,7 @@ RUN_FORMAT_VERSION = 1
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")
 REQUEST_STATUSES = ("ok", "error", "timeout", "cancelled")
 
-INT_FIELDS = ("id", "input_len", "output_len", "server", "batch", "completion_tokens", "prompt_tokens")
+INT_FIELDS = ("id", "input_len", "output_len", "server", "batch", "completion_tokens", "prompt_tokens", "cached_tokens")
 FLOAT_FIELDS = (
     "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
     "server_e2e_latency", "server_queue_time", "server_received", "server_forward_entry",

@@ -15,6 +15,11 @@
 - Deltas against the baseline: absolute and % of the baseline. For latency percentiles, a bootstrap 95% interval of
   the difference (percentile method, independent resamples of each run's requests, `--bootstrap` resamples); the
   difference is "significant" only when the interval excludes 0.
+- Prefix cache (runs whose records carry sglang's `cached_tokens`): hit rate = sum(cached_tokens) / sum(prompt_tokens)
+  over kept ok requests (token-weighted), per run and per server; prefill tokens computed = sum(prompt_tokens -
+  cached_tokens); a request "hits" when cached_tokens > 0 (TTFT is split by that). The hit-rate delta's 95% interval
+  is the delta method's for a ratio of sums (normal approximation, requests independent), fast at any run size. The
+  trace's ceiling (the reusable fraction of prompt tokens with one unbounded cache) comes from run.json.
 """
 
 from __future__ import annotations
@@ -46,7 +51,10 @@ LATENCY_METRICS: tuple[tuple[str, str, str], ...] = (
     ("ttft_dispatch", "TTFT from dispatch", "t_first_token - t_dispatch"),
     ("tpot", "TPOT", "(t_finish - t_first_token) / (completion_tokens - 1), requests with completion_tokens > 1"),
     ("release_lag", "release lag", "t_released - t_arrival"),
+    ("ttft_hit", "TTFT, prefix hit", "t_first_token - t_arrival, requests with cached_tokens > 0"),
+    ("ttft_miss", "TTFT, no prefix hit", "t_first_token - t_arrival, requests with cached_tokens == 0"),
 )
+CACHE_SPLIT_METRICS = ("ttft_hit", "ttft_miss")  # shown only when some run had a prefix hit
 LATENCY_LABELS = {key: label for key, label, _ in LATENCY_METRICS}
 
 # --slo keys -> latency metric
@@ -68,6 +76,8 @@ def latency_expr(key: str) -> pl.Expr:
         .then((c("t_finish") - c("t_first_token")) / (c("completion_tokens") - 1))
         .otherwise(None),
         "release_lag": c("t_released") - c("t_arrival"),
+        "ttft_hit": pl.when(c("cached_tokens") > 0).then(c("t_first_token") - c("t_arrival")).otherwise(None),
+        "ttft_miss": pl.when(c("cached_tokens") == 0).then(c("t_first_token") - c("t_arrival")).otherwise(None),
     }
     return exprs[key]
 
@@ -139,6 +149,8 @@ class ServerLoad:
     busy_s: float | None
     busy_fraction: float | None
     mean_in_flight: float | None
+    cache_hit_rate: float | None = None  # sum(cached_tokens) / sum(prompt_tokens) of its kept ok requests
+    prefill_tokens: int | None = None  # sum(prompt_tokens - cached_tokens): prompt tokens it computed
 
 
 @dataclass
@@ -325,6 +337,54 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
+def ratio_ci(run: tuple[np.ndarray, np.ndarray], base: tuple[np.ndarray, np.ndarray]) -> tuple[float, float] | None:
+    """95% interval of sum(num)/sum(den) of `run` minus that of `base` ((num, den) per request), by the delta method:
+    var(R) ~ var(num - R den) / (n mean(den)^2). None with < 2 requests or no denominator."""
+    z = 1.959963984540054  # two-sided 95% normal quantile
+    parts = []
+    for num, den in (run, base):
+        if num.size < 2 or den.sum() <= 0:
+            return None
+        ratio = num.sum() / den.sum()
+        resid = num - ratio * den
+        parts.append((ratio, resid.var(ddof=1) / (num.size * den.mean() ** 2)))
+    diff = parts[0][0] - parts[1][0]
+    half = z * math.sqrt(parts[0][1] + parts[1][1])
+    return float(diff - half), float(diff + half)
+
+
+@dataclass
+class CacheStats:
+    """The prefix cache as sglang reported it (records' cached_tokens), over kept ok requests."""
+
+    cached: np.ndarray  # cached_tokens per request
+    prompt: np.ndarray  # prompt_tokens per request
+    hit_rate: float | None
+    prefill_tokens: int
+    hit_requests: float | None  # fraction with cached_tokens > 0
+    ceiling: float | None  # the trace's reusable fraction with one unbounded cache (run.json), None when unknown
+
+
+def _cache_stats(run: Run, ok: pl.DataFrame) -> CacheStats | None:
+    """None when the run's records have no cached_tokens (recorded before tracebench kept it)."""
+    have = ok.filter(pl.col("cached_tokens").is_not_null())
+    if have.height == 0:
+        return None
+    if have.height != ok.height:
+        raise ConfigError(f"run '{run.label}': {ok.height - have.height} of {ok.height} ok records lack cached_tokens "
+                          "(a run folder mixes record versions?)")
+    cached = have["cached_tokens"].to_numpy().astype(np.float64)
+    prompt = have["prompt_tokens"].to_numpy().astype(np.float64)
+    prefix = run.meta["trace"].get("prefix")  # absent in run folders older than prefix support, null without blocks
+    return CacheStats(
+        cached=cached, prompt=prompt,
+        hit_rate=float(cached.sum() / prompt.sum()) if prompt.sum() > 0 else None,
+        prefill_tokens=int(prompt.sum() - cached.sum()),
+        hit_requests=float((cached > 0).mean()),
+        ceiling=None if prefix is None else float(prefix["reusable_fraction"]),
+    )
+
+
 # ------------------------------------------------------------------------------------------------ per run
 
 @dataclass
@@ -340,6 +400,7 @@ class _RunStats:
     slo: dict[str, float | None]
     servers: list[ServerLoad]
     balance: Balance
+    cache: CacheStats | None
 
 
 def _mark(status: str) -> str | None:
@@ -386,6 +447,12 @@ def _server_loads(run: Run, kept: pl.DataFrame, start: float | None, end: float 
             share=float(counts[index] / total) if total else None, busy_s=busy, busy_fraction=fraction,
             mean_in_flight=in_flight,
         ))
+    ok = kept.filter((pl.col("status") == "ok") & pl.col("cached_tokens").is_not_null())
+    if ok.height:
+        per_server = ok.group_by("server").agg(pl.col("cached_tokens").sum(), pl.col("prompt_tokens").sum())
+        for server, cached, prompt in per_server.iter_rows():
+            loads[server].cache_hit_rate = cached / prompt if prompt else None
+            loads[server].prefill_tokens = int(prompt - cached)
     if total == 0:
         balance = Balance("no dispatched request", None, None)
     elif run.num_servers == 1:
@@ -459,7 +526,8 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
         kept=kept.height, window_start=start, window_end=end, duration=duration, t_end=meta["t_end"],
         speed=run.speed,
     )
-    return _RunStats(summary, kept, ok, counts, throughput, latency, latency_n, sorted_latency, slo_out, loads, balance)
+    return _RunStats(summary, kept, ok, counts, throughput, latency, latency_n, sorted_latency, slo_out, loads, balance,
+                     _cache_stats(run, ok))
 
 
 # ------------------------------------------------------------------------------------------------ assembly
@@ -537,10 +605,13 @@ def build_report(
              [st.throughput["output_tokens_per_s"] for st in stats], baseline),
     ]))
 
+    any_hit = any(st.cache is not None and st.cache.hit_requests for st in stats)
     lat_rows: list[Row] = []
     for m_index, (key, label, _) in enumerate(LATENCY_METRICS):
         if all(st.latency_n[key] == 0 for st in stats):
             continue  # e.g. no first-token stamps in any run (not streamed): the metric does not exist here
+        if key in CACHE_SPLIT_METRICS and not any_hit:
+            continue  # no request hit the prefix cache anywhere: the split says nothing the TTFT rows do not
         for s_index, stat in enumerate(LATENCY_STATS):
             row = _row("latency", key, label, stat, "s", "lower", [st.latency[key][stat] for st in stats], baseline)
             if stat in PERCENTILES and bootstrap > 0:
@@ -563,6 +634,9 @@ def build_report(
             _row("slo", "goodput", "goodput", "value", "req/s", "higher", [st.slo["goodput"] for st in stats], baseline),
         ]))
 
+    if any(st.cache is not None for st in stats):
+        sections.append(_cache_section(stats, baseline))
+
     series = [_series(run, st) for run, st in zip(runs, stats)] if with_series else None
     if series is not None:
         _common_time_axis(series, runs, stats)
@@ -571,6 +645,33 @@ def build_report(
         sections=sections, servers=[st.servers for st in stats], balance=[st.balance for st in stats], slo=slo,
         warmup_s=warmup, bootstrap=bootstrap, seed=seed, warnings=warnings, series=series,
     )
+
+
+def _cache_section(stats: list[_RunStats], baseline: int) -> Section:
+    caches = [st.cache for st in stats]
+
+    def values(get: Any) -> list[float | None]:
+        return [None if c is None else get(c) for c in caches]
+
+    hit = _row("cache", "hit_rate", "prefix cache hit rate (tokens)", "value", "fraction", "higher",
+               values(lambda c: c.hit_rate), baseline)
+    base = caches[baseline]
+    for i, delta in enumerate(hit.deltas):
+        mine = caches[i]
+        if delta is not None and mine is not None and base is not None:
+            ci = ratio_ci((mine.cached, mine.prompt), (base.cached, base.prompt))
+            if ci is not None:
+                delta.ci_low, delta.ci_high = ci
+    rows = [
+        hit,
+        _row("cache", "hit_requests", "requests with a hit", "value", "fraction", "higher",
+             values(lambda c: c.hit_requests), baseline),
+        _row("cache", "prefill_tokens", "prompt tokens computed (prefill)", "count", "tokens", "lower",
+             values(lambda c: float(c.prefill_tokens)), baseline),
+        _row("cache", "ceiling", "trace ceiling (one unbounded cache)", "value", "fraction", None,
+             values(lambda c: c.ceiling), baseline),
+    ]
+    return Section("cache", "Prefix cache", rows)
 
 
 # ------------------------------------------------------------------------------------------------ plot series

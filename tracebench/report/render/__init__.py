@@ -52,7 +52,7 @@ def fmt_value(unit: str, value: float | None) -> str:
         return _latency_ms(value)
     if unit == "s":
         return _num(value, 2)
-    if unit == "requests":
+    if unit in ("requests", "tokens"):
         return _num(value, 0)
     if unit == "fraction":
         return f"{value * 100:.1f}%"
@@ -134,7 +134,7 @@ def _section_table(report: Report, title: str, rows: list[Row], with_stat: bool)
     previous = None
     for row in rows:
         name = row.label if row.metric != previous else ""
-        if not with_stat and row.unit not in ("requests",):
+        if not with_stat and row.unit not in ("requests", "tokens"):
             name = f"{row.label} ({unit_shown(row)})" if row.unit != "fraction" else row.label
         previous = row.metric
         cells = [Cell(name)] + ([Cell(row.stat)] if with_stat else [])
@@ -183,7 +183,9 @@ def _config_table(report: Report) -> Table:
 
 
 def _servers_table(report: Report) -> Table:
+    with_cache = any(load.cache_hit_rate is not None for loads in report.servers for load in loads)
     header = ["run", "server", "requests", "share", "busy (s)", "busy", "mean in-flight"]
+    header += ["cache hit rate", "prefill tokens"] if with_cache else []
     rows: list[list[Cell]] = []
     for i, loads in enumerate(report.servers):
         for j, load in enumerate(loads):
@@ -193,6 +195,9 @@ def _servers_table(report: Report) -> Table:
                 Cell("-" if load.busy_s is None else f"{load.busy_s:,.2f}"), Cell(fmt_value("fraction", load.busy_fraction)),
                 Cell("-" if load.mean_in_flight is None else f"{load.mean_in_flight:.2f}"),
             ])
+            if with_cache:
+                rows[-1] += [Cell(fmt_value("fraction", load.cache_hit_rate)),
+                             Cell(fmt_value("tokens", None if load.prefill_tokens is None else float(load.prefill_tokens)))]
     notes = []
     for i, bal in enumerate(report.balance):
         detail = ""
@@ -200,7 +205,7 @@ def _servers_table(report: Report) -> Table:
             ratio = "inf (a server got none)" if bal.max_min_ratio is None else f"{bal.max_min_ratio:.2f}"
             detail = f" (CV of request counts {bal.cv:.3f} {'<=' if bal.cv <= BALANCE_CV_MAX else '>'} {BALANCE_CV_MAX:.2f}; max/min {ratio})"
         notes.append(f"{report.runs[i].label}: {bal.verdict}{detail}")
-    return Table("Per server", header, rows, ["l", "l", "r", "r", "r", "r", "r"], notes)
+    return Table("Per server", header, rows, ["l", "l"] + ["r"] * (len(header) - 2), notes)
 
 
 def document(report: Report) -> Document:
@@ -224,6 +229,8 @@ def document(report: Report) -> Document:
     tables.append(_section_table(report, "Latency (ms)", by_key["latency"].rows, with_stat=True))
     if "slo" in by_key:
         tables.append(_section_table(report, by_key["slo"].title, by_key["slo"].rows, with_stat=False))
+    if "cache" in by_key:
+        tables.append(_section_table(report, by_key["cache"].title, by_key["cache"].rows, with_stat=False))
     tables.append(_servers_table(report))
     title = "tracebench report: " + " vs ".join(run.label for run in report.runs)
     return Document(title, lines, report.warnings, tables)

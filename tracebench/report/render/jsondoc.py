@@ -14,7 +14,7 @@ REPORT_FORMAT_VERSION = 1
 
 def _value(unit: str, value: float | None) -> float | int | None:
     """Counts are whole numbers: written as integers."""
-    return int(value) if unit == "requests" and value is not None else value
+    return int(value) if unit in ("requests", "tokens") and value is not None else value
 
 
 def report_dict(report: Report) -> dict[str, Any]:

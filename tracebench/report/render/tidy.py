@@ -18,7 +18,7 @@ HEADER = ("run", "metric", "stat", "value", "unit")
 def _num(value: float | None, unit: str = "") -> str:
     if value is None:
         return ""
-    return str(int(value)) if unit == "requests" else repr(float(value))
+    return str(int(value)) if unit in ("requests", "tokens") else repr(float(value))
 
 
 def render_csv(report: Report) -> str:
@@ -57,6 +57,9 @@ def render_csv(report: Report) -> str:
             out.writerow((label, metric, "busy_s", _num(load.busy_s), "s"))
             out.writerow((label, metric, "busy_fraction", _num(load.busy_fraction), "fraction"))
             out.writerow((label, metric, "mean_in_flight", _num(load.mean_in_flight), "requests (time-average)"))
+            if load.cache_hit_rate is not None:
+                out.writerow((label, metric, "cache_hit_rate", _num(load.cache_hit_rate), "fraction"))
+                out.writerow((label, metric, "prefill_tokens", load.prefill_tokens, "tokens"))
         bal = report.balance[i]
         out.writerow((label, "balance", "verdict", bal.verdict, ""))
         out.writerow((label, "balance", "cv", _num(bal.cv), ""))
