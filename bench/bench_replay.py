@@ -3,10 +3,13 @@ rates, against simulated sglang servers on this machine; prints the figures and 
 under 5 ms (the goal: 1,000 req/s).
 
     .venv/bin/python bench/bench_replay.py [--rates 100,250,500,1000,2000,3000,4000] [--seconds 5] [--servers 2]
+    .venv/bin/python bench/bench_replay.py --rates 1000 --prefix     # a shared-prefix trace (block tokens)
 
 Each rate is one `tracebench replay --attach ...` run (a real process, as a user runs it) of a Poisson trace with
 short requests (input 32-128 tokens, output 1-4), so the servers are not the bottleneck: the simulators run at
---speed 50. Everything shares this machine's CPUs: the figures are for the machine they were taken on.
+--speed 50. With --prefix, every prompt is 8 blocks of 64 tokens (512 tokens): the first 4 one of 8 shared "system
+prompts", the rest its own, so the replay builds every prompt from its blocks. Everything shares this machine's CPUs:
+the figures are for the machine they were taken on.
 """
 
 from __future__ import annotations
@@ -54,13 +57,30 @@ def start_sim(speed: float, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit(f"sim-server did not start: {log.read_text()[-2000:]}")
 
 
-def make_trace(path: Path, rate: float, seconds: float, seed: int) -> int:
+PREFIX_BLOCK = 64
+PREFIX_BLOCKS = 8
+PREFIX_SHARED = 4
+PREFIX_GROUPS = 8
+
+
+def make_trace(path: Path, rate: float, seconds: float, seed: int, prefix: bool) -> int:
     rng = np.random.default_rng(seed)
     n = int(rate * seconds)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
-    lines = [format_request_line(i, float(arrivals[i]), int(rng.integers(32, 128)), int(rng.integers(1, 5)))
-             for i in range(n)]
-    write_trace(path, {"num_requests": n, "duration_s": float(arrivals[-1])}, lines)
+    header: dict[str, object] = {"num_requests": n, "duration_s": float(arrivals[-1])}
+    if not prefix:
+        lines = [format_request_line(i, float(arrivals[i]), int(rng.integers(32, 128)), int(rng.integers(1, 5)))
+                 for i in range(n)]
+    else:
+        header["block_size"] = PREFIX_BLOCK
+        lines = []
+        for i in range(n):
+            group = int(rng.integers(PREFIX_GROUPS))
+            blocks = [group * 100 + k for k in range(PREFIX_SHARED)]
+            blocks += [10_000 + i * PREFIX_BLOCKS + k for k in range(PREFIX_BLOCKS - PREFIX_SHARED)]
+            lines.append(format_request_line(i, float(arrivals[i]), PREFIX_BLOCK * PREFIX_BLOCKS,
+                                             int(rng.integers(1, 5)), {"prefix_blocks": blocks}))
+    write_trace(path, header, lines)
     return n
 
 
@@ -70,19 +90,21 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--speed", type=float, default=50.0)
+    parser.add_argument("--prefix", action="store_true", help="a shared-prefix trace (prompts made of blocks)")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-replay-"))
     sims = [start_sim(args.speed, work / f"sim-{i}.log") for i in range(args.servers)]
     print(f"machine: {os.cpu_count()} CPUs; {args.servers} sim-server(s) at --speed {args.speed:g}; "
-          f"{args.seconds:g} s of Poisson arrivals per rate; run folders in {work}")
+          f"{args.seconds:g} s of Poisson arrivals per rate{' (shared-prefix trace)' if args.prefix else ''}; "
+          f"run folders in {work}")
     print(f"{'rate':>7} {'requests':>8} {'lag p50 ms':>10} {'lag p99 ms':>10} {'lag max ms':>10} "
           f"{'done/s':>8} {'ok':>6} {'not ok':>6}")
     best = None
     try:
         for rate in rates:
             trace = work / f"trace-{rate:g}.jsonl"
-            n = make_trace(trace, rate, args.seconds, seed=int(rate))
+            n = make_trace(trace, rate, args.seconds, seed=int(rate), prefix=args.prefix)
             attach = [a for _, url in sims for a in ("--attach", url)]
             name = f"rate-{rate:g}"
             result = subprocess.run(
