@@ -70,7 +70,7 @@ class ParamAwarePolicy(Policy):
         self.latency_stat = _LATENCY_STATS[self.option("latency", "p50", parse_choice(*_LATENCY_STATS))]
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
-        def cheapest(candidates: list[ServerView], tally: SlotTally) -> ServerView:
+        def cheapest(_: QueuedRequest, candidates: list[ServerView], tally: SlotTally) -> ServerView:
             costs = self.costs(candidates, tally.in_flight)
             return min(candidates, key=lambda s: (costs[s.index], tally.in_flight[s.index], s.index))
 
