@@ -24,8 +24,8 @@ is "used" when a request is inserted along it. `eviction_interval_secs=0` turns 
 router): the trees then grow without bound.
 
 Where it differs from sglang router's, on purpose:
-- it matches block ids, weighted in tokens, not the request's characters (sglang's tree holds raw text; for
-  `input_ids` requests it has no text, so every request is a miss there — see docs/policies.md);
+- it matches block ids, weighted in tokens, not characters (sglang's tree holds the request's text — for a
+  `/generate` with `input_ids`, the ids written out in decimal and joined by spaces — and its ratio is in characters);
 - `max_tree_size` counts tokens per server (sglang: characters per worker); the default is kept (67108864);
 - a server at its cap is not a candidate: the longest match is taken among open servers (sglang has no per-server
   cap); a request never waits for a particular server while another has a free slot;
