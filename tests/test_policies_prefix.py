@@ -3,6 +3,7 @@ the block tree under `cache_aware`, and QueuedRequest's prefix fields."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +16,12 @@ from tracebench.errors import ConfigError, PolicyError
 from tracebench.policies import Policy, QueuedRequest, ServerView
 from tracebench.policies.cache_aware import BlockTree, CacheAwarePolicy
 from tracebench.policies.prefix_hash import PrefixHashPolicy
-from tracebench.trace.format import format_request_line, write_trace
+from tracebench.replay.client import SglangClient
+from tracebench.replay.clock import RunClock
+from tracebench.replay.records import RecordWriter
+from tracebench.replay.router import Router, ServerState
+from tracebench.replay.tokens import InputIds
+from tracebench.trace.format import TraceRequest, format_request_line, write_trace
 
 BS = 4  # tokens per block in these tests
 
@@ -382,3 +388,53 @@ def test_replay_prefix_hash_sends_each_first_block_to_its_ring_server(tmp_path: 
     expected = {g: {route(ring, req(g, group_prefix(g) + [1]), idle)} for g in range(4)}
     assert set().union(*expected.values()) == {0, 1}  # the groups do not all hash to one server
     assert servers_by_group(records) == expected
+
+
+class _Recorder(Policy):
+    """Everything to the lowest-index server with a free slot; remembers each queue it was shown."""
+
+    name = "recorder"
+
+    def __init__(self, rng: np.random.Generator, options: dict[str, str] | None = None) -> None:
+        super().__init__(rng, options)
+        self.seen: list[list[tuple[int, tuple[int, ...] | None, int | None]]] = []
+
+    def assign(self, queue, servers):  # type: ignore[no-untyped-def]
+        self.seen.append([(q.id, q.prefix_blocks, q.block_size) for q in queue])
+        free = {s.index: s.free_slots for s in servers}
+        picks = []
+        for q in queue:
+            target = next((s for s in servers if free[s.index] > 0), None)
+            if target is None:
+                break
+            picks.append((q, target))
+            free[target.index] -= 1
+        return picks
+
+
+def test_router_fills_the_prefix_fields_also_for_a_static_batch_put_back(tmp_path: Path) -> None:
+    """release() gives the policy each request's blocks and the trace's block_size; when a server goes down with a
+    static batch still forming, its requests go back to the queue with them."""
+    policy = _Recorder(np.random.default_rng(0))
+    requests = [TraceRequest(0, 0.0, 20, 2, prefix_blocks=(7, 8, 9)), TraceRequest(1, 0.0, 8, 2)]
+
+    async def main() -> None:
+        async def down(index: int) -> str:
+            return "gone"
+
+        client, writer = SglangClient(None, True), RecordWriter(tmp_path / "requests.jsonl")
+        router = Router(clock=RunClock(), servers=[ServerState(i, f"http://127.0.0.1:{9 + i}", None, True) for i in range(2)],
+                        policy=policy, client=client, writer=writer, input_ids=InputIds("0f" * 32, 32000),
+                        total=len(requests), health_check=down, batch_size=4, block_size=8)
+        for request in requests:
+            router.release(request, 0.0)
+        await asyncio.sleep(0.01)  # assigned to server 0: a batch of 2 of 4 forms there (nothing is sent)
+        router.suspect(0, "connection lost")
+        await asyncio.sleep(0.01)  # found down: the batch goes back to the queue, then to server 1
+        await router.close([], "cancelled", "test over")
+        writer.close()
+        await client.close()
+
+    asyncio.run(main())
+    expected = [(0, (7, 8, 9), 8), (1, None, 8)]
+    assert policy.seen == [expected, expected]
