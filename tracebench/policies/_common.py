@@ -57,14 +57,6 @@ def least_loaded(_: QueuedRequest, open_servers: list[ServerView], tally: SlotTa
     return min(open_servers, key=lambda s: (tally.in_flight[s.index], s.index))
 
 
-def parse_weight(raw: str) -> float:
-    """A finite, non-negative float."""
-    value = float(raw)
-    if not (value >= 0.0 and value != float("inf")):
-        raise ValueError("expected a finite number >= 0")
-    return value
-
-
 def parse_choice(*choices: str) -> Callable[[str], str]:
     """A parser accepting exactly one of `choices`."""
 
@@ -78,7 +70,7 @@ def parse_choice(*choices: str) -> Callable[[str], str]:
 
 def parse_bounded(kind: Callable[[str], N], low: N, high: N | None = None) -> Callable[[str], N]:
     """A parser for a finite `kind` (int or float) within [low, high] (no upper bound when `high` is None)."""
-    expected = f"expected {'an integer' if kind is int else 'a number'} " + (f">= {low}" if high is None else f"in [{low}, {high}]")
+    expected = f"expected {'an integer' if kind is int else 'a finite number'} " + (f">= {low}" if high is None else f"in [{low}, {high}]")
 
     def parse(raw: str) -> N:
         value = kind(raw)
