@@ -102,6 +102,8 @@ def test_cache_aware_follows_the_longest_match() -> None:
     # the longest match wins over a shorter one elsewhere: [1, 2, 4] is on 0 now, only [1] would not be enough
     policy.trees[2].insert([1, 2], [4, 4])
     assert route(policy, req(5, [1, 2, 4, 4]), busy) == 0
+    assert policy.decisions == {"cache_hit": 3, "cache_miss": 3, "imbalanced": 0, "no_blocks": 0}
+    assert policy.describe()["tree_tokens"] == {"0": 20, "1": 16, "2": 20}
 
 
 def test_cache_aware_threshold_is_strict_and_an_option() -> None:
@@ -291,6 +293,9 @@ def test_prefix_hash_is_consistent_and_full_servers_pass_to_the_next_on_the_ring
             assert moved == home or home == gone
             assert route(policy, req(first, [first]), full) == moved
             assert route(policy, req(first, [first]), unhealthy) == moved
+    # each of the 300 keys was routed twice (full, unhealthy) with each server gone: away from its home once per
+    # copy when that server was its home, at home the other three times
+    assert policy.describe()["decisions"] == {"home": 300 + 2 * 3 * 300, "next_on_ring": 2 * 300, "no_blocks": 0}
 
 
 def test_prefix_hash_ring_uses_indices_not_urls_and_is_seed_independent() -> None:
@@ -379,10 +384,15 @@ def test_replay_cache_aware_keeps_each_prefix_group_on_one_server(tmp_path: Path
     # leaders: each a miss, to the least loaded server (0, 1, 0, 1); followers: 48/64 tokens match, loads stay
     # balanced (far below 64 apart), so each follows its leader
     assert servers_by_group(records) == {0: {0}, 1: {1}, 2: {0}, 3: {1}}
+    # run.json at the end: 4 misses (the leaders), 24 hits; each server holds two groups' 3 shared blocks plus one
+    # block of each of their 7 requests: 2 × (48 + 7 × 16) tokens
+    assert run["policy"]["decisions"] == {"cache_hit": 24, "cache_miss": 4, "imbalanced": 0, "no_blocks": 0}
+    assert run["policy"]["tree_tokens"] == {"0": 320, "1": 320}
 
 
 def test_replay_prefix_hash_sends_each_first_block_to_its_ring_server(tmp_path: Path, group_trace: Path) -> None:
-    records, _ = replay(tmp_path, group_trace, "prefix_hash", "--policy", "prefix_hash")
+    records, run = replay(tmp_path, group_trace, "prefix_hash", "--policy", "prefix_hash")
+    assert run["policy"]["decisions"] == {"home": 28, "next_on_ring": 0, "no_blocks": 0}
     ring = make("prefix_hash")
     idle = [server(0), server(1)]
     expected = {g: {route(ring, req(g, group_prefix(g) + [1]), idle)} for g in range(4)}

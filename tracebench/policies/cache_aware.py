@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -146,6 +147,9 @@ class CacheAwarePolicy(Policy):
         self.eviction_interval = self.option("eviction_interval_secs", 60.0, parse_bounded(float, 0.0))
         self.trees: dict[int, BlockTree] = {}  # server index -> what was sent there
         self._next_eviction = self.eviction_interval
+        # how each request was routed (run.json policy.decisions): a match above the threshold, a miss, the balance
+        # check taking over, no blocks
+        self.decisions = {"cache_hit": 0, "cache_miss": 0, "imbalanced": 0, "no_blocks": 0}
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
         if self.eviction_interval > 0 and self.now >= self._next_eviction:
@@ -157,20 +161,30 @@ class CacheAwarePolicy(Policy):
     def choose(self, req: QueuedRequest, open_servers: list[ServerView], tally: SlotTally) -> ServerView:
         """The server for `req` among `open_servers`, recorded in that server's tree."""
         if req.prefix_blocks is None:
+            self.decisions["no_blocks"] += 1
             return least_loaded(req, open_servers, tally)
         tokens = block_tokens(req)
         if self.imbalanced(tally):
+            self.decisions["imbalanced"] += 1
             chosen = least_loaded(req, open_servers, tally)
         else:
             matches = {s.index: self.tree(s.index).match(req.prefix_blocks, tokens) for s in open_servers}
             best = max(matches.values())
             if best / req.input_len > self.cache_threshold:
+                self.decisions["cache_hit"] += 1
                 chosen = min((s for s in open_servers if matches[s.index] == best),
                              key=lambda s: (tally.in_flight[s.index], s.index))
             else:
+                self.decisions["cache_miss"] += 1
                 chosen = least_loaded(req, open_servers, tally)
         self.tree(chosen.index).insert(req.prefix_blocks, tokens)
         return chosen
+
+    def describe(self) -> dict[str, Any]:
+        """The base record, plus `decisions` (counts per branch) and `tree_tokens` (each server's tree size, in
+        tokens, by server index)."""
+        return {**super().describe(), "decisions": dict(self.decisions),
+                "tree_tokens": {str(index): self.trees[index].size for index in sorted(self.trees)}}
 
     def imbalanced(self, tally: SlotTally) -> bool:
         loads = [tally.in_flight[s.index] for s in tally.servers if s.healthy]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from bisect import bisect_right
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,9 @@ class PrefixHashPolicy(Policy):
         self._ring_for: tuple[int, ...] = ()  # the server indices the ring was built for
         self._points: list[int] = []  # ring positions, ascending
         self._owners: list[int] = []  # server index at each position
+        # how each request was routed (run.json policy.decisions): its ring server, a later one (that one had no free
+        # slot), no blocks
+        self.decisions = {"home": 0, "next_on_ring": 0, "no_blocks": 0}
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
         indices = tuple(s.index for s in servers)
@@ -67,11 +71,18 @@ class PrefixHashPolicy(Policy):
 
     def choose(self, req: QueuedRequest, open_servers: list[ServerView], tally: SlotTally) -> ServerView:
         if not req.prefix_blocks:
+            self.decisions["no_blocks"] += 1
             return least_loaded(req, open_servers, tally)
         by_index = {s.index: s for s in open_servers}
         start, size = self.home(req.prefix_blocks), len(self._owners)
         for step in range(size):  # clockwise from the key to the first server with a free slot
-            server = by_index.get(self._owners[(start + step) % size])
+            owner = self._owners[(start + step) % size]
+            server = by_index.get(owner)
             if server is not None:
+                self.decisions["home" if owner == self._owners[start] else "next_on_ring"] += 1
                 return server
         raise AssertionError("an open server is always on the ring")
+
+    def describe(self) -> dict[str, Any]:
+        """The base record, plus `decisions` (counts per branch)."""
+        return {**super().describe(), "decisions": dict(self.decisions)}
