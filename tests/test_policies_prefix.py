@@ -106,6 +106,17 @@ def test_cache_aware_follows_the_longest_match() -> None:
     assert policy.describe()["tree_tokens"] == {"0": 20, "1": 16, "2": 20}
 
 
+def test_cache_aware_sends_sequential_requests_all_to_the_first_server() -> None:
+    """What sglang's router did with 24 sequential requests from 4 prefixes (../shared/sglang-router-0.3.2/): with
+    nothing in flight, every miss goes to the first of the equally loaded servers and every hit follows it there."""
+    policy = make("cache_aware")
+    idle = [server(0), server(1)]
+    prefixes = [[10 * p + k for k in range(3)] for p in range(4)]
+    chosen = [route(policy, req(i, prefixes[i % 4] + [1000 + i]), idle) for i in range(24)]
+    assert chosen == [0] * 24
+    assert policy.decisions == {"cache_hit": 20, "cache_miss": 4, "imbalanced": 0, "no_blocks": 0}
+
+
 def test_cache_aware_threshold_is_strict_and_an_option() -> None:
     # 10 blocks of which 3 are cached: ratio exactly 0.3 is a miss (sglang: match_rate > cache_threshold)
     cached, fresh = list(range(10)), [0, 1, 2] + list(range(100, 107))
