@@ -459,3 +459,10 @@ def test_router_fills_the_prefix_fields_also_for_a_static_batch_put_back(tmp_pat
     asyncio.run(main())
     expected = [(0, (7, 8, 9), 8), (1, None, 8)]
     assert policy.seen == [expected, expected]
+
+
+def test_replay_runs_the_sticky_example_from_its_file(tmp_path: Path, group_trace: Path) -> None:
+    records, run = replay(tmp_path, group_trace, "sticky", "--policy", "example_sticky_prefix")
+    assert run["policy"]["file"].endswith("policies/example_sticky_prefix.py")
+    # the leaders go to the least loaded server in turn (0, 1, 0, 1); every follower to its leader's server
+    assert servers_by_group(records) == {0: {0}, 1: {1}, 2: {0}, 3: {1}}
