@@ -48,7 +48,7 @@ def load(spec: str, policies_dir: Path, **options: str) -> Policy:
 
 def test_builtin_names(tmp_path: Path) -> None:
     names = list(builtin_policies())
-    assert names == ["random", "round_robin", "least_outstanding", "sjf", "power_of_two", "param_aware"]
+    assert names == ["random", "round_robin", "least_outstanding", "sjf", "power_of_two", "param_aware", "cache_aware", "prefix_hash"]
     for name in names:
         policy = load(name, tmp_path / "policies")
         assert type(policy) is builtin_policies()[name] and policy.name == name

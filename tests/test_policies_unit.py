@@ -72,7 +72,8 @@ def run_single(policy: Policy, servers: list[ServerView], n: int) -> list[int]:
     return chosen
 
 
-ALL = sorted(builtin_policies()) + ["policies/example_least_loaded.py:LeastLoaded"]
+ALL = sorted(builtin_policies()) + ["policies/example_least_loaded.py:LeastLoaded",
+                                    "policies/example_sticky_prefix.py:StickyFirstBlock"]
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -185,7 +185,7 @@ def test_policies_command_lists_builtins() -> None:
     result = run_cli("policies")
     assert result.returncode == 0, result.stderr
     names = [line.split()[0] for line in result.stdout.splitlines() if line and not line.startswith(" ")]
-    assert names == ["random", "round_robin", "least_outstanding", "sjf", "power_of_two", "param_aware"]
+    assert names == ["random", "round_robin", "least_outstanding", "sjf", "power_of_two", "param_aware", "cache_aware", "prefix_hash"]
 
 
 def test_a_release_after_close_is_not_recorded_twice(tmp_path: Path) -> None:

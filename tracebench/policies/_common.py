@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 from tracebench.policies.base import Assignment, QueuedRequest, ServerView
+
+N = TypeVar("N", int, float)
 
 
 class SlotTally:
@@ -30,34 +34,27 @@ class SlotTally:
         self.in_flight[server.index] += 1
 
 
-Chooser = Callable[[list[ServerView], SlotTally], ServerView]
+Chooser = Callable[[QueuedRequest, list[ServerView], SlotTally], ServerView]
 
 
 def assign_in_order(requests: Iterable[QueuedRequest], servers: Sequence[ServerView], choose: Chooser) -> list[Assignment]:
-    """Hand out `requests` in the order given, each to `choose(open_servers, tally)`, until no server has a free
-    slot; the rest wait at the router. The loop every built-in shares: they differ only in the order and the choice."""
+    """Hand out `requests` in the order given, each to `choose(request, open_servers, tally)`, until no server has a
+    free slot; the rest wait at the router. The loop every built-in shares: they differ only in the order and the
+    choice."""
     tally, picks = SlotTally(servers), []
     for req in requests:
         open_servers = tally.open_servers()
         if not open_servers:
             break  # the rest wait at the router
-        server = choose(open_servers, tally)
+        server = choose(req, open_servers, tally)
         picks.append((req, server))
         tally.take(server)
     return picks
 
 
-def least_loaded(open_servers: list[ServerView], tally: SlotTally) -> ServerView:
+def least_loaded(_: QueuedRequest, open_servers: list[ServerView], tally: SlotTally) -> ServerView:
     """The open server with the fewest requests in flight (this call's picks counted); ties: lowest index."""
     return min(open_servers, key=lambda s: (tally.in_flight[s.index], s.index))
-
-
-def parse_weight(raw: str) -> float:
-    """A finite, non-negative float."""
-    value = float(raw)
-    if not (value >= 0.0 and value != float("inf")):
-        raise ValueError("expected a finite number >= 0")
-    return value
 
 
 def parse_choice(*choices: str) -> Callable[[str], str]:
@@ -67,5 +64,18 @@ def parse_choice(*choices: str) -> Callable[[str], str]:
         if raw not in choices:
             raise ValueError(f"expected one of {', '.join(choices)}")
         return raw
+
+    return parse
+
+
+def parse_bounded(kind: Callable[[str], N], low: N, high: N | None = None) -> Callable[[str], N]:
+    """A parser for a finite `kind` (int or float) within [low, high] (no upper bound when `high` is None)."""
+    expected = f"expected {'an integer' if kind is int else 'a finite number'} " + (f">= {low}" if high is None else f"in [{low}, {high}]")
+
+    def parse(raw: str) -> N:
+        value = kind(raw)
+        if not (math.isfinite(value) and value >= low and (high is None or value <= high)):
+            raise ValueError(expected)
+        return value
 
     return parse

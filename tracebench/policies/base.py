@@ -40,13 +40,21 @@ UNCAPPED = 1 << 30  # the cap a server has when none was set
 @dataclass(frozen=True, slots=True)
 class QueuedRequest:
     """A request waiting in the router queue (made once, when it enters). Time waited so far:
-    `policy.now - req.t_released`."""
+    `policy.now - req.t_released`.
+
+    `prefix_blocks`: the prompt as the trace's block ids (None when the trace gives none for it), `block_size`
+    tokens each except possibly the last, which holds `input_len - (len(prefix_blocks) - 1) * block_size` tokens.
+    Two requests whose first k block ids agree send the same first k blocks of tokens, so a server that served one
+    may hold those tokens in its prefix cache. `block_size` is the trace header's (None when the trace has none).
+    Both come last, with defaults, so positional construction of the first five fields keeps working."""
 
     id: int
     input_len: int
     output_len: int
     t_arrival: float  # scheduled arrival, seconds since run start
     t_released: float  # when it entered the router queue
+    prefix_blocks: tuple[int, ...] | None = None  # the prompt's block ids (trace `prefix_blocks`)
+    block_size: int | None = None  # tokens per block (trace header `block_size`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tracebench.policies._common import SlotTally, assign_in_order, parse_choice, parse_weight
+from tracebench.policies._common import SlotTally, assign_in_order, parse_bounded, parse_choice
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 
 _LATENCY_STATS: dict[str, Callable[[ServerView], float | None]] = {
@@ -61,6 +61,7 @@ class ParamAwarePolicy(Policy):
 
     def __init__(self, rng: np.random.Generator, options: dict[str, str] | None = None) -> None:
         super().__init__(rng, options)
+        parse_weight = parse_bounded(float, 0.0)  # finite, >= 0
         self.w_in_flight = self.option("w_in_flight", 1.0, parse_weight)
         self.w_running = self.option("w_running", 0.5, parse_weight)
         self.w_waiting = self.option("w_waiting", 1.0, parse_weight)
@@ -70,7 +71,7 @@ class ParamAwarePolicy(Policy):
         self.latency_stat = _LATENCY_STATS[self.option("latency", "p50", parse_choice(*_LATENCY_STATS))]
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
-        def cheapest(candidates: list[ServerView], tally: SlotTally) -> ServerView:
+        def cheapest(_: QueuedRequest, candidates: list[ServerView], tally: SlotTally) -> ServerView:
             costs = self.costs(candidates, tally.in_flight)
             return min(candidates, key=lambda s: (costs[s.index], tally.in_flight[s.index], s.index))
 

@@ -22,7 +22,7 @@ class PowerOfTwoPolicy(Policy):
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
         return assign_in_order(queue, servers, self._pick)  # oldest first
 
-    def _pick(self, open_servers: list[ServerView], tally: SlotTally) -> ServerView:
+    def _pick(self, _: QueuedRequest, open_servers: list[ServerView], tally: SlotTally) -> ServerView:
         if len(open_servers) == 1:
             return open_servers[0]
         first, second = self.rng.choice(len(open_servers), size=2, replace=False)

@@ -13,4 +13,4 @@ class RandomPolicy(Policy):
     description = "each request to a server drawn uniformly (seeded) among those with a free slot"
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
-        return assign_in_order(queue, servers, lambda open_servers, _: open_servers[int(self.rng.integers(len(open_servers)))])
+        return assign_in_order(queue, servers, lambda _, open_servers, __: open_servers[int(self.rng.integers(len(open_servers)))])

@@ -15,9 +15,11 @@ import numpy as np
 
 from tracebench.errors import PolicyLoadError
 from tracebench.policies.base import Policy
+from tracebench.policies.cache_aware import CacheAwarePolicy
 from tracebench.policies.least_outstanding import LeastOutstandingPolicy
 from tracebench.policies.param_aware import ParamAwarePolicy
 from tracebench.policies.power_of_two import PowerOfTwoPolicy
+from tracebench.policies.prefix_hash import PrefixHashPolicy
 from tracebench.policies.random_policy import RandomPolicy
 from tracebench.policies.round_robin import RoundRobinPolicy
 from tracebench.policies.sjf import ShortestJobFirstPolicy
@@ -29,6 +31,8 @@ _BUILTINS: tuple[type[Policy], ...] = (
     ShortestJobFirstPolicy,
     PowerOfTwoPolicy,
     ParamAwarePolicy,
+    CacheAwarePolicy,
+    PrefixHashPolicy,
 )
 
 

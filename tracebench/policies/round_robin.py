@@ -21,7 +21,7 @@ class RoundRobinPolicy(Policy):
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
         return assign_in_order(queue, servers, self._next_in_turn)  # oldest first
 
-    def _next_in_turn(self, open_servers: list[ServerView], _: SlotTally) -> ServerView:
+    def _next_in_turn(self, _req: QueuedRequest, open_servers: list[ServerView], _tally: SlotTally) -> ServerView:
         # the first open server at or after the one whose turn it is, wrapping around
         server = min(open_servers, key=lambda s: (s.index < self._next_index, s.index))
         self._next_index = server.index + 1  # past the last index: the min() above wraps to the lowest

@@ -113,9 +113,10 @@ class Router:
         batch_size: int | None = None,
         batch_timeout: float | None = None,
         speed: float = 1.0,
+        block_size: int | None = None,
     ) -> None:
         """`batch_timeout` is in run seconds; `speed` (--speed K, 1.0 when not sped up) turns the trace's arrival
-        times into run seconds (`run_seconds`)."""
+        times into run seconds (`run_seconds`); `block_size` is the trace header's (tokens per prefix block)."""
         self.clock = clock
         self.speed = speed
         self.servers = servers
@@ -127,12 +128,15 @@ class Router:
         self.static = batch_size is not None
         self.batch_size = batch_size if batch_size is not None else 0
         self.batch_timeout = batch_timeout
+        self.block_size = block_size
         self._health_check = health_check
         self._loop = asyncio.get_running_loop()
         self._queue: list[QueuedRequest] = []  # the router queue, oldest first (what the policy sees)
         self._queued: dict[int, QueuedRequest] = {}
         self._pending: dict[int, RequestRecord] = {}  # released, record not written yet
-        self._prefix_blocks: dict[int, tuple[int, ...]] = {}  # released requests that have prefix blocks
+        # prefix blocks of the released requests that have them, until written (a static batch put back in the queue
+        # needs them again)
+        self._prefix_blocks: dict[int, tuple[int, ...]] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # one _serve per dispatched request
         self._probes: set[asyncio.Task[None]] = set()
         self._assign_scheduled = False
@@ -167,7 +171,8 @@ class Router:
         self._pending[rid] = RequestRecord(rid, request.input_len, request.output_len, t_arrival, t_released)
         if request.prefix_blocks is not None:
             self._prefix_blocks[rid] = request.prefix_blocks
-        queued = QueuedRequest(rid, request.input_len, request.output_len, t_arrival, t_released)
+        queued = QueuedRequest(rid, request.input_len, request.output_len, t_arrival, t_released,
+                               request.prefix_blocks, self.block_size)
         self._queued[rid] = queued
         self._queue.append(queued)
         self.released += 1
@@ -230,7 +235,8 @@ class Router:
         self._event("server_down", state.index, f"{why}; then {reason}")
         if state.forming:  # an unsent static batch goes back to the queue, in arrival order
             for rec in state.forming:
-                queued = QueuedRequest(rec.id, rec.input_len, rec.output_len, rec.t_arrival, rec.t_released)
+                queued = QueuedRequest(rec.id, rec.input_len, rec.output_len, rec.t_arrival, rec.t_released,
+                                       self._prefix_blocks.get(rec.id), self.block_size)
                 self._queued[rec.id] = queued
                 self._queue.append(queued)
                 rec.batch = None
@@ -373,7 +379,7 @@ class Router:
         task.add_done_callback(self._task_done)
 
     def _body(self, rec: RequestRecord) -> bytes:
-        blocks = self._prefix_blocks.pop(rec.id, None)
+        blocks = self._prefix_blocks.get(rec.id)
         ids = self.input_ids.ids(rec.id, rec.input_len) if blocks is None else self.input_ids.block_ids(blocks, rec.input_len)
         return orjson.dumps(
             {
@@ -463,6 +469,7 @@ class Router:
 
     def _write(self, rec: RequestRecord) -> None:
         del self._pending[rec.id]
+        self._prefix_blocks.pop(rec.id, None)
         self.writer.write(rec)
         self.counts[rec.status] += 1
         if rec.status == "ok":

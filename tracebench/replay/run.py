@@ -428,6 +428,7 @@ class Replay:
                 input_ids=input_ids, total=len(self.requests), health_check=self._health_check(client),
                 batch_size=cfg.batch_size if cfg.mode == "static" else None,
                 batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, speed), speed=speed,
+                block_size=self.header.block_size,
             )
             control = ControlServer(self.control_sock, len(states), router.set_cap, router.caps)
             await control.start()
