@@ -158,10 +158,10 @@ def pack(runs: tuple[str, ...], log_tail: int | None, reports_dir: Path) -> None
     A RUN is a run folder written by `tracebench replay`, or its name in reports/.
 
     \b
-      run.json         -> run.json.gz        (gzip: zcat run.json.gz)
+      run.json         -> run.json.xz        (xz: xzcat run.json.xz)
       requests.jsonl   -> requests.parquet   (Parquet, zstd; pl.read_parquet / pd.read_parquet)
       telemetry.jsonl  -> telemetry.parquet  (Parquet, zstd)
-      server-<i>.log   -> server-<i>.log.gz  (gzip; --log-tail keeps only its end)
+      server-<i>.log   -> server-<i>.log.xz  (xz; --log-tail keeps only its end)
 
     A packed folder is read by `tracebench report` (and every other reader of run
     folders) exactly like the original: the same records, columns and types

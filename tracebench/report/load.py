@@ -1,7 +1,7 @@
 """Read run folders (docs/run-format.md): `run.json` validated field by field, `requests.jsonl` scanned with polars.
 
 A folder is read the same way in either of its forms: as `tracebench replay` wrote it (run.json, requests.jsonl,
-telemetry.jsonl) or packed by `tracebench pack` (run.json.gz, requests.parquet, telemetry.parquet: the same records,
+telemetry.jsonl) or packed by `tracebench pack` (run.json.xz, requests.parquet, telemetry.parquet: the same records,
 the same columns). Every reader of run folders goes through `run_file`, so none needs to know which form it has.
 
 Nothing of the replay path is imported: the report reads the files. polars does the parsing; its errors do not name
@@ -15,7 +15,7 @@ so every metric and plot of the report is in simulated seconds and compares with
 
 from __future__ import annotations
 
-import gzip
+import lzma
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +55,7 @@ ROW = "_row"  # 0-based index of the record among the file's records
 
 
 # a plain file of the run folder -> its packed form (`tracebench pack`)
-PACKED_NAMES = {"run.json": "run.json.gz", "requests.jsonl": "requests.parquet", "telemetry.jsonl": "telemetry.parquet"}
+PACKED_NAMES = {"run.json": "run.json.xz", "requests.jsonl": "requests.parquet", "telemetry.jsonl": "telemetry.parquet"}
 
 
 def request_schema() -> dict[str, Any]:
@@ -88,7 +88,7 @@ def is_run_folder(folder: Path) -> bool:
 
 def is_packed(folder: Path) -> bool:
     """True when any file of `folder` is in its packed form (a run is packed whole: see tracebench.report.pack)."""
-    return any((folder / packed).exists() for packed in PACKED_NAMES.values()) or any(folder.glob("server-*.log.gz"))
+    return any((folder / packed).exists() for packed in PACKED_NAMES.values()) or any(folder.glob("server-*.log.xz"))
 
 
 @dataclass
@@ -197,13 +197,13 @@ def _need(obj: dict[str, Any], key: str, kinds: tuple[type, ...], path: Path, fi
 def read_run_json(folder: Path) -> dict[str, Any]:
     path = run_file(folder, "run.json")
     if not path.is_file():
-        raise RunFolderError(folder, None, None, "not a run folder: it has no run.json (nor run.json.gz)")
+        raise RunFolderError(folder, None, None, "not a run folder: it has no run.json (nor run.json.xz)")
     data = path.read_bytes()
-    if path.suffix == ".gz":
+    if path.suffix == ".xz":
         try:
-            data = gzip.decompress(data)
-        except (gzip.BadGzipFile, EOFError) as err:
-            raise RunFolderError(path, None, None, f"not a whole gzip file ({err})") from None
+            data = lzma.decompress(data, format=lzma.FORMAT_XZ)
+        except (lzma.LZMAError, EOFError) as err:
+            raise RunFolderError(path, None, None, f"not a whole xz file ({err})") from None
     try:
         meta = orjson.loads(data)
     except orjson.JSONDecodeError as err:

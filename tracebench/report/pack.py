@@ -1,9 +1,12 @@
 """`tracebench pack`: store a finished run folder compactly, losing nothing the run recorded (docs/run-format.md).
 
-    run.json         -> run.json.gz         gzip, the same bytes inside
+    run.json         -> run.json.xz         xz, the same bytes inside
     requests.jsonl   -> requests.parquet    zstd Parquet, one row per line, the run format's columns and types
     telemetry.jsonl  -> telemetry.parquet   likewise (a field absent from a line is a null)
-    server-<i>.log   -> server-<i>.log.gz   gzip (--log-tail N: only its last N lines)
+    server-<i>.log   -> server-<i>.log.xz   xz (--log-tail N: only its last N lines)
+
+xz rather than gzip for the text files: run.json holds each server's /server_info, near-identical and ~33 kB apart,
+beyond gzip's 32 kB window (a 4-server run.json: 192 kB, gzip 24 kB, xz 8 kB). Both are in Python's standard library.
 
 Every reader of run folders (tracebench.report.load.run_file) reads either form. Packing is all or nothing: every run
 given is validated as `tracebench report` reads it, each packed file is written under a temporary name, read back
@@ -13,7 +16,7 @@ Parquet), and only when every run passed are the packed files renamed into place
 
 from __future__ import annotations
 
-import gzip
+import lzma
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -44,7 +47,7 @@ class PreparedRun:
 
     def add(self, original: Path) -> Path:
         """Register `original` for packing; returns the temporary path its packed form is written to."""
-        final = original.with_name(PACKED_NAMES.get(original.name, original.name + ".gz"))
+        final = original.with_name(PACKED_NAMES.get(original.name, original.name + ".xz"))
         temp = final.with_name(f".{final.name}.packing-{os.getpid()}")
         self.moves.append((temp, final, original))
         return temp
@@ -91,16 +94,14 @@ def prepare(run: PreparedRun, log_tail: int | None) -> None:
     # the run folder exactly as `tracebench report` reads it: a broken record stops here, before anything is written
     requests = read_requests(run_file(folder, "requests.jsonl"), meta).drop(ROW)
     raw_meta = meta_path.read_bytes()
-    _write_verified(run, meta_path, gzip.compress(raw_meta, compresslevel=9, mtime=0),
-                    lambda data: gzip.decompress(data) == raw_meta)
+    _write_verified(run, meta_path, _xz(raw_meta), lambda data: lzma.decompress(data) == raw_meta)
     _pack_table(run, folder / "requests.jsonl", requests, request_schema())
     telemetry_path = folder / "telemetry.jsonl"
     if telemetry_path.exists():  # a run whose servers never started polled nothing
         _pack_table(run, telemetry_path, read_telemetry(folder), telemetry_schema())
     for log in sorted(folder.glob(LOG_PATTERN)):
         kept = _tail(log, log_tail)
-        _write_verified(run, log, gzip.compress(kept, compresslevel=9, mtime=0),
-                        lambda data, kept=kept: gzip.decompress(data) == kept)
+        _write_verified(run, log, _xz(kept), lambda data, kept=kept: lzma.decompress(data) == kept)
 
 
 def commit(run: PreparedRun) -> None:
@@ -118,7 +119,7 @@ def discard(run: PreparedRun) -> None:
 
 def _packed_files(folder: Path) -> list[Path]:
     return [p for p in (folder / name for name in PACKED_NAMES.values()) if p.exists()] + sorted(
-        folder.glob(LOG_PATTERN + ".gz"))
+        folder.glob(LOG_PATTERN + ".xz"))
 
 
 def _write_verified(run: PreparedRun, original: Path, data: bytes, equal: Callable[[bytes], bool]) -> None:
@@ -159,6 +160,10 @@ def _verify_table(original: Path, packed: Path, schema: dict[str, Any]) -> None:
                                      f"packed row {lineno} reads back as {row!r}: nothing was packed")
     if next(rows, None) is not None:
         raise RunFolderError(packed, None, None, f"has more rows than {original.name} has lines ({lineno})")
+
+
+def _xz(data: bytes) -> bytes:
+    return lzma.compress(data, format=lzma.FORMAT_XZ, preset=9 | lzma.PRESET_EXTREME)
 
 
 def _tail(log: Path, lines: int | None) -> bytes:
