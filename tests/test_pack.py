@@ -100,6 +100,13 @@ def test_refuses_a_packed_or_unfinished_run_and_leaves_it_untouched(copy: Path) 
     assert _snapshot(copy) == before
 
 
+def test_refuses_a_run_given_twice(copy: Path) -> None:
+    before = _snapshot(copy)
+    done = run_cli("pack", str(copy), str(copy / ".." / "run"))
+    assert done.returncode == 2 and "is given twice" in done.stderr
+    assert _snapshot(copy) == before
+
+
 def test_refuses_a_running_run(copy: Path) -> None:
     meta = json.loads((copy / "run.json").read_text())
     (copy / "run.json").write_text(json.dumps({**meta, "status": "running"}))

@@ -148,8 +148,9 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
 
 @click.command("pack")
 @click.argument("runs", nargs=-1, required=True, metavar="RUN [RUN ...]")
-@click.option("--log-tail", type=click.IntRange(min=0), default=None, metavar="LINES",
-              help="Keep only the last LINES lines of each server-<i>.log (default: the whole log, compressed).")
+@click.option("--log-tail", type=click.IntRange(min=1), default=None, metavar="LINES",
+              help="Keep only the last LINES lines of each server-<i>.log, dropping the rest (default: the whole "
+                   "log, compressed).")
 @click.option("--reports-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"),
               show_default=True, help="Where a RUN given by name is looked up.")
 def pack(runs: tuple[str, ...], log_tail: int | None, reports_dir: Path) -> None:
@@ -165,7 +166,8 @@ def pack(runs: tuple[str, ...], log_tail: int | None, reports_dir: Path) -> None
 
     A packed folder is read by `tracebench report` (and every other reader of run
     folders) exactly like the original: the same records, columns and types
-    (docs/run-format.md). Typically 5-10x smaller.
+    (docs/run-format.md). The example runs of reports/examples/ came out 8x
+    smaller (20.7 MB -> 2.6 MB for 28 runs).
 
     \b
     All or nothing: every RUN is checked first (refused: a run still `running`
@@ -177,7 +179,7 @@ def pack(runs: tuple[str, ...], log_tail: int | None, reports_dir: Path) -> None
     \b
     Examples:
       tracebench pack demo-round_robin demo-sjf
-      tracebench pack reports/examples/h200x4-routing/* --log-tail 100
+      tracebench pack reports/gpu-runs/*/ --log-tail 100
     """
     from tracebench.report.load import resolve_run_dir
     from tracebench.report.pack import pack_runs

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import orjson
 import polars as pl
 
-from tracebench.errors import RunFolderError
+from tracebench.errors import ConfigError, RunFolderError
 from tracebench.report.load import (
     PACKED_NAMES, ROW, is_packed, read_parquet_table, read_requests, read_run_json, read_telemetry, request_schema,
     run_file, telemetry_schema,
@@ -60,6 +60,11 @@ class PreparedRun:
 def pack_runs(folders: list[Path], log_tail: int | None) -> list[PreparedRun]:
     """Pack every folder, or none: a run that cannot be packed (or whose packed form does not read back equal) stops
     the whole call before any original is removed."""
+    seen: dict[Path, Path] = {}
+    for folder in folders:
+        if folder.resolve() in seen:
+            raise ConfigError(f"run '{folder}' is given twice (also as '{seen[folder.resolve()]}')")
+        seen[folder.resolve()] = folder
     prepared: list[PreparedRun] = []
     try:
         for folder in folders:
