@@ -11,7 +11,8 @@ Rows marked `*` are the ones issue 6 holds to 15% (throughput, total latency p50
 that is flagged `OFF`. Below each table: what each run's servers were, and whether the machine kept up: the sim run's
 release lag (p50/p99/max, run seconds: the engine kept to the schedule) and, for both runs, the HTTP path's own time,
 client-side server latency (t_finish - t_dispatch) minus sglang's e2e_latency (p50/p99: a simulator whose loop falls
-behind delivers tokens late, and this grows). `--summary`: one line per pair with the starred rows only.
+behind delivers tokens late, and this grows). `--summary`: one line per pair with the starred rows only;
+`--overview`: one line per pair with throughput, total p50/p99, router wait p99, TTFT p50 and TPOT p50.
 """
 
 from __future__ import annotations
@@ -49,11 +50,15 @@ ROWS: tuple[tuple[str, str, Metric], ...] = (
     ("server_client", "p50", Metric("server latency (client) p50", "ms", False)),
     ("server_client", "p99", Metric("server latency (client) p99", "ms", False)),
     ("router_wait", "p50", Metric("router wait p50", "ms", False)),
+    ("router_wait", "p99", Metric("router wait p99", "ms", False)),
     ("ttft", "p50", Metric("TTFT from arrival p50", "ms", True)),
     ("ttft_dispatch", "p50", Metric("TTFT from dispatch p50", "ms", False)),
     ("tpot", "p50", Metric("TPOT p50", "ms", False)),
 )
 QUANTILES = {"p50": 0.50, "p99": 0.99}
+# --overview: the columns issue 11 asks for, one line per policy
+OVERVIEW = (("requests_per_s", ""), ("total", "p50"), ("total", "p99"), ("router_wait", "p99"), ("ttft", "p50"),
+            ("tpot", "p50"))
 
 
 def figures(run: Run) -> dict[tuple[str, str], float]:
@@ -121,7 +126,8 @@ def table(real: Run, sim: Run) -> list[str]:
             flag = " OFF"
             off.append(metric.label)
         label = metric.label + (" *" if metric.held else "")
-        lines.append(f"| {label} | {metric.unit} | {r:,.1f} | {s:,.1f} | {diff:+.1%}{flag} |")
+        digits = 2 if metric.unit == "req/s" else 1
+        lines.append(f"| {label} | {metric.unit} | {r:,.{digits}f} | {s:,.{digits}f} | {diff:+.1%}{flag} |")
     lag50, lag99, lagmax = release_lag(sim)
     lines += ["", f"real: `{real.path}` — {describe(real)}; HTTP path p50/p99 {real_http[0] * 1e3:.2f}/"
               f"{real_http[1] * 1e3:.2f} ms  ",
@@ -132,19 +138,20 @@ def table(real: Run, sim: Run) -> list[str]:
     return lines
 
 
-def summary(pairs: list[tuple[Run, Run]]) -> list[str]:
-    held = [(key, stat, metric) for key, stat, metric in ROWS if metric.held]
-    lines = ["| policy | " + " | ".join(f"{m.label} ({m.unit}) real / sim / Δ" for _, _, m in held) + " |",
-             "| --- |" + " ---: |" * len(held)]
+def summary(pairs: list[tuple[Run, Run]], rows: list[tuple[str, str, Metric]]) -> list[str]:
+    """One line per pair: for each of `rows`, real / sim / difference (bold beyond the tolerance)."""
+    lines = ["| policy | " + " | ".join(f"{m.label} ({m.unit}) real / sim / Δ" for _, _, m in rows) + " |",
+             "| --- |" + " ---: |" * len(rows)]
     for real, sim in pairs:
         fr, fs = figures(real), figures(sim)
         cells = []
-        for key, stat, metric in held:
+        for key, stat, metric in rows:
             scale = 1e3 if metric.unit == "ms" else 1.0
             r, s = fr[(key, stat)] * scale, fs[(key, stat)] * scale
             diff = s / r - 1
-            mark = "**" if abs(diff) > TOLERANCE else ""
-            cells.append(f"{r:,.1f} / {s:,.1f} / {mark}{diff:+.1%}{mark}")
+            mark = "**" if metric.held and abs(diff) > TOLERANCE else ""
+            digits = 2 if metric.unit == "req/s" else 1
+            cells.append(f"{r:,.{digits}f} / {s:,.{digits}f} / {mark}{diff:+.1%}{mark}")
         lines.append(f"| {real.meta['policy']['name']} | " + " | ".join(cells) + " |")
     return lines
 
@@ -153,13 +160,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="pairs: RUN_REAL RUN_SIM ...")
     parser.add_argument("--title", default="Simulator vs real sglang")
-    parser.add_argument("--summary", action="store_true", help="one line per pair, the starred rows only")
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--summary", action="store_true", help="one line per pair, the starred rows only")
+    shape.add_argument("--overview", action="store_true",
+                       help="one line per pair: throughput, total p50/p99, router wait p99, TTFT p50, TPOT p50")
     opts = parser.parse_args()
     if len(opts.runs) % 2:
         parser.error("give run folders in pairs: RUN_REAL RUN_SIM")
-    if opts.summary:
+    if opts.summary or opts.overview:
         pairs = [(load_run(Path(r)), load_run(Path(s))) for r, s in zip(opts.runs[::2], opts.runs[1::2])]
-        print("\n".join(summary(pairs)))
+        rows = [row for row in ROWS if (row[2].held if opts.summary else row[:2] in OVERVIEW)]
+        print("\n".join(summary(pairs, rows)))
         return
     lines = [f"## {opts.title}", "",
              "Figures over ok requests, in simulated seconds (the report's loader and metric definitions); "

@@ -22,6 +22,7 @@ _COMMANDS = {
     "replay": "tracebench.replay.commands:replay",
     "policies": "tracebench.replay.commands:policies_cmd",
     "report": "tracebench.report.commands:report",
+    "pack": "tracebench.report.commands:pack",
 }
 
 
@@ -54,6 +55,7 @@ def main() -> None:
     tracebench inspect traces/x.jsonl                its statistics
     tracebench replay trace.jsonl --gpus 4           replay it on sglang servers (or --backend sim)
     tracebench report run_a run_b                    compare runs of the same trace
+    tracebench pack run_a run_b                      store finished runs compactly (Parquet, xz)
     tracebench sim-server --port 30000               a simulated sglang server
     tracebench policies                              the routing policies
     """

@@ -15,16 +15,20 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import polars as pl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tracebench.report import load  # noqa: E402  (reads a run folder as written or packed)
 
 
 def load_run(folder: Path) -> dict[str, np.ndarray]:
-    rows = [json.loads(line) for line in (folder / "requests.jsonl").open()]
-    ok = [r for r in rows if r["status"] == "ok"]
-    if len(ok) != len(rows):
-        raise SystemExit(f"{folder}: {len(rows) - len(ok)} requests not ok")
-    col = lambda k: np.array([r[k] for r in ok], dtype=float)  # noqa: E731
-    return {k: col(k) for k in ("t_arrival", "t_dispatch", "t_first_token", "t_finish", "completion_tokens",
-                                "server_e2e_latency", "server_received", "server_finished")}
+    requests = load.load_run(folder).requests
+    ok = requests.filter(pl.col("status") == "ok")
+    if ok.height != requests.height:
+        raise SystemExit(f"{folder}: {requests.height - ok.height} requests not ok")
+    return {k: ok[k].cast(pl.Float64).to_numpy() for k in (
+        "t_arrival", "t_dispatch", "t_first_token", "t_finish", "completion_tokens", "server_e2e_latency",
+        "server_received", "server_finished")}
 
 
 def tracebench_summary(run: dict[str, np.ndarray]) -> dict[str, float]:

@@ -13,6 +13,7 @@
 source bench/gpu/common.sh
 GPUS=${GPUS:-2}; RATE=${RATE:-16}; N=${N:-720}; CAP=${CAP:-24}; TRACE=${TRACE:-}
 POLICIES=${POLICIES:-"round_robin sjf param_aware"}; CAP_RUN=${CAP_RUN:-1}; PORT0=${PORT0:-30100}
+PORT_LAUNCH=${PORT_LAUNCH:-30000}  # the launched run's servers: PORT_LAUNCH + i (attached ones: PORT0 + i)
 NAME=routing-${GPUS}g
 RES=$RES_ROOT/$NAME; mkdir -p "$RES"
 # after every run: a call cut short keeps what ran (server logs cut to their last 200 lines: size)
@@ -31,10 +32,11 @@ COMMON=(--max-running-requests "$CAP" --out-dir "$RES" --quiet)
 
 t0=$SECONDS
 if [ "${SIM:-0}" = 1 ]; then
-  $TB replay "$RES/trace.jsonl" --backend sim --gpus "$GPUS" --policy random --run-name random "${COMMON[@]}"
+  $TB replay "$RES/trace.jsonl" --backend sim --gpus "$GPUS" --port-base "$PORT_LAUNCH" --policy random \
+    --run-name random "${COMMON[@]}"
 else
-  $TB replay "$RES/trace.jsonl" --backend sglang --gpus "$GPUS" --model "$MODEL" --server-arg "$SGL_ARGS" \
-    --policy random --run-name random "${COMMON[@]}"
+  $TB replay "$RES/trace.jsonl" --backend sglang --gpus "$GPUS" --port-base "$PORT_LAUNCH" --model "$MODEL" \
+    --server-arg "$SGL_ARGS" --policy random --run-name random "${COMMON[@]}"
 fi
 echo "launched random run: $((SECONDS - t0)) s (server start-up included)"
 pack

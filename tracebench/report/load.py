@@ -1,7 +1,12 @@
 """Read run folders (docs/run-format.md): `run.json` validated field by field, `requests.jsonl` scanned with polars.
 
+A folder is read the same way in either of its forms: as `tracebench replay` wrote it (run.json, requests.jsonl,
+telemetry.jsonl) or packed by `tracebench pack` (run.json.xz, requests.parquet, telemetry.parquet: the same records,
+the same columns). Every reader of run folders goes through `run_file`, so none needs to know which form it has.
+
 Nothing of the replay path is imported: the report reads the files. polars does the parsing; its errors do not name
-lines, so when it refuses a file (or a record breaks a rule) the file is walked again with orjson to name the line.
+lines, so when it refuses a JSONL file (or a record breaks a rule) the file is walked again with orjson to name the
+line. In a packed file the place of a broken record is its row (1-based), in the same `file:N` form.
 
 A run replayed at `--speed K` (run.json `speed`) is K times compressed. Once validated, its times are converted here,
 once, to simulated seconds (every time field of the records, and run.json's t_end, cap change and event times, ×K),
@@ -10,6 +15,7 @@ so every metric and plot of the report is in simulated seconds and compares with
 
 from __future__ import annotations
 
+import lzma
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +30,15 @@ RUN_FORMAT_VERSION = 1
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")
 REQUEST_STATUSES = ("ok", "error", "timeout", "cancelled")
 
+# the columns of requests.jsonl, in the order replay writes them (tracebench/replay/records.py RequestRecord)
+REQUEST_COLUMNS = (
+    "id", "input_len", "output_len", "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server",
+    "batch", "status", "error", "completion_tokens", "prompt_tokens", "cached_tokens", "server_e2e_latency", "server_queue_time",
+    "server_received", "server_forward_entry", "server_prefill_finished", "server_finished",
+)
 INT_FIELDS = ("id", "input_len", "output_len", "server", "batch", "completion_tokens", "prompt_tokens", "cached_tokens")
+# columns the run format gained after its first runs: a run recorded before has none (read as null: not recorded)
+LATER_COLUMNS = frozenset({"cached_tokens"})
 FLOAT_FIELDS = (
     "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
     "server_e2e_latency", "server_queue_time", "server_received", "server_forward_entry",
@@ -42,11 +56,41 @@ OK_ORDER = ("t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish"
 ROW = "_row"  # 0-based index of the record among the file's records
 
 
+# a plain file of the run folder -> its packed form (`tracebench pack`)
+PACKED_NAMES = {"run.json": "run.json.xz", "requests.jsonl": "requests.parquet", "telemetry.jsonl": "telemetry.parquet"}
+
+
 def request_schema() -> dict[str, Any]:
-    schema: dict[str, Any] = {name: pl.Int64 for name in INT_FIELDS}
-    schema.update({name: pl.Float64 for name in FLOAT_FIELDS})
-    schema.update({name: pl.String for name in STR_FIELDS})
-    return schema
+    types = {**dict.fromkeys(INT_FIELDS, pl.Int64), **dict.fromkeys(FLOAT_FIELDS, pl.Float64),
+             **dict.fromkeys(STR_FIELDS, pl.String)}
+    return {name: types[name] for name in REQUEST_COLUMNS}
+
+
+def telemetry_schema() -> dict[str, Any]:
+    """telemetry.jsonl's fields (tracebench/replay/telemetry.py); `error` appears only on a failed poll."""
+    return {"t": pl.Float64, "server": pl.Int64, "healthy": pl.Boolean, "in_flight": pl.Int64, "cap": pl.Int64,
+            "router_queue": pl.Int64, "num_running_reqs": pl.Int64, "num_waiting_reqs": pl.Int64,
+            "token_usage": pl.Float64, "gen_throughput": pl.Float64, "error": pl.String}
+
+
+def run_file(folder: Path, name: str) -> Path:
+    """Where `folder` keeps `name` (run.json, requests.jsonl or telemetry.jsonl): the file itself, or its packed form.
+    The path returned may not exist (the caller says what its absence means)."""
+    plain, packed = folder / name, folder / PACKED_NAMES[name]
+    if plain.exists() and packed.exists():
+        raise RunFolderError(folder, None, None,
+                             f"has both {name} and {packed.name} (a `tracebench pack` was interrupted): {name} is the "
+                             f"original; delete {packed.name} and pack again")
+    return packed if packed.exists() else plain
+
+
+def is_run_folder(folder: Path) -> bool:
+    return (folder / "run.json").is_file() or (folder / PACKED_NAMES["run.json"]).is_file()
+
+
+def is_packed(folder: Path) -> bool:
+    """True when any file of `folder` is in its packed form (a run is packed whole: see tracebench.report.pack)."""
+    return any((folder / packed).exists() for packed in PACKED_NAMES.values()) or any(folder.glob("server-*.log.xz"))
 
 
 @dataclass
@@ -116,7 +160,7 @@ def load_runs(specs: list[str], reports_dir: Path) -> list[Run]:
 
 def load_run(folder: Path) -> Run:
     meta = read_run_json(folder)
-    requests = read_requests(folder / "requests.jsonl", meta)
+    requests = read_requests(run_file(folder, "requests.jsonl"), meta)
     if meta["speed"] is not None:
         meta, requests = to_simulated_seconds(meta, requests, float(meta["speed"]))
     return Run(label=meta["run_name"], path=folder, meta=meta, requests=requests)
@@ -153,11 +197,17 @@ def _need(obj: dict[str, Any], key: str, kinds: tuple[type, ...], path: Path, fi
 
 
 def read_run_json(folder: Path) -> dict[str, Any]:
-    path = folder / "run.json"
+    path = run_file(folder, "run.json")
     if not path.is_file():
-        raise RunFolderError(folder, None, None, "not a run folder: it has no run.json")
+        raise RunFolderError(folder, None, None, "not a run folder: it has no run.json (nor run.json.xz)")
+    data = path.read_bytes()
+    if path.suffix == ".xz":
+        try:
+            data = lzma.decompress(data, format=lzma.FORMAT_XZ)
+        except (lzma.LZMAError, EOFError) as err:
+            raise RunFolderError(path, None, None, f"not a whole xz file ({err})") from None
     try:
-        meta = orjson.loads(path.read_bytes())
+        meta = orjson.loads(data)
     except orjson.JSONDecodeError as err:
         raise RunFolderError(path, None, None, f"not JSON ({err})") from None
     if not isinstance(meta, dict):
@@ -245,13 +295,13 @@ def _record_rules(num_servers: int) -> list[tuple[str, pl.Expr, str]]:
 
 
 def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
+    """requests.jsonl or requests.parquet (run_file), every record checked against the run format's rules."""
     if not path.is_file():
         raise RunFolderError(path, None, None, "missing: the run recorded no request")
-    try:
-        frame = pl.scan_ndjson(path, schema=request_schema(), row_index_name=ROW).collect()
-    except pl.exceptions.PolarsError:
-        _raise_located(path, row=None)  # names the broken line; returns only when orjson finds nothing wrong
-        raise
+    if path.suffix == ".parquet":
+        frame = read_parquet_table(path, request_schema()).with_row_index(ROW)
+    else:
+        frame = read_jsonl_table(path, request_schema(), row_index=True)
     if frame.height == 0:
         raise RunFolderError(path, None, None, "empty run: no request was recorded")
     rules = _record_rules(len(meta["servers"]))
@@ -265,7 +315,8 @@ def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
         value = frame.item(row, field)
         _raise_located(path, row=row, field=field, why=f"{why}, got {value!r}" if value is not None else why)
     num_requests = meta["trace"]["num_requests"]
-    if frame.height > num_requests or (meta["status"] == "completed" and frame.height != num_requests):
+    if path.suffix == ".jsonl" and (frame.height > num_requests
+                                    or (meta["status"] == "completed" and frame.height != num_requests)):
         _raise_located(path, row=None)  # polars skips empty lines: name one if that is why the count is off
     if frame.height > num_requests:
         raise RunFolderError(path, None, None,
@@ -276,23 +327,70 @@ def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
     return frame
 
 
-def _json_type_error(name: str, value: Any) -> str | None:
-    if value is None:
+def read_telemetry(folder: Path) -> pl.DataFrame:
+    """telemetry.jsonl or telemetry.parquet of `folder`, on the run clock as written (not converted by speed); a field
+    absent from a line (`error` on a good poll) reads as null."""
+    path = run_file(folder, "telemetry.jsonl")
+    if not path.is_file():
+        raise RunFolderError(path, None, None, "missing: the run recorded no telemetry")
+    if path.suffix == ".parquet":
+        return read_parquet_table(path, telemetry_schema())
+    return read_jsonl_table(path, telemetry_schema(), row_index=False)
+
+
+def read_jsonl_table(path: Path, schema: dict[str, Any], row_index: bool) -> pl.DataFrame:
+    """One JSONL file of a run folder as a frame of `schema` (with `_row` when asked); a file polars refuses is walked
+    again to name the broken line."""
+    try:
+        return pl.scan_ndjson(path, schema=schema, row_index_name=ROW if row_index else None).collect()
+    except pl.exceptions.PolarsError:
+        _raise_located(path, row=None, schema=schema)  # names the broken line; returns only when orjson finds nothing
+        raise
+
+
+def read_parquet_table(path: Path, schema: dict[str, Any]) -> pl.DataFrame:
+    """A packed table: exactly the columns and types of `schema`, in its order."""
+    try:
+        frame = pl.read_parquet(path)
+    except (pl.exceptions.PolarsError, OSError) as err:
+        raise RunFolderError(path, None, None, f"not a readable Parquet file ({err})") from None
+    for name, dtype in schema.items():
+        if name not in frame.schema and name in LATER_COLUMNS:
+            frame = frame.with_columns(pl.lit(None, dtype).alias(name))
+        if name not in frame.schema:
+            raise RunFolderError(path, None, name, "missing column")
+        if frame.schema[name] != dtype:
+            raise RunFolderError(path, None, name, f"column of type {frame.schema[name]}, expected {dtype}")
+    extra = [name for name in frame.columns if name not in schema]
+    if extra:
+        raise RunFolderError(path, None, extra[0], "not a column of the run format")
+    return frame.select(list(schema))
+
+
+def _json_type_error(schema: dict[str, Any], name: str, value: Any) -> str | None:
+    dtype = schema.get(name)
+    if value is None or dtype is None:
         return None
-    if name in INT_FIELDS:
+    if dtype == pl.Int64:
         good = isinstance(value, int) and not isinstance(value, bool)
         return None if good else f"must be an integer, got {value!r}"
-    if name in FLOAT_FIELDS:
+    if dtype == pl.Float64:
         good = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         return None if good else f"must be a number, got {value!r}"
-    if name in STR_FIELDS:
-        return None if isinstance(value, str) else f"must be a string, got {value!r}"
-    return None
+    if dtype == pl.Boolean:
+        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+    return None if isinstance(value, str) else f"must be a string, got {value!r}"
 
 
-def _raise_located(path: Path, row: int | None, field: str | None = None, why: str | None = None) -> None:
-    """Walk the file with orjson and raise a RunFolderError naming the first broken line: a line that is not a JSON
-    object or holds a field of the wrong type, or (when `row` is given) the line of that record. Only on failure."""
+def _raise_located(path: Path, row: int | None, field: str | None = None, why: str | None = None,
+                   schema: dict[str, Any] | None = None) -> None:
+    """Name the place of a broken record: in a packed file, its row (1-based). In a JSONL file, walk it with orjson
+    and raise naming the first broken line: a line that is not a JSON object or holds a field of the wrong type, or
+    (when `row` is given) the line of that record. Only on failure."""
+    if path.suffix == ".parquet":
+        assert row is not None, "a Parquet file is read whole or refused: only a broken record is located"
+        raise RunFolderError(path, row + 1, field, why or "broken record")
+    schema = request_schema() if schema is None else schema
     record = -1
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
@@ -309,7 +407,7 @@ def _raise_located(path: Path, row: int | None, field: str | None = None, why: s
             if not isinstance(obj, dict):
                 raise RunFolderError(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
             for name, value in obj.items():
-                problem = _json_type_error(name, value)
+                problem = _json_type_error(schema, name, value)
                 if problem is not None:
                     raise RunFolderError(path, lineno, name, problem)
             record += 1

@@ -42,8 +42,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import polars as pl
 
 from tracebench.errors import ConfigError, RunFolderError
+from tracebench.report.load import ROW, is_run_folder, load_run, run_file
 from tracebench.sim.model import Limits, Profile, resolve_max_running_requests, simulate
 
 LLAMA2_7B_KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # K and V, 32 layers, hidden 4096, fp16
@@ -79,22 +81,20 @@ def load_routing_runs(folder: Path) -> list[RoutingRun]:
     if not folder.is_dir():
         raise ConfigError(f"--routing-runs {folder}: no such folder")
     runs = []
-    for run_dir in sorted(p for p in folder.iterdir() if (p / "run.json").is_file()):
-        meta = json.loads((run_dir / "run.json").read_text())
-        if meta.get("backend") not in ("sglang", "attach") or meta.get("speed") is not None:
-            raise RunFolderError(str(run_dir / "run.json"), None, "backend",
-                                 f"{meta.get('backend')!r} (speed {meta.get('speed')}): the fit needs runs on real sglang")
-        if meta.get("status") != "completed":
-            raise RunFolderError(str(run_dir / "run.json"), None, "status", f"{meta.get('status')!r}, not completed")
+    for run_dir in sorted(p for p in folder.iterdir() if is_run_folder(p)):  # as replay wrote it or packed
+        run = load_run(run_dir)
+        meta = run.meta
+        if meta["backend"] not in ("sglang", "attach") or meta["speed"] is not None:
+            raise RunFolderError(str(run_file(run_dir, "run.json")), None, "backend",
+                                 f"{meta['backend']!r} (speed {meta['speed']}): the fit needs runs on real sglang")
+        if meta["status"] != "completed":
+            raise RunFolderError(str(run_file(run_dir, "run.json")), None, "status", f"{meta['status']!r}, not completed")
         records = []
-        path = run_dir / "requests.jsonl"
-        for line_no, line in enumerate(path.read_text().splitlines(), 1):
-            rec = json.loads(line)
-            if rec["status"] != "ok":
-                continue
+        for rec in run.requests.filter(pl.col("status") == "ok").iter_rows(named=True):
             for key in STAMPS:
-                if rec.get(key) is None:
-                    raise RunFolderError(str(path), line_no, key, "missing in an ok record (run without --enable-metrics?)")
+                if rec[key] is None:
+                    raise RunFolderError(str(run_file(run_dir, "requests.jsonl")), rec[ROW] + 1, key,
+                                         "missing in an ok record (run without --enable-metrics?)")
             records.append(rec)
         accelerators = sorted({str(server.get("accelerator")) for server in meta["servers"]})
         runs.append(RoutingRun(run_dir.name, f"{len(meta['servers'])} x {'/'.join(accelerators)}", records))

@@ -1,0 +1,168 @@
+"""`tracebench pack` on run folders written by a real replay against launched sim servers (real processes, real
+HTTP): the packed folder holds every record of the original (checked here independently: json, lzma), reports exactly
+as the original, and packing refuses what it must without touching the folder."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from conftest import free_port, run_cli
+
+PACKED = {"run.json.xz", "requests.parquet", "telemetry.parquet", "server-0.log.xz", "server-1.log.xz"}
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One finished run folder (replay --backend sim, two launched servers, so it has server logs). Never modified:
+    each test packs a copy."""
+    root = tmp_path_factory.mktemp("pack-runs")
+    trace = root / "t.jsonl"
+    done = run_cli("generate", "--rate", "10", "--num-requests", "120", "--seed", "3", "--input-len", "200",
+                   "--output-len", "40", "-o", str(trace))
+    assert done.returncode == 0, done.stderr
+    done = run_cli("replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", "10", "--policy", "sjf",
+                   "--max-running-requests", "4", "--out-dir", str(root / "reports"), "--run-name", "run", "--quiet",
+                   "--port-base", str(free_port(2)))
+    assert done.returncode == 0, done.stderr
+    folder = root / "reports" / "run"
+    assert {p.name for p in folder.iterdir()} == {"run.json", "requests.jsonl", "telemetry.jsonl", "server-0.log",
+                                                  "server-1.log"}
+    return folder
+
+
+@pytest.fixture
+def copy(original: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "run"
+    shutil.copytree(original, folder)
+    return folder
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_packed_folder_holds_every_record_and_reports_the_same(original: Path, copy: Path) -> None:
+    done = run_cli("pack", str(copy))
+    assert done.returncode == 0, done.stderr
+    assert f"packed {copy}:" in done.stderr
+    assert {p.name for p in copy.iterdir()} == PACKED  # originals gone, no temporary left
+    assert lzma.decompress((copy / "run.json.xz").read_bytes()) == (original / "run.json").read_bytes()
+    for i in (0, 1):
+        assert lzma.decompress((copy / f"server-{i}.log.xz").read_bytes()) == (original / f"server-{i}.log").read_bytes()
+    requests = pl.read_parquet(copy / "requests.parquet")
+    records = _jsonl(original / "requests.jsonl")
+    assert len(records) == 120
+    assert requests.columns == list(records[0])  # the columns in the order replay writes them
+    assert requests.to_dicts() == records  # same rows, same order (finishing order), same values
+    telemetry = pl.read_parquet(copy / "telemetry.parquet")
+    lines = _jsonl(original / "telemetry.jsonl")
+    assert len(lines) > 2
+    assert telemetry.to_dicts() == [{name: line.get(name) for name in telemetry.columns} for line in lines]
+    assert telemetry.schema["healthy"] == pl.Boolean and telemetry.schema["cap"] == pl.Int64
+    # every number the report prints, from the original and from the packed folder
+    for fmt in ("csv", "md"):
+        before = run_cli("report", str(original), "--format", fmt)
+        after = run_cli("report", str(copy), "--format", fmt)
+        assert before.returncode == 0 and after.returncode == 0, before.stderr + after.stderr
+        assert after.stdout.replace(str(copy), str(original)) == before.stdout
+
+
+def test_log_tail_keeps_only_the_end_of_each_server_log(copy: Path) -> None:
+    # a sim server logs one line; a real sglang log is thousands: lengthen the logs as sglang would
+    logs = {}
+    for i in (0, 1):
+        path = copy / f"server-{i}.log"
+        logs[i] = path.read_bytes() + b"".join(b"[2026-11-22] Decode batch, #running-req: %d\n" % n for n in range(10))
+        path.write_bytes(logs[i])
+    done = run_cli("pack", str(copy), "--log-tail", "3")
+    assert done.returncode == 0, done.stderr
+    for i in (0, 1):
+        lines = logs[i].splitlines(keepends=True)
+        assert lzma.decompress((copy / f"server-{i}.log.xz").read_bytes()) == b"".join(lines[-3:])
+
+
+def test_refuses_a_packed_or_unfinished_run_and_leaves_it_untouched(copy: Path) -> None:
+    assert run_cli("pack", str(copy)).returncode == 0
+    before = _snapshot(copy)
+    done = run_cli("pack", str(copy))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"tracebench: error: {copy}: already packed (it has ")
+    assert _snapshot(copy) == before
+
+
+def test_refuses_a_run_given_twice(copy: Path) -> None:
+    before = _snapshot(copy)
+    done = run_cli("pack", str(copy), str(copy / ".." / "run"))
+    assert done.returncode == 2 and "is given twice" in done.stderr
+    assert _snapshot(copy) == before
+
+
+def test_refuses_a_running_run(copy: Path) -> None:
+    meta = json.loads((copy / "run.json").read_text())
+    (copy / "run.json").write_text(json.dumps({**meta, "status": "running"}))
+    before = _snapshot(copy)
+    done = run_cli("pack", str(copy))
+    assert done.returncode == 2
+    assert f"{copy}/run.json: field 'status': 'running': the run is not finished" in done.stderr
+    assert _snapshot(copy) == before
+
+
+def test_all_or_nothing_over_several_runs(copy: Path) -> None:
+    broken = copy.with_name("broken")
+    shutil.copytree(copy, broken)
+    lines = (broken / "requests.jsonl").read_text().splitlines(keepends=True)
+    lines[6] = lines[6].replace('"status":"ok"', '"status":"weird"')
+    (broken / "requests.jsonl").write_text("".join(lines))
+    before = {folder: _snapshot(folder) for folder in (copy, broken)}
+    done = run_cli("pack", str(copy), str(broken))
+    assert done.returncode == 2
+    assert f"{broken}/requests.jsonl:7: field 'status': must be one of" in done.stderr
+    assert {folder: _snapshot(folder) for folder in (copy, broken)} == before  # the good run is not packed either
+
+
+def test_a_field_outside_the_run_format_is_not_dropped(copy: Path) -> None:
+    lines = (copy / "requests.jsonl").read_text().splitlines(keepends=True)
+    lines[2] = lines[2].replace('{"id"', '{"note":"x","id"', 1)
+    (copy / "requests.jsonl").write_text("".join(lines))
+    before = _snapshot(copy)
+    done = run_cli("pack", str(copy))
+    assert done.returncode == 2
+    assert f"{copy}/requests.jsonl:3: field 'note': not a field of the run format" in done.stderr
+    assert _snapshot(copy) == before
+
+
+def test_reader_names_a_broken_packed_record_and_a_half_packed_folder(copy: Path) -> None:
+    assert run_cli("pack", str(copy)).returncode == 0
+    path = copy / "requests.parquet"
+    frame = pl.read_parquet(path)
+    frame.with_columns(pl.when(pl.int_range(pl.len()) == 9).then(pl.lit(-5.0)).otherwise(pl.col("t_arrival"))
+                       .alias("t_arrival")).write_parquet(path)
+    done = run_cli("report", str(copy))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"tracebench: error: {path}:10: field 't_arrival': must be >= 0, got -5.0")
+    frame.drop("server").write_parquet(path)
+    done = run_cli("report", str(copy))
+    assert done.returncode == 2 and f"{path}: field 'server': missing column" in done.stderr
+    frame.write_parquet(path)
+    (copy / "requests.jsonl").write_text("")
+    done = run_cli("report", str(copy))
+    assert done.returncode == 2
+    assert f"{copy}: has both requests.jsonl and requests.parquet (a `tracebench pack` was interrupted)" in done.stderr
+
+
+def test_help_names_every_file_and_option() -> None:
+    done = run_cli("pack", "--help")
+    assert done.returncode == 0
+    for word in ("run.json.xz", "requests.parquet", "telemetry.parquet", "server-<i>.log.xz", "--log-tail",
+                 "--reports-dir", "All or nothing"):
+        assert word in done.stdout

@@ -1,0 +1,178 @@
+"""`tracebench pack`: store a finished run folder compactly, losing nothing the run recorded (docs/run-format.md).
+
+    run.json         -> run.json.xz         xz, the same bytes inside
+    requests.jsonl   -> requests.parquet    zstd Parquet, one row per line, the run format's columns and types
+    telemetry.jsonl  -> telemetry.parquet   likewise (a field absent from a line is a null)
+    server-<i>.log   -> server-<i>.log.xz   xz (--log-tail N: only its last N lines)
+
+xz rather than gzip for the text files: run.json holds each server's /server_info, near-identical and ~33 kB apart,
+beyond gzip's 32 kB window (a 4-server run.json: 192 kB, gzip 24 kB, xz 8 kB). Both are in Python's standard library.
+
+Every reader of run folders (tracebench.report.load.run_file) reads either form. Packing is all or nothing: every run
+given is validated as `tracebench report` reads it, each packed file is written under a temporary name, read back
+and compared with the original record by record (the JSONL parsed again by orjson, not by the reader that wrote the
+Parquet), and only when every run passed are the packed files renamed into place and the originals removed.
+"""
+
+from __future__ import annotations
+
+import lzma
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+import polars as pl
+
+from tracebench.errors import ConfigError, RunFolderError
+from tracebench.report.load import (
+    PACKED_NAMES, ROW, is_packed, read_parquet_table, read_requests, read_run_json, read_telemetry, request_schema,
+    run_file, telemetry_schema,
+)
+
+ZSTD_LEVEL = 19  # packing happens once per run and small files travel (git, the GPU call): the strongest level
+LOG_PATTERN = "server-*.log"
+
+
+@dataclass
+class PreparedRun:
+    """A run whose packed files are written (under temporary names) and verified, not yet in place."""
+
+    folder: Path
+    moves: list[tuple[Path, Path, Path]] = field(default_factory=list)  # (temporary, final, original)
+    bytes_before: int = 0  # of the originals
+    bytes_after: int = 0   # of their packed forms
+
+    def add(self, original: Path) -> Path:
+        """Register `original` for packing; returns the temporary path its packed form is written to."""
+        final = original.with_name(PACKED_NAMES.get(original.name, original.name + ".xz"))
+        temp = final.with_name(f".{final.name}.packing-{os.getpid()}")
+        self.moves.append((temp, final, original))
+        return temp
+
+    def written(self, original: Path, temp: Path) -> None:
+        self.bytes_before += original.stat().st_size
+        self.bytes_after += temp.stat().st_size
+
+
+def pack_runs(folders: list[Path], log_tail: int | None) -> list[PreparedRun]:
+    """Pack every folder, or none: a run that cannot be packed (or whose packed form does not read back equal) stops
+    the whole call before any original is removed."""
+    seen: dict[Path, Path] = {}
+    for folder in folders:
+        if folder.resolve() in seen:
+            raise ConfigError(f"run '{folder}' is given twice (also as '{seen[folder.resolve()]}')")
+        seen[folder.resolve()] = folder
+    prepared: list[PreparedRun] = []
+    try:
+        for folder in folders:
+            check_packable(folder)
+        for folder in folders:
+            prepared.append(PreparedRun(folder))
+            prepare(prepared[-1], log_tail)
+    except BaseException:
+        for run in prepared:
+            discard(run)
+        raise
+    for run in prepared:
+        commit(run)
+    return prepared
+
+
+def check_packable(folder: Path) -> None:
+    if is_packed(folder):
+        raise RunFolderError(folder, None, None, "already packed (it has "
+                             + ", ".join(sorted(p.name for p in _packed_files(folder))) + ")")
+    meta = read_run_json(folder)
+    if meta["status"] == "running":
+        raise RunFolderError(folder / "run.json", None, "status",
+                             "'running': the run is not finished (or was killed while running); only a finished run "
+                             "is packed")
+
+
+def prepare(run: PreparedRun, log_tail: int | None) -> None:
+    folder = run.folder
+    meta_path = folder / "run.json"
+    meta = read_run_json(folder)
+    # the run folder exactly as `tracebench report` reads it: a broken record stops here, before anything is written
+    requests = read_requests(run_file(folder, "requests.jsonl"), meta).drop(ROW)
+    raw_meta = meta_path.read_bytes()
+    _write_verified(run, meta_path, _xz(raw_meta), lambda data: lzma.decompress(data) == raw_meta)
+    _pack_table(run, folder / "requests.jsonl", requests, request_schema())
+    telemetry_path = folder / "telemetry.jsonl"
+    if telemetry_path.exists():  # a run whose servers never started polled nothing
+        _pack_table(run, telemetry_path, read_telemetry(folder), telemetry_schema())
+    for log in sorted(folder.glob(LOG_PATTERN)):
+        kept = _tail(log, log_tail)
+        _write_verified(run, log, _xz(kept), lambda data, kept=kept: lzma.decompress(data) == kept)
+
+
+def commit(run: PreparedRun) -> None:
+    """Packed files into place (each rename atomic), then the originals out."""
+    for temp, final, _ in run.moves:
+        os.replace(temp, final)
+    for _, _, original in run.moves:
+        original.unlink()
+
+
+def discard(run: PreparedRun) -> None:
+    for temp, _, _ in run.moves:
+        temp.unlink(missing_ok=True)
+
+
+def _packed_files(folder: Path) -> list[Path]:
+    return [p for p in (folder / name for name in PACKED_NAMES.values()) if p.exists()] + sorted(
+        folder.glob(LOG_PATTERN + ".xz"))
+
+
+def _write_verified(run: PreparedRun, original: Path, data: bytes, equal: Callable[[bytes], bool]) -> None:
+    temp = run.add(original)
+    temp.write_bytes(data)
+    if not equal(temp.read_bytes()):
+        raise RunFolderError(original, None, None, "its packed form reads back different: nothing was packed")
+    run.written(original, temp)
+
+
+def _pack_table(run: PreparedRun, original: Path, frame: pl.DataFrame, schema: dict[str, Any]) -> None:
+    temp = run.add(original)
+    frame.select(list(schema)).write_parquet(temp, compression="zstd", compression_level=ZSTD_LEVEL, statistics=True)
+    _verify_table(original, temp, schema)
+    run.written(original, temp)
+
+
+def _verify_table(original: Path, packed: Path, schema: dict[str, Any]) -> None:
+    """Each row of `packed` equals the matching line of `original`, parsed independently (orjson): every field of
+    the line present in the row with the same value, a field absent from the line null in the row, and no field of
+    the line left out of the columns."""
+    rows = read_parquet_table(packed, schema).iter_rows(named=True)
+    with original.open("rb") as fh:
+        lineno = 0
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError as err:
+                raise RunFolderError(original, lineno, None, f"not JSON ({err})") from None
+            unknown = [name for name in obj if name not in schema]
+            if unknown:
+                raise RunFolderError(original, lineno, unknown[0],
+                                     "not a field of the run format: packing would lose it (nothing was packed)")
+            row = next(rows, None)
+            expected = {name: obj.get(name) for name in schema}
+            if row != expected:
+                raise RunFolderError(original, lineno, None,
+                                     f"packed row {lineno} reads back as {row!r}: nothing was packed")
+    if next(rows, None) is not None:
+        raise RunFolderError(packed, None, None, f"has more rows than {original.name} has lines ({lineno})")
+
+
+def _xz(data: bytes) -> bytes:
+    return lzma.compress(data, format=lzma.FORMAT_XZ, preset=9 | lzma.PRESET_EXTREME)
+
+
+def _tail(log: Path, lines: int | None) -> bytes:
+    if lines is None:
+        return log.read_bytes()
+    with log.open("rb") as fh:
+        return b"".join(deque(fh, maxlen=lines))
