@@ -10,6 +10,7 @@ import hashlib
 import math
 import os
 from collections.abc import Iterator
+from itertools import chain
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,12 +204,16 @@ def iter_requests(path: str | os.PathLike[str]) -> Iterator[TraceRequest]:
 
 @dataclass(frozen=True)
 class TraceColumns:
-    """The four required fields of every request as numpy arrays (optional fields are not kept)."""
+    """The four required fields of every request as numpy arrays, and (read_columns(with_blocks=True)) the prefix
+    blocks: `block_counts[i]` ids of request i (0 = no prefix_blocks), all of them concatenated in `blocks`. Other
+    optional fields are not kept."""
 
     id: Any  # np.ndarray[int64]
     arrival_s: Any  # np.ndarray[float64]
     input_len: Any  # np.ndarray[int64]
     output_len: Any  # np.ndarray[int64]
+    block_counts: Any = None  # np.ndarray[int64] | None
+    blocks: Any = None  # np.ndarray[int64] | None
 
 
 class _NeedsExactCheck(Exception):
@@ -218,11 +223,25 @@ class _NeedsExactCheck(Exception):
 # Lines per batch of the columnar reader: large enough to amortise numpy calls, small enough that the batch's parsed
 # dicts stay a few tens of MB.
 _COLUMN_BATCH_BYTES = 4 << 20
+# Closed-loop fields are rare and checked against earlier ids: lines with them go to the exact validator.
+_EXACT_ONLY_FIELDS = frozenset((AFTER_FIELD, DELAY_FIELD))
+_NO_BLOCKS: tuple[()] = ()  # stands for an absent prefix_blocks (JSON never gives a tuple)
 
 
-def read_columns(path: str | os.PathLike[str]) -> tuple[TraceHeader, TraceColumns]:
-    """The header and the required fields of every request as numpy arrays, validated exactly as `iter_requests`
-    validates (same errors, same messages), but checked batch-wise with numpy, which is several times faster.
+@dataclass
+class _Batch:
+    ids: Any
+    arrivals: Any
+    input_len: Any
+    output_len: Any
+    block_counts: Any
+    blocks: Any
+
+
+def read_columns(path: str | os.PathLike[str], with_blocks: bool = False) -> tuple[TraceHeader, TraceColumns]:
+    """The header and the required fields of every request as numpy arrays (with `with_blocks`, the prefix blocks
+    too), validated exactly as `iter_requests` validates (same errors, same messages), but checked batch-wise with
+    numpy, which is several times faster.
 
     A batch that fails any vectorised check is re-read line by line with the exact validator, which raises the error
     `iter_requests` would raise at the first bad line."""
@@ -230,7 +249,7 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[TraceHeader, TraceColumn
 
     path = Path(path)
     loads = orjson.loads
-    id_parts, arrival_parts, input_parts, output_parts = [], [], [], []
+    batches: list[_Batch] = []
     with _open(path) as fh:
         header = _parse_header(path, fh.readline() or None)
         ctx = _Context(header.block_size)
@@ -243,33 +262,34 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[TraceHeader, TraceColumn
             if not lines:
                 break
             try:
-                ids, arrivals, ilens, olens = _fast_columns(np, loads, lines, prev_id, prev_arrival)
-                ctx.ids.update(ids.tolist())
+                batch = _fast_columns(np, loads, lines, prev_id, prev_arrival, header.block_size, with_blocks)
+                ctx.ids.update(batch.ids.tolist())
             except _NeedsExactCheck:
-                ids, arrivals, ilens, olens = _exact_columns(np, path, first_lineno, lines, prev_id, prev_arrival, ctx)
-            id_parts.append(ids)
-            arrival_parts.append(arrivals)
-            input_parts.append(ilens)
-            output_parts.append(olens)
-            prev_id, prev_arrival = int(ids[-1]), float(arrivals[-1])
+                batch = _exact_columns(np, path, first_lineno, lines, prev_id, prev_arrival, ctx, with_blocks)
+            batches.append(batch)
+            prev_id, prev_arrival = int(batch.ids[-1]), float(batch.arrivals[-1])
             first_lineno += len(lines)
             count += len(lines)
     if count != header.num_requests:
         raise TraceError(path, 1, "num_requests", f"header says {header.num_requests} requests, the file has {count}")
 
-    def join(parts: list[Any], dtype: Any) -> Any:
+    def join(name: str, dtype: Any) -> Any:
+        parts = [getattr(b, name) for b in batches]
         return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
 
     columns = TraceColumns(
-        id=join(id_parts, np.int64),
-        arrival_s=join(arrival_parts, np.float64),
-        input_len=join(input_parts, np.int64),
-        output_len=join(output_parts, np.int64),
+        id=join("ids", np.int64),
+        arrival_s=join("arrivals", np.float64),
+        input_len=join("input_len", np.int64),
+        output_len=join("output_len", np.int64),
+        block_counts=join("block_counts", np.int64) if with_blocks else None,
+        blocks=join("blocks", np.int64) if with_blocks else None,
     )
     return header, columns
 
 
-def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, prev_arrival: float) -> tuple[Any, ...]:
+def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, prev_arrival: float,
+                  block_size: int | None, with_blocks: bool) -> _Batch:
     """Vectorised validation of one batch; raises _NeedsExactCheck whenever anything is off (never a TraceError:
     only the exact validator words errors, so the messages are the same on both paths)."""
     try:
@@ -278,8 +298,8 @@ def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, 
         raise _NeedsExactCheck from None
     if set(map(type, objs)) != {dict}:
         raise _NeedsExactCheck
-    if any(len(obj) != 4 and not KNOWN_FIELDS.isdisjoint(obj.keys() - REQUIRED_FIELDS) for obj in objs):
-        raise _NeedsExactCheck  # prefix blocks or closed-loop fields: the exact validator checks them
+    if any(len(obj) != 4 and not _EXACT_ONLY_FIELDS.isdisjoint(obj.keys()) for obj in objs):
+        raise _NeedsExactCheck  # closed-loop fields: the exact validator checks them against earlier ids
     try:
         ids = [obj["id"] for obj in objs]
         arrivals = [obj["arrival_s"] for obj in objs]
@@ -307,21 +327,52 @@ def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, 
         raise _NeedsExactCheck
     if input_arr.min() < 1 or output_arr.min() < 1:
         raise _NeedsExactCheck
-    return id_arr, arrival_arr, input_arr, output_arr
+    counts, blocks = _fast_blocks(np, objs, input_arr, block_size, with_blocks)
+    return _Batch(id_arr, arrival_arr, input_arr, output_arr, counts, blocks)
+
+
+def _fast_blocks(np: Any, objs: list[dict[str, Any]], input_arr: Any, block_size: int | None,
+                 with_blocks: bool) -> tuple[Any, Any]:
+    lists = [obj.get(PREFIX_FIELD, _NO_BLOCKS) for obj in objs]
+    kinds = set(map(type, lists))
+    if kinds == {tuple}:  # no request of the batch has blocks
+        return (np.zeros(len(objs), dtype=np.int64), np.empty(0, dtype=np.int64)) if with_blocks else (None, None)
+    if block_size is None or not kinds <= {list, tuple}:
+        raise _NeedsExactCheck
+    counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+    present = np.fromiter((type(b) is list for b in lists), dtype=bool, count=len(lists))
+    want = -(-input_arr // block_size)
+    if (counts[present] != want[present]).any():
+        raise _NeedsExactCheck
+    flat = list(chain.from_iterable(lists))
+    if set(map(type, flat)) - {int}:
+        raise _NeedsExactCheck
+    try:
+        blocks = np.array(flat, dtype=np.int64)
+    except OverflowError:
+        raise _NeedsExactCheck from None
+    if blocks.size and blocks.min() < -MAX_INT:
+        raise _NeedsExactCheck
+    return (counts, blocks) if with_blocks else (None, None)
 
 
 def _exact_columns(np: Any, path: Path, first_lineno: int, lines: list[bytes], prev_id: int | None,
-                   prev_arrival: float, ctx: _Context) -> tuple[Any, ...]:
+                   prev_arrival: float, ctx: _Context, with_blocks: bool) -> _Batch:
     requests = []
     for lineno, raw in enumerate(lines, start=first_lineno):
         req = _parse_request(path, lineno, _parse_line(path, lineno, raw), prev_id, prev_arrival, ctx)
         prev_id, prev_arrival = req.id, req.arrival_s
         requests.append(req)
-    return (
+    counts = blocks = None
+    if with_blocks:
+        counts = np.array([len(r.prefix_blocks or ()) for r in requests], dtype=np.int64)
+        blocks = np.array([b for r in requests for b in (r.prefix_blocks or ())], dtype=np.int64)
+    return _Batch(
         np.array([r.id for r in requests], dtype=np.int64),
         np.array([r.arrival_s for r in requests], dtype=np.float64),
         np.array([r.input_len for r in requests], dtype=np.int64),
         np.array([r.output_len for r in requests], dtype=np.int64),
+        counts, blocks,
     )
 
 
