@@ -167,10 +167,14 @@ def generate(**options: object) -> None:
 @click.command("inspect", context_settings={"max_content_width": 110})
 @click.argument("trace", type=str, metavar="TRACE")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print the statistics as one JSON object.")
-def inspect_cmd(trace: str, as_json: bool) -> None:
+@click.option("--lru-tokens", type=str, default=None, metavar="N[,N...]",
+              help="Sizes in tokens of the LRU caches whose hit rate is reported for a trace with prefix blocks.  "
+                   "[default: 65536,231818,927272 (231,818: llama-2-7b's KV pool on one H200 under sglang 0.5.17)]")
+def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None) -> None:
     """Statistics of a trace: requests, duration, mean rate, CV of the inter-arrival gaps, peak rate over 1 s windows,
-    input/output length mean/p50/p90/p99/max and offered tokens/s. The whole trace is validated while it is read: a
-    broken trace is an error naming the line and field.
+    input/output length mean/p50/p90/p99/max and offered tokens/s, and, where requests carry prefix_blocks, the
+    prefix structure. The whole trace is validated while it is read: a broken trace is an error naming the line and
+    field.
 
     \b
     duration            last arrival - first arrival
@@ -179,10 +183,29 @@ def inspect_cmd(trace: str, as_json: bool) -> None:
     peak rate (1 s)     the most requests arriving within any 1-second interval
     p50/p90/p99         nearest-rank percentiles (values that occur in the trace)
     offered tokens/s    mean rate x mean length
-    """
-    from tracebench.trace.inspect import format_table, trace_stats
 
-    stats = trace_stats(trace)
+    \b
+    Prefix structure (requests taken one after another in trace order, as by one server):
+    requests with blocks, block ids (all, distinct), distinct prefixes (distinct leading runs of ids)
+    reusable (ceiling)  prompt tokens one unbounded prefix cache holds when the request comes, / all prompt
+                        tokens: the leading run of blocks an earlier request sent, capped at input_len - 1
+                        per request (sglang always computes one prompt token)
+    LRU N tokens        the same with one LRU cache of N tokens holding whole blocks; estimated on a
+                        spatial sample of the blocks above 500,000 block ids (the sample rate is shown)
+    """
+    from tracebench.errors import ConfigError
+    from tracebench.trace.inspect import format_table, trace_stats
+    from tracebench.trace.prefix import DEFAULT_LRU_TOKENS
+
+    sizes = DEFAULT_LRU_TOKENS
+    if lru_tokens is not None:
+        try:
+            sizes = tuple(int(part) for part in lru_tokens.split(","))
+        except ValueError:
+            raise ConfigError(f"--lru-tokens must be integers separated by commas, got {lru_tokens!r}") from None
+        if not sizes or min(sizes) < 1:
+            raise ConfigError(f"--lru-tokens must be sizes >= 1 token, got {lru_tokens!r}")
+    stats = trace_stats(trace, sizes)
     if as_json:
         import orjson
 

@@ -107,13 +107,23 @@ def _parse_header(path: Path, raw: bytes | None) -> TraceHeader:
 
 class _Context:
     """What validating a request needs from the lines before it: the header's block size and the ids seen (for a
-    closed-loop `after`, which must name an earlier request)."""
+    closed-loop `after`, which must name an earlier request). The columnar reader parks its batches' ids in
+    `pending` and they join `ids` only when a line must be checked exactly (most traces have no closed loop)."""
 
-    __slots__ = ("block_size", "ids")
+    __slots__ = ("block_size", "_ids", "pending")
 
     def __init__(self, block_size: int | None) -> None:
         self.block_size = block_size
-        self.ids: set[int] = set()
+        self._ids: set[int] = set()
+        self.pending: list[Any] = []
+
+    @property
+    def ids(self) -> set[int]:
+        if self.pending:
+            for ids in self.pending:
+                self._ids.update(ids.tolist())
+            self.pending.clear()
+        return self._ids
 
 
 def _parse_request(path: Path, lineno: int, obj: dict[str, Any], prev_id: int | None, prev_arrival: float,
@@ -223,8 +233,10 @@ class _NeedsExactCheck(Exception):
 # Lines per batch of the columnar reader: large enough to amortise numpy calls, small enough that the batch's parsed
 # dicts stay a few tens of MB.
 _COLUMN_BATCH_BYTES = 4 << 20
-# Closed-loop fields are rare and checked against earlier ids: lines with them go to the exact validator.
-_EXACT_ONLY_FIELDS = frozenset((AFTER_FIELD, DELAY_FIELD))
+# Closed-loop fields are rare and checked against earlier ids: a batch with them goes to the exact validator. The
+# batch's raw bytes are searched for these (an escaped key, \u..., also sends it there).
+_EXACT_ONLY_MARKS = (b'"' + AFTER_FIELD.encode() + b'"', b'"' + DELAY_FIELD.encode() + b'"', b"\\u")
+_PREFIX_MARK = b'"' + PREFIX_FIELD.encode() + b'"'
 _NO_BLOCKS: tuple[()] = ()  # stands for an absent prefix_blocks (JSON never gives a tuple)
 
 
@@ -263,7 +275,7 @@ def read_columns(path: str | os.PathLike[str], with_blocks: bool = False) -> tup
                 break
             try:
                 batch = _fast_columns(np, loads, lines, prev_id, prev_arrival, header.block_size, with_blocks)
-                ctx.ids.update(batch.ids.tolist())
+                ctx.pending.append(batch.ids)
             except _NeedsExactCheck:
                 batch = _exact_columns(np, path, first_lineno, lines, prev_id, prev_arrival, ctx, with_blocks)
             batches.append(batch)
@@ -292,14 +304,15 @@ def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, 
                   block_size: int | None, with_blocks: bool) -> _Batch:
     """Vectorised validation of one batch; raises _NeedsExactCheck whenever anything is off (never a TraceError:
     only the exact validator words errors, so the messages are the same on both paths)."""
+    raw_batch = b"".join(lines)
+    if any(mark in raw_batch for mark in _EXACT_ONLY_MARKS):
+        raise _NeedsExactCheck
     try:
         objs = [loads(raw) for raw in lines]
     except orjson.JSONDecodeError:
         raise _NeedsExactCheck from None
     if set(map(type, objs)) != {dict}:
         raise _NeedsExactCheck
-    if any(len(obj) != 4 and not _EXACT_ONLY_FIELDS.isdisjoint(obj.keys()) for obj in objs):
-        raise _NeedsExactCheck  # closed-loop fields: the exact validator checks them against earlier ids
     try:
         ids = [obj["id"] for obj in objs]
         arrivals = [obj["arrival_s"] for obj in objs]
@@ -327,17 +340,22 @@ def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, 
         raise _NeedsExactCheck
     if input_arr.min() < 1 or output_arr.min() < 1:
         raise _NeedsExactCheck
-    counts, blocks = _fast_blocks(np, objs, input_arr, block_size, with_blocks)
+    if _PREFIX_MARK in raw_batch:
+        counts, blocks = _fast_blocks(np, objs, input_arr, block_size, with_blocks, raw_batch)
+    elif with_blocks:
+        counts, blocks = np.zeros(len(objs), dtype=np.int64), np.empty(0, dtype=np.int64)
+    else:
+        counts = blocks = None
     return _Batch(id_arr, arrival_arr, input_arr, output_arr, counts, blocks)
 
 
 def _fast_blocks(np: Any, objs: list[dict[str, Any]], input_arr: Any, block_size: int | None,
-                 with_blocks: bool) -> tuple[Any, Any]:
+                 with_blocks: bool, raw_batch: bytes) -> tuple[Any, Any]:
+    # true/false anywhere in the batch: the exact validator tells a bool id from an int (numpy would take it as 1)
+    if block_size is None or b"true" in raw_batch or b"false" in raw_batch:
+        raise _NeedsExactCheck
     lists = [obj.get(PREFIX_FIELD, _NO_BLOCKS) for obj in objs]
-    kinds = set(map(type, lists))
-    if kinds == {tuple}:  # no request of the batch has blocks
-        return (np.zeros(len(objs), dtype=np.int64), np.empty(0, dtype=np.int64)) if with_blocks else (None, None)
-    if block_size is None or not kinds <= {list, tuple}:
+    if not set(map(type, lists)) <= {list, tuple}:
         raise _NeedsExactCheck
     counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
     present = np.fromiter((type(b) is list for b in lists), dtype=bool, count=len(lists))
@@ -345,13 +363,10 @@ def _fast_blocks(np: Any, objs: list[dict[str, Any]], input_arr: Any, block_size
     if (counts[present] != want[present]).any():
         raise _NeedsExactCheck
     flat = list(chain.from_iterable(lists))
-    if set(map(type, flat)) - {int}:
-        raise _NeedsExactCheck
-    try:
-        blocks = np.array(flat, dtype=np.int64)
-    except OverflowError:
-        raise _NeedsExactCheck from None
-    if blocks.size and blocks.min() < -MAX_INT:
+    if not flat:
+        raise _NeedsExactCheck  # only empty lists: the exact validator says what is wrong
+    blocks = np.array(flat)  # int64 only when every id is a 64-bit int (a float, a string, a huge int: another dtype)
+    if blocks.dtype != np.int64 or blocks.min() < -MAX_INT:
         raise _NeedsExactCheck
     return (counts, blocks) if with_blocks else (None, None)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Above this many block references the LRU hit rate is estimated on a spatial sample of the blocks of this size.
-LRU_EXACT_REFS = 1_500_000
+LRU_EXACT_REFS = 500_000
 # Default LRU sizes in tokens: a small cache, one H200 and four H200s running llama-2-7b with sglang 0.5.17 (its
 # max_total_num_tokens, tests/data/sglang-0.5.17/api_capture.json).
 DEFAULT_LRU_TOKENS = (65_536, 231_818, 927_272)
@@ -63,75 +63,87 @@ def build_tree(counts: np.ndarray, flat_blocks: np.ndarray, input_len: np.ndarra
     flat = np.asarray(flat_blocks, dtype=np.int64)
     input_len = np.asarray(input_len, dtype=np.int64)
     refs = int(flat.size)
-    request = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
-    starts = np.cumsum(counts) - counts
-    depth = np.arange(refs, dtype=np.int64) - np.repeat(starts, counts)
-    tokens = np.full(refs, block_size, dtype=np.int64)
+    # 32-bit where it fits: these arrays have one entry per block id of the trace (tens of millions)
+    small = np.int32 if max(refs, counts.size, block_size) < 2**31 else np.int64
+    request = np.repeat(np.arange(counts.size, dtype=small), counts)
     with_blocks = counts > 0
-    last = (starts + counts - 1)[with_blocks]
+    starts = (np.cumsum(counts) - counts)[with_blocks]
+    last = starts + counts[with_blocks] - 1
+    tokens = np.full(refs, block_size, dtype=small)
     tokens[last] = input_len[with_blocks] - (counts[with_blocks] - 1) * block_size
 
-    # Dense block ranks (a node key is parent node x distinct blocks + rank, which must fit in 64 bits).
+    # Dense block ranks 0..width-1 (ids used directly when they are small non-negative integers).
     if refs and flat.min() >= 0 and flat.max() < 4 * refs + 1024:
-        seen = np.zeros(int(flat.max()) + 1, dtype=bool)
-        seen[flat] = True
-        distinct = int(seen.sum())
         rank, width = flat, int(flat.max()) + 1
+        seen = np.zeros(width, dtype=bool)
+        seen[rank] = True
+        distinct = int(seen.sum())
     else:
         uniq, rank = np.unique(flat, return_inverse=True)
         distinct = width = int(uniq.size)
+    # The block before each reference in its request (-1 at a request's first block).
+    parent = np.empty(refs, dtype=np.int64)
+    parent[1:] = rank[:-1]
+    parent[starts] = -1
+    # When every id always follows the same id (Mooncake's hash_ids, tracebench's generators), an id names one path
+    # of the tree by itself: it is the node. Otherwise the tree is built level by level.
+    parent_of = np.full(width, -2, dtype=np.int64)
+    parent_of[rank] = parent
+    if (parent_of[rank] == parent).all():
+        node, nodes = rank, width
+    else:
+        node, nodes = _tree_nodes(rank, width, counts, starts, request)
+    del parent, parent_of
+    position = np.arange(refs, dtype=small)
+    first_ref = np.full(nodes, refs, dtype=small)
+    np.minimum.at(first_ref, node, position)
+    # a node appears at most once per request, so "not its first reference" is "sent by an earlier request"
+    seen_before = first_ref[node] != position
+    del position
+    available = np.where(seen_before, tokens, 0)
+    _limit_partial_firsts(available, node, tokens, request, first_ref, last, block_size, width)
+    return PrefixTree(block_size=block_size, input_len=input_len, has_blocks=with_blocks, request=request, node=node,
+                      tokens=tokens, available=available, distinct_blocks=distinct,
+                      nodes=int((first_ref < refs).sum()))
+
+
+def _limit_partial_firsts(available: np.ndarray, node: np.ndarray, tokens: np.ndarray, request: np.ndarray,
+                          first_ref: np.ndarray, last: np.ndarray, block_size: int, width: int) -> None:
+    """A node first sent as a partial last block (r tokens): a later request gets at most the most tokens of it sent
+    before. Only last blocks are partial, so such nodes are few."""
+    partial_last = last[tokens[last] < block_size]
+    firsts = partial_last[first_ref[node[partial_last]] == partial_last]
+    if firsts.size == 0:
+        return
+    marked = np.zeros(max(width, int(node.max()) + 1), dtype=bool)
+    marked[node[firsts]] = True
+    refs_of = np.flatnonzero(marked[node])
+    refs_of = refs_of[np.lexsort((request[refs_of], node[refs_of]))]
+    sent, owner = tokens[refs_of].astype(np.int64), node[refs_of]
+    # running max within each node (an offset per node keeps maxima from crossing nodes), shifted by one reference
+    offset = owner * (block_size + 1)
+    running = np.maximum.accumulate(sent + offset) - offset
+    before = np.zeros(refs_of.size, dtype=np.int64)
+    before[1:] = np.where(owner[1:] == owner[:-1], running[:-1], 0)
+    available[refs_of] = np.minimum(sent, before)
+
+
+def _tree_nodes(rank: np.ndarray, width: int, counts: np.ndarray, starts: np.ndarray,
+                request: np.ndarray) -> tuple[np.ndarray, int]:
+    """Node of each reference: (node of the reference before it, its block) numbered level by level."""
+    refs = rank.size
+    depth = np.arange(refs, dtype=np.int64) - np.repeat(starts, counts[counts > 0])
+    order = np.argsort(depth, kind="stable")
+    level_bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2))
     node = np.empty(refs, dtype=np.int64)
-    first_request = np.empty(refs, dtype=np.int64)  # per node: the first request that has it
-    # Level by level (depth 0 first); within a level, references stay in request order (stable sort), so the first
-    # index of a key is its first request.
-    order = np.argsort(depth.astype(np.uint16) if refs and depth.max() < 65536 else depth, kind="stable")
-    level_bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2 if refs else 1))
-    parent_of = np.zeros(refs, dtype=np.int64)  # node of the reference one level up (same request)
     nodes = 0
     for level in range(len(level_bounds) - 1):
         idx = order[level_bounds[level]:level_bounds[level + 1]]
-        if idx.size == 0:
-            break
-        keys = parent_of[idx] * width + rank[idx] if level else rank[idx]
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        level_nodes = nodes + inverse
-        node[idx] = level_nodes
-        first_request[nodes:nodes + first.size] = request[idx[first]]
-        nodes += int(first.size)
-        deeper = idx[depth[idx] + 1 < counts[request[idx]]]
-        parent_of[deeper + 1] = node[deeper]
-    first_request = first_request[:nodes]
-
-    available = _available_tokens(request, node, tokens, first_request, block_size, nodes)
-    return PrefixTree(block_size=block_size, input_len=input_len, has_blocks=with_blocks, request=request, node=node,
-                      tokens=tokens, available=available, distinct_blocks=distinct, nodes=nodes)
-
-
-def _available_tokens(request: np.ndarray, node: np.ndarray, tokens: np.ndarray, first_request: np.ndarray,
-                      block_size: int, nodes: int) -> np.ndarray:
-    """Per reference: min(its tokens, the most tokens of its node any earlier request sent)."""
-    seen_before = first_request[node] < request
-    available = np.where(seen_before, tokens, 0)
-    full = tokens == block_size
-    first_full = np.full(nodes, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first_full, node[full], request[full])
-    # Seen before, but never whole before: the earlier sends were all partial; take the longest of them.
-    partly = np.flatnonzero(seen_before & (first_full[node] >= request))
-    if partly.size:
-        partial = np.flatnonzero(~full)
-        span = np.int64(request.max() + 1)
-        keys = node[partial] * span + request[partial]
-        by_key = np.argsort(keys, kind="stable")
-        keys, sent = keys[by_key], tokens[partial][by_key]
-        # running max of sent tokens within each node (an offset per node keeps maxima from crossing nodes)
-        offset = node[partial][by_key] * (block_size + 1)
-        running = np.maximum.accumulate(sent + offset) - offset
-        pos = np.searchsorted(keys, node[partly] * span + request[partly], side="left") - 1
-        ok = pos >= 0
-        ok[ok] = node[partial][by_key][pos[ok]] == node[partly][ok]
-        best = np.where(ok, running[np.maximum(pos, 0)], 0)
-        available[partly] = np.minimum(tokens[partly], best)
-    return available
+        keys = node[idx - 1] * width + rank[idx] if level else rank[idx]
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        node[idx] = nodes + inverse
+        nodes += int(uniq.size)
+    return node, nodes
 
 
 def per_request(tree: PrefixTree, per_reference: np.ndarray) -> np.ndarray:
@@ -165,62 +177,65 @@ class LruResult:
     sample_rate: float  # 1.0: exact
 
 
-def lru_hit_tokens(tree: PrefixTree, cache_tokens: int, max_refs: int = LRU_EXACT_REFS) -> LruResult:
-    """Prompt tokens served by one LRU cache of `cache_tokens` tokens (whole blocks: cache_tokens // block_size),
-    requests in order. Exact up to `max_refs` block references, else estimated on a spatial sample of the nodes."""
-    capacity = cache_tokens // tree.block_size
+def lru_hit_tokens(tree: PrefixTree, cache_tokens: Sequence[int], max_refs: int = LRU_EXACT_REFS) -> list[LruResult]:
+    """Prompt tokens served by one LRU cache of each size in `cache_tokens` (whole blocks: size // block_size),
+    requests in order. Exact up to `max_refs` block references, else estimated on a spatial sample of the nodes
+    (SHARDS: a node is kept when a fixed hash of it falls under the rate; each cache's capacity is scaled by it)."""
     total = int(tree.input_len.sum())
     refs = int(tree.node.size)
-    rate = 1.0 if refs <= max_refs else max_refs / refs
-    if rate < 1.0:
-        # a fixed multiplicative hash of the node id: the same nodes are sampled every time
+    keep = None
+    rate = 1.0
+    if refs > max_refs:
+        threshold = max(1, int(max_refs / refs * (1 << 24)))
+        rate = threshold / (1 << 24)
         hashed = (tree.node.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
-        keep = np.flatnonzero(hashed < np.uint64(int(rate * (1 << 24))))
-        rate = float(int(rate * (1 << 24))) / (1 << 24)
-        capacity = int(capacity * rate)
-    else:
-        keep = None
-    hits = _simulate_lru(tree, keep, capacity)
-    if keep is None:
-        hit_tokens = int(per_request(tree, hits).sum())
-    else:
-        hit_tokens = int(round(hits.sum() / rate))
-    return LruResult(cache_tokens=cache_tokens, hit_tokens=hit_tokens, hit_rate=hit_tokens / total if total else 0.0,
-                     sample_rate=rate)
+        keep = np.flatnonzero(hashed < np.uint64(threshold))
+    capacities = [int(size // tree.block_size * rate) for size in cache_tokens]
+    results = []
+    for size, hits in zip(cache_tokens, _simulate_lru(tree, keep, capacities)):
+        hit_tokens = int(per_request(tree, hits).sum()) if keep is None else int(round(hits.sum() / rate))
+        results.append(LruResult(cache_tokens=size, hit_tokens=hit_tokens, hit_rate=hit_tokens / total if total else 0.0,
+                                 sample_rate=rate))
+    return results
 
 
-def _simulate_lru(tree: PrefixTree, keep: np.ndarray | None, capacity: int) -> np.ndarray:
-    """Per reference kept (all when keep is None): the tokens served from an LRU of `capacity` blocks."""
+def _simulate_lru(tree: PrefixTree, keep: np.ndarray | None, capacities: list[int]) -> list[np.ndarray]:
+    """For each capacity (in blocks): per reference (all, or those kept), the tokens an LRU of that size served.
+    Each cache is a plain Python OrderedDict driven over the references (the cost of one is ~0.1 us per reference)."""
     request = tree.request if keep is None else tree.request[keep]
     nodes = tree.node if keep is None else tree.node[keep]
     available = tree.available if keep is None else tree.available[keep]
-    hit = np.zeros(nodes.size, dtype=np.int64)
-    if nodes.size == 0 or capacity <= 0:
-        return hit
-    cache: OrderedDict[int, None] = OrderedDict()
-    bounds = np.flatnonzero(np.diff(request)) + 1
-    starts = np.concatenate(([0], bounds)).tolist()
-    stops = np.concatenate((bounds, [nodes.size])).tolist()
-    node_list = nodes.tolist()
-    present = []
-    move = cache.move_to_end
-    evict = cache.popitem
-    for start, stop in zip(starts, stops):
-        path = node_list[start:stop]
-        for offset, n in enumerate(path):
-            if n in cache:
-                present.append(start + offset)
-        for n in reversed(path):  # leaf first: ancestors end up the more recent
-            if n in cache:
-                move(n)
-            else:
-                cache[n] = None
-        while len(cache) > capacity:
-            evict(last=False)
-    if present:
-        idx = np.array(present, dtype=np.int64)
-        hit[idx] = available[idx]
-    return hit
+    caches: list[OrderedDict[int, None]] = [OrderedDict() for _ in capacities]
+    present: list[list[int]] = [[] for _ in capacities]
+    if nodes.size:
+        bounds = np.flatnonzero(np.diff(request)) + 1
+        starts = [0, *bounds.tolist()]
+        stops = [*bounds.tolist(), int(nodes.size)]
+        node_list = nodes.tolist()
+        for cache, capacity, hits in zip(caches, capacities, present):
+            if capacity <= 0:
+                continue
+            move, evict = cache.move_to_end, cache.popitem
+            for start, stop in zip(starts, stops):
+                path = node_list[start:stop]
+                for offset, n in enumerate(path):
+                    if n in cache:
+                        hits.append(start + offset)
+                for n in reversed(path):  # leaf first: ancestors end up the more recent
+                    if n in cache:
+                        move(n)
+                    else:
+                        cache[n] = None
+                while len(cache) > capacity:
+                    evict(last=False)
+    out = []
+    for hits in present:
+        served = np.zeros(nodes.size, dtype=np.int64)
+        if hits:
+            idx = np.array(hits, dtype=np.int64)
+            served[idx] = available[idx]
+        out.append(served)
+    return out
 
 
 @dataclass(frozen=True)
@@ -247,5 +262,5 @@ def prefix_stats(counts: np.ndarray, flat_blocks: np.ndarray, input_len: np.ndar
         block_size=block_size, requests_with_blocks=int(tree.has_blocks.sum()), block_refs=int(tree.node.size),
         distinct_blocks=tree.distinct_blocks, distinct_prefixes=tree.nodes, prompt_tokens=total,
         reusable_tokens=reusable, reusable_fraction=reusable / total if total else 0.0,
-        lru=tuple(lru_hit_tokens(tree, size) for size in lru_tokens),
+        lru=tuple(lru_hit_tokens(tree, lru_tokens)),
     )
