@@ -339,6 +339,11 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
     else:
         arrivals, rows = _dataset_rows(p, dataset, arrival_rng, input_rng)
         input_len, output_len = dataset.input_len[rows], dataset.output_len[rows]
+        if dataset.extras is not None and not (p.keep_timestamps or p.in_order) and \
+                any(e is not None and "after" in e for e in dataset.extras):
+            raise ConfigError(f"--dataset {dataset.path} is closed loop (requests sent after others finished): sampled "
+                              f"rows would lose the requests they follow; take them in order (--keep-timestamps or "
+                              f"--in-order)")
         if dataset.extras is not None:
             extras = [dataset.extras[i] for i in rows.tolist()]
         selection = "timestamps" if p.keep_timestamps else ("in order" if p.in_order else "sampled with replacement")

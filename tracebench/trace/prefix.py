@@ -172,7 +172,7 @@ def reusable_tokens(blocks_per_request: Sequence[Sequence[int] | None], input_le
 @dataclass(frozen=True)
 class LruResult:
     cache_tokens: int
-    hit_tokens: int  # estimated (scaled up from the sample) when sample_rate < 1
+    hit_tokens: int  # estimated (hit rate of the sample x all prompt tokens) when sample_rate < 1
     hit_rate: float  # hit tokens / all prompt tokens
     sample_rate: float  # 1.0: exact
 
@@ -191,9 +191,14 @@ def lru_hit_tokens(tree: PrefixTree, cache_tokens: Sequence[int], max_refs: int 
         hashed = (tree.node.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
         keep = np.flatnonzero(hashed < np.uint64(threshold))
     capacities = [int(size // tree.block_size * rate) for size in cache_tokens]
+    # sampled: the hit rate of the sampled references' tokens (a ratio: a hot block sampled or not moves both sums)
+    sampled_tokens = None if keep is None else int(tree.tokens[keep].sum())
     results = []
     for size, hits in zip(cache_tokens, _simulate_lru(tree, keep, capacities)):
-        hit_tokens = int(per_request(tree, hits).sum()) if keep is None else int(round(hits.sum() / rate))
+        if keep is None:
+            hit_tokens = int(per_request(tree, hits).sum())
+        else:
+            hit_tokens = int(round(hits.sum() / sampled_tokens * total)) if sampled_tokens else 0
         results.append(LruResult(cache_tokens=size, hit_tokens=hit_tokens, hit_rate=hit_tokens / total if total else 0.0,
                                  sample_rate=rate))
     return results
