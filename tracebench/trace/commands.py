@@ -77,7 +77,8 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
 
 @click.command("generate", help=_GENERATE_HELP, context_settings={"max_content_width": 110})
 @click.option("--rate", type=float, default=None, metavar="R",
-              help="Mean arrival rate in requests/s.  [default: 8; not with --keep-timestamps]")
+              help="Mean arrival rate in requests/s (--workload multi-turn: session starts/s).  [default: 8; not with "
+                   "--keep-timestamps]")
 @click.option("--num-requests", type=int, default=None, metavar="N",
               help="Number of requests (excludes --duration).  [default: 1000; with --keep-timestamps or --in-order: "
                    "every dataset row]")
@@ -93,7 +94,8 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
               help="With --arrival gamma (required there): the coefficient of variation of the inter-arrival gaps; "
                    "1 is Poisson, 4 is very bursty, < 1 more regular (gamma shape k = 1/B^2).")
 @click.option("--input-len", type=int, default=None, metavar="TOKENS",
-              help="Mean prompt length in tokens.  [default: 512; not with --dataset]")
+              help="Mean prompt length in tokens (shared-prompt: of the question after the system prompt; "
+                   "multi-turn: of each turn's new user tokens).  [default: 512; not with --dataset]")
 @click.option("--output-len", type=int, default=None, metavar="TOKENS",
               help="Mean answer length in tokens.  [default: 128; not with --dataset]")
 @click.option("--length-dist", type=click.Choice(_LENGTH_DISTS), default=None,
