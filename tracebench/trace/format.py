@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Iterator
 from itertools import chain
+from operator import itemgetter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,10 +234,9 @@ class _NeedsExactCheck(Exception):
 # Lines per batch of the columnar reader: large enough to amortise numpy calls, small enough that the batch's parsed
 # dicts stay a few tens of MB.
 _COLUMN_BATCH_BYTES = 4 << 20
-# Closed-loop fields are rare and checked against earlier ids: a batch with them goes to the exact validator. The
-# batch's raw bytes are searched for these (an escaped key, \u..., also sends it there).
-_EXACT_ONLY_MARKS = (b'"' + AFTER_FIELD.encode() + b'"', b'"' + DELAY_FIELD.encode() + b'"', b"\\u")
-_PREFIX_MARK = b'"' + PREFIX_FIELD.encode() + b'"'
+# Closed-loop fields are rare and checked against earlier ids: a batch with them goes to the exact validator.
+_EXACT_ONLY_FIELDS = frozenset((AFTER_FIELD, DELAY_FIELD))
+_GET_REQUIRED = tuple(itemgetter(name) for name in REQUIRED_FIELDS)
 _NO_BLOCKS: tuple[()] = ()  # stands for an absent prefix_blocks (JSON never gives a tuple)
 
 
@@ -304,20 +304,17 @@ def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, 
                   block_size: int | None, with_blocks: bool) -> _Batch:
     """Vectorised validation of one batch; raises _NeedsExactCheck whenever anything is off (never a TraceError:
     only the exact validator words errors, so the messages are the same on both paths)."""
-    raw_batch = b"".join(lines)
-    if any(mark in raw_batch for mark in _EXACT_ONLY_MARKS):
-        raise _NeedsExactCheck
     try:
         objs = [loads(raw) for raw in lines]
     except orjson.JSONDecodeError:
         raise _NeedsExactCheck from None
     if set(map(type, objs)) != {dict}:
         raise _NeedsExactCheck
+    keys = set().union(*objs)
+    if not _EXACT_ONLY_FIELDS.isdisjoint(keys):
+        raise _NeedsExactCheck
     try:
-        ids = [obj["id"] for obj in objs]
-        arrivals = [obj["arrival_s"] for obj in objs]
-        ilens = [obj["input_len"] for obj in objs]
-        olens = [obj["output_len"] for obj in objs]
+        ids, arrivals, ilens, olens = (list(map(get, objs)) for get in _GET_REQUIRED)
     except KeyError:
         raise _NeedsExactCheck from None
     # bool is a subclass of int: comparing exact types keeps True/False out, as _is_int does.
@@ -340,8 +337,8 @@ def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, 
         raise _NeedsExactCheck
     if input_arr.min() < 1 or output_arr.min() < 1:
         raise _NeedsExactCheck
-    if _PREFIX_MARK in raw_batch:
-        counts, blocks = _fast_blocks(np, objs, input_arr, block_size, with_blocks, raw_batch)
+    if PREFIX_FIELD in keys:
+        counts, blocks = _fast_blocks(np, objs, input_arr, block_size, with_blocks, b"".join(lines))
     elif with_blocks:
         counts, blocks = np.zeros(len(objs), dtype=np.int64), np.empty(0, dtype=np.int64)
     else:

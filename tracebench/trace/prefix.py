@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Above this many block references the LRU hit rate is estimated on a spatial sample of the blocks of this size.
-LRU_EXACT_REFS = 500_000
+LRU_EXACT_REFS = 300_000
 # Default LRU sizes in tokens: a small cache, one H200 and four H200s running llama-2-7b with sglang 0.5.17 (its
 # max_total_num_tokens, tests/data/sglang-0.5.17/api_capture.json).
 DEFAULT_LRU_TOKENS = (65_536, 231_818, 927_272)
