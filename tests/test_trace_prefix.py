@@ -200,3 +200,15 @@ def test_inspect_without_blocks_has_no_prefix_section_and_bad_sizes_are_errors(t
     for bad in ("0", "1,x", ""):
         proc = run_cli("inspect", str(trace), "--lru-tokens", bad)
         assert proc.returncode == 2 and proc.stderr.startswith("tracebench: error: --lru-tokens"), proc.stderr
+
+
+def test_trace_reusable_tokens_reads_a_trace_file(tmp_path: Path) -> None:
+    from tracebench.trace.prefix import trace_reusable_tokens
+
+    trace = tmp_path / "t.jsonl"
+    lines = ['{"tracebench_trace":1,"num_requests":3,"duration_s":2,"block_size":4}',
+             '{"id":0,"arrival_s":0,"input_len":10,"output_len":1,"prefix_blocks":[1,2,3]}',
+             '{"id":1,"arrival_s":1,"input_len":5,"output_len":1}',
+             '{"id":2,"arrival_s":2,"input_len":12,"output_len":1,"prefix_blocks":[1,2,3]}']
+    trace.write_text("\n".join(lines) + "\n")
+    assert trace_reusable_tokens(trace) == (10, 27)

@@ -12,7 +12,8 @@ tokens). sglang never serves a whole prompt from cache (`Req._compute_max_prefix
 python/sglang/srt/managers/schedule_batch.py caps the match at `input_len - 1`, one token must be computed for the
 logits), so each request's reusable tokens are capped at `input_len - 1`: the ceiling is what sglang can reach.
 
-- `reusable_tokens`: the ceiling, one unbounded cache: (reusable prompt tokens, all prompt tokens).
+- `reusable_tokens` (block lists) / `trace_reusable_tokens` (a trace file): the ceiling, one unbounded cache:
+  (reusable prompt tokens, all prompt tokens); `reusable_per_request(build_tree(...))`: the same per request.
 - `lru_hit_tokens`: the same with one LRU cache of a given size in tokens. The cache holds whole blocks (a block of the
   prefix tree takes `block_size` tokens of the cache, partial or not), touching a request's blocks leaf first so a
   block's ancestors are always more recent than it: the cache stays a set of tree paths, as sglang evicts leaves.
@@ -22,6 +23,7 @@ logits), so each request's reusable tokens are capped at `input_len - 1`: the ce
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,7 +94,7 @@ def build_tree(counts: np.ndarray, flat_blocks: np.ndarray, input_len: np.ndarra
     if (parent_of[rank] == parent).all():
         node, nodes = rank, width
     else:
-        node, nodes = _tree_nodes(rank, width, counts, starts, request)
+        node, nodes = _tree_nodes(rank, width, counts, starts)
     del parent, parent_of
     position = np.arange(refs, dtype=small)
     first_ref = np.full(nodes, refs, dtype=small)
@@ -128,8 +130,7 @@ def _limit_partial_firsts(available: np.ndarray, node: np.ndarray, tokens: np.nd
     available[refs_of] = np.minimum(sent, before)
 
 
-def _tree_nodes(rank: np.ndarray, width: int, counts: np.ndarray, starts: np.ndarray,
-                request: np.ndarray) -> tuple[np.ndarray, int]:
+def _tree_nodes(rank: np.ndarray, width: int, counts: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, int]:
     """Node of each reference: (node of the reference before it, its block) numbered level by level."""
     refs = rank.size
     depth = np.arange(refs, dtype=np.int64) - np.repeat(starts, counts[counts > 0])
@@ -166,6 +167,18 @@ def reusable_tokens(blocks_per_request: Sequence[Sequence[int] | None], input_le
     flat = np.fromiter((x for b in blocks_per_request if b is not None for x in b), dtype=np.int64,
                        count=int(counts.sum()))
     tree = build_tree(counts, flat, np.asarray(input_lens, dtype=np.int64), block_size)
+    return int(reusable_per_request(tree).sum()), int(tree.input_len.sum())
+
+
+def trace_reusable_tokens(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """`reusable_tokens` of a trace file (read and validated by the columnar reader; TraceError if broken). (0, total)
+    for a trace without prefix blocks."""
+    from tracebench.trace.format import read_columns
+
+    header, columns = read_columns(path, with_blocks=True)
+    if columns.blocks.size == 0:
+        return 0, int(columns.input_len.sum())
+    tree = build_tree(columns.block_counts, columns.blocks, columns.input_len, header.block_size)  # type: ignore[arg-type]
     return int(reusable_per_request(tree).sum()), int(tree.input_len.sum())
 
 
