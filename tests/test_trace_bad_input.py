@@ -31,6 +31,61 @@ BROKEN_TRACES = {
                         "tracebench_trace", "unknown trace format version 2"),
     "count_mismatch": ("\n".join([HEADER, *GOOD]), 1, "num_requests", "header says 3 requests, the file has 2"),
 }
+# Prefix blocks and closed loop (issue 12): block_size 4, so input_len 5 needs ceil(5/4) = 2 blocks.
+BLOCK_HEADER = HEADER.replace("}", ',"block_size":4}')
+BLOCKS_OK = '{"id":0,"arrival_s":0.0,"input_len":5,"output_len":3,"prefix_blocks":[1,2]}'
+
+
+def _blocks_case(header: str, line3: str) -> str:
+    return "\n".join([header, BLOCKS_OK, line3, '{"id":2,"arrival_s":2.0,"input_len":4,"output_len":3}'])
+
+
+BROKEN_TRACES.update({
+    "blocks_too_few": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":9,"output_len":2,'
+                                                  '"prefix_blocks":[1,2]}'), 3, "prefix_blocks",
+                       "has 2 block(s); input_len 9 with block_size 4 needs ceil(9/4) = 3"),
+    "blocks_too_many": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2,'
+                                                   '"prefix_blocks":[1,2]}'), 3, "prefix_blocks", "needs ceil(4/4) = 1"),
+    "blocks_empty": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2,'
+                                                '"prefix_blocks":[]}'), 3, "prefix_blocks", "has 0 block(s)"),
+    "blocks_not_a_list": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2,'
+                                                     '"prefix_blocks":"1"}'), 3, "prefix_blocks",
+                          "must be a list of integers"),
+    "blocks_null": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2,'
+                                               '"prefix_blocks":null}'), 3, "prefix_blocks", "must be a list of integers"),
+    "block_float": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":8,"output_len":2,'
+                                               '"prefix_blocks":[1,2.5]}'), 3, "prefix_blocks",
+                    "must be a list of integers"),
+    "block_bool": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":8,"output_len":2,'
+                                              '"prefix_blocks":[1,true]}'), 3, "prefix_blocks",
+                   "must be a list of integers"),
+    "block_beyond_64_bits": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2,'
+                                                        '"prefix_blocks":[9223372036854775808]}'), 3, "prefix_blocks",
+                             "must be a list of integers (64-bit)"),
+    "block_size_missing": (_blocks_case(HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2}'), 2,
+                           "prefix_blocks", "the trace header (line 1) has no block_size"),
+    "block_size_zero": (_blocks_case(HEADER.replace("}", ',"block_size":0}'), GOOD[1]), 1, "block_size",
+                        "must be an integer >= 1"),
+    "block_size_negative": (_blocks_case(HEADER.replace("}", ',"block_size":-512}'), GOOD[1]), 1, "block_size",
+                            "must be an integer >= 1"),
+    "block_size_not_int": (_blocks_case(HEADER.replace("}", ',"block_size":"512"}'), GOOD[1]), 1, "block_size",
+                           "must be an integer >= 1"),
+    "after_later_id": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2,"after":2,'
+                                                  '"delay_s":0.5}'), 3, "after",
+                       "names request 2, which is not an earlier line"),
+    "after_missing_id": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2,'
+                                                    '"after":7,"delay_s":0.5}'), 3, "after", "names request 7"),
+    "after_itself": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2,"after":1,'
+                                                '"delay_s":0.5}'), 3, "after", "names request 1"),
+    "after_not_int": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2,'
+                                                 '"after":"0","delay_s":0.5}'), 3, "after", "must be the integer id"),
+    "after_without_delay": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2,'
+                                                       '"after":0}'), 3, "delay_s", "missing"),
+    "delay_without_after": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2,'
+                                                       '"delay_s":0.5}'), 3, "after", "missing"),
+    "delay_negative": (_blocks_case(BLOCK_HEADER, '{"id":1,"arrival_s":1.0,"input_len":4,"output_len":2,"after":0,'
+                                                  '"delay_s":-1}'), 3, "delay_s", "must be a finite number >= 0"),
+})
 
 
 def _assert_one_line_error(proc, where: str, why: str) -> None:

@@ -54,6 +54,9 @@ def test_default_output_path_summary_and_clamp_on_stderr(tmp_path: Path) -> None
         "rate": 16.0, "num_requests": 400, "duration": None, "seed": 0, "arrival": "poisson", "burstiness": None,
         "input_len": 900, "output_len": 300, "length_dist": "lognormal", "length_spread": 1.5, "max_context": 1500,
         "dataset": None, "dataset_format": None, "keep_timestamps": False, "time_scale": None, "in_order": False,
+        "workload": None, "block_size": None, "groups": None, "prefix_len": None, "group_dist": None,
+        "group_zipf": None, "sessions": None, "turns": None, "think_time": None, "think_dist": None,
+        "closed_loop": False,
     }
 
 
@@ -61,23 +64,31 @@ def test_help_texts_explain_every_option(tmp_path: Path) -> None:
     text = run_cli("generate", "--help").stdout
     for option in ("--rate", "--num-requests", "--duration", "--seed", "--arrival", "--burstiness", "--input-len",
                    "--output-len", "--length-dist", "--length-spread", "--max-context", "--dataset",
-                   "--dataset-format", "--keep-timestamps", "--time-scale", "--in-order", "--output"):
+                   "--dataset-format", "--keep-timestamps", "--time-scale", "--in-order", "--output", "--workload",
+                   "--block-size", "--groups", "--prefix-len", "--group-dist", "--group-zipf", "--sessions", "--turns",
+                   "--think-time", "--think-dist", "--closed-loop"):
         assert option in text
+    for meaning in ("shared-prompt  --groups G system prompts", "multi-turn     --sessions S of --turns T turns",
+                    "Only the whole blocks of a group's prompt"):
+        assert meaning in text
     for meaning in ("uniform    spread = std/mean", "normal     spread = std/mean", "lognormal  spread = std/mean",
                     "zipf       spread = longest length / mean", "fixed      every length is the mean"):
         assert meaning in text
     inspect_help = run_cli("inspect", "--help").stdout
-    for word in ("gap CV", "peak rate", "p50/p90/p99", "offered tokens/s", "--json"):
+    for word in ("gap CV", "peak rate", "p50/p90/p99", "offered tokens/s", "--json", "--lru-tokens",
+                 "reusable (ceiling)", "input_len - 1", "LRU N tokens"):
         assert word in inspect_help
 
 
 def test_commands_module_is_light_and_its_choices_match_the_library() -> None:
     code = ("import sys, tracebench.trace.commands as c; assert 'numpy' not in sys.modules, 'numpy imported';"
-            "print(c._ARRIVALS, c._LENGTH_DISTS, c._DATASET_FORMATS)")
+            "print(c._ARRIVALS, c._LENGTH_DISTS, c._DATASET_FORMATS, c._WORKLOADS, c._GROUP_DISTS, c._THINK_DISTS)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     from tracebench.trace.arrivals import ARRIVAL_KINDS
     from tracebench.trace.datasets import DATASET_FORMATS
     from tracebench.trace.lengths import LENGTH_DISTS
+    from tracebench.trace.workloads import GROUP_DISTS, THINK_DISTS, WORKLOADS
 
-    assert proc.stdout.strip() == f"{ARRIVAL_KINDS} {LENGTH_DISTS} {DATASET_FORMATS}"
+    assert proc.stdout.strip() == f"{ARRIVAL_KINDS} {LENGTH_DISTS} {DATASET_FORMATS} {WORKLOADS} {GROUP_DISTS} " \
+                                  f"{THINK_DISTS}"

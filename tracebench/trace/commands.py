@@ -10,6 +10,10 @@ import click
 _ARRIVALS = ("poisson", "gamma", "constant")
 _LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "zipf")
 _DATASET_FORMATS = ("auto", "azure", "mooncake", "tracebench")
+# The same as workloads.WORKLOADS, GROUP_DISTS, THINK_DISTS (the test checks these too).
+_WORKLOADS = ("shared-prompt", "multi-turn")
+_GROUP_DISTS = ("uniform", "zipf")
+_THINK_DISTS = ("exponential", "fixed", "uniform")
 
 _GENERATE_HELP = """Make a request trace (JSONL, trace format v1) and print its path and a one-line summary.
 
@@ -17,6 +21,9 @@ _GENERATE_HELP = """Make a request trace (JSONL, trace format v1) and print its 
 Synthetic:     tracebench generate --rate 8 --num-requests 1000 --arrival gamma --burstiness 4
 From a file:   tracebench generate --dataset AzureLLMInferenceTrace_conv.csv --keep-timestamps --time-scale 2
                tracebench generate --dataset mooncake_trace.jsonl --rate 4 --duration 600
+Shared prefixes:
+               tracebench generate --workload shared-prompt --groups 16 --prefix-len 2048 --group-dist zipf
+               tracebench generate --workload multi-turn --sessions 200 --turns 6 --think-time 10 --closed-loop
 
 \b
 The same arguments give a byte-identical file (nothing about when or where it was made goes in); the header
@@ -49,13 +56,29 @@ lengths: rows sampled with the seed (1000 by default), or with --in-order taken 
 default). Rows with zero input or output tokens are dropped and counted.
 
 \b
+Workloads with shared prompt prefixes (--workload; requests carry prefix_blocks of --block-size tokens;
+equal block ids = equal tokens, so requests whose leading ids agree share that prompt prefix):
+  shared-prompt  --groups G system prompts of --prefix-len L tokens; each request picks one (--group-dist
+                 uniform, or zipf: P(g) ~ (g+1)^-A with --group-zipf A) and adds its own question of
+                 --input-len tokens (mean; --length-dist). Only the whole blocks of a group's prompt
+                 (L // block size of them) are shared: make L a multiple of --block-size.
+  multi-turn     --sessions S of --turns T turns; sessions start at --rate (the arrival process). Turn k's
+                 prompt is all of turn k-1 (prompt + answer) plus --input-len new user tokens; --output-len
+                 answer tokens. Turn k arrives --think-time seconds (mean; --think-dist) after turn k-1 arrived
+                 (open loop). With --closed-loop, turn k carries after = turn k-1's id and delay_s = the think
+                 time: replay sends it delay_s after turn k-1 finished. A session ends early when a turn's
+                 prompt would not fit in --max-context. A server's cache can serve turn k at most turn k-1's
+                 prompt: the answer in turn k's prompt is the trace's tokens, not what the server generated.
+
+\b
 Arguments that do not apply to what was asked (e.g. --burstiness without --arrival gamma, --rate with
 --keep-timestamps) are errors, as are --num-requests with --duration: nothing is written then."""
 
 
 @click.command("generate", help=_GENERATE_HELP, context_settings={"max_content_width": 110})
 @click.option("--rate", type=float, default=None, metavar="R",
-              help="Mean arrival rate in requests/s.  [default: 8; not with --keep-timestamps]")
+              help="Mean arrival rate in requests/s (--workload multi-turn: session starts/s).  [default: 8; not with "
+                   "--keep-timestamps]")
 @click.option("--num-requests", type=int, default=None, metavar="N",
               help="Number of requests (excludes --duration).  [default: 1000; with --keep-timestamps or --in-order: "
                    "every dataset row]")
@@ -71,7 +94,8 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
               help="With --arrival gamma (required there): the coefficient of variation of the inter-arrival gaps; "
                    "1 is Poisson, 4 is very bursty, < 1 more regular (gamma shape k = 1/B^2).")
 @click.option("--input-len", type=int, default=None, metavar="TOKENS",
-              help="Mean prompt length in tokens.  [default: 512; not with --dataset]")
+              help="Mean prompt length in tokens (shared-prompt: of the question after the system prompt; "
+                   "multi-turn: of each turn's new user tokens).  [default: 512; not with --dataset]")
 @click.option("--output-len", type=int, default=None, metavar="TOKENS",
               help="Mean answer length in tokens.  [default: 128; not with --dataset]")
 @click.option("--length-dist", type=click.Choice(_LENGTH_DISTS), default=None,
@@ -91,6 +115,29 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
               help="With --keep-timestamps: divide the dataset's gaps by K (2 = twice as fast).  [default: 1]")
 @click.option("--in-order", is_flag=True, default=False,
               help="Take the dataset's rows in file order, each once, instead of sampling them with the seed.")
+@click.option("--workload", type=click.Choice(_WORKLOADS), default=None,
+              help="Requests with shared prompt prefixes (see above).  [default: none: independent prompts]")
+@click.option("--block-size", type=int, default=None, metavar="TOKENS",
+              help="With --workload: tokens per prefix block (the sharing granularity).  [default: 64]")
+@click.option("--groups", type=int, default=None, metavar="G",
+              help="shared-prompt: number of system prompts.  [default: 64]")
+@click.option("--prefix-len", type=int, default=None, metavar="TOKENS",
+              help="shared-prompt: tokens of each system prompt.  [default: 2048]")
+@click.option("--group-dist", type=click.Choice(_GROUP_DISTS), default=None,
+              help="shared-prompt: how a request picks its group.  [default: uniform]")
+@click.option("--group-zipf", type=float, default=None, metavar="A",
+              help="With --group-dist zipf: the exponent A, P(group g) ~ (g+1)^-A.  [default: 1]")
+@click.option("--sessions", type=int, default=None, metavar="S",
+              help="multi-turn: number of sessions (replaces --num-requests / --duration).  [default: 100]")
+@click.option("--turns", type=int, default=None, metavar="T",
+              help="multi-turn: turns per session.  [default: 5]")
+@click.option("--think-time", type=float, default=None, metavar="SECONDS",
+              help="multi-turn: mean time between a turn and the next.  [default: 5]")
+@click.option("--think-dist", type=click.Choice(_THINK_DISTS), default=None,
+              help="multi-turn: distribution of the think time; uniform is on [0, 2 x mean].  [default: exponential]")
+@click.option("--closed-loop", is_flag=True, default=False,
+              help="multi-turn: each turn after the first is sent think time after the previous one finished "
+                   "(fields after, delay_s) instead of at its trace arrival.")
 @click.option("-o", "--output", type=str, default=None, metavar="PATH",
               help="Where to write the trace (replaced atomically).  [default: traces/<name from the arguments>.jsonl]")
 def generate(**options: object) -> None:
@@ -102,6 +149,10 @@ def generate(**options: object) -> None:
     click.echo(
         f"tracebench: {header['clamped_requests']} of {header['num_requests']} requests clamped to --max-context "
         f"{header['max_context']} ({header['clamped_input_requests']} of them with the prompt cut)", err=True)
+    workload = header.get("workload")
+    if workload is not None and workload["kind"] == "multi-turn":
+        click.echo(f"tracebench: {workload['sessions_cut_short']} of {workload['sessions']} sessions ended early "
+                   f"({workload['turns_dropped']} turns dropped): the prompt outgrew --max-context", err=True)
     source = header.get("source")
     if source is not None:
         click.echo(f"tracebench: dataset {source['path']} ({source['format']}): {source['rows']} rows, "
@@ -118,10 +169,14 @@ def generate(**options: object) -> None:
 @click.command("inspect", context_settings={"max_content_width": 110})
 @click.argument("trace", type=str, metavar="TRACE")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print the statistics as one JSON object.")
-def inspect_cmd(trace: str, as_json: bool) -> None:
+@click.option("--lru-tokens", type=str, default=None, metavar="N[,N...]",
+              help="Sizes in tokens of the LRU caches whose hit rate is reported for a trace with prefix blocks.  "
+                   "[default: 65536,231818,927272 (231,818: llama-2-7b's KV pool on one H200 under sglang 0.5.17)]")
+def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None) -> None:
     """Statistics of a trace: requests, duration, mean rate, CV of the inter-arrival gaps, peak rate over 1 s windows,
-    input/output length mean/p50/p90/p99/max and offered tokens/s. The whole trace is validated while it is read: a
-    broken trace is an error naming the line and field.
+    input/output length mean/p50/p90/p99/max and offered tokens/s, and, where requests carry prefix_blocks, the
+    prefix structure. The whole trace is validated while it is read: a broken trace is an error naming the line and
+    field.
 
     \b
     duration            last arrival - first arrival
@@ -130,10 +185,29 @@ def inspect_cmd(trace: str, as_json: bool) -> None:
     peak rate (1 s)     the most requests arriving within any 1-second interval
     p50/p90/p99         nearest-rank percentiles (values that occur in the trace)
     offered tokens/s    mean rate x mean length
-    """
-    from tracebench.trace.inspect import format_table, trace_stats
 
-    stats = trace_stats(trace)
+    \b
+    Prefix structure (requests taken one after another in trace order, as by one server):
+    requests with blocks, block ids (all, distinct), distinct prefixes (distinct leading runs of ids)
+    reusable (ceiling)  prompt tokens one unbounded prefix cache holds when the request comes, / all prompt
+                        tokens: the leading run of blocks an earlier request sent, capped at input_len - 1
+                        per request (sglang always computes one prompt token)
+    LRU N tokens        the same with one LRU cache of N tokens holding whole blocks; estimated on a
+                        spatial sample of the blocks above 300,000 block ids (the sample rate is shown)
+    """
+    from tracebench.errors import ConfigError
+    from tracebench.trace.inspect import format_table, trace_stats
+    from tracebench.trace.prefix import DEFAULT_LRU_TOKENS
+
+    sizes = DEFAULT_LRU_TOKENS
+    if lru_tokens is not None:
+        try:
+            sizes = tuple(int(part) for part in lru_tokens.split(","))
+        except ValueError:
+            raise ConfigError(f"--lru-tokens must be integers separated by commas, got {lru_tokens!r}") from None
+        if not sizes or min(sizes) < 1:
+            raise ConfigError(f"--lru-tokens must be sizes >= 1 token, got {lru_tokens!r}")
+    stats = trace_stats(trace, sizes)
     if as_json:
         import orjson
 

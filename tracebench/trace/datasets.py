@@ -6,7 +6,8 @@
 - mooncake:   JSONL, one object per line: `timestamp` (ms), `input_length`, `output_length` (integers >= 0) and
               optionally `hash_ids` (a list of integers: one per 512-token block of the prompt; equal ids = shared
               prefix), carried into the trace as `prefix_blocks`. Other keys are not carried.
-- tracebench: a tracebench trace (validated by the trace reader); its optional fields are carried.
+- tracebench: a tracebench trace (validated by the trace reader); its optional fields are carried (a closed-loop
+              `after` as the index of the row it names, which is the new id when rows are taken in order).
 
 Rows with zero input or zero output tokens cannot be replayed: they are dropped and counted (`dropped_zero_tokens`).
 Everything else that is wrong is a DatasetError naming file, line and field.
@@ -285,13 +286,19 @@ def _load_tracebench(path: Path) -> Dataset:
     inputs: list[int] = []
     outputs: list[int] = []
     extras: list[dict[str, Any] | None] = []
+    row_of_id: dict[int, int] = {}
     for req in iter_requests(path):  # TraceError (file, line, field) for anything wrong
+        row_of_id[req.id] = len(times)
         times.append(req.arrival_s)
         inputs.append(req.input_len)
         outputs.append(req.output_len)
         extra = dict(req.extra or {})
         if req.prefix_blocks is not None:
             extra["prefix_blocks"] = list(req.prefix_blocks)
+        if req.after is not None:
+            # the row it follows (a trace has no zero-token rows, so rows are the new trace's ids when taken in order)
+            extra["after"] = row_of_id[req.after]
+            extra["delay_s"] = req.delay_s
         extras.append(extra or None)
     return _finish(path, "tracebench", sha256_file(path), np.array(times, dtype=np.float64), np.array(inputs, dtype=np.int64),
                    np.array(outputs, dtype=np.int64), np.arange(2, len(times) + 2, dtype=np.int64),

@@ -10,6 +10,8 @@ import hashlib
 import math
 import os
 from collections.abc import Iterator
+from itertools import chain
+from operator import itemgetter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,13 +108,23 @@ def _parse_header(path: Path, raw: bytes | None) -> TraceHeader:
 
 class _Context:
     """What validating a request needs from the lines before it: the header's block size and the ids seen (for a
-    closed-loop `after`, which must name an earlier request)."""
+    closed-loop `after`, which must name an earlier request). The columnar reader parks its batches' ids in
+    `pending` and they join `ids` only when a line must be checked exactly (most traces have no closed loop)."""
 
-    __slots__ = ("block_size", "ids")
+    __slots__ = ("block_size", "_ids", "pending")
 
     def __init__(self, block_size: int | None) -> None:
         self.block_size = block_size
-        self.ids: set[int] = set()
+        self._ids: set[int] = set()
+        self.pending: list[Any] = []
+
+    @property
+    def ids(self) -> set[int]:
+        if self.pending:
+            for ids in self.pending:
+                self._ids.update(ids.tolist())
+            self.pending.clear()
+        return self._ids
 
 
 def _parse_request(path: Path, lineno: int, obj: dict[str, Any], prev_id: int | None, prev_arrival: float,
@@ -203,12 +215,16 @@ def iter_requests(path: str | os.PathLike[str]) -> Iterator[TraceRequest]:
 
 @dataclass(frozen=True)
 class TraceColumns:
-    """The four required fields of every request as numpy arrays (optional fields are not kept)."""
+    """The four required fields of every request as numpy arrays, and (read_columns(with_blocks=True)) the prefix
+    blocks: `block_counts[i]` ids of request i (0 = no prefix_blocks), all of them concatenated in `blocks`. Other
+    optional fields are not kept."""
 
     id: Any  # np.ndarray[int64]
     arrival_s: Any  # np.ndarray[float64]
     input_len: Any  # np.ndarray[int64]
     output_len: Any  # np.ndarray[int64]
+    block_counts: Any = None  # np.ndarray[int64] | None
+    blocks: Any = None  # np.ndarray[int64] | None
 
 
 class _NeedsExactCheck(Exception):
@@ -218,11 +234,26 @@ class _NeedsExactCheck(Exception):
 # Lines per batch of the columnar reader: large enough to amortise numpy calls, small enough that the batch's parsed
 # dicts stay a few tens of MB.
 _COLUMN_BATCH_BYTES = 4 << 20
+# Closed-loop fields are rare and checked against earlier ids: a batch with them goes to the exact validator.
+_EXACT_ONLY_FIELDS = frozenset((AFTER_FIELD, DELAY_FIELD))
+_GET_REQUIRED = tuple(itemgetter(name) for name in REQUIRED_FIELDS)
+_NO_BLOCKS: tuple[()] = ()  # stands for an absent prefix_blocks (JSON never gives a tuple)
 
 
-def read_columns(path: str | os.PathLike[str]) -> tuple[TraceHeader, TraceColumns]:
-    """The header and the required fields of every request as numpy arrays, validated exactly as `iter_requests`
-    validates (same errors, same messages), but checked batch-wise with numpy, which is several times faster.
+@dataclass
+class _Batch:
+    ids: Any
+    arrivals: Any
+    input_len: Any
+    output_len: Any
+    block_counts: Any
+    blocks: Any
+
+
+def read_columns(path: str | os.PathLike[str], with_blocks: bool = False) -> tuple[TraceHeader, TraceColumns]:
+    """The header and the required fields of every request as numpy arrays (with `with_blocks`, the prefix blocks
+    too), validated exactly as `iter_requests` validates (same errors, same messages), but checked batch-wise with
+    numpy, which is several times faster.
 
     A batch that fails any vectorised check is re-read line by line with the exact validator, which raises the error
     `iter_requests` would raise at the first bad line."""
@@ -230,7 +261,7 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[TraceHeader, TraceColumn
 
     path = Path(path)
     loads = orjson.loads
-    id_parts, arrival_parts, input_parts, output_parts = [], [], [], []
+    batches: list[_Batch] = []
     with _open(path) as fh:
         header = _parse_header(path, fh.readline() or None)
         ctx = _Context(header.block_size)
@@ -243,33 +274,34 @@ def read_columns(path: str | os.PathLike[str]) -> tuple[TraceHeader, TraceColumn
             if not lines:
                 break
             try:
-                ids, arrivals, ilens, olens = _fast_columns(np, loads, lines, prev_id, prev_arrival)
-                ctx.ids.update(ids.tolist())
+                batch = _fast_columns(np, loads, lines, prev_id, prev_arrival, header.block_size, with_blocks)
+                ctx.pending.append(batch.ids)
             except _NeedsExactCheck:
-                ids, arrivals, ilens, olens = _exact_columns(np, path, first_lineno, lines, prev_id, prev_arrival, ctx)
-            id_parts.append(ids)
-            arrival_parts.append(arrivals)
-            input_parts.append(ilens)
-            output_parts.append(olens)
-            prev_id, prev_arrival = int(ids[-1]), float(arrivals[-1])
+                batch = _exact_columns(np, path, first_lineno, lines, prev_id, prev_arrival, ctx, with_blocks)
+            batches.append(batch)
+            prev_id, prev_arrival = int(batch.ids[-1]), float(batch.arrivals[-1])
             first_lineno += len(lines)
             count += len(lines)
     if count != header.num_requests:
         raise TraceError(path, 1, "num_requests", f"header says {header.num_requests} requests, the file has {count}")
 
-    def join(parts: list[Any], dtype: Any) -> Any:
+    def join(name: str, dtype: Any) -> Any:
+        parts = [getattr(b, name) for b in batches]
         return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
 
     columns = TraceColumns(
-        id=join(id_parts, np.int64),
-        arrival_s=join(arrival_parts, np.float64),
-        input_len=join(input_parts, np.int64),
-        output_len=join(output_parts, np.int64),
+        id=join("ids", np.int64),
+        arrival_s=join("arrivals", np.float64),
+        input_len=join("input_len", np.int64),
+        output_len=join("output_len", np.int64),
+        block_counts=join("block_counts", np.int64) if with_blocks else None,
+        blocks=join("blocks", np.int64) if with_blocks else None,
     )
     return header, columns
 
 
-def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, prev_arrival: float) -> tuple[Any, ...]:
+def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, prev_arrival: float,
+                  block_size: int | None, with_blocks: bool) -> _Batch:
     """Vectorised validation of one batch; raises _NeedsExactCheck whenever anything is off (never a TraceError:
     only the exact validator words errors, so the messages are the same on both paths)."""
     try:
@@ -278,13 +310,11 @@ def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, 
         raise _NeedsExactCheck from None
     if set(map(type, objs)) != {dict}:
         raise _NeedsExactCheck
-    if any(len(obj) != 4 and not KNOWN_FIELDS.isdisjoint(obj.keys() - REQUIRED_FIELDS) for obj in objs):
-        raise _NeedsExactCheck  # prefix blocks or closed-loop fields: the exact validator checks them
+    keys = set().union(*objs)
+    if not _EXACT_ONLY_FIELDS.isdisjoint(keys):
+        raise _NeedsExactCheck
     try:
-        ids = [obj["id"] for obj in objs]
-        arrivals = [obj["arrival_s"] for obj in objs]
-        ilens = [obj["input_len"] for obj in objs]
-        olens = [obj["output_len"] for obj in objs]
+        ids, arrivals, ilens, olens = (list(map(get, objs)) for get in _GET_REQUIRED)
     except KeyError:
         raise _NeedsExactCheck from None
     # bool is a subclass of int: comparing exact types keeps True/False out, as _is_int does.
@@ -307,21 +337,54 @@ def _fast_columns(np: Any, loads: Any, lines: list[bytes], prev_id: int | None, 
         raise _NeedsExactCheck
     if input_arr.min() < 1 or output_arr.min() < 1:
         raise _NeedsExactCheck
-    return id_arr, arrival_arr, input_arr, output_arr
+    if PREFIX_FIELD in keys:
+        counts, blocks = _fast_blocks(np, objs, input_arr, block_size, with_blocks, b"".join(lines))
+    elif with_blocks:
+        counts, blocks = np.zeros(len(objs), dtype=np.int64), np.empty(0, dtype=np.int64)
+    else:
+        counts = blocks = None
+    return _Batch(id_arr, arrival_arr, input_arr, output_arr, counts, blocks)
+
+
+def _fast_blocks(np: Any, objs: list[dict[str, Any]], input_arr: Any, block_size: int | None,
+                 with_blocks: bool, raw_batch: bytes) -> tuple[Any, Any]:
+    # true/false anywhere in the batch: the exact validator tells a bool id from an int (numpy would take it as 1)
+    if block_size is None or b"true" in raw_batch or b"false" in raw_batch:
+        raise _NeedsExactCheck
+    lists = [obj.get(PREFIX_FIELD, _NO_BLOCKS) for obj in objs]
+    if not set(map(type, lists)) <= {list, tuple}:
+        raise _NeedsExactCheck
+    counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+    present = np.fromiter((type(b) is list for b in lists), dtype=bool, count=len(lists))
+    want = -(-input_arr // block_size)
+    if (counts[present] != want[present]).any():
+        raise _NeedsExactCheck
+    flat = list(chain.from_iterable(lists))
+    if not flat:
+        raise _NeedsExactCheck  # only empty lists: the exact validator says what is wrong
+    blocks = np.array(flat)  # int64 only when every id is a 64-bit int (a float, a string, a huge int: another dtype)
+    if blocks.dtype != np.int64 or blocks.min() < -MAX_INT:
+        raise _NeedsExactCheck
+    return (counts, blocks) if with_blocks else (None, None)
 
 
 def _exact_columns(np: Any, path: Path, first_lineno: int, lines: list[bytes], prev_id: int | None,
-                   prev_arrival: float, ctx: _Context) -> tuple[Any, ...]:
+                   prev_arrival: float, ctx: _Context, with_blocks: bool) -> _Batch:
     requests = []
     for lineno, raw in enumerate(lines, start=first_lineno):
         req = _parse_request(path, lineno, _parse_line(path, lineno, raw), prev_id, prev_arrival, ctx)
         prev_id, prev_arrival = req.id, req.arrival_s
         requests.append(req)
-    return (
+    counts = blocks = None
+    if with_blocks:
+        counts = np.array([len(r.prefix_blocks or ()) for r in requests], dtype=np.int64)
+        blocks = np.array([b for r in requests for b in (r.prefix_blocks or ())], dtype=np.int64)
+    return _Batch(
         np.array([r.id for r in requests], dtype=np.int64),
         np.array([r.arrival_s for r in requests], dtype=np.float64),
         np.array([r.input_len for r in requests], dtype=np.int64),
         np.array([r.output_len for r in requests], dtype=np.int64),
+        counts, blocks,
     )
 
 

@@ -3,8 +3,9 @@
 Deterministic: the file depends only on the arguments (and the tracebench / numpy versions, both in the header).
 Nothing about when or where it was made goes in, so the same arguments give a byte-identical file.
 
-Randomness: `np.random.SeedSequence(seed)` is split into three independent streams (arrivals, input lengths or
-dataset rows, output lengths), so changing the lengths does not move the arrivals and vice versa.
+Randomness: `np.random.SeedSequence(seed)` is split into independent streams (arrivals or session starts, input
+lengths or dataset rows or question / user lengths, output lengths, group picks or think times), so changing the
+lengths does not move the arrivals and vice versa.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tracebench.trace import arrivals as arrival_mod
 from tracebench.trace.datasets import DATASET_FORMATS, Dataset, load_dataset
 from tracebench.trace.format import format_request_line, format_request_lines, write_trace
 from tracebench.trace.lengths import LengthDistribution, clamp_to_context, make_distribution, sample_lengths
+from tracebench.trace import workloads
 
 # Defaults of the arguments left out (None in GenerateArgs). They are written into the header as used.
 DEFAULT_RATE = 8.0
@@ -35,6 +37,18 @@ DEFAULT_LENGTH_DIST = "lognormal"
 DEFAULT_MAX_CONTEXT = 4096
 DEFAULT_DATASET_FORMAT = "auto"
 DEFAULT_TRACE_DIR = Path("traces")
+# --workload defaults. shared-prompt: sglang bench_serving's generated-shared-prefix (64 groups, 2,048-token prompts).
+DEFAULT_BLOCK_SIZE = 64
+DEFAULT_GROUPS = 64
+DEFAULT_PREFIX_LEN = 2048
+DEFAULT_GROUP_DIST = "uniform"
+DEFAULT_GROUP_ZIPF = 1.0
+DEFAULT_SESSIONS = 100
+DEFAULT_TURNS = 5
+DEFAULT_THINK_TIME = 5.0
+DEFAULT_THINK_DIST = "exponential"
+_SHARED_PROMPT_ARGS = ("groups", "prefix_len", "group_dist", "group_zipf")
+_MULTI_TURN_ARGS = ("sessions", "turns", "think_time", "think_dist", "closed_loop")
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,17 @@ class GenerateArgs:
     keep_timestamps: bool = False
     time_scale: float | None = None
     in_order: bool = False
+    workload: str | None = None
+    block_size: int | None = None
+    groups: int | None = None
+    prefix_len: int | None = None
+    group_dist: str | None = None
+    group_zipf: float | None = None
+    sessions: int | None = None
+    turns: int | None = None
+    think_time: float | None = None
+    think_dist: str | None = None
+    closed_loop: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,6 +115,17 @@ class _Plan:
     keep_timestamps: bool
     time_scale: float | None
     in_order: bool
+    workload: str | None
+    block_size: int | None
+    groups: int | None
+    prefix_len: int | None
+    group_dist: str | None
+    group_zipf: float | None
+    sessions: int | None
+    turns: int | None
+    think_time: float | None
+    think_dist: str | None
+    closed_loop: bool
 
 
 def _given(args: GenerateArgs, *names: str) -> list[str]:
@@ -123,6 +159,7 @@ def plan(args: GenerateArgs) -> _Plan:
         if stray:
             raise ConfigError(f"{_listing(stray, negated=True)} with --keep-timestamps: the dataset's own timestamps "
                               f"are the arrivals and nothing is random")
+    _check_workload(args)
     if args.burstiness is not None and args.arrival != "gamma":
         raise ConfigError(f"--burstiness only applies to --arrival gamma (got --arrival {args.arrival or DEFAULT_ARRIVAL})")
 
@@ -148,7 +185,7 @@ def plan(args: GenerateArgs) -> _Plan:
     # Without a count or a span: the default count, except where the dataset's rows are taken in order (all of them).
     takes_all_rows = args.dataset is not None and (args.keep_timestamps or args.in_order)
     num_requests = args.num_requests
-    if num_requests is None and args.duration is None and not takes_all_rows:
+    if num_requests is None and args.duration is None and not takes_all_rows and args.workload != "multi-turn":
         num_requests = DEFAULT_NUM_REQUESTS
 
     input_len = output_len = length_dist = length_spread = None
@@ -158,9 +195,14 @@ def plan(args: GenerateArgs) -> _Plan:
         length_dist = args.length_dist or DEFAULT_LENGTH_DIST
         length_spread = _input_dist(args, input_len, length_dist).spread
         make_distribution(length_dist, output_len, args.length_spread, "--output-len")
-        if input_len + output_len > max_context:
-            raise ConfigError(f"--input-len {input_len} + --output-len {output_len} exceed --max-context {max_context}: "
-                              f"the mean request does not fit in the context")
+        shared = (DEFAULT_PREFIX_LEN if args.prefix_len is None else args.prefix_len) \
+            if args.workload == "shared-prompt" else 0
+        if shared + input_len + output_len > max_context:
+            with_prefix = f"--prefix-len {shared} + " if shared else ""
+            raise ConfigError(f"{with_prefix}--input-len {input_len} + --output-len {output_len} exceed --max-context "
+                              f"{max_context}: the mean request does not fit in the context")
+    shared_prompt, multi_turn = args.workload == "shared-prompt", args.workload == "multi-turn"
+    group_dist = (args.group_dist or DEFAULT_GROUP_DIST) if shared_prompt else None
     return _Plan(
         rate=rate, num_requests=num_requests, duration=args.duration,
         seed=None if args.keep_timestamps else (DEFAULT_SEED if args.seed is None else args.seed),
@@ -170,7 +212,64 @@ def plan(args: GenerateArgs) -> _Plan:
         keep_timestamps=args.keep_timestamps,
         time_scale=(1.0 if args.time_scale is None else args.time_scale) if args.keep_timestamps else None,
         in_order=args.in_order,
+        workload=args.workload,
+        block_size=(DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size) if args.workload else None,
+        groups=(DEFAULT_GROUPS if args.groups is None else args.groups) if shared_prompt else None,
+        prefix_len=(DEFAULT_PREFIX_LEN if args.prefix_len is None else args.prefix_len) if shared_prompt else None,
+        group_dist=group_dist,
+        group_zipf=(DEFAULT_GROUP_ZIPF if args.group_zipf is None else args.group_zipf) if group_dist == "zipf" else None,
+        sessions=(DEFAULT_SESSIONS if args.sessions is None else args.sessions) if multi_turn else None,
+        turns=(DEFAULT_TURNS if args.turns is None else args.turns) if multi_turn else None,
+        think_time=(DEFAULT_THINK_TIME if args.think_time is None else args.think_time) if multi_turn else None,
+        think_dist=(args.think_dist or DEFAULT_THINK_DIST) if multi_turn else None,
+        closed_loop=args.closed_loop,
     )
+
+
+def _check_workload(args: GenerateArgs) -> None:
+    """The --workload arguments: each only with its workload, in range; a workload excludes --dataset."""
+    if args.workload is None:
+        stray = _given(args, "block_size", *_SHARED_PROMPT_ARGS, *_MULTI_TURN_ARGS)
+        if stray:
+            raise ConfigError(f"{_listing(stray)} only with --workload (shared-prompt or multi-turn)")
+        return
+    if args.workload not in workloads.WORKLOADS:
+        raise ConfigError(f"--workload must be one of {', '.join(workloads.WORKLOADS)}, got {args.workload!r}")
+    if args.dataset is not None:
+        raise ConfigError(f"--workload {args.workload} does not apply with --dataset (a dataset brings its own prompts)")
+    other = _MULTI_TURN_ARGS if args.workload == "shared-prompt" else _SHARED_PROMPT_ARGS
+    stray = _given(args, *other)
+    if stray:
+        raise ConfigError(f"{_listing(stray, negated=True)} to --workload {args.workload}")
+    if args.block_size is not None and args.block_size < 1:
+        raise ConfigError(f"--block-size must be an integer >= 1 (tokens per prefix block), got {args.block_size}")
+    if args.workload == "shared-prompt":
+        if args.groups is not None and args.groups < 1:
+            raise ConfigError(f"--groups must be an integer >= 1, got {args.groups}")
+        if args.prefix_len is not None and args.prefix_len < 1:
+            raise ConfigError(f"--prefix-len must be an integer >= 1 (tokens), got {args.prefix_len}")
+        if args.group_dist is not None and args.group_dist not in workloads.GROUP_DISTS:
+            raise ConfigError(f"--group-dist must be one of {', '.join(workloads.GROUP_DISTS)}, got {args.group_dist!r}")
+        if args.group_zipf is not None:
+            if args.group_dist != "zipf":
+                raise ConfigError("--group-zipf only applies to --group-dist zipf")
+            if not (math.isfinite(args.group_zipf) and args.group_zipf > 0):
+                raise ConfigError(f"--group-zipf must be a number > 0 (the zipf exponent), got {args.group_zipf}")
+        return
+    stray = _given(args, "num_requests", "duration")
+    if stray:
+        raise ConfigError(f"{_listing(stray, negated=True)} to --workload multi-turn: it makes --sessions x --turns "
+                          f"requests")
+    if args.sessions is not None and not 1 <= args.sessions <= arrival_mod.MAX_REQUESTS:
+        raise ConfigError(f"--sessions must be between 1 and {arrival_mod.MAX_REQUESTS}, got {args.sessions}")
+    if args.turns is not None and args.turns < 1:
+        raise ConfigError(f"--turns must be an integer >= 1, got {args.turns}")
+    sessions = DEFAULT_SESSIONS if args.sessions is None else args.sessions
+    turns = DEFAULT_TURNS if args.turns is None else args.turns
+    if sessions * turns > arrival_mod.MAX_REQUESTS:
+        raise ConfigError(f"--sessions {sessions} x --turns {turns} is more than {arrival_mod.MAX_REQUESTS} requests")
+    workloads.check_think(args.think_dist or DEFAULT_THINK_DIST,
+                          DEFAULT_THINK_TIME if args.think_time is None else args.think_time)
 
 
 def _input_dist(args: GenerateArgs, input_len: int, length_dist: str) -> LengthDistribution:
@@ -200,6 +299,14 @@ def default_output_path(p: _Plan) -> Path:
         parts += [f"in{p.input_len}", f"out{p.output_len}", f"{p.length_dist}{spread}"]
     elif not p.keep_timestamps:
         parts.append("inorder" if p.in_order else "sampled")
+    if p.workload == "shared-prompt":
+        zipf = "" if p.group_zipf is None else _num(p.group_zipf)
+        parts.append(f"shared-g{p.groups}-L{p.prefix_len}-{p.group_dist}{zipf}")
+    elif p.workload == "multi-turn":
+        parts.append(f"multiturn-S{p.sessions}-T{p.turns}-think{_num(p.think_time)}{p.think_dist}"  # type: ignore[arg-type]
+                     + ("-closed" if p.closed_loop else ""))
+    if p.block_size is not None:
+        parts.append(f"b{p.block_size}")
     if p.max_context != DEFAULT_MAX_CONTEXT:
         parts.append(f"ctx{p.max_context}")
     if p.seed is not None:
@@ -211,12 +318,18 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
     """Make the trace the arguments describe and write it (atomically) to `output`, or to `default_output_path`.
     Raises ConfigError (arguments), DatasetError / TraceError (the dataset); nothing is written then."""
     p = plan(args)
-    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(p.seed or 0).spawn(3)]
-    arrival_rng, input_rng, output_rng = streams
+    # spawn(4)'s first three children are spawn(3)'s: traces without a workload are what they were
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(p.seed or 0).spawn(4)]
+    arrival_rng, input_rng, output_rng, workload_rng = streams
     dataset = load_dataset(p.dataset, p.dataset_format) if p.dataset is not None else None  # type: ignore[arg-type]
 
     extras: list[dict[str, Any] | None] | None = None
-    if dataset is None:
+    workload_info: dict[str, Any] | None = None
+    if p.workload is not None:
+        made = _workload_requests(p, arrival_rng, input_rng, output_rng, workload_rng)
+        arrivals, extras, workload_info = made.arrivals, list(made.extras), made.info
+        lengths_info = made.info.pop("lengths")
+    elif dataset is None:
         arrivals = _synthetic_arrivals(p, arrival_rng)
         in_dist = make_distribution(p.length_dist, p.input_len, p.length_spread, "--input-len")  # type: ignore[arg-type]
         out_dist = make_distribution(p.length_dist, p.output_len, p.length_spread, "--output-len")  # type: ignore[arg-type]
@@ -226,13 +339,21 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
     else:
         arrivals, rows = _dataset_rows(p, dataset, arrival_rng, input_rng)
         input_len, output_len = dataset.input_len[rows], dataset.output_len[rows]
+        if dataset.extras is not None and not (p.keep_timestamps or p.in_order) and \
+                any(e is not None and "after" in e for e in dataset.extras):
+            raise ConfigError(f"--dataset {dataset.path} is closed loop (requests sent after others finished): sampled "
+                              f"rows would lose the requests they follow; take them in order (--keep-timestamps or "
+                              f"--in-order)")
         if dataset.extras is not None:
             extras = [dataset.extras[i] for i in rows.tolist()]
         selection = "timestamps" if p.keep_timestamps else ("in order" if p.in_order else "sampled with replacement")
         lengths_info = {"from": "dataset", "rows": selection}
 
-    clamp = clamp_to_context(input_len, output_len, p.max_context)
-    if extras is not None and clamp.input_cut:
+    if p.workload is not None:  # clamped as they were made (the blocks depend on it)
+        clamp = _Clamp(made.input_len, made.output_len, made.clamped, made.input_cut)
+    else:
+        clamp = clamp_to_context(input_len, output_len, p.max_context)
+    if dataset is not None and extras is not None and clamp.input_cut:
         extras = _cut_prefix_blocks(extras, clamp.input_cut_mask, clamp.input_len, dataset.block_size)  # type: ignore[union-attr,arg-type]
 
     count = len(arrivals)
@@ -248,7 +369,10 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
         "clamped_requests": clamp.clamped,
         "clamped_input_requests": clamp.input_cut,
     }
-    if extras is not None and any(e is not None and "prefix_blocks" in e for e in extras):
+    if workload_info is not None:
+        header["workload"] = {"kind": p.workload, **workload_info}
+        header["block_size"] = p.block_size
+    elif extras is not None and any(e is not None and "prefix_blocks" in e for e in extras):
         header["block_size"] = dataset.block_size  # type: ignore[union-attr]
     if dataset is not None:
         header["source"] = {
@@ -269,6 +393,38 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
         raise ConfigError(f"-o {path}: cannot write: {err.strerror or err}") from None
     return GeneratedTrace(path=path, header=header, input_mean=float(clamp.input_len.mean()),
                           output_mean=float(clamp.output_len.mean()))
+
+
+@dataclass(frozen=True)
+class _Clamp:
+    input_len: np.ndarray
+    output_len: np.ndarray
+    clamped: int
+    input_cut: int
+
+
+def _workload_requests(p: _Plan, arrival_rng: np.random.Generator, input_rng: np.random.Generator,
+                       output_rng: np.random.Generator, workload_rng: np.random.Generator) -> workloads.WorkloadRequests:
+    in_dist = make_distribution(p.length_dist, p.input_len, p.length_spread, "--input-len")  # type: ignore[arg-type]
+    out_dist = make_distribution(p.length_dist, p.output_len, p.length_spread, "--output-len")  # type: ignore[arg-type]
+    if p.workload == "shared-prompt":
+        arrivals = _synthetic_arrivals(p, arrival_rng)
+        count = len(arrivals)
+        group = workloads.pick_groups(p.groups, p.group_dist, p.group_zipf, count, workload_rng)  # type: ignore[arg-type]
+        made = workloads.shared_prompt(arrivals, sample_lengths(in_dist, count, input_rng),
+                                       sample_lengths(out_dist, count, output_rng), group, p.groups,  # type: ignore[arg-type]
+                                       p.prefix_len, p.block_size, p.max_context)  # type: ignore[arg-type]
+        lengths = {"question": in_dist.describe(), "output": out_dist.describe()}
+    else:
+        sessions, turns = p.sessions, p.turns
+        starts = arrival_mod.arrivals_by_count(p.arrival, p.rate, sessions, arrival_rng, p.burstiness)  # type: ignore[arg-type]
+        user = sample_lengths(in_dist, sessions * turns, input_rng).reshape(sessions, turns)  # type: ignore[operator]
+        answer = sample_lengths(out_dist, sessions * turns, output_rng).reshape(sessions, turns)  # type: ignore[operator]
+        think = workloads.think_times(p.think_dist, p.think_time, (sessions, turns - 1), workload_rng)  # type: ignore[arg-type,operator]
+        made = workloads.multi_turn(starts, user, answer, think, p.block_size, p.max_context, p.closed_loop)  # type: ignore[arg-type]
+        lengths = {"user": in_dist.describe(), "output": out_dist.describe()}
+    made.info["lengths"] = lengths
+    return made
 
 
 def _synthetic_arrivals(p: _Plan, rng: np.random.Generator) -> np.ndarray:
@@ -316,7 +472,10 @@ def _dataset_rows(p: _Plan, dataset: Dataset, arrival_rng: np.random.Generator,
 def _arrivals_info(p: _Plan) -> dict[str, Any]:
     if p.keep_timestamps:
         return {"process": "dataset timestamps", "time_scale": p.time_scale}
-    return {"process": p.arrival, "rate": p.rate, "burstiness": p.burstiness}
+    info = {"process": p.arrival, "rate": p.rate, "burstiness": p.burstiness}
+    if p.workload == "multi-turn":
+        info["of"] = "session starts"
+    return info
 
 
 def _cut_prefix_blocks(extras: list[dict[str, Any] | None], cut_mask: np.ndarray,

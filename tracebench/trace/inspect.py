@@ -8,17 +8,19 @@ Definitions (docs/trace-format.md):
 - length percentiles: nearest-rank (a value that occurs in the trace);
 - offered tokens/s: mean rate x mean length (input, output, and both).
 Statistics that need more requests than the trace has (a rate needs 2, a CV 3) are None.
+Prefix structure (`prefix`, None when no request has prefix_blocks): tracebench/trace/prefix.py.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from tracebench.trace.format import read_columns
+from tracebench.trace.prefix import DEFAULT_LRU_TOKENS, PrefixStats, prefix_stats
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class TraceStats:
     offered_input_tokens_per_s: float | None
     offered_output_tokens_per_s: float | None
     offered_tokens_per_s: float | None
+    prefix: PrefixStats | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,10 +84,16 @@ def stats_from_columns(path: str, arrival_s: np.ndarray, input_len: np.ndarray, 
     )
 
 
-def trace_stats(path: str | os.PathLike[str]) -> TraceStats:
-    """Read (and validate) the trace and compute its statistics. Raises TraceError for a broken trace."""
-    _, columns = read_columns(path)
-    return stats_from_columns(str(path), columns.arrival_s, columns.input_len, columns.output_len)
+def trace_stats(path: str | os.PathLike[str], lru_tokens: tuple[int, ...] = DEFAULT_LRU_TOKENS) -> TraceStats:
+    """Read (and validate) the trace and compute its statistics, the prefix structure with LRU caches of
+    `lru_tokens` tokens. Raises TraceError for a broken trace."""
+    header, columns = read_columns(path, with_blocks=True)
+    stats = stats_from_columns(str(path), columns.arrival_s, columns.input_len, columns.output_len)
+    if columns.blocks.size == 0:
+        return stats
+    assert header.block_size is not None  # the reader rejects blocks without it
+    prefix = prefix_stats(columns.block_counts, columns.blocks, columns.input_len, header.block_size, lru_tokens)
+    return replace(stats, prefix=prefix)
 
 
 def _fmt(value: float | None, spec: str, unit: str = "") -> str:
@@ -112,4 +121,19 @@ def format_table(stats: TraceStats) -> str:
         f"offered tokens/s  {_fmt(stats.offered_tokens_per_s, '.1f')} "
         f"(input {_fmt(stats.offered_input_tokens_per_s, '.1f')}, output {_fmt(stats.offered_output_tokens_per_s, '.1f')})",
     ]
+    if stats.prefix is not None:
+        lines += ["", *_prefix_lines(stats.prefix)]
     return "\n".join(lines)
+
+
+def _prefix_lines(p: PrefixStats) -> list[str]:
+    lines = [
+        f"prefix blocks     {p.requests_with_blocks} requests with blocks of {p.block_size} tokens; {p.block_refs} "
+        f"block ids, {p.distinct_blocks} distinct, {p.distinct_prefixes} distinct prefixes",
+        f"reusable (ceiling) {p.reusable_fraction:.3f} of prompt tokens ({p.reusable_tokens} of {p.prompt_tokens}) with "
+        f"one unbounded cache",
+    ]
+    for lru in p.lru:
+        sampled = "" if lru.sample_rate == 1.0 else f" (estimated on a {lru.sample_rate:.1%} sample of the blocks)"
+        lines.append(f"LRU {lru.cache_tokens:>10} tokens  hit rate {lru.hit_rate:.3f}{sampled}")
+    return lines
