@@ -95,12 +95,12 @@ def check_options(router: str, router_policy: str | None, router_args: tuple[str
     return policy
 
 
-def installed_version() -> str:
+def installed_version(package: str = PACKAGE) -> str:
     """The installed sglang-router's version; a ConfigError naming the extra when it is missing or not 0.3.2."""
     try:
-        version = metadata.version(PACKAGE)
+        version = metadata.version(package)
     except metadata.PackageNotFoundError:
-        raise ConfigError(f"--router sglang-router needs the {PACKAGE} package: pip install 'tracebench[router]' "
+        raise ConfigError(f"--router sglang-router needs the {package} package: pip install 'tracebench[router]' "
                           f"(installs {PACKAGE}=={VERSION})") from None
     if version != VERSION:
         raise ConfigError(f"{PACKAGE} {version} is installed; tracebench drives {VERSION} (what "
