@@ -111,6 +111,9 @@ def test_run_through_sglang_router(tmp_path: Path) -> None:
     assert sum(c["prompt_tokens"] for c in counters) == sum(r["prompt_tokens"] for r in records)
     assert sum(c["generation_tokens"] for c in counters) == sum(r["completion_tokens"] for r in records)
     assert abs(counters[0]["requests"] - counters[1]["requests"]) <= 1  # round robin over two workers
+    # sglang-router's own per-worker count of 2xx answers agrees with the servers' counters
+    assert [c["routed_ok"] for c in counters] == [c["requests"] for c in counters]
+    assert [c["routed_failed"] for c in counters] == [0, 0]
     assert run["caps"]["initial"] == [None, None] and run["control_url"] is None
     report = run_cli("report", str(tmp_path / "rr"))
     assert report.returncode == 0, report.stderr

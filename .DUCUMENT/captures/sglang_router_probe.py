@@ -127,7 +127,7 @@ async def main() -> None:
             order = [(f"P{i % 4}", prompt(i % 4)) for i in range(24)]
             print("A. 24 sequential requests, prefixes P0 P1 P2 P3 in turn, input_ids:")
             print("  ", await sequential(session, s, order, as_text=False))
-            print("B. the same 24 as text (a fresh tree would be needed for a clean test; this continues the tree):")
+            print("B. the same 24 prompts as text ('w<id> ...': strings the tree has not seen, so prefixes new to it again):")
             print("  ", await sequential(session, s, [(lbl, prompt(int(lbl[1]))) for lbl, _ in order], as_text=True))
             # C. load: a long request keeps w0 busy (load 1 vs 0); a new prefix P4 then goes to the least loaded
             print("C. w0 busy with one long P0 request; then P4 (new prefix) is sent:")
@@ -154,7 +154,8 @@ async def main() -> None:
         s.stop()
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in s.router_log.read_text().splitlines()]
     print("router start-up line:", next(ln for ln in lines if "Starting router on" in ln))
-    print("router tokenizer lines:", *[ln for ln in lines if "okenizer" in ln][:4], sep="\n  ")
+    print("router tokenizer lines (HF_ENDPOINT = a local port that refuses):",
+          *[ln for ln in lines if "Tokenizer path" in ln or "Failed to load tokenizer" in ln][:2], sep="\n  ")
 
 
 if __name__ == "__main__":

@@ -145,6 +145,16 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
+def routed_outcomes(text: str) -> dict[tuple[str, str], int]:
+    """sglang-router's own count of answers per (worker URL, outcome "success"|"failure") from its Prometheus text
+    (`smg_worker_cb_outcomes_total`; counted with the circuit breaker disabled too: .DUCUMENT/sglang-router.md)."""
+    out: dict[tuple[str, str], int] = {}
+    for labels, value in re.findall(r"^smg_worker_cb_outcomes_total\{([^}]*)\} (\S+)$", text, re.M):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        out[(pairs.get("worker", ""), pairs.get("outcome", ""))] = int(float(value))
+    return out
+
+
 def parse_counters(text: str) -> dict[str, float | None]:
     """The COUNTERS from a Prometheus text body, each summed over its label sets (None when absent)."""
     out: dict[str, float | None] = {}
@@ -256,6 +266,9 @@ class SglangRouter:
         if self._before is None:
             return
         after = await self._read_counters(client)
+        assert self.prometheus_url is not None
+        exported = await client.get_text(f"{self.prometheus_url}/metrics", PROBE_TIMEOUT_S)
+        outcomes = routed_outcomes(exported.obj) if exported.error is None else None
         rows = []
         for index, (url, (old, old_err), (new, new_err)) in enumerate(zip(self.worker_urls, self._before, after)):
             row: dict[str, Any] = {"server": index, "url": url}
@@ -265,7 +278,10 @@ class SglangRouter:
                 row[key] = None if a is None or b is None else int(b - a)
             if error is None and row["requests"] is None:
                 error = "its /metrics has no sglang:num_requests_total (started without --enable-metrics?)"
-            row["error"] = error
+            # the router's own view: answers it got from this server, 2xx or not
+            for key, outcome in (("routed_ok", "success"), ("routed_failed", "failure")):
+                row[key] = None if outcomes is None else outcomes.get((url, outcome), 0)
+            row["error"] = error if outcomes is not None else error or f"sglang-router's metrics: {exported.error}"
             rows.append(row)
         self.server_counters = rows
 
