@@ -169,3 +169,21 @@ def test_dying_sglang_router_fails_the_run(tmp_path: Path) -> None:
     statuses = Counter(r["status"] for r in records)
     assert set(statuses) == {"ok", "error"} and statuses["ok"] > 10
     assert run["status"] == "failed"
+    (down,) = run["events"]  # about sglang-router, not about servers[0]
+    assert down["kind"] == "server_down" and down["server"] is None and down["detail"].startswith("sglang-router (")
+
+
+@needs_router
+def test_router_start_failure_is_reported(tmp_path: Path) -> None:
+    trace = write_trace_file(tmp_path / "t.jsonl", 5, rate=10)
+    result = run_cli("replay", str(trace), "--backend", "sim", "--gpus", "2", "--port-base", port_base(),
+                     "--router", "sglang-router", "--router-arg", "--no-such-flag", "--run-name", "f",
+                     "--out-dir", str(tmp_path))
+    assert result.returncode == 1
+    assert "sglang-router (http://127.0.0.1:" in result.stderr and "exited with code 2 while starting" in result.stderr
+    assert "unrecognized arguments: --no-such-flag" in result.stderr  # the end of its log
+    run, records = read_run(tmp_path / "f")
+    assert run["status"] == "failed" and "ServerStartError" in run["error"]
+    check_every_request_once(records, 5)
+    assert all(r["status"] == "error" and r["error"].startswith("not run: ServerStartError: sglang-router") for r in records)
+    assert all(group_gone(s["pid"]) for s in run["servers"])

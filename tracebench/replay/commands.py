@@ -168,7 +168,6 @@ def policies_cmd() -> None:
         click.echo(f"{name:<{width}}  {cls.description}")
         for key, text in cls.options_help.items():
             click.echo(f"{'':<{width}}    --policy-opt {key}=...: {text}")
-    click.echo("\nsglang's own router as the reference (--router sglang-router --router-policy P; needs "
-               "`pip install 'tracebench[router]'`):")
-    for name in ("cache_aware", "round_robin", "random", "power_of_two"):
-        click.echo(f"  sglang-router-{name}")
+    click.echo("\n  sglang's own router as the reference, instead of --policy (`pip install 'tracebench[router]'`):\n"
+               "    --router sglang-router --router-policy cache_aware|round_robin|random|power_of_two\n"
+               "    (runs named sglang-router-<policy>; how its cache_aware decides: .DUCUMENT/sglang-router.md)")

@@ -119,7 +119,6 @@ class SglangRouterPolicy(Policy):
     def __init__(self, router_policy: str, rng: np.random.Generator) -> None:
         super().__init__(rng)
         self.name = f"sglang-router-{router_policy}"  # type: ignore[misc]  # names the run: which of its policies
-        self.router_policy = router_policy
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
         (router,) = servers
@@ -225,11 +224,12 @@ class SglangRouter:
         deadline = time.monotonic() + timeout
         want = set(self.worker_urls)
         listed: Any = None
+        assert self.fleet is not None
+        proc = self.fleet.procs[0]
         while True:
-            why = self.exit_reason()
-            if why is not None:
-                raise self._failure(f"exited with code {self.fleet.procs[0].returncode} while starting")  # type: ignore[union-attr]
-            got = await client.get_json(f"{self.url}/workers", PROBE_TIMEOUT_S)
+            if proc.poll() is not None:
+                raise self._failure(f"exited with code {proc.returncode} while starting")
+            got = await client.get_json(f"{self.url}/workers", max(1.0, deadline - time.monotonic()))
             if got.error is None:
                 listed = got.obj.get("workers") if isinstance(got.obj, dict) else None
                 if isinstance(listed, list) and {w.get("url") for w in listed if w.get("is_healthy")} == want:

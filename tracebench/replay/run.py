@@ -320,7 +320,7 @@ class Replay:
                 "initial": [None if self.external else self.cfg.max_running_requests] * len(servers),
                 "changes": router.cap_changes if router is not None else [],
             },
-            "events": router.events if router is not None else [],
+            "events": self._events(),
             "status": self.status,
             "error": None if self.failure is None else f"{type(self.failure).__name__}: {self.failure}",
             "t_end": self.t_end,
@@ -330,6 +330,13 @@ class Replay:
         tmp = path.with_name(".run.json.tmp")
         tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         os.replace(tmp, path)
+
+    def _events(self) -> list[dict[str, Any]]:
+        events = self.router.events if self.router is not None else []
+        if self.external is None:
+            return events
+        # behind sglang-router the router's one destination is sglang-router itself, not servers[0]
+        return [{**e, "server": None, "detail": f"sglang-router ({self.external.url}): {e['detail']}"} for e in events]
 
     def _counts(self) -> dict[str, int]:
         if self.router is not None:
