@@ -363,10 +363,12 @@ class Replay:
             except BaseException as err:
                 self.failure = err
             finally:
-                if self.external is not None:
-                    self.external.stop()
-                self.fleet.stop()
-                self.control_sock.close()
+                try:
+                    if self.external is not None:
+                        self.external.stop()  # before the servers it routes to
+                finally:
+                    self.fleet.stop()
+                    self.control_sock.close()
         finally:
             if self.signal is not None and self.failure is None:
                 self.status = "interrupted"
