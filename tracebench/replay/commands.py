@@ -111,8 +111,8 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "--worker-urls, --policy, --prometheus-host/--prometheus-port, --log-level, --disable-retries "
                    "and --disable-circuit-breaker itself.")
 @click.pass_context
-def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str, ...], gpus: int | None, backend: str | None,
-           attach: tuple[str, ...], mode: str, batch_size: int | None, batch_timeout: float | None,
+def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str, ...], gpus: int | None,
+           backend: str | None, attach: tuple[str, ...], mode: str, batch_size: int | None, batch_timeout: float | None,
            max_running_requests: int | None, cap_schedule: str | None, control_port: int | None, model: str | None,
            vocab_size: int | None, server_args: tuple[str, ...], port_base: int | None, speed: float | None,
            run_name: str | None, out_dir: Path, timeout: float | None, stream: bool, seed: int, sjf_key: str | None,

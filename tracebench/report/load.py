@@ -201,8 +201,8 @@ def read_run_json(folder: Path) -> dict[str, Any]:
         _need(server, "url", (str,), path, f"servers[{i}].url")
         _need(server, "gpu", (str, int), path, f"servers[{i}].gpu", nullable=True)
         _need(server, "version", (str,), path, f"servers[{i}].version", nullable=True)
-    external = _need(meta, "external_router", (dict,), path, "external_router", nullable=True) if "external_router" in meta else None
-    if external is not None:
+    if meta.get("external_router") is not None:  # --router sglang-router
+        external = _need(meta, "external_router", (dict,), path, "external_router")
         counters = _need(external, "server_counters", (list,), path, "external_router.server_counters", nullable=True)
         for i, row in enumerate(counters or []):
             where = f"external_router.server_counters[{i}]"
