@@ -16,7 +16,28 @@ import sys
 from pathlib import Path
 
 from tracebench.trace.format import load_trace
-from tracebench.trace.prefix import leading_seen_tokens
+
+
+def leading_seen_tokens(blocks: list[tuple[int, ...]], input_lens: list[int], block_size: int | None) -> list[int]:
+    """Per request, in order: the prompt tokens of its leading run of blocks already sent by an earlier request (one
+    unbounded cache), a partial block counting its own tokens and at most what an earlier copy of it held."""
+    seen: dict[tuple[int, ...], int] = {}  # a leading run of block ids -> most tokens of its last block sent
+    out = []
+    for ids, n in zip(blocks, input_lens):
+        hit = 0
+        for k in range(len(ids)):
+            own = min(block_size, n - k * block_size)  # type: ignore[operator]
+            got = seen.get(ids[: k + 1])
+            if got is None:
+                break
+            hit += min(own, got)
+            if got < own:
+                break
+        out.append(hit)
+        for k in range(len(ids)):
+            key = ids[: k + 1]
+            seen[key] = max(seen.get(key, 0), min(block_size, n - k * block_size))  # type: ignore[operator]
+    return out
 
 
 def main() -> int:

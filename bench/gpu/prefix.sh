@@ -39,7 +39,7 @@ launch() {  # launch RUN_NAME TRACE: one server launched by tracebench
 }
 t0=$SECONDS
 launch seq "$RES/seq.jsonl"
-python3 bench/prefix_check.py "$RES/seq" | tee "$RES/seq-check.txt"
+${TB% -m tracebench} bench/prefix_check.py "$RES/seq" | tee "$RES/seq-check.txt"
 echo "seq: $((SECONDS - t0)) s"; pack
 launch node "$RES/node.jsonl"
 echo "node: $((SECONDS - t0)) s"; pack
@@ -55,7 +55,8 @@ if [ "$SERVERS" -gt 0 ]; then
         --skip-tokenizer-init --enable-metrics --mem-fraction-static "$MEM_FRACTION" --host 127.0.0.1 \
         --port $((PORT0 + i)) > "$RES/attached-server-$i.log" 2>&1 &
       echo $! > "$RES/attached-server-$i.log.pid"
-      sleep 20  # servers sharing a GPU: let each take its memory before the next measures what is free
+      # servers sharing a GPU: each takes its memory before the next one measures what is free
+      wait_healthy $((PORT0 + i)) "$RES/attached-server-$i.log"
     fi
     ATTACH+=(--attach "http://127.0.0.1:$((PORT0 + i))")
   done

@@ -149,6 +149,19 @@ class SglangClient:
         except orjson.JSONDecodeError as err:
             raise ServerProtocolError(f"{url}: answered 200 with a body that is not JSON ({err}): {body[:200]!r}") from None
 
+    async def get_text(self, url: str, timeout: float) -> Fetched:
+        """GET a text endpoint (`/metrics`): `Fetched.obj` is the body as text, or `Fetched.error` says why not."""
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    return Fetched(None, f"HTTP {resp.status}: {_error_text(body)}")
+                return Fetched(body.decode("utf-8", "replace"))
+        except asyncio.TimeoutError:
+            return Fetched(None, f"no answer within {timeout:g} s")
+        except (aiohttp.ClientError, ConnectionError) as err:
+            return Fetched(None, f"{type(err).__name__}: {err}", connection_lost=True)
+
     async def health(self, base_url: str, timeout: float) -> str | None:
         """None when `GET /health` answers 200, else why not. For start-up only: on sglang 0.5.17 each call takes
         >= 1 s and puts a one-token generation into the scheduler (.DUCUMENT/endpoints.md)."""

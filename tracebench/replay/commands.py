@@ -48,7 +48,8 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "tracebench launches get --max-running-requests max(N, every cap of --cap-schedule): sglang "
                    "cannot raise it after launch. A cap raised through the control endpoint above that launch value "
                    "is recorded as a cap_above_launch event in run.json (the server itself runs at most its launch "
-                   "value; the rest wait in its own queue). [default: no cap]")
+                   "value; the rest wait in its own queue). With --router sglang-router it is only the launched "
+                   "servers' own --max-running-requests (there is no router cap). [default: no cap]")
 @click.option("--cap-schedule", default=None, metavar="SPEC",
               help='Change caps during the run: "30s:8,60s:server1=2" (at 30 s every server\'s cap becomes 8, at '
                    "60 s server 1's becomes 2; times are trace seconds, i.e. run seconds unless --speed K divides "
@@ -97,12 +98,31 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "one trace start from the same cache state. A server that refuses (sglang does while requests "
                    "run or wait there) stops the run before it starts.")
 @click.option("--quiet", is_flag=True, default=False, help="No progress line on stderr.")
-def replay(trace: Path, policy: str, policy_opts: tuple[str, ...], gpus: int | None, backend: str | None,
-           attach: tuple[str, ...], mode: str, batch_size: int | None, batch_timeout: float | None,
+@click.option("--router", type=click.Choice(["tracebench", "sglang-router"]), default="tracebench", show_default=True,
+              help="Who picks the server. tracebench: its own router and --policy. sglang-router: sglang's own "
+                   "router (sglang-router 0.3.2, `pip install 'tracebench[router]'`), launched after the servers on "
+                   "127.0.0.1 with --disable-retries --disable-circuit-breaker; every request is sent to it on "
+                   "arrival (t_dispatch = sent to sglang-router) and it picks the server, so records have server "
+                   "null and the per-server figures come from each server's /metrics counters (run.json "
+                   "external_router). With it, --max-running-requests is only the launched servers' own cap "
+                   "(sglang queues the rest), and --policy, --policy-opt, --sjf-key, --cap-schedule, --control-port "
+                   "and --mode static are refused.")
+@click.option("--router-policy", type=click.Choice(["cache_aware", "round_robin", "random", "power_of_two"]),
+              default=None, help="--router sglang-router: its --policy. [default: cache_aware, its own default]")
+@click.option("--router-arg", "router_args", multiple=True, metavar="ARG",
+              help='--router sglang-router: extra argument(s) for it, split like a shell (repeatable), e.g. '
+                   '--router-arg "--cache-threshold 0.5 --balance-abs-threshold 32". tracebench sets --host, --port, '
+                   "--worker-urls, --policy, --prometheus-host/--prometheus-port, --log-level, --disable-retries "
+                   "and --disable-circuit-breaker itself.")
+@click.pass_context
+def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str, ...], gpus: int | None,
+           backend: str | None, attach: tuple[str, ...], mode: str, batch_size: int | None, batch_timeout: float | None,
            max_running_requests: int | None, cap_schedule: str | None, control_port: int | None, model: str | None,
            vocab_size: int | None, server_args: tuple[str, ...], port_base: int | None, speed: float | None,
            run_name: str | None, out_dir: Path, timeout: float | None, stream: bool, seed: int, sjf_key: str | None,
-           poll_interval: float, startup_timeout: float | None, flush_cache: bool, quiet: bool) -> None:
+           poll_interval: float, startup_timeout: float | None, flush_cache: bool, quiet: bool, router: str,
+           router_policy: str | None,
+           router_args: tuple[str, ...]) -> None:
     """Replay TRACE against sglang servers (launched or attached) and record every request.
 
     \b
@@ -118,18 +138,22 @@ def replay(trace: Path, policy: str, policy_opts: tuple[str, ...], gpus: int | N
         --server-arg "--load-format dummy --attention-backend triton --sampling-backend pytorch"
     tracebench replay t.jsonl --backend sim --mode static --batch-size 8
     tracebench replay t.jsonl --attach http://127.0.0.1:30000 --model models/llama-2-7b-hf
+    tracebench replay t.jsonl --backend sim --gpus 4 --speed 4 --router sglang-router --router-policy cache_aware
     \b
     Ctrl-C stops the run: requests in flight are cancelled and recorded, servers are stopped, exit code 130.
     """
     from tracebench.replay.run import ReplayConfig, run_replay
 
+    if router != "tracebench" and ctx.get_parameter_source("policy") is not click.core.ParameterSource.DEFAULT:
+        raise ConfigError(f"--policy is tracebench's router; with --router {router} give --router-policy")
     config = ReplayConfig(
         trace=trace, policy=policy, policy_options=_policy_opts(policy_opts), gpus=gpus, backend=backend,
         attach=attach, mode=mode, batch_size=batch_size, batch_timeout=batch_timeout,
         max_running_requests=max_running_requests, cap_schedule=cap_schedule, control_port=control_port,
         model=model, vocab_size=vocab_size, server_args=server_args, port_base=port_base, speed=speed,
         run_name=run_name, out_dir=out_dir, timeout=timeout, stream=stream, seed=seed, sjf_key=sjf_key,
-        poll_interval=poll_interval, startup_timeout=startup_timeout, flush_cache=flush_cache, quiet=quiet,
+        poll_interval=poll_interval, startup_timeout=startup_timeout, flush_cache=flush_cache, quiet=quiet, router=router,
+        router_policy=router_policy, router_args=router_args,
     )
     click.echo(run_replay(config))
 
@@ -149,3 +173,6 @@ def policies_cmd() -> None:
         click.echo(f"{name:<{width}}  {cls.description}")
         for key, text in cls.options_help.items():
             click.echo(f"{'':<{width}}    --policy-opt {key}=...: {text}")
+    click.echo("\n  sglang's own router as the reference, instead of --policy (`pip install 'tracebench[router]'`):\n"
+               "    --router sglang-router --router-policy cache_aware|round_robin|random|power_of_two\n"
+               "    (runs named sglang-router-<policy>; how its cache_aware decides: .DUCUMENT/sglang-router.md)")

@@ -33,6 +33,9 @@ from tracebench.replay.caps import (
 from tracebench.replay.client import SglangClient
 from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.engine import Engine
+from tracebench.replay.external_router import (
+    SglangRouter, SglangRouterPolicy, ViaRouterWriter, check_options, installed_version,
+)
 from tracebench.replay.records import STATUSES, RecordWriter, RequestRecord
 from tracebench.replay.router import Router, ServerState
 from tracebench.replay.servers import Fleet, ServerPlan, plan_attached, plan_launched, split_server_args
@@ -76,6 +79,9 @@ class ReplayConfig:
     startup_timeout: float | None = None
     flush_cache: bool = True
     quiet: bool = False
+    router: str = "tracebench"  # or "sglang-router": sglang's own router picks the server (external_router.py)
+    router_policy: str | None = None
+    router_args: tuple[str, ...] = ()
 
     @property
     def num_servers(self) -> int:
@@ -118,6 +124,9 @@ class ReplayConfig:
             for name, key in (("--batch-size", "batch_size"), ("--batch-timeout", "batch_timeout")):
                 if key in given:
                     refuse(f"{name} is for --mode static (this run is --mode {self.mode})")
+        router_policy = check_options(self.router, self.router_policy, self.router_args, given, bool(self.attach))
+        if router_policy is not None:
+            cfg = dataclasses.replace(cfg, router_policy=router_policy)
         keys = [k for k, _ in self.policy_options]
         if len(set(keys)) != len(keys):
             refuse(f"--policy-opt: a key is given twice ({', '.join(sorted({k for k in keys if keys.count(k) > 1}))})")
@@ -211,7 +220,11 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
         vocab = cfg.vocab_size  # sim: checked against what the simulator reports; attach: None -> asked below
     if vocab is not None:
         InputIds(trace_sha, vocab)  # refuses a vocabulary too small now, not after start-up
-    policy = load_policy(cfg.policy, np.random.default_rng(cfg.seed), dict(cfg.policy_options))
+    if cfg.router_policy is not None:
+        installed_version()  # sglang-router missing (or not the pinned version): refused before anything starts
+        policy: Policy = SglangRouterPolicy(cfg.router_policy, np.random.default_rng(cfg.seed))
+    else:
+        policy = load_policy(cfg.policy, np.random.default_rng(cfg.seed), dict(cfg.policy_options))
     cap_changes = parse_cap_schedule(cfg.cap_schedule, cfg.num_servers, cfg.time_speed) if cfg.cap_schedule else []
     run_name = cfg.run_name or default_run_name(cfg, policy)
     if not run_name or "/" in run_name or run_name in (".", ".."):
@@ -247,11 +260,13 @@ class Replay:
         self.vocab = vocab
         self.policy = policy
         self.fleet = Fleet(cfg.backend, plans)  # type: ignore[arg-type]
+        self.external = (None if cfg.router_policy is None else
+                         SglangRouter(cfg.router_policy, cfg.router_args, [p.url for p in plans], run_dir))
         self.cap_changes = cap_changes
         self.control_sock = control_sock
         self.control_url = f"http://127.0.0.1:{control_sock.getsockname()[1]}"
         self.stderr = stderr
-        self.writer = RecordWriter(run_dir / "requests.jsonl")
+        self.writer = (RecordWriter if self.external is None else ViaRouterWriter)(run_dir / "requests.jsonl")
         self.clock: RunClock | None = None
         self.router: Router | None = None
         self.server_info: list[Any] = [None] * len(plans)
@@ -300,12 +315,14 @@ class Replay:
             "vocab_size": self.vocab,
             "servers": servers,
             "gpu_names": sorted({a for a in self.accelerators if a}) if self.cfg.backend != "sim" else [],
-            "control_url": self.control_url,
+            "control_url": self.control_url if self.external is None else None,
+            # behind sglang-router there is no router cap (--max-running-requests is then the servers' own)
+            "external_router": self.external.describe() if self.external is not None else None,
             "caps": {
-                "initial": [self.cfg.max_running_requests] * len(servers),
+                "initial": [None if self.external else self.cfg.max_running_requests] * len(servers),
                 "changes": router.cap_changes if router is not None else [],
             },
-            "events": router.events if router is not None else [],
+            "events": self._events(),
             "status": self.status,
             "error": None if self.failure is None else f"{type(self.failure).__name__}: {self.failure}",
             "t_end": self.t_end,
@@ -315,6 +332,13 @@ class Replay:
         tmp = path.with_name(".run.json.tmp")
         tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         os.replace(tmp, path)
+
+    def _events(self) -> list[dict[str, Any]]:
+        events = self.router.events if self.router is not None else []
+        if self.external is None:
+            return events
+        # behind sglang-router the router's one destination is sglang-router itself, not servers[0]
+        return [{**e, "server": None, "detail": f"sglang-router ({self.external.url}): {e['detail']}"} for e in events]
 
     def _counts(self) -> dict[str, int]:
         if self.router is not None:
@@ -341,8 +365,12 @@ class Replay:
             except BaseException as err:
                 self.failure = err
             finally:
-                self.fleet.stop()
-                self.control_sock.close()
+                try:
+                    if self.external is not None:
+                        self.external.stop()  # before the servers it routes to
+                finally:
+                    self.fleet.stop()
+                    self.control_sock.close()
         finally:
             if self.signal is not None and self.failure is None:
                 self.status = "interrupted"
@@ -413,11 +441,18 @@ class Replay:
             if cfg.flush_cache:
                 await self._flush_caches(client)
             input_ids = InputIds(self.trace_sha, self.vocab, self.header.block_size)  # type: ignore[arg-type]
-            states = [
-                ServerState(p.index, p.url, cfg.max_running_requests, require_stamps=self.enable_metrics[p.index],
-                            launch_cap=self.server_info[p.index].get("max_running_requests"))
-                for p in self.fleet.plans
-            ]
+            if self.external is None:
+                states = [
+                    ServerState(p.index, p.url, cfg.max_running_requests, require_stamps=self.enable_metrics[p.index],
+                                launch_cap=self.server_info[p.index].get("max_running_requests"))
+                    for p in self.fleet.plans
+                ]
+                health_check = self._health_check(client)
+            else:  # one destination, sglang-router, without a cap; it passes each server's meta_info on unchanged
+                await self.external.start(client)
+                self._write_run_json()
+                states = [ServerState(0, self.external.url, None, require_stamps=all(self.enable_metrics))]
+                health_check = self.external.health_check(client)
             # The trace, modules and server facts live for the whole run: out of the collector's sight, a full
             # collection (a pause of the loop, so release lag) does not walk them again and again.
             gc.collect()
@@ -425,21 +460,26 @@ class Replay:
             self.clock = clock = RunClock()
             self.router = router = Router(
                 clock=clock, servers=states, policy=self.policy, client=client, writer=self.writer,
-                input_ids=input_ids, total=len(self.requests), health_check=self._health_check(client),
+                input_ids=input_ids, total=len(self.requests), health_check=health_check,
                 batch_size=cfg.batch_size if cfg.mode == "static" else None,
                 batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, speed), speed=speed,
                 block_size=self.header.block_size,
             )
-            control = ControlServer(self.control_sock, len(states), router.set_cap, router.caps)
-            await control.start()
+            if self.external is None:  # behind sglang-router there are no tracebench caps to change
+                control = ControlServer(self.control_sock, len(states), router.set_cap, router.caps)
+                await control.start()
             self._write_run_json()
-            self.stderr.write(
-                f"tracebench replay: {len(self.requests)} requests, {len(states)} server(s), run folder {self.run_dir}\n"
-                f"control: POST {self.control_url}/cap {{\"server\": i|\"all\", \"max_running_requests\": n}}\n"
-            )
+            servers = f"{len(self.fleet.plans)} server(s)"
+            if self.external is not None:
+                servers += f" behind sglang-router {self.external.version} --policy {self.external.policy} ({self.external.url})"
+            self.stderr.write(f"tracebench replay: {len(self.requests)} requests, {servers}, run folder {self.run_dir}\n")
+            if control is not None:
+                self.stderr.write(f"control: POST {self.control_url}/cap {{\"server\": i|\"all\", \"max_running_requests\": n}}\n")
             self.stderr.flush()
             engine = Engine(self.requests, clock, router)
-            side = [engine.run(), poll_loads(client, router, clock, cfg.poll_interval, self.run_dir / "telemetry.jsonl")]
+            side = [engine.run()]
+            if self.external is None:  # the poller asks each destination for /v1/loads: sglang-router has none
+                side.append(poll_loads(client, router, clock, cfg.poll_interval, self.run_dir / "telemetry.jsonl"))
             if self.cap_changes:
                 side.append(run_cap_schedule(self.cap_changes, clock, router.set_cap))
             if not cfg.quiet:
@@ -464,6 +504,8 @@ class Replay:
                 await asyncio.wait(side_tasks)
             if control is not None:
                 await control.stop()
+            if self.external is not None:
+                await self.external.finish(client)  # the servers' counters after the run
             await client.close()
             if not cfg.quiet and self.router is not None and self.t_end:
                 # the last state, whatever the period of the progress line (its rate: over the whole run)

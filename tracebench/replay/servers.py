@@ -32,7 +32,7 @@ _OWNED_FLAGS = {
     "sglang": ("--model-path", "--model", "--port", "--host", "--max-running-requests", "--enable-metrics", "--skip-tokenizer-init"),
     "sim": ("--port", "--host", "--speed", "--max-running-requests"),
 }
-STOP_GRACE_S = {"sglang": 20.0, "sim": 5.0}
+STOP_GRACE_S = {"sglang": 20.0, "sim": 5.0, "sglang-router": 5.0}  # sglang-router: --router sglang-router
 
 
 @dataclass

@@ -124,6 +124,11 @@ class Run:
         return len(self.meta["servers"])
 
     @property
+    def via_router(self) -> bool:
+        """The run went through sglang-router (run.json external_router): records have no server."""
+        return via_router(self.meta)
+
+    @property
     def missing(self) -> int:
         """Requests of the trace that have no record (only possible in a run that did not complete)."""
         return self.meta["trace"]["num_requests"] - self.requests.height
@@ -246,6 +251,14 @@ def read_run_json(folder: Path) -> dict[str, Any]:
         _need(server, "url", (str,), path, f"servers[{i}].url")
         _need(server, "gpu", (str, int), path, f"servers[{i}].gpu", nullable=True)
         _need(server, "version", (str,), path, f"servers[{i}].version", nullable=True)
+    if meta.get("external_router") is not None:  # --router sglang-router
+        external = _need(meta, "external_router", (dict,), path, "external_router")
+        counters = _need(external, "server_counters", (list,), path, "external_router.server_counters", nullable=True)
+        for i, row in enumerate(counters or []):
+            where = f"external_router.server_counters[{i}]"
+            if not isinstance(row, dict):
+                raise RunFolderError(path, None, where, f"must be an object, got {row!r}")
+            _need(row, "requests", (int,), path, f"{where}.requests", nullable=True)
     _need(meta, "gpu_names", (list,), path, "gpu_names")
     caps = _need(meta, "caps", (dict,), path, "caps")
     _need(caps, "initial", (list,), path, "caps.initial")
@@ -267,12 +280,25 @@ def read_run_json(folder: Path) -> dict[str, Any]:
     return meta
 
 
+def via_router(meta: dict[str, Any]) -> bool:
+    """The run went through sglang-router (run.json external_router)."""
+    return meta.get("external_router") is not None
+
+
 # ---------------------------------------------------------------------------------------------- requests.jsonl
 
-def _record_rules(num_servers: int) -> list[tuple[str, pl.Expr, str]]:
+def _record_rules(num_servers: int, through_router: bool) -> list[tuple[str, pl.Expr, str]]:
     """(field, expression true on a broken record, why). Evaluated vectorised over the whole file."""
     c = pl.col
     ok = c("status") == "ok"
+    if through_router:  # sglang-router chose the server and does not say which
+        server_rules = [("server", c("server").is_not_null(), "not null although the run went through sglang-router")]
+    else:
+        server_rules = [
+            ("server", (c("server") < 0) | (c("server") >= num_servers),
+             f"not an index into run.json servers (the run has {num_servers})"),
+            ("server", c("t_dispatch").is_not_null() & c("server").is_null(), "null although the request was dispatched"),
+        ]
     rules: list[tuple[str, pl.Expr, str]] = [(name, c(name).is_null(), "missing or null") for name in REQUIRED_FIELDS]
     rules += [
         ("status", ~c("status").is_in(list(REQUEST_STATUSES)), f"must be one of {', '.join(REQUEST_STATUSES)}"),
@@ -280,15 +306,14 @@ def _record_rules(num_servers: int) -> list[tuple[str, pl.Expr, str]]:
         ("input_len", c("input_len") < 1, "must be >= 1"),
         ("output_len", c("output_len") < 1, "must be >= 1"),
         ("t_arrival", c("t_arrival") < 0, "must be >= 0"),
-        ("server", (c("server") < 0) | (c("server") >= num_servers),
-         f"not an index into run.json servers (the run has {num_servers})"),
+        *server_rules,
         ("completion_tokens", c("completion_tokens") < 0, "must be >= 0"),
         ("t_finish", c("t_finish") < c("t_dispatch"), "before t_dispatch"),
         ("t_finish", c("t_dispatch").is_not_null() & c("t_finish").is_null(),
          "null although the request was dispatched (a failure also sets it)"),
-        ("server", c("t_dispatch").is_not_null() & c("server").is_null(), "null although the request was dispatched"),
     ]
-    rules += [(name, ok & c(name).is_null(), "null in an ok record") for name in OK_REQUIRED_FIELDS]
+    rules += [(name, ok & c(name).is_null(), "null in an ok record") for name in OK_REQUIRED_FIELDS
+              if not (through_router and name == "server")]
     for earlier, later in zip(OK_ORDER, OK_ORDER[1:]):
         rules.append((later, ok & (c(later) < c(earlier)), f"before {earlier} in an ok record (run-format invariant)"))
     return rules
@@ -304,7 +329,7 @@ def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
         frame = read_jsonl_table(path, request_schema(), row_index=True)
     if frame.height == 0:
         raise RunFolderError(path, None, None, "empty run: no request was recorded")
-    rules = _record_rules(len(meta["servers"]))
+    rules = _record_rules(len(meta["servers"]), via_router(meta))
     first_bad = frame.select(
         [pl.col(ROW).filter(expr.fill_null(False)).min().alias(str(i)) for i, (_, expr, _) in enumerate(rules)]
     ).row(0)

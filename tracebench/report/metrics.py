@@ -144,7 +144,7 @@ class RunSummary:
 class ServerLoad:
     server: int
     url: str
-    requests: int
+    requests: int | None  # None: not known (a run through sglang-router whose server counters could not be read)
     share: float | None
     busy_s: float | None
     busy_fraction: float | None
@@ -424,7 +424,41 @@ def _busy_time(starts: np.ndarray, ends: np.ndarray) -> float:
     return float((reach[last] - s[first]).sum())
 
 
+def _balance(run: Run, counts: np.ndarray) -> Balance:
+    if counts.sum() == 0:
+        return Balance("no dispatched request", None, None)
+    if run.num_servers == 1:
+        return Balance("single server", None, None)
+    cv = float(counts.std() / counts.mean())
+    ratio = float(counts.max() / counts.min()) if counts.min() > 0 else None
+    return Balance("balanced" if cv <= BALANCE_CV_MAX else "imbalanced", cv, ratio)
+
+
+def _counter_loads(run: Run) -> tuple[list[ServerLoad], Balance]:
+    """A run through sglang-router: requests per server from the servers' own counters, over the whole run (no
+    warm-up cut, no busy time: which request each server served is not known)."""
+    rows = run.meta["external_router"]["server_counters"] or [{"requests": None}] * run.num_servers
+    counts = [row["requests"] for row in rows]
+    total = sum(counts) if None not in counts else None
+    loads = [
+        ServerLoad(server=index, url=server["url"], requests=counts[index],
+                   share=counts[index] / total if total else None, busy_s=None, busy_fraction=None, mean_in_flight=None)
+        for index, server in enumerate(run.meta["servers"])
+    ]
+    for load, row in zip(loads, rows):  # the prefix cache as each server counted it (null where it could not)
+        cached, prompt = row.get("cached_tokens"), row.get("prompt_tokens")
+        if cached is not None and prompt:
+            load.cache_hit_rate, load.prefill_tokens = cached / prompt, int(prompt - cached)
+    if total is None:
+        return loads, Balance("unknown: via sglang-router, and a server's /metrics counters could not be read", None, None)
+    balance = _balance(run, np.array(counts))
+    balance.verdict += " (via sglang-router: requests per server from the servers' own /metrics counters, whole run)"
+    return loads, balance
+
+
 def _server_loads(run: Run, kept: pl.DataFrame, start: float | None, end: float | None) -> tuple[list[ServerLoad], Balance]:
+    if run.via_router:
+        return _counter_loads(run)
     dispatched = kept.filter(pl.col("t_dispatch").is_not_null()).select("server", "t_dispatch", "t_finish")
     server_ids = dispatched["server"].to_numpy()
     counts = np.bincount(server_ids, minlength=run.num_servers) if server_ids.size else np.zeros(run.num_servers, int)
@@ -453,15 +487,7 @@ def _server_loads(run: Run, kept: pl.DataFrame, start: float | None, end: float 
         for server, cached, prompt in per_server.iter_rows():
             loads[server].cache_hit_rate = cached / prompt if prompt else None
             loads[server].prefill_tokens = int(prompt - cached)
-    if total == 0:
-        balance = Balance("no dispatched request", None, None)
-    elif run.num_servers == 1:
-        balance = Balance("single server", None, None)
-    else:
-        cv = float(counts.std() / counts.mean())
-        ratio = float(counts.max() / counts.min()) if counts.min() > 0 else None
-        balance = Balance("balanced" if cv <= BALANCE_CV_MAX else "imbalanced", cv, ratio)
-    return loads, balance
+    return loads, _balance(run, counts)
 
 
 def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunStats:

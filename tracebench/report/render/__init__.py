@@ -191,7 +191,7 @@ def _servers_table(report: Report) -> Table:
         for j, load in enumerate(loads):
             rows.append([
                 Cell(report.runs[i].label if j == 0 else ""), Cell(f"{load.server} {load.url}"),
-                Cell(f"{load.requests:,}"), Cell(fmt_value("fraction", load.share)),
+                Cell("-" if load.requests is None else f"{load.requests:,}"), Cell(fmt_value("fraction", load.share)),
                 Cell("-" if load.busy_s is None else f"{load.busy_s:,.2f}"), Cell(fmt_value("fraction", load.busy_fraction)),
                 Cell("-" if load.mean_in_flight is None else f"{load.mean_in_flight:.2f}"),
             ])
