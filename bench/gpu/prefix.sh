@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # Shared prefixes on real sglang (issue 12). Run from the repository root on the device; results: $OUT/prefix.tgz
-#   1. seq: the first $SEQ_N requests of a Mooncake-derived trace one at a time (constant $SEQ_RATE req/s: no two
-#      prefills share a batch) on one launched server: sglang's cached_tokens must equal the leading tokens already
-#      sent (bench/prefix_check.py checks it, request by request).
-#   2. node: $N requests of the same trace at its own arrival times sped up $TIME_SCALE times, one launched server.
-#   3. routing (SERVERS > 0): $SERVERS servers, each with --mem-fraction-static $MEM_FRACTION, on the GPUs given by
-#      GPU_OF (default: server i on GPU i; "0 0" puts two servers on GPU 0 when only one GPU is lent), attached, one
-#      run per policy of $POLICIES.
-# The trace comes from tests/data/mooncake_synthetic_slice.jsonl (the Mooncake synthetic trace, Apache-2.0), clamped
-# to llama-2's 4,096-token context by `tracebench generate` (prefix blocks cut to match).
+#   1. seq: the first $SEQ_N requests of the Mooncake synthetic trace (prompts cut to llama-2's context, blocks cut
+#      to match) one at a time (constant $SEQ_RATE req/s: no two prefills share a batch) on one server: sglang's
+#      cached_tokens must equal the leading tokens already sent, request by request (bench/prefix_check.py).
+#   2. node: a shared-prompt trace ($GROUPS system prompts of $PREFIX_LEN tokens, uniform, questions of $QUESTION
+#      tokens, $N requests at $RATE req/s) on the same server, whole GPU.
+#   3. routing (SERVERS > 0): the same trace on $SERVERS servers of --mem-fraction-static $MEM_FRACTION each, on the
+#      GPUs of GPU_OF (default: server i on GPU i; "0 0" puts two servers on GPU 0 when one GPU is lent), one run per
+#      policy of $POLICIES. Servers sharing a GPU share its compute: their latencies are not a multi-GPU cluster's,
+#      their caches (hit rates) are real.
 # SIM=1 runs every step on sim-servers on this machine (a check of the script, no GPU).
-#   bash bench/gpu/prefix.sh                                   # seq + node on one GPU
-#   SERVERS=2 GPU_OF="0 0" MEM_FRACTION=0.4 bash bench/gpu/prefix.sh   # + two servers sharing one GPU
+#   bash bench/gpu/prefix.sh                                               # 1 and 2
+#   SERVERS=2 GPU_OF="0 0" MEM_FRACTION=0.4 bash bench/gpu/prefix.sh      # + routing on two servers sharing GPU 0
 source bench/gpu/common.sh
-SEQ_N=${SEQ_N:-120}; SEQ_RATE=${SEQ_RATE:-1.5}; N=${N:-600}; TIME_SCALE=${TIME_SCALE:-4}
-SERVERS=${SERVERS:-0}; GPU_OF=${GPU_OF:-}; MEM_FRACTION=${MEM_FRACTION:-0.85}; PORT0=${PORT0:-30200}
+SEQ_N=${SEQ_N:-120}; SEQ_RATE=${SEQ_RATE:-1.5}; DATA=${DATA:-tests/data/mooncake_synthetic_trace_last1000.jsonl}
+GROUPS_N=${GROUPS_N:-64}; PREFIX_LEN=${PREFIX_LEN:-2048}; QUESTION=${QUESTION:-256}; OUTPUT=${OUTPUT:-64}
+N=${N:-600}; RATE=${RATE:-20}
+SERVERS=${SERVERS:-0}; GPU_OF=${GPU_OF:-}; MEM_FRACTION=${MEM_FRACTION:-0.4}; PORT0=${PORT0:-30200}
 POLICIES=${POLICIES:-"random round_robin prefix_hash cache_aware"}
-DATA=${DATA:-tests/data/mooncake_synthetic_slice.jsonl}
 NAME=prefix
 RES=$RES_ROOT/$NAME; mkdir -p "$RES"
+PY=${TB% -m tracebench}
 pack() {
   for log in $(find "$RES" -name '*.log'); do tail -n 200 "$log" > "$log.tail" && mv "$log.tail" "$log"; done
   tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
@@ -27,47 +29,52 @@ trap 'pack; ls -la "$PACK_TO"' EXIT
 
 $TB generate --dataset "$DATA" --dataset-format mooncake --in-order --num-requests "$SEQ_N" --arrival constant \
   --rate "$SEQ_RATE" -o "$RES/seq.jsonl"
-$TB generate --dataset "$DATA" --dataset-format mooncake --keep-timestamps --time-scale "$TIME_SCALE" \
-  --num-requests "$N" -o "$RES/node.jsonl"
+$TB generate --workload shared-prompt --groups "$GROUPS_N" --prefix-len "$PREFIX_LEN" --group-dist uniform \
+  --input-len "$QUESTION" --output-len "$OUTPUT" --rate "$RATE" --num-requests "$N" --seed 0 -o "$RES/shared.jsonl"
+$TB inspect "$RES/shared.jsonl" > "$RES/shared-inspect.txt"
 COMMON=(--out-dir "$RES" --quiet)
-launch() {  # launch RUN_NAME TRACE: one server launched by tracebench
-  if [ "${SIM:-0}" = 1 ]; then
-    $TB replay "$2" --backend sim --run-name "$1" "${COMMON[@]}"
-  else
-    $TB replay "$2" --backend sglang --model "$MODEL" --server-arg "$SGL_ARGS" --run-name "$1" "${COMMON[@]}"
-  fi
-}
 t0=$SECONDS
-launch seq "$RES/seq.jsonl"
-${TB% -m tracebench} bench/prefix_check.py "$RES/seq" | tee "$RES/seq-check.txt"
+
+# start GPU PORT LOG [extra sglang args]: a server in its own session, then wait until it is healthy (servers sharing
+# a GPU: each takes its memory before the next one measures what is free)
+start() {
+  local gpu=$1 port=$2 log=$3; shift 3
+  if [ "${SIM:-0}" = 1 ]; then
+    setsid $TB sim-server --port "$port" > "$log" 2>&1 &
+  else
+    CUDA_VISIBLE_DEVICES=$gpu setsid python3 -m sglang.launch_server --model-path "$MODEL" $SGL_ARGS \
+      --skip-tokenizer-init --enable-metrics --host 127.0.0.1 --port "$port" "$@" > "$log" 2>&1 &
+  fi
+  echo $! > "$log.pid"
+  wait_healthy "$port" "$log"
+  curl -s "http://127.0.0.1:$port/server_info" > "$log.server_info.json"
+}
+attach_args() {  # attach_args PORT...: --attach URL for each, and what gives the vocabulary
+  local out=()
+  [ "${SIM:-0}" = 1 ] || out+=(--model "$MODEL")
+  for port in "$@"; do out+=(--attach "http://127.0.0.1:$port"); done
+  echo "${out[@]}"
+}
+
+start 0 "$PORT0" "$RES/node-server.log"
+$TB replay "$RES/seq.jsonl" $(attach_args "$PORT0") --run-name seq "${COMMON[@]}"
+$PY bench/prefix_check.py "$RES/seq" | tee "$RES/seq-check.txt" || echo "seq: cached_tokens differ from the trace (above)"
 echo "seq: $((SECONDS - t0)) s"; pack
-launch node "$RES/node.jsonl"
+$TB replay "$RES/shared.jsonl" $(attach_args "$PORT0") --run-name node "${COMMON[@]}"
 echo "node: $((SECONDS - t0)) s"; pack
+stop_server "$RES/node-server.log"
 
 if [ "$SERVERS" -gt 0 ]; then
   read -r -a gpus <<< "${GPU_OF:-$(seq -s ' ' 0 $((SERVERS - 1)))}"
-  ATTACH=(--model "$MODEL")
+  ports=()
   for ((i = 0; i < SERVERS; i++)); do
-    if [ "${SIM:-0}" = 1 ]; then
-      start_server "${gpus[$i]}" $((PORT0 + i)) "$RES/attached-server-$i.log"
-    else
-      CUDA_VISIBLE_DEVICES=${gpus[$i]} setsid python3 -m sglang.launch_server --model-path "$MODEL" $SGL_ARGS \
-        --skip-tokenizer-init --enable-metrics --mem-fraction-static "$MEM_FRACTION" --host 127.0.0.1 \
-        --port $((PORT0 + i)) > "$RES/attached-server-$i.log" 2>&1 &
-      echo $! > "$RES/attached-server-$i.log.pid"
-      # servers sharing a GPU: each takes its memory before the next one measures what is free
-      wait_healthy $((PORT0 + i)) "$RES/attached-server-$i.log"
-    fi
-    ATTACH+=(--attach "http://127.0.0.1:$((PORT0 + i))")
+    ports+=($((PORT0 + 1 + i)))
+    start "${gpus[$i]}" $((PORT0 + 1 + i)) "$RES/routing-server-$i.log" --mem-fraction-static "$MEM_FRACTION"
   done
-  [ "${SIM:-0}" = 1 ] && ATTACH=("${ATTACH[@]:2}")
-  for ((i = 0; i < SERVERS; i++)); do wait_healthy $((PORT0 + i)) "$RES/attached-server-$i.log"; done
-  for ((i = 0; i < SERVERS; i++)); do
-    curl -s "http://127.0.0.1:$((PORT0 + i))/server_info" > "$RES/attached-server-$i.server_info.json"
-  done
+  echo "routing servers up: $((SECONDS - t0)) s"
   for policy in $POLICIES; do
-    $TB replay "$RES/node.jsonl" "${ATTACH[@]}" --policy "$policy" --run-name "routing-$policy" "${COMMON[@]}"
+    $TB replay "$RES/shared.jsonl" $(attach_args "${ports[@]}") --policy "$policy" --run-name "routing-$policy" "${COMMON[@]}"
     echo "routing-$policy: $((SECONDS - t0)) s"; pack
   done
-  for ((i = 0; i < SERVERS; i++)); do stop_server "$RES/attached-server-$i.log"; done
+  for ((i = 0; i < SERVERS; i++)); do stop_server "$RES/routing-server-$i.log"; done
 fi
