@@ -350,7 +350,7 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
         lengths_info = {"from": "dataset", "rows": selection}
 
     if p.workload is not None:  # clamped as they were made (the blocks depend on it)
-        clamp = _Clamp(made.input_len, made.output_len, made.clamped, made.input_cut)
+        clamp = made.lengths
     else:
         clamp = clamp_to_context(input_len, output_len, p.max_context)
     if dataset is not None and extras is not None and clamp.input_cut:
@@ -393,14 +393,6 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
         raise ConfigError(f"-o {path}: cannot write: {err.strerror or err}") from None
     return GeneratedTrace(path=path, header=header, input_mean=float(clamp.input_len.mean()),
                           output_mean=float(clamp.output_len.mean()))
-
-
-@dataclass(frozen=True)
-class _Clamp:
-    input_len: np.ndarray
-    output_len: np.ndarray
-    clamped: int
-    input_cut: int
 
 
 def _workload_requests(p: _Plan, arrival_rng: np.random.Generator, input_rng: np.random.Generator,
