@@ -21,10 +21,10 @@ import numpy as np
 from tracebench import __version__
 from tracebench.errors import ConfigError
 from tracebench.trace import arrivals as arrival_mod
+from tracebench.trace import workloads
 from tracebench.trace.datasets import DATASET_FORMATS, Dataset, load_dataset
 from tracebench.trace.format import format_request_line, format_request_lines, write_trace
 from tracebench.trace.lengths import LengthDistribution, clamp_to_context, make_distribution, sample_lengths
-from tracebench.trace import workloads
 
 # Defaults of the arguments left out (None in GenerateArgs). They are written into the header as used.
 DEFAULT_RATE = 8.0
@@ -326,9 +326,8 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
     extras: list[dict[str, Any] | None] | None = None
     workload_info: dict[str, Any] | None = None
     if p.workload is not None:
-        made = _workload_requests(p, arrival_rng, input_rng, output_rng, workload_rng)
+        made, lengths_info = _workload_requests(p, arrival_rng, input_rng, output_rng, workload_rng)
         arrivals, extras, workload_info = made.arrivals, list(made.extras), made.info
-        lengths_info = made.info.pop("lengths")
     elif dataset is None:
         arrivals = _synthetic_arrivals(p, arrival_rng)
         in_dist = make_distribution(p.length_dist, p.input_len, p.length_spread, "--input-len")  # type: ignore[arg-type]
@@ -396,7 +395,9 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
 
 
 def _workload_requests(p: _Plan, arrival_rng: np.random.Generator, input_rng: np.random.Generator,
-                       output_rng: np.random.Generator, workload_rng: np.random.Generator) -> workloads.WorkloadRequests:
+                       output_rng: np.random.Generator,
+                       workload_rng: np.random.Generator) -> tuple[workloads.WorkloadRequests, dict[str, Any]]:
+    """The workload's requests and the header's `lengths` (what the length distributions were used for)."""
     in_dist = make_distribution(p.length_dist, p.input_len, p.length_spread, "--input-len")  # type: ignore[arg-type]
     out_dist = make_distribution(p.length_dist, p.output_len, p.length_spread, "--output-len")  # type: ignore[arg-type]
     if p.workload == "shared-prompt":
@@ -415,8 +416,7 @@ def _workload_requests(p: _Plan, arrival_rng: np.random.Generator, input_rng: np
         think = workloads.think_times(p.think_dist, p.think_time, (sessions, turns - 1), workload_rng)  # type: ignore[arg-type,operator]
         made = workloads.multi_turn(starts, user, answer, think, p.block_size, p.max_context, p.closed_loop)  # type: ignore[arg-type]
         lengths = {"user": in_dist.describe(), "output": out_dist.describe()}
-    made.info["lengths"] = lengths
-    return made
+    return made, lengths
 
 
 def _synthetic_arrivals(p: _Plan, rng: np.random.Generator) -> np.ndarray:
