@@ -157,3 +157,16 @@ def test_closed_loop_trace_as_dataset_keeps_after_only_in_order(tmp_path: Path) 
     proc = run_cli("generate", "--dataset", str(closed), "-o", str(tmp_path / "sampled.jsonl"))
     assert proc.returncode == 2 and "is closed loop" in proc.stderr
     assert not (tmp_path / "sampled.jsonl").exists()
+
+
+def test_a_prefix_trace_reimported_with_a_smaller_context_keeps_the_blocks_inside_the_cut_prompt(tmp_path: Path) -> None:
+    source, _ = _generate(tmp_path, "multi.jsonl", *MULTI)
+    cut, stderr = _generate(tmp_path, "cut.jsonl", "--dataset", str(source), "--keep-timestamps", "--max-context", "1000")
+    original, again = list(iter_requests(source)), list(iter_requests(cut))
+    assert read_header(cut).block_size == 32
+    was_cut = 0
+    for before, after in zip(original, again, strict=True):
+        assert after.input_len == min(before.input_len, 1000 - 7)
+        assert after.prefix_blocks == before.prefix_blocks[: -(-after.input_len // 32)]
+        was_cut += after.input_len < before.input_len
+    assert was_cut > 0 and f"({was_cut} of them with the prompt cut)" in stderr

@@ -76,7 +76,7 @@ def shared_prompt(arrivals: np.ndarray, questions: np.ndarray, output_len: np.nd
     own = np.maximum(counts - shared, 0)
     next_own = groups * shared + np.cumsum(own) - own  # first own id of each request
     extras = []
-    for i, (g, n, k, first) in enumerate(zip(group.tolist(), counts.tolist(), own.tolist(), next_own.tolist())):
+    for g, n, k, first in zip(group.tolist(), counts.tolist(), own.tolist(), next_own.tolist()):
         blocks = list(range(g * shared, g * shared + min(n, shared))) + list(range(first, first + k))
         extras.append({"prefix_blocks": blocks, "group": g})
     info = {"groups": groups, "prefix_len": prefix_len, "shared_blocks_per_group": shared,
