@@ -193,7 +193,7 @@ def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None) -> None:
                         tokens: the leading run of blocks an earlier request sent, capped at input_len - 1
                         per request (sglang always computes one prompt token)
     LRU N tokens        the same with one LRU cache of N tokens holding whole blocks; estimated on a
-                        spatial sample of the blocks above 300,000 block ids (the sample rate is shown)
+                        spatial sample of the blocks above 1,000,000 block ids (the sample rate is shown)
     """
     from tracebench.errors import ConfigError
     from tracebench.trace.inspect import format_table, trace_stats
