@@ -150,6 +150,11 @@ def generate(**options: object) -> None:
         f"tracebench: {header['clamped_requests']} of {header['num_requests']} requests clamped to --max-context "
         f"{header['max_context']} ({header['clamped_input_requests']} of them with the prompt cut)", err=True)
     workload = header.get("workload")
+    if workload is not None and workload["kind"] == "shared-prompt" and \
+            workload["shared_tokens_per_group"] < workload["prefix_len"]:
+        click.echo(f"tracebench: only {workload['shared_tokens_per_group']} of the {workload['prefix_len']} tokens of "
+                   f"each system prompt are shared (whole blocks of {header['block_size']}): make --prefix-len a "
+                   f"multiple of --block-size to share all", err=True)
     if workload is not None and workload["kind"] == "multi-turn":
         click.echo(f"tracebench: {workload['sessions_cut_short']} of {workload['sessions']} sessions ended early "
                    f"({workload['turns_dropped']} turns dropped): the prompt outgrew --max-context", err=True)

@@ -248,6 +248,11 @@ def _check_workload(args: GenerateArgs) -> None:
             raise ConfigError(f"--groups must be an integer >= 1, got {args.groups}")
         if args.prefix_len is not None and args.prefix_len < 1:
             raise ConfigError(f"--prefix-len must be an integer >= 1 (tokens), got {args.prefix_len}")
+        prefix_len = DEFAULT_PREFIX_LEN if args.prefix_len is None else args.prefix_len
+        block_size = DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size
+        if prefix_len < block_size:
+            raise ConfigError(f"--prefix-len {prefix_len} is shorter than one block (--block-size {block_size}): only "
+                              f"whole blocks are shared, so nothing would be")
         if args.group_dist is not None and args.group_dist not in workloads.GROUP_DISTS:
             raise ConfigError(f"--group-dist must be one of {', '.join(workloads.GROUP_DISTS)}, got {args.group_dist!r}")
         if args.group_zipf is not None:
