@@ -48,8 +48,9 @@ refuses longer ones) with output_len at most 7 (its prefix_blocks cut to match).
 Datasets (--dataset PATH; --dataset-format auto detects from the content):
   azure       CSV TIMESTAMP,ContextTokens,GeneratedTokens (the Azure LLM inference traces)
   mooncake    JSONL {"timestamp": ms, "input_length", "output_length", "hash_ids": [...]}
-              (hash_ids are carried as prefix_blocks)
-  tracebench  a tracebench trace (re-time or re-sample it)
+              (hash_ids are carried as prefix_blocks, block_size 512)
+  tracebench  a tracebench trace (re-time or re-sample it; its optional fields are carried, closed-loop
+              after/delay_s only with the rows in order: --keep-timestamps or --in-order)
 With --keep-timestamps the dataset's own arrivals are replayed (shifted to start at 0; --time-scale K divides
 the gaps by K), every row by default. Without it arrivals are generated at --rate and the dataset supplies the
 lengths: rows sampled with the seed (1000 by default), or with --in-order taken in file order (every row by
