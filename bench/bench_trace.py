@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -27,13 +28,18 @@ TARGET_INSPECT_S = 2.0
 TARGET_PREFIX_INSPECT_S = 10.0
 
 
-def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+def timed(cmd: list[str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """Wall seconds, CPU seconds (user + system of the command) and the finished process. The CPU time says what the
+    command costs when the machine is shared (other work stretches the wall time, not the CPU time)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
-    return elapsed, proc
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu, proc
 
 
 def main() -> None:
@@ -58,20 +64,22 @@ def main() -> None:
                 ("plain", generate, trace, TARGET_INSPECT_S),
                 ("prefix", generate_prefix, prefix_trace, TARGET_PREFIX_INSPECT_S)):
             print(f"\n[{label}] generate: {' '.join(gen[1:])}")
-            generate_runs = [timed(gen)[0] for _ in range(args.repeat)]
+            generate_runs = [timed(gen)[:2] for _ in range(args.repeat)]
             size_mb = path.stat().st_size / 1e6
             inspect_runs = []
             for _ in range(args.repeat):
-                elapsed, proc = timed([*tracebench, "inspect", str(path)])
-                inspect_runs.append(elapsed)
-            print(f"trace: {args.requests} requests, {size_mb:.1f} MB")
+                elapsed, cpu, proc = timed([*tracebench, "inspect", str(path)])
+                inspect_runs.append((elapsed, cpu))
+            print(f"trace: {args.requests} requests, {size_mb:.1f} MB; load average before: "
+                  f"{os.getloadavg()[0]:.1f}")
             generate_target = TARGET_GENERATE_S if label == "plain" else None
             for name, runs, target in (("generate", generate_runs, generate_target),
                                        ("inspect", inspect_runs, inspect_target)):
-                best = min(runs)
+                best = min(wall for wall, _ in runs)
                 verdict = "no target" if target is None else \
                     f"target < {target:.0f} s: {'OK' if best < target else 'OVER TARGET'}"
-                print(f"{name:9} best {best:.2f} s ({verdict}); runs: " + ", ".join(f"{r:.2f}" for r in runs)
+                print(f"{name:9} best {best:.2f} s ({verdict}); runs (wall / CPU s): "
+                      + ", ".join(f"{wall:.2f} / {cpu:.2f}" for wall, cpu in runs)
                       + f"; {args.requests / best / 1e6:.2f} M requests/s")
             print("inspect output:")
             print(proc.stdout)

@@ -38,7 +38,8 @@ def test_same_arguments_give_byte_identical_files_and_seeds_differ(tmp_path: Pat
 
 
 def test_shared_prompt_requests_of_a_group_share_its_whole_blocks(tmp_path: Path) -> None:
-    trace, _ = _generate(tmp_path, "shared.jsonl", *SHARED)
+    trace, stderr = _generate(tmp_path, "shared.jsonl", *SHARED)
+    assert "only 192 of the 200 tokens of each system prompt are shared (whole blocks of 16)" in stderr
     header = read_header(trace)
     assert header.block_size == 16
     assert header.fields["workload"] == {"kind": "shared-prompt", "groups": 5, "prefix_len": 200,
@@ -129,6 +130,8 @@ CONTRADICTIONS = {
     "zipf_exponent_without_zipf": (["--workload", "shared-prompt", "--group-zipf", "1.5"],
                                    "--group-zipf only applies to --group-dist zipf"),
     "zero_groups": (["--workload", "shared-prompt", "--groups", "0"], "--groups must be an integer >= 1"),
+    "prefix_shorter_than_a_block": (["--workload", "shared-prompt", "--prefix-len", "40"],
+                                    "--prefix-len 40 is shorter than one block (--block-size 64)"),
     "zero_block_size": (["--workload", "multi-turn", "--block-size", "0"], "--block-size must be an integer >= 1"),
     "prefix_over_context": (["--workload", "shared-prompt", "--prefix-len", "4000"],
                             "--prefix-len 4000 + --input-len 512 + --output-len 128 exceed --max-context 4096"),
@@ -157,3 +160,16 @@ def test_closed_loop_trace_as_dataset_keeps_after_only_in_order(tmp_path: Path) 
     proc = run_cli("generate", "--dataset", str(closed), "-o", str(tmp_path / "sampled.jsonl"))
     assert proc.returncode == 2 and "is closed loop" in proc.stderr
     assert not (tmp_path / "sampled.jsonl").exists()
+
+
+def test_a_prefix_trace_reimported_with_a_smaller_context_keeps_the_blocks_inside_the_cut_prompt(tmp_path: Path) -> None:
+    source, _ = _generate(tmp_path, "multi.jsonl", *MULTI)
+    cut, stderr = _generate(tmp_path, "cut.jsonl", "--dataset", str(source), "--keep-timestamps", "--max-context", "1000")
+    original, again = list(iter_requests(source)), list(iter_requests(cut))
+    assert read_header(cut).block_size == 32
+    was_cut = 0
+    for before, after in zip(original, again, strict=True):
+        assert after.input_len == min(before.input_len, 1000 - 7)
+        assert after.prefix_blocks == before.prefix_blocks[: -(-after.input_len // 32)]
+        was_cut += after.input_len < before.input_len
+    assert was_cut > 0 and f"({was_cut} of them with the prompt cut)" in stderr

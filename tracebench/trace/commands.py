@@ -48,8 +48,9 @@ refuses longer ones) with output_len at most 7 (its prefix_blocks cut to match).
 Datasets (--dataset PATH; --dataset-format auto detects from the content):
   azure       CSV TIMESTAMP,ContextTokens,GeneratedTokens (the Azure LLM inference traces)
   mooncake    JSONL {"timestamp": ms, "input_length", "output_length", "hash_ids": [...]}
-              (hash_ids are carried as prefix_blocks)
-  tracebench  a tracebench trace (re-time or re-sample it)
+              (hash_ids are carried as prefix_blocks, block_size 512)
+  tracebench  a tracebench trace (re-time or re-sample it; its optional fields are carried, closed-loop
+              after/delay_s only with the rows in order: --keep-timestamps or --in-order)
 With --keep-timestamps the dataset's own arrivals are replayed (shifted to start at 0; --time-scale K divides
 the gaps by K), every row by default. Without it arrivals are generated at --rate and the dataset supplies the
 lengths: rows sampled with the seed (1000 by default), or with --in-order taken in file order (every row by
@@ -150,6 +151,11 @@ def generate(**options: object) -> None:
         f"tracebench: {header['clamped_requests']} of {header['num_requests']} requests clamped to --max-context "
         f"{header['max_context']} ({header['clamped_input_requests']} of them with the prompt cut)", err=True)
     workload = header.get("workload")
+    if workload is not None and workload["kind"] == "shared-prompt" and \
+            workload["shared_tokens_per_group"] < workload["prefix_len"]:
+        click.echo(f"tracebench: only {workload['shared_tokens_per_group']} of the {workload['prefix_len']} tokens of "
+                   f"each system prompt are shared (whole blocks of {header['block_size']}): make --prefix-len a "
+                   f"multiple of --block-size to share all", err=True)
     if workload is not None and workload["kind"] == "multi-turn":
         click.echo(f"tracebench: {workload['sessions_cut_short']} of {workload['sessions']} sessions ended early "
                    f"({workload['turns_dropped']} turns dropped): the prompt outgrew --max-context", err=True)
@@ -193,7 +199,7 @@ def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None) -> None:
                         tokens: the leading run of blocks an earlier request sent, capped at input_len - 1
                         per request (sglang always computes one prompt token)
     LRU N tokens        the same with one LRU cache of N tokens holding whole blocks; estimated on a
-                        spatial sample of the blocks above 300,000 block ids (the sample rate is shown)
+                        spatial sample of the blocks above 1,000,000 block ids (the sample rate is shown)
     """
     from tracebench.errors import ConfigError
     from tracebench.trace.inspect import format_table, trace_stats

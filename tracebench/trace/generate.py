@@ -21,10 +21,10 @@ import numpy as np
 from tracebench import __version__
 from tracebench.errors import ConfigError
 from tracebench.trace import arrivals as arrival_mod
+from tracebench.trace import workloads
 from tracebench.trace.datasets import DATASET_FORMATS, Dataset, load_dataset
 from tracebench.trace.format import format_request_line, format_request_lines, write_trace
 from tracebench.trace.lengths import LengthDistribution, clamp_to_context, make_distribution, sample_lengths
-from tracebench.trace import workloads
 
 # Defaults of the arguments left out (None in GenerateArgs). They are written into the header as used.
 DEFAULT_RATE = 8.0
@@ -248,6 +248,11 @@ def _check_workload(args: GenerateArgs) -> None:
             raise ConfigError(f"--groups must be an integer >= 1, got {args.groups}")
         if args.prefix_len is not None and args.prefix_len < 1:
             raise ConfigError(f"--prefix-len must be an integer >= 1 (tokens), got {args.prefix_len}")
+        prefix_len = DEFAULT_PREFIX_LEN if args.prefix_len is None else args.prefix_len
+        block_size = DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size
+        if prefix_len < block_size:
+            raise ConfigError(f"--prefix-len {prefix_len} is shorter than one block (--block-size {block_size}): only "
+                              f"whole blocks are shared, so nothing would be")
         if args.group_dist is not None and args.group_dist not in workloads.GROUP_DISTS:
             raise ConfigError(f"--group-dist must be one of {', '.join(workloads.GROUP_DISTS)}, got {args.group_dist!r}")
         if args.group_zipf is not None:
@@ -326,9 +331,8 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
     extras: list[dict[str, Any] | None] | None = None
     workload_info: dict[str, Any] | None = None
     if p.workload is not None:
-        made = _workload_requests(p, arrival_rng, input_rng, output_rng, workload_rng)
+        made, lengths_info = _workload_requests(p, arrival_rng, input_rng, output_rng, workload_rng)
         arrivals, extras, workload_info = made.arrivals, list(made.extras), made.info
-        lengths_info = made.info.pop("lengths")
     elif dataset is None:
         arrivals = _synthetic_arrivals(p, arrival_rng)
         in_dist = make_distribution(p.length_dist, p.input_len, p.length_spread, "--input-len")  # type: ignore[arg-type]
@@ -350,7 +354,7 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
         lengths_info = {"from": "dataset", "rows": selection}
 
     if p.workload is not None:  # clamped as they were made (the blocks depend on it)
-        clamp = _Clamp(made.input_len, made.output_len, made.clamped, made.input_cut)
+        clamp = made.lengths
     else:
         clamp = clamp_to_context(input_len, output_len, p.max_context)
     if dataset is not None and extras is not None and clamp.input_cut:
@@ -395,16 +399,10 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
                           output_mean=float(clamp.output_len.mean()))
 
 
-@dataclass(frozen=True)
-class _Clamp:
-    input_len: np.ndarray
-    output_len: np.ndarray
-    clamped: int
-    input_cut: int
-
-
 def _workload_requests(p: _Plan, arrival_rng: np.random.Generator, input_rng: np.random.Generator,
-                       output_rng: np.random.Generator, workload_rng: np.random.Generator) -> workloads.WorkloadRequests:
+                       output_rng: np.random.Generator,
+                       workload_rng: np.random.Generator) -> tuple[workloads.WorkloadRequests, dict[str, Any]]:
+    """The workload's requests and the header's `lengths` (what the length distributions were used for)."""
     in_dist = make_distribution(p.length_dist, p.input_len, p.length_spread, "--input-len")  # type: ignore[arg-type]
     out_dist = make_distribution(p.length_dist, p.output_len, p.length_spread, "--output-len")  # type: ignore[arg-type]
     if p.workload == "shared-prompt":
@@ -423,8 +421,7 @@ def _workload_requests(p: _Plan, arrival_rng: np.random.Generator, input_rng: np
         think = workloads.think_times(p.think_dist, p.think_time, (sessions, turns - 1), workload_rng)  # type: ignore[arg-type,operator]
         made = workloads.multi_turn(starts, user, answer, think, p.block_size, p.max_context, p.closed_loop)  # type: ignore[arg-type]
         lengths = {"user": in_dist.describe(), "output": out_dist.describe()}
-    made.info["lengths"] = lengths
-    return made
+    return made, lengths
 
 
 def _synthetic_arrivals(p: _Plan, rng: np.random.Generator) -> np.ndarray:

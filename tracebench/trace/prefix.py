@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Above this many block references the LRU hit rate is estimated on a spatial sample of the blocks of this size.
-LRU_EXACT_REFS = 300_000
+LRU_EXACT_REFS = 1_000_000
 # Default LRU sizes in tokens: a small cache, one H200 and four H200s running llama-2-7b with sglang 0.5.17 (its
 # max_total_num_tokens, tests/data/sglang-0.5.17/api_capture.json).
 DEFAULT_LRU_TOKENS = (65_536, 231_818, 927_272)
@@ -84,12 +84,12 @@ def build_tree(counts: np.ndarray, flat_blocks: np.ndarray, input_len: np.ndarra
         uniq, rank = np.unique(flat, return_inverse=True)
         distinct = width = int(uniq.size)
     # The block before each reference in its request (-1 at a request's first block).
-    parent = np.empty(refs, dtype=np.int64)
+    parent = np.empty(refs, dtype=np.int32 if width < 2**31 else np.int64)
     parent[1:] = rank[:-1]
     parent[starts] = -1
     # When every id always follows the same id (Mooncake's hash_ids, tracebench's generators), an id names one path
     # of the tree by itself: it is the node. Otherwise the tree is built level by level.
-    parent_of = np.full(width, -2, dtype=np.int64)
+    parent_of = np.full(width, -2, dtype=parent.dtype)
     parent_of[rank] = parent
     if (parent_of[rank] == parent).all():
         node, nodes = rank, width
@@ -201,8 +201,11 @@ def lru_hit_tokens(tree: PrefixTree, cache_tokens: Sequence[int], max_refs: int 
     if refs > max_refs:
         threshold = max(1, int(max_refs / refs * (1 << 24)))
         rate = threshold / (1 << 24)
-        hashed = (tree.node.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
+        hashed = tree.node.astype(np.uint64)
+        hashed *= np.uint64(0x9E3779B97F4A7C15)  # in place: this array has one entry per block id of the trace
+        hashed >>= np.uint64(40)
         keep = np.flatnonzero(hashed < np.uint64(threshold))
+        del hashed
     capacities = [int(size // tree.block_size * rate) for size in cache_tokens]
     # sampled: the hit rate of the sampled references' tokens (a ratio: a hot block sampled or not moves both sums)
     sampled_tokens = None if keep is None else int(tree.tokens[keep].sum())

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from tracebench.errors import ConfigError
-from tracebench.trace.lengths import PROMPT_RESERVE, clamp_to_context
+from tracebench.trace.lengths import PROMPT_RESERVE, Clamped, clamp_to_context
 
 WORKLOADS = ("shared-prompt", "multi-turn")
 GROUP_DISTS = ("uniform", "zipf")
@@ -30,15 +30,13 @@ THINK_DISTS = ("exponential", "fixed", "uniform")
 
 @dataclass(frozen=True)
 class WorkloadRequests:
-    """Requests in trace order (arrival order), with their optional fields (`extras[i]`: prefix_blocks first, then
-    the closed-loop fields, then the informational group / session / turn) and the header's counts."""
+    """Requests in trace order (arrival order): arrivals, lengths as clamped to the context, optional fields
+    (`extras[i]`: prefix_blocks first, then the closed-loop fields, then the informational group / session / turn)
+    and what the header says about the workload."""
 
     arrivals: np.ndarray
-    input_len: np.ndarray
-    output_len: np.ndarray
+    lengths: Clamped
     extras: list[dict[str, Any]]
-    clamped: int
-    input_cut: int
     info: dict[str, Any]
 
 
@@ -78,12 +76,12 @@ def shared_prompt(arrivals: np.ndarray, questions: np.ndarray, output_len: np.nd
     own = np.maximum(counts - shared, 0)
     next_own = groups * shared + np.cumsum(own) - own  # first own id of each request
     extras = []
-    for i, (g, n, k, first) in enumerate(zip(group.tolist(), counts.tolist(), own.tolist(), next_own.tolist())):
+    for g, n, k, first in zip(group.tolist(), counts.tolist(), own.tolist(), next_own.tolist()):
         blocks = list(range(g * shared, g * shared + min(n, shared))) + list(range(first, first + k))
         extras.append({"prefix_blocks": blocks, "group": g})
     info = {"groups": groups, "prefix_len": prefix_len, "shared_blocks_per_group": shared,
             "shared_tokens_per_group": shared * block_size}
-    return WorkloadRequests(arrivals, clamp.input_len, clamp.output_len, extras, clamp.clamped, clamp.input_cut, info)
+    return WorkloadRequests(arrivals, clamp, extras, info)
 
 
 def multi_turn(starts: np.ndarray, user_len: np.ndarray, answer_len: np.ndarray, think: np.ndarray,
@@ -127,5 +125,6 @@ def multi_turn(starts: np.ndarray, user_len: np.ndarray, answer_len: np.ndarray,
     turns_kept = kept.sum(axis=1)
     info = {"sessions": sessions, "turns": turns, "sessions_cut_short": int((turns_kept < turns).sum()),
             "turns_dropped": int(sessions * turns - turns_kept.sum()), "closed_loop": closed_loop}
-    return WorkloadRequests(times[kept][order], clamp.input_len[order], clamp.output_len[order], extras,
-                            clamp.clamped, clamp.input_cut, info)
+    in_order = Clamped(clamp.input_len[order], clamp.output_len[order], clamp.clamped, clamp.input_cut,
+                       clamp.input_cut_mask[order])
+    return WorkloadRequests(times[kept][order], in_order, extras, info)
