@@ -61,7 +61,9 @@ class RadixCache:
         self.root.lock = 1  # never evicted
         self.total_tokens = 0        # KV slots held by the tree
         self.evictable_tokens = 0    # of which in unlocked nodes
-        self._heap: list[tuple[int, int, Node]] = []   # (last_access, seq, leaf), lazily invalidated
+        # (last_access when pushed, seq, node): every evictable leaf has an entry; entries of nodes that are no longer
+        # evictable leaves are dropped when popped, those whose node was used since are pushed again (lazy LRU)
+        self._heap: list[tuple[int, int, Node]] = []
         self.num_nodes = 0
 
     # ---- matching and inserting ----
@@ -149,8 +151,11 @@ class RadixCache:
         heap = self._heap
         while freed < num_tokens and heap:
             last_access, _, node = heapq.heappop(heap)
-            if node.lock or node.children or node.last_access != last_access or node.parent is None:
-                continue  # stale entry: used, grown, touched again or already evicted since it was pushed
+            if node.lock or node.children or node.parent is None:
+                continue  # locked, grown or already evicted since it was pushed
+            if node.last_access != last_access:
+                heapq.heappush(heap, (node.last_access, next(self._seq), node))   # used since: its place moved
+                continue
             parent = node.parent
             del parent.children[node.key[0]]
             node.parent = None
@@ -175,7 +180,7 @@ class RadixCache:
         heap = self._heap
         heapq.heappush(heap, (node.last_access, next(self._seq), node))
         if len(heap) > 4 * self.num_nodes + 1024:
-            # drop stale entries so the heap stays proportional to the tree
-            self._heap = [e for e in heap if e[0] == e[2].last_access and e[2].parent is not None
-                          and not e[2].lock and not e[2].children]
+            # rebuild: one current entry per evictable leaf, so the heap stays proportional to the tree
+            leaves = {id(e[2]): e[2] for e in heap if e[2].parent is not None and not e[2].lock and not e[2].children}
+            self._heap = [(leaf.last_access, next(self._seq), leaf) for leaf in leaves.values()]
             heapq.heapify(self._heap)
