@@ -284,6 +284,9 @@ def test_http_cached_tokens_follow_shared_prefixes_and_flush_resets(sim_server) 
         expected.append(leading_shared(ids, prompts[:i]))
         assert meta["cached_tokens_details"] == ({"device": got[-1], "host": 0} if got[-1] else None)
     assert got == expected == [0, 128, 64, 0, 192, 64, 127, 150]
+    # sglang's cache_hit_rate: the last prefill batch's cached / (cached + new) tokens
+    load = json.loads(urllib.request.urlopen(srv.url + "/v1/loads", timeout=5).read())["loads"][0]
+    assert load["cache_hit_rate"] == round(150 / 190, 4)
     status, text = _flush(srv.url)
     assert (status, text) == (200, json.loads((SGLANG_CAPTURES / "api_capture.json").read_text())["flush_cache"]["body"])
     after = [_post(srv.url, {"input_ids": ids, "sampling_params": params})["meta_info"]["cached_tokens"]

@@ -416,28 +416,21 @@ class BatchModel:
         """Match `req` in the cache and reserve its KV (evicting unlocked cache entries if needed). False: it does
         not fit now (nothing changed but the cache's LRU order)."""
         cache = self.cache
-        capacity = self.limits.max_total_num_tokens
-        if cache is None or req.input_ids is None:
-            need = req.kv_needed
-            cache_held = 0 if cache is None else cache.total_tokens - cache.evictable_tokens
-            if self.kv_reserved + cache_held + need > capacity:
-                return False
-            if cache is not None and self.kv_reserved + cache.total_tokens + need > capacity:
-                cache.evict(self.kv_reserved + cache.total_tokens + need - capacity)
-            req.kv_private = need
-            self.kv_reserved += need
-            return True
-        # sglang never matches the whole prompt: at least one token is prefilled (schedule_batch.py
-        # _compute_max_prefix_len: input_len - 1)
-        cached, node = cache.match(req.input_ids, req.input_len - 1)
-        cache.lock(node)
+        cached, node = 0, None
+        if cache is not None and req.input_ids is not None:
+            # sglang never matches the whole prompt: at least one token is prefilled (schedule_batch.py
+            # _compute_max_prefix_len: input_len - 1)
+            cached, node = cache.match(req.input_ids, req.input_len - 1)
+            cache.lock(node)
         need = req.kv_needed - cached
-        if self.kv_reserved + cache.total_tokens - cache.evictable_tokens + need > capacity:
-            cache.unlock(node)
+        held, evictable = (0, 0) if cache is None else (cache.total_tokens, cache.evictable_tokens)
+        if self.kv_reserved + held - evictable + need > self.limits.max_total_num_tokens:
+            if node is not None:
+                cache.unlock(node)  # type: ignore[union-attr]
             return False
-        over = self.kv_reserved + cache.total_tokens + need - capacity
-        if over > 0:
-            cache.evict(over)
+        over = self.kv_reserved + held + need - self.limits.max_total_num_tokens
+        if over > 0 and cache is not None and cache.evict(over) < over:
+            raise RuntimeError(f"prefix cache evicted less than the {over} evictable tokens it was asked for")
         req.cached_tokens = req.prefilled = req.cache_owned = cached
         req.cache_node = node
         req.kv_private = need
