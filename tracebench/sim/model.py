@@ -24,8 +24,8 @@ request does not fit in KV, unlocked cache entries are evicted, least recently u
 
 from __future__ import annotations
 
-import json
 import itertools
+import json
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -213,7 +213,7 @@ class BatchModel:
         self.current: Step | None = None
         self.last_start: float | None = None
         self.last_end: float | None = None
-        self.last_from_idle = False               # the last step started on an idle GPU (planned with nothing running)
+        self.last_from_idle = False               # the last step started on an idle GPU (no step right before it)
         # counters for /metrics and /v1/loads
         self.total_prefill_tokens = 0
         self.total_prefill_busy_s = 0.0
@@ -414,7 +414,7 @@ class BatchModel:
 
     def _reserve(self, req: SimRequest) -> bool:
         """Match `req` in the cache and reserve its KV (evicting unlocked cache entries if needed). False: it does
-        not fit now (nothing changed but the cache's LRU order)."""
+        not fit now (nothing changed but the cache's LRU order and node boundaries)."""
         cache = self.cache
         cached, node = 0, None
         if cache is not None and req.input_ids is not None:
