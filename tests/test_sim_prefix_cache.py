@@ -292,6 +292,10 @@ def test_http_cached_tokens_follow_shared_prefixes_and_flush_resets(sim_server) 
     after = [_post(srv.url, {"input_ids": ids, "sampling_params": params})["meta_info"]["cached_tokens"]
              for ids in prompts[:2]]
     assert after == [0, 128]
+    # a text prompt (the word-level tokenizer: one token per word) is matched by its words
+    texts = [_post(srv.url, {"text": "w5 w6 w7 w8 w9", "sampling_params": params})["meta_info"]["cached_tokens"]
+             for _ in "ab"]
+    assert texts == [0, 4]
 
 
 def test_http_flush_refused_while_busy_and_disabled_cache(sim_server) -> None:
