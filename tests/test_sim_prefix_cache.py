@@ -252,8 +252,8 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(resp.read())
 
 
-def _flush(url: str) -> tuple[int, str]:
-    req = urllib.request.Request(url + "/flush_cache", data=b"", method="POST")
+def _flush(url: str, query: str = "") -> tuple[int, str]:
+    req = urllib.request.Request(url + "/flush_cache" + query, data=b"", method="POST")
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, resp.read().decode()
@@ -304,17 +304,21 @@ def test_http_flush_refused_while_busy_and_disabled_cache(sim_server) -> None:
                                                           "sampling_params": {"max_new_tokens": 200}}))
     busy.start()
     try:
-        deadline = 0
-        while deadline < 200:   # wait until the request runs
+        for _ in range(200):   # wait until the request runs (200 decode steps: ~1 s)
             if json.loads(urllib.request.urlopen(srv.url + "/v1/loads", timeout=5).read())["loads"][0][
                     "num_running_reqs"]:
                 break
-            deadline += 1
             threading.Event().wait(0.01)
         assert _flush(srv.url) == (400, "Flush cache failed.\n")
+        assert _flush(srv.url, "?timeout=0.05") == (400, "Timed out waiting for idle state.")
+        assert _flush(srv.url, "?timeout=-1")[0] == 422
+        assert _flush(srv.url, "?timeout=20")[0] == 200       # waits for the request to finish, then flushes
+        busy.join(timeout=10)
+        assert not busy.is_alive()
     finally:
         busy.join()
     # streamed: every chunk carries the request's cached_tokens
+    _post(srv.url, {"input_ids": toks(64, 1), "sampling_params": {"max_new_tokens": 1}})
     ids = toks(64, 1) + toks(20, 2)
     metas = _stream_metas(srv.url, {"input_ids": ids, "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}})
     assert len(metas) >= 2 and [m["cached_tokens"] for m in metas] == [64] * len(metas)
