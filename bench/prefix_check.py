@@ -16,28 +16,7 @@ import sys
 from pathlib import Path
 
 from tracebench.trace.format import load_trace
-
-
-def leading_seen_tokens(blocks: list[tuple[int, ...]], input_lens: list[int], block_size: int | None) -> list[int]:
-    """Per request, in order: the prompt tokens of its leading run of blocks already sent by an earlier request (one
-    unbounded cache), a partial block counting its own tokens and at most what an earlier copy of it held."""
-    seen: dict[tuple[int, ...], int] = {}  # a leading run of block ids -> most tokens of its last block sent
-    out = []
-    for ids, n in zip(blocks, input_lens):
-        hit = 0
-        for k in range(len(ids)):
-            own = min(block_size, n - k * block_size)  # type: ignore[operator]
-            got = seen.get(ids[: k + 1])
-            if got is None:
-                break
-            hit += min(own, got)
-            if got < own:
-                break
-        out.append(hit)
-        for k in range(len(ids)):
-            key = ids[: k + 1]
-            seen[key] = max(seen.get(key, 0), min(block_size, n - k * block_size))  # type: ignore[operator]
-    return out
+from tracebench.trace.prefix import leading_seen_tokens
 
 
 def main() -> int:
@@ -49,10 +28,9 @@ def main() -> int:
     header, requests = load_trace(args.trace or run["trace"]["path"])
     records = {r["id"]: r for r in map(json.loads, (args.run / "requests.jsonl").read_text().splitlines())}
     order = sorted(requests, key=lambda r: records[r.id]["t_dispatch"])  # what the server saw first came first
-    want = leading_seen_tokens([r.prefix_blocks or () for r in order], [r.input_len for r in order], header.block_size)
+    want = leading_seen_tokens([r.prefix_blocks for r in order], [r.input_len for r in order], header.block_size)
     mismatches = []
-    for req, expected in zip(order, want):
-        expected = min(expected, req.input_len - 1)
+    for req, expected in zip(order, want.tolist()):
         got = records[req.id]["cached_tokens"]
         if got != expected:
             mismatches.append(f"request {req.id}: cached_tokens {got}, expected {expected} (input_len {req.input_len})")

@@ -18,6 +18,7 @@ from test_replay_run import check_every_request_once, port_base, read_run
 from tracebench.errors import ConfigError
 from tracebench.replay.tokens import TOKEN_ID_LOW, InputIds
 from tracebench.trace.format import write_trace
+from tracebench.trace.prefix import leading_seen_tokens
 
 SHA = "5e" * 32
 
@@ -48,30 +49,6 @@ def write_prefix_trace(path: Path, rows: list[dict[str, Any]], block_size: int) 
     return write_trace(path, {"num_requests": len(rows), "duration_s": duration, "block_size": block_size}, lines)
 
 
-def leading_seen_tokens(rows: list[dict[str, Any]], block_size: int) -> list[int]:
-    """Per request, in order: the prompt tokens of its leading run of blocks already sent by an earlier request
-    (one unbounded cache, requests one at a time), counting a partial last block by its own tokens and at most
-    the shorter of two partial copies."""
-    seen: dict[tuple[int, ...], int] = {}  # leading run of block ids -> most tokens of its last block sent
-    out = []
-    for r in rows:
-        blocks, n = r["prefix_blocks"], r["input_len"]
-        hit = 0
-        for k in range(len(blocks)):
-            own = min(block_size, n - k * block_size)
-            got = seen.get(tuple(blocks[: k + 1]))
-            if got is None:
-                break
-            hit += min(own, got)
-            if got < own:
-                break
-        out.append(hit)
-        for k in range(len(blocks)):
-            key = tuple(blocks[: k + 1])
-            seen[key] = max(seen.get(key, 0), min(block_size, n - k * block_size))
-    return out
-
-
 def test_cached_tokens_follow_the_blocks_on_one_server(tmp_path: Path) -> None:
     """Requests one at a time (far apart) on one simulated server with a big cache: sglang's cached_tokens equals
     the leading tokens already sent, as measured on a real H200 (../shared/sglang-0.5.17/prefix-cache-h200.json)."""
@@ -93,7 +70,7 @@ def test_cached_tokens_follow_the_blocks_on_one_server(tmp_path: Path) -> None:
     assert run["flush_cache"] is True
     by_id = {r["id"]: r for r in records}
     # sglang never serves a whole prompt from its cache: the last prompt token is always computed
-    want = [min(hit, row["input_len"] - 1) for hit, row in zip(leading_seen_tokens(rows, bs), rows)]
+    want = leading_seen_tokens([r["prefix_blocks"] for r in rows], [r["input_len"] for r in rows], bs).tolist()
     got = [by_id[i]["cached_tokens"] for i in range(len(rows))]
     assert got == want
     assert sum(want) > 0.3 * sum(r["input_len"] for r in rows), "the trace does share prefixes"
@@ -114,7 +91,7 @@ def test_flush_cache_starts_each_run_from_an_empty_cache(tmp_path: Path, sim_ser
         assert run["flush_cache"] is (flag == "--flush-cache")
         cached[name] = [r["cached_tokens"] for r in sorted(records, key=lambda r: r["id"])]
     assert cached["first"] == [0, 48, 48]
-    assert cached["again"] == [63, 48, 48], "without a flush, the previous run's cache serves this one"
+    assert cached["again"] == [63, 63, 63], "without a flush, the previous run's cache serves this one (whole prompts: input_len - 1)"
     assert cached["flushed"] == cached["first"]
 
 

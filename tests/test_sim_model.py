@@ -191,7 +191,8 @@ def test_committed_profile_is_the_fit_of_the_calibration() -> None:
     runs = load_routing_runs(ROUTING_RUNS)
     assert len(runs) >= 4 and all(len(run.records) >= 700 for run in runs)
     fitted = fit(json.loads((sglang / "calibration.json").read_text()),
-                 json.loads((sglang / "api_capture.json").read_text()), runs, PROFILE.name)
+                 json.loads((sglang / "api_capture.json").read_text()),
+                 json.loads((sglang / "prefix-cache-h200.json").read_text()), runs, PROFILE.name)
     committed = json.loads((PROFILES_DIR / f"{PROFILE.name}.json").read_text())
     regenerated = profile_document(fitted)
     for key, value in committed["params"].items():
@@ -219,7 +220,8 @@ def test_fit_recovers_the_decode_cost_per_kv_token_from_a_routing_run() -> None:
                 "server_forward_entry": o.t_forward_entry, "server_prefill_finished": o.t_first_token - server.output_s,
                 "server_finished": o.t_finished} for o in outs]
     fitted = fit(json.loads((sglang / "calibration.json").read_text()),
-                 json.loads((sglang / "api_capture.json").read_text()), [RoutingRun("synthetic", "1 x sim", records)],
+                 json.loads((sglang / "api_capture.json").read_text()),
+                 json.loads((sglang / "prefix-cache-h200.json").read_text()), [RoutingRun("synthetic", "1 x sim", records)],
                  PROFILE.name)
     assert fitted.decode_per_kv_token_s == pytest.approx(true_e, rel=0.05)
     assert fitted.decode_base_s == pytest.approx(PROFILE.decode_base_s, rel=1e-9)

@@ -34,13 +34,17 @@ from tracebench.errors import ConfigError
 @click.option("--disable-overlap-schedule", is_flag=True, default=False,
               help="sglang's flag: plan each step after the previous one ends (default: overlap, planned while the "
                    "previous step runs, so a new request waits one extra step).")
+@click.option("--disable-radix-cache", is_flag=True, default=False,
+              help="sglang's flag: no prefix cache (every prompt is prefilled in full, cached_tokens is always 0). "
+                   "Default: sglang's radix cache on the token ids received (or a text prompt's words), LRU eviction "
+                   "when KV is full, emptied by POST /flush_cache.")
 @click.option("--skip-tokenizer-init", is_flag=True, default=False,
               help="sglang's flag: answers carry no 'text' and text prompts are refused (tracebench launches real "
                    "sglang with it). Default: a word-level tokenizer (one token per word, output text ' w<id>').")
 def sim_server(port: int, host: str, profile_name: str, speed: float, max_running_requests: int | None,
                max_total_tokens: int | None, context_length: int, chunked_prefill_size: int, startup_delay: float,
                seed: int, vocab_size: int, crash_on_bad_token: bool, enable_metrics: bool,
-               disable_overlap_schedule: bool, skip_tokenizer_init: bool) -> None:
+               disable_overlap_schedule: bool, disable_radix_cache: bool, skip_tokenizer_init: bool) -> None:
     """A simulated sglang 0.5.17 server (llama-2-7b-hf): sglang's HTTP API, timed like a continuous-batching GPU.
 
     \b
@@ -70,4 +74,5 @@ def sim_server(port: int, host: str, profile_name: str, speed: float, max_runnin
                   max_total_tokens=max_total_tokens, context_length=context_length,
                   chunked_prefill_size=chunked_prefill_size, startup_delay=startup_delay, seed=seed,
                   vocab_size=vocab_size, crash_on_bad_token=crash_on_bad_token, enable_metrics=enable_metrics,
-                  disable_overlap_schedule=disable_overlap_schedule, skip_tokenizer_init=skip_tokenizer_init))
+                  disable_overlap_schedule=disable_overlap_schedule, skip_tokenizer_init=skip_tokenizer_init,
+                  disable_radix_cache=disable_radix_cache))

@@ -5,6 +5,9 @@
 
 Inputs (what real sglang 0.5.17 measured, see that folder's README):
 - calibration.json `prefill`: one request at a time, 1 output token; `prefill` = prefill_finished - forward_entry.
+- prefix-cache-h200.json: requests sent one at a time with and without a cached prefix (its sequential series A, B,
+  C, D and the Mooncake blocks F; not the burst E, whose stamps span batches): prefill steps of `prompt - cached` new
+  tokens after `cached` ones.
 - calibration.json `decode`: B concurrent streams of 512 in / 128 out; ITL, TTFT, e2e percentiles.
 - api_capture.json: single /generate answers, for the per-request stamps (received -> queued, -> dispatched).
 - the run folders of real routing runs (`--routing-runs`: a folder of run folders, every one of which was replayed on
@@ -12,10 +15,11 @@ Inputs (what real sglang 0.5.17 measured, see that folder's README):
   lengths): their per-request sglang stamps, used for the decode cost per KV token `e` only.
 
 The model (see model.Profile):
-- prefill step = max(min, a + b * new_tokens + q * sum over requests of (end^2 - start^2)): short prompts are
-  launch-bound (a floor), long ones compute-bound (linear GEMMs plus quadratic attention). `min` is the median of the
-  short-prompt points (ilen <= 256); a, b, q are least squares (relative error) on the compute-bound points
-  (ilen >= 1024).
+- prefill step = max(min, a + b * new_tokens + q * sum over requests of (end^2 - start^2)), start = tokens already
+  in KV (a cached prefix or earlier chunks): short steps are launch-bound (a floor), long ones compute-bound (linear
+  GEMMs plus quadratic attention). `min` is the median of the short steps (<= 256 new tokens); a, b, q are least
+  squares (relative error) on the compute-bound ones (>= 1024 new tokens), from both files, one point per shape
+  (cached, new) at its median time (so the 92 repeats of one Mooncake shape do not outweigh the rest).
 - decode step = c + d * batch + e * kv_tokens. In the calibration every request has a context of 512..640 tokens
   (mean 576 over the 128 decode steps), so batch and kv_tokens are collinear: the ITL medians pin c and the
   per-request slope d + 576 e (least squares, relative error), not d and e apart. The routing runs split them: their
@@ -137,16 +141,34 @@ def decode_windows(run: RoutingRun, prefill_cost: Callable[[list[int]], float]) 
     return DecodeWindows(*(np.concatenate(x) for x in (steps, step_s, batch, kv)))
 
 
-def fit(calibration: dict, capture: dict, routing_runs: list[RoutingRun], name: str) -> Profile:
-    """Fit the profile. Pure: takes the two JSON documents and the routing runs' records, returns the profile."""
-    prefill = calibration["prefill"]
-    ilen = np.array([p["ilen"] for p in prefill], dtype=float)
-    t_prefill = np.array([p["prefill"] for p in prefill], dtype=float)
+PREFIX_SERIES = ("A_shared_prefix_seq", "B_unique_seq", "C_partial", "D_after_flush")
 
-    short = ilen <= 256
-    prefill_min = float(np.median(t_prefill[short]))
-    long_ = ilen >= 1024
-    design = np.c_[np.ones(long_.sum()), ilen[long_], ilen[long_] ** 2] / t_prefill[long_, None]
+
+def prefill_points(calibration: dict, prefix_cache: dict) -> list[tuple[str, int, int, float]]:
+    """Every measured single prefill step: (series, tokens already cached, new tokens, seconds)."""
+    points = [("calibration", 0, p["ilen"], p["prefill"]) for p in calibration["prefill"]]
+    for series in PREFIX_SERIES:
+        points += [(series, x["cached"], x["prompt"] - x["cached"], x["prefill_s"]) for x in prefix_cache[series]]
+    blocks = prefix_cache["F_mooncake_blocks"]
+    points += [("F_mooncake_blocks", c, p - c, t) for c, p, t in zip(blocks["cached"], blocks["prompt"],
+                                                                       blocks["prefill_s"])]
+    return points
+
+
+def fit(calibration: dict, capture: dict, prefix_cache: dict, routing_runs: list[RoutingRun], name: str) -> Profile:
+    """Fit the profile. Pure: takes the three JSON documents and the routing runs' records, returns the profile."""
+    prefill = calibration["prefill"]
+    points = prefill_points(calibration, prefix_cache)
+    prefill_min = float(np.median([seconds for _, _, new_tokens, seconds in points if new_tokens <= 256]))
+    shapes: dict[tuple[int, int], list[float]] = {}
+    for _, cached, new_tokens, seconds in points:
+        shapes.setdefault((cached, new_tokens), []).append(seconds)
+    done = np.array([shape[0] for shape in shapes], dtype=float)
+    new = np.array([shape[1] for shape in shapes], dtype=float)
+    t_prefill = np.array([statistics.median(times) for times in shapes.values()])
+    long_ = new >= 1024
+    pairs = (done + new) ** 2 - done ** 2
+    design = np.c_[np.ones(long_.sum()), new[long_], pairs[long_]] / t_prefill[long_, None]
     a, b, q = np.linalg.lstsq(design, np.ones(long_.sum()), rcond=None)[0]
 
     def prefill_cost(ilens: list[int]) -> float:
@@ -185,20 +207,26 @@ def fit(calibration: dict, capture: dict, routing_runs: list[RoutingRun], name: 
         client_overhead_s=float(client),
         max_total_num_tokens=H200_MAX_TOTAL_NUM_TOKENS, context_length=4096,
         chunked_prefill_size=8192, accelerator="NVIDIA H200",
-        source="fitted by `python -m tracebench.sim.fit` to sglang 0.5.17 calibration.json and api_capture.json "
-               "(llama-2-7b-hf, dummy weights, triton attention, one H200) and, for the decode cost per KV token, the "
+        source="fitted by `python -m tracebench.sim.fit` to sglang 0.5.17 calibration.json, prefix-cache-h200.json "
+               "and api_capture.json (llama-2-7b-hf, dummy weights, triton attention, one H200) and, for the decode cost per KV token, the "
                "per-request stamps of real routing runs ("
                + ", ".join(f"{r.name}: {r.servers}" for r in routing_runs) + ")",
     )
 
 
-def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun]) -> list[str]:
+def report(profile: Profile, calibration: dict, prefix_cache: dict, routing_runs: list[RoutingRun]) -> list[str]:
     """The fit's error at every calibration point: step level, and whole runs of the decode scenarios; and the mean
     decode step of the routing runs, measured (as in the fit) and modelled, also with e at its physical lower bound."""
-    lines = ["prefill (one request, server-side prefill time)", "  ilen   measured_ms  model_ms  error"]
-    for p in calibration["prefill"]:
-        model = profile.prefill_duration([(0, p["ilen"])])
-        lines.append(f"  {p['ilen']:5d}  {p['prefill'] * 1e3:10.2f}  {model * 1e3:8.2f}  {model / p['prefill'] - 1:+6.1%}")
+    lines = ["prefill (one request, server-side prefill time; median per series and shape)",
+             f"  {'series':<20} {'cached':>6} {'new':>5} {'n':>3}  measured_ms  model_ms  error"]
+    groups: dict[tuple[str, int, int], list[float]] = {}
+    for series, done, new, seconds in prefill_points(calibration, prefix_cache):
+        groups.setdefault((series, done, new), []).append(seconds)
+    for (series, done, new), times in groups.items():
+        measured = statistics.median(times)
+        model = profile.prefill_duration([(done, new)])
+        lines.append(f"  {series:<20} {done:6d} {new:5d} {len(times):3d}  {measured * 1e3:11.2f}  {model * 1e3:8.2f}"
+                     f"  {model / measured - 1:+6.1%}")
     lines += ["decode (B streams of 512 in / 128 out, all sent at once; virtual-clock run of the model)",
               "  batch  ITL_p50 ms meas/model/err      TTFT_p50 ms meas/model/err        e2e_p50 s meas/model/err"]
     limits = Limits(resolve_max_running_requests(None, profile.max_total_num_tokens, profile.context_length),
@@ -239,7 +267,8 @@ def profile_document(profile: Profile) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sglang-dir", type=Path, required=True,
-                        help="folder with calibration.json and api_capture.json (tests/data/sglang-0.5.17)")
+                        help="folder with calibration.json, prefix-cache-h200.json and api_capture.json "
+                             "(tests/data/sglang-0.5.17)")
     parser.add_argument("--routing-runs", type=Path, required=True,
                         help="folder of run folders replayed on real sglang (reports/examples/h200x2-routing)")
     parser.add_argument("--name", default="llama-2-7b-h200-triton")
@@ -247,11 +276,12 @@ def main(argv: list[str] | None = None) -> None:
     opts = parser.parse_args(argv)
     calibration = json.loads((opts.sglang_dir / "calibration.json").read_text())
     capture = json.loads((opts.sglang_dir / "api_capture.json").read_text())
+    prefix_cache = json.loads((opts.sglang_dir / "prefix-cache-h200.json").read_text())
     routing_runs = load_routing_runs(opts.routing_runs)
-    profile = fit(calibration, capture, routing_runs, opts.name)
+    profile = fit(calibration, capture, prefix_cache, routing_runs, opts.name)
     doc = profile_document(profile)
     print(json.dumps(doc["params"], indent=2))
-    print("\n".join(report(profile, calibration, routing_runs)))
+    print("\n".join(report(profile, calibration, prefix_cache, routing_runs)))
     if opts.write is not None:
         tmp = opts.write.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=2) + "\n")

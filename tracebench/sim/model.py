@@ -12,20 +12,35 @@ Like sglang 0.5.17's default scheduler (fcfs, no mixed chunk, no overlap of pref
   to every running request; a prefill step pauses decoding;
 - the prefill step samples the first output token; each decode step one more.
 Step durations come from a `Profile` divided by `speed`.
+
+With the radix cache on (sglang's default; `radix.py`, `.DUCUMENT/radix-cache.md`), a request that carries its token
+ids is matched against the cache when admitted: the longest cached prefix (at most input_len - 1 tokens) is its
+`cached_tokens`, is not prefilled again (the step is costed for the uncached tokens, attending to the cached ones) and
+is not reserved again (the request locks it). A prefill step's tokens enter the cache, and a finished request's KV
+(prompt and output) stays there, when the step's result is processed: with the overlap scheduler that is after the
+next step was planned, so requests prefilled in one step, or in two back-to-back steps, do not hit each other. When a
+request does not fit in KV, unlocked cache entries are evicted, least recently used first.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 from tracebench.errors import ConfigError
+from tracebench.sim.radix import Node, RadixCache
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "llama-2-7b-h200-triton"
+# sglang's overlap loop plans step N+1 right after launching step N. After an idle GPU nothing delays that but the CPU
+# launch of step N (a prefill: a few ms), so requests arriving that soon after an idle-start step still join step N+1.
+# 7 ms is what the burst of 8 in prefix-cache-h200.json implies (.DUCUMENT/radix-cache.md); divided by the speed.
+IDLE_LAUNCH_LAG_S = 0.007
 
 
 @dataclass(frozen=True)
@@ -114,6 +129,7 @@ class Limits:
     # sglang's overlap scheduler plans step N+1 while step N runs on the GPU, so a request that arrives during step N
     # can join step N+2 at the earliest (unless the GPU would otherwise idle).
     overlap_schedule: bool = True
+    radix_cache: bool = True   # sglang's prefix cache (off: --disable-radix-cache)
 
 
 class ReqState(Enum):
@@ -131,8 +147,13 @@ class SimRequest:
     input_len: int
     max_new_tokens: int
     t_ready: float                      # entered the waiting queue
+    input_ids: Sequence | None = None   # the prompt's tokens, matched in the prefix cache (None: unique content)
     state: ReqState = ReqState.WAITING
-    prefilled: int = 0                  # input tokens prefilled so far
+    prefilled: int = 0                  # input tokens in KV so far (the cached prefix included)
+    cached_tokens: int = 0              # sglang's meta_info.cached_tokens: the prefix found in the cache at admission
+    kv_private: int = 0                 # KV slots reserved for it alone (not held by the cache)
+    cache_owned: int = 0                # leading input tokens whose KV the cache holds (locked by this request)
+    cache_node: Node | None = None      # where its locked path in the cache ends (None: it does not use the cache)
     output_len: int = 0                 # output tokens sampled so far
     t_forward_entry: float | None = None
     t_prefill_finished: float | None = None
@@ -140,7 +161,8 @@ class SimRequest:
     abort_requested: bool = False
 
     @property
-    def kv_reserved(self) -> int:
+    def kv_needed(self) -> int:
+        """KV slots it needs without any cache hit."""
         return self.input_len + self.max_new_tokens
 
     @property
@@ -157,6 +179,7 @@ class Step:
     requests: list[SimRequest]           # prefill: the requests with a chunk in it; decode: the batch
     chunk_tokens: list[int] = field(default_factory=list)  # prefill: new tokens per request
     batch_tokens: int = 0                # prefill: new tokens; decode: KV tokens attended
+    cached_tokens: int = 0               # prefill: cache hits of the requests admitted in it
 
 
 @dataclass
@@ -182,10 +205,15 @@ class BatchModel:
         self.admitted: set[SimRequest] = set()   # every RUNNING request
         # sglang's run-time admission cap (/set_internal_state pp_max_micro_batch_size), within [1, max_running]
         self.admission_cap = limits.max_running_requests
-        self.kv_reserved = 0
+        self.kv_reserved = 0                      # slots reserved by requests, outside the cache
+        self.cache = RadixCache() if limits.radix_cache else None
+        # cache work of finished steps not yet "processed" (sglang processes a step's result after planning the next)
+        self.unprocessed: list[tuple[SimRequest, bool]] = []   # (request, released: finished or aborted)
+        self._tail_tags = itertools.count(1)
         self.current: Step | None = None
         self.last_start: float | None = None
         self.last_end: float | None = None
+        self.last_from_idle = False               # the last step started on an idle GPU (no step right before it)
         # counters for /metrics and /v1/loads
         self.total_prefill_tokens = 0
         self.total_prefill_busy_s = 0.0
@@ -216,14 +244,29 @@ class BatchModel:
         self.admission_cap = cap
 
     def kv_used_tokens(self) -> int:
-        """KV slots holding tokens now (sglang's num_used_tokens)."""
-        return sum(r.kv_used for r in self.admitted)
+        """KV slots holding tokens now, the cache's locked entries included (sglang's num_used_tokens)."""
+        used = sum(r.kv_used - r.cache_owned for r in self.admitted)
+        if self.cache is not None:
+            used += self.cache.total_tokens - self.cache.evictable_tokens
+        return used
+
+    def is_idle(self) -> bool:
+        return not self.admitted and not self.waiting and self.current is None
+
+    def flush_cache(self) -> bool:
+        """sglang's /flush_cache: empty the prefix cache, only when nothing runs or waits. Returns whether it did."""
+        if not self.is_idle():
+            return False
+        self.process_results()
+        if self.cache is not None:
+            self.cache.reset()
+        return True
 
     # ---- requests ----
     def submit(self, req: SimRequest) -> None:
         """Queue a request; it may be admitted by a step starting at or after `req.t_ready`."""
-        if req.kv_reserved > self.limits.max_total_num_tokens:
-            raise ValueError(f"request needs {req.kv_reserved} KV tokens, capacity is {self.limits.max_total_num_tokens}")
+        if req.kv_needed > self.limits.max_total_num_tokens:
+            raise ValueError(f"request needs {req.kv_needed} KV tokens, capacity is {self.limits.max_total_num_tokens}")
         if self.waiting and req.t_ready < self.waiting[-1].t_ready:
             raise ValueError("requests must be submitted in order of t_ready (FCFS)")
         self.waiting.append(req)
@@ -251,8 +294,42 @@ class BatchModel:
 
     def _release(self, req: SimRequest, state: ReqState) -> None:
         self.admitted.discard(req)
-        self.kv_reserved -= req.kv_reserved
         req.state = state
+        if req.cache_node is not None:
+            self.unprocessed.append((req, True))   # its KV goes to the cache when the step's result is processed
+        else:
+            self.kv_reserved -= req.kv_private
+
+    def process_results(self) -> None:
+        """Apply the cache work of finished steps (sglang's process_batch_result: cache_unfinished_req after a prefill
+        chunk, cache_finished_req when a request is done): tokens move from the request's reservation to the cache
+        (copies of tokens the cache already holds are freed), the request's lock moves to its new path end."""
+        cache = self.cache
+        for req, released in self.unprocessed:
+            assert cache is not None and req.cache_node is not None and req.input_ids is not None
+            if released:
+                if req.state is ReqState.FINISHED and req.output_len > 1:
+                    # output KV stays cached too; the sim's outputs are not matched (a unique tag: never sent back)
+                    tail = [-next(self._tail_tags)] * (req.output_len - 1)
+                    cache.insert(list(req.input_ids[:req.prefilled]) + tail, req.prefilled + len(tail))
+                elif req.prefilled > req.cache_owned:
+                    cache.insert(req.input_ids, req.prefilled)
+                cache.unlock(req.cache_node)
+                req.cache_node = None
+                self.kv_reserved -= req.kv_private
+                req.kv_private = 0
+                continue
+            if req.prefilled <= req.cache_owned:
+                continue
+            _, node = cache.insert(req.input_ids, req.prefilled)
+            cache.lock(node)
+            cache.unlock(req.cache_node)
+            req.cache_node = node
+            moved = req.prefilled - req.cache_owned
+            req.kv_private -= moved
+            self.kv_reserved -= moved
+            req.cache_owned = req.prefilled
+        self.unprocessed.clear()
 
     # ---- the loop ----
     def next_start(self, t_free: float) -> float | None:
@@ -269,19 +346,30 @@ class BatchModel:
         if self.current is not None:
             raise RuntimeError("start_step while a step is under way")
         cutoff = t_start
-        if self.limits.overlap_schedule and self.last_end == t_start and self.last_start is not None:
-            cutoff = self.last_start  # planned while the previous step ran
+        overlapped = self.limits.overlap_schedule and self.last_end == t_start and self.last_start is not None
+        if overlapped:
+            # planned while the previous step ran, before its result was processed
+            cutoff = self.last_start
+            if self.last_from_idle:
+                cutoff = min(t_start, cutoff + IDLE_LAUNCH_LAG_S / self.speed)
+        else:
+            self.process_results()
+        from_idle = self.last_end != t_start   # the GPU idled before this step (or it is the first)
         step = self._plan_prefill(t_start, cutoff)
         if step is None and self.running:
             kv = sum(r.kv_used for r in self.running)
             duration = self.profile.decode_duration(len(self.running), kv) / self.speed
             step = Step("decode", t_start, t_start + duration, list(self.running), batch_tokens=kv)
-        if step is None and cutoff < t_start:
-            step = self._plan_prefill(t_start, t_start)  # the GPU would idle: the next loop turn picks them up
+        if step is None and (cutoff < t_start or self.unprocessed):
+            # the GPU would idle: the next loop turn has processed the last result and picks up the new arrivals
+            self.process_results()
+            step = self._plan_prefill(t_start, t_start)
         if step is not None:
             self.current = step
             self.num_steps += 1
             self.last_start, self.last_end = step.t_start, step.t_end
+            self.last_from_idle = from_idle
+        self.process_results()
         return step
 
     def _plan_prefill(self, t_start: float, cutoff: float) -> Step | None:
@@ -301,27 +389,53 @@ class BatchModel:
             req = self.waiting[0]
             if req.t_ready > cutoff:
                 break
-            if self.kv_reserved + req.kv_reserved > self.limits.max_total_num_tokens:
+            if not self._reserve(req):
                 break  # fcfs: the head waits for KV, the rest wait behind it
             self.waiting.popleft()
             req.state = ReqState.RUNNING
             self.admitted.add(req)
             req.t_forward_entry = t_start
-            self.kv_reserved += req.kv_reserved
-            take = min(budget, req.input_len)
+            take = min(budget, req.input_len - req.prefilled)
             reqs.append(req)
             chunks.append(take)
-            costed.append((0, take))
+            costed.append((req.prefilled, take))
             budget -= take
             slots -= 1
-            if take < req.input_len:
+            if req.prefilled + take < req.input_len:
                 self.chunked = req
                 break
         if not reqs:
             return None
         new_tokens = sum(chunks)
         duration = self.profile.prefill_duration(costed) / self.speed
-        return Step("prefill", t_start, t_start + duration, reqs, chunk_tokens=chunks, batch_tokens=new_tokens)
+        hits = sum(r.cached_tokens for r in reqs if r.t_forward_entry == t_start)   # newly admitted ones
+        return Step("prefill", t_start, t_start + duration, reqs, chunk_tokens=chunks, batch_tokens=new_tokens,
+                    cached_tokens=hits)
+
+    def _reserve(self, req: SimRequest) -> bool:
+        """Match `req` in the cache and reserve its KV (evicting unlocked cache entries if needed). False: it does
+        not fit now (nothing changed but the cache's LRU order and node boundaries)."""
+        cache = self.cache
+        cached, node = 0, None
+        if cache is not None and req.input_ids is not None:
+            # sglang never matches the whole prompt: at least one token is prefilled (schedule_batch.py
+            # _compute_max_prefix_len: input_len - 1)
+            cached, node = cache.match(req.input_ids, req.input_len - 1)
+            cache.lock(node)
+        need = req.kv_needed - cached
+        held, evictable = (0, 0) if cache is None else (cache.total_tokens, cache.evictable_tokens)
+        if self.kv_reserved + held - evictable + need > self.limits.max_total_num_tokens:
+            if node is not None:
+                cache.unlock(node)  # type: ignore[union-attr]
+            return False
+        over = self.kv_reserved + held + need - self.limits.max_total_num_tokens
+        if over > 0 and cache is not None and cache.evict(over) < over:
+            raise RuntimeError(f"prefix cache evicted less than the {over} evictable tokens it was asked for")
+        req.cached_tokens = req.prefilled = req.cache_owned = cached
+        req.cache_node = node
+        req.kv_private = need
+        self.kv_reserved += need
+        return True
 
     def finish_step(self, step: Step) -> StepResult:
         """Apply the step's outcome at `step.t_end`."""
@@ -337,6 +451,8 @@ class BatchModel:
             self.total_prefill_busy_s += t_end - step.t_start
             for req, take in zip(step.requests, step.chunk_tokens):
                 req.prefilled += take
+                if req.cache_node is not None:
+                    self.unprocessed.append((req, False))
                 if req.abort_requested:
                     if self.chunked is req:
                         self.chunked = None
@@ -411,6 +527,8 @@ class Outcome:
     ttft: float              # client-side time to first token
     e2e: float               # client-side end-to-end latency
     server_e2e: float        # sglang's e2e_latency (received -> finished)
+    t_prefill_finished: float = 0.0
+    cached_tokens: int = 0   # sglang's meta_info.cached_tokens
 
     @property
     def tpot(self) -> float:
@@ -418,10 +536,11 @@ class Outcome:
         return (self.e2e - self.ttft) / (self.output_len - 1) if self.output_len > 1 else 0.0
 
 
-def simulate(profile: Profile, limits: Limits, workload: list[tuple[float, int, int]],
+def simulate(profile: Profile, limits: Limits, workload: Sequence[tuple],
              speed: float = 1.0) -> list[Outcome]:
-    """Run requests `(arrival_s, input_len, output_len)` (sorted by arrival) through the model on a virtual clock.
-    Deterministic and fast: no sleeping, no asyncio. The arrival is the moment the server receives the request."""
+    """Run requests `(arrival_s, input_len, output_len)` or `(arrival_s, input_len, output_len, input_ids)` (sorted
+    by arrival; input_ids are matched in the prefix cache) through the model on a virtual clock. Deterministic and
+    fast: no sleeping, no asyncio. The arrival is the moment the server receives the request."""
     model = BatchModel(profile, limits, speed)
     entry = profile.queue_entry_s / speed
     output = profile.output_s / speed
@@ -433,8 +552,10 @@ def simulate(profile: Profile, limits: Limits, workload: list[tuple[float, int, 
     while True:
         t_start = model.next_start(t_free)
         if i < len(workload) and (t_start is None or workload[i][0] + entry <= t_start):
-            t_arrival, input_len, output_len = workload[i]
-            req = SimRequest(rid=str(i), input_len=input_len, max_new_tokens=output_len, t_ready=t_arrival + entry)
+            t_arrival, input_len, output_len = workload[i][:3]
+            ids = workload[i][3] if len(workload[i]) > 3 else None
+            req = SimRequest(rid=str(i), input_len=input_len, max_new_tokens=output_len, t_ready=t_arrival + entry,
+                             input_ids=ids)
             model.submit(req)
             reqs.append(req)
             i += 1
@@ -450,12 +571,14 @@ def simulate(profile: Profile, limits: Limits, workload: list[tuple[float, int, 
                 first_step_end[id(req)] = step.t_end
         t_free = step.t_end
     outcomes = []
-    for (t_arrival, input_len, output_len), req in zip(workload, reqs):
-        if req.t_finished is None or req.t_forward_entry is None:
+    for item, req in zip(workload, reqs):
+        t_arrival, input_len, output_len = item[:3]
+        if req.t_finished is None or req.t_forward_entry is None or req.t_prefill_finished is None:
             raise RuntimeError(f"request {req.rid} did not finish")
         t_first = first_step_end.get(id(req), req.t_finished) + output
         t_done = req.t_finished + output
         outcomes.append(Outcome(t_arrival, input_len, output_len, req.t_forward_entry, t_first, t_done,
                                 ttft=t_first - t_arrival + client, e2e=t_done - t_arrival + client,
-                                server_e2e=t_done - t_arrival))
+                                server_e2e=t_done - t_arrival, t_prefill_finished=req.t_prefill_finished,
+                                cached_tokens=req.cached_tokens))
     return outcomes

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import resources
@@ -42,6 +43,9 @@ _QUEUE_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4
                   1000.0, 1200.0, 1400.0, 1600.0, 1800.0, 2000.0, 2500.0, 3000.0)
 _FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
                "requests, the operation will not be performed.)\n")
+_FLUSH_FAILED_TEXT = "Flush cache failed.\n"   # sglang: busy (requests running or waiting), no ?timeout
+_FLUSH_TIMEOUT_TEXT = "Timed out waiting for idle state."
+_FLUSH_BUSY_TEXT = "Another flush_cache is already in progress."
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class SimArgs:
     enable_metrics: bool
     disable_overlap_schedule: bool
     skip_tokenizer_init: bool
+    disable_radix_cache: bool = False
 
     @property
     def effective_max_running_requests(self) -> int:
@@ -158,6 +163,7 @@ class SimServer:
             max_total_num_tokens=args.effective_max_total_num_tokens,
             chunked_prefill_size=args.chunked_prefill_size,
             overlap_schedule=not args.disable_overlap_schedule,
+            radix_cache=not args.disable_radix_cache,
         )
         self.model = BatchModel(args.profile, self.limits, args.speed)
         self.rng = random.Random(args.seed)
@@ -185,6 +191,8 @@ class SimServer:
         self.generation_tokens_total = {True: 0, False: 0}
         self.num_requests_total = {True: 0, False: 0}
         self.num_aborted_total = 0
+        self.cache_hit_rate = 0.0        # sglang: the last prefill batch's, reset by the decode log
+        self.flush_pending = False       # a /flush_cache?timeout=S is waiting for the server to idle
 
     # ---------------------------------------------------------------- app
     def make_app(self) -> web.Application:
@@ -228,6 +236,7 @@ class SimServer:
         while True:
             t_start = model.next_start(t_free)
             if t_start is None:
+                model.process_results()  # sglang processes the last step's result even when nothing follows
                 # no work: the GPU idles from t_free; the next request starts at its own ready time, even if this
                 # loop wakes up late (catch-up, no drift)
                 self.wake.clear()
@@ -251,6 +260,9 @@ class SimServer:
             t_free = step.t_end
             if step.kind == "decode":
                 self._note_decode(step.t_end, len(result.produced))
+            else:
+                hit = step.cached_tokens
+                self.cache_hit_rate = hit / (hit + step.batch_tokens)
             if result.produced or result.finished:
                 produced = [(req, req.output_len) for req in result.produced]
                 t_visible = step.t_end + self.output_delay
@@ -262,6 +274,7 @@ class SimServer:
         if self._decode_steps_since_log >= DECODE_LOG_INTERVAL:
             elapsed = t_end - self._t_last_log
             self.gen_throughput = self._tokens_since_log / elapsed if elapsed > 0 else 0.0
+            self.cache_hit_rate = 0.0
             self._decode_steps_since_log = 0
             self._tokens_since_log = 0
             self._t_last_log = t_end
@@ -313,8 +326,8 @@ class SimServer:
 
         pendings: list[Pending] = []
         t_ready = t_received + self.queue_entry_delay
-        for (input_len, max_new), rid in zip(items, rids):
-            sim = SimRequest(rid=rid, input_len=input_len, max_new_tokens=max_new, t_ready=t_ready)
+        for (input_len, max_new, tokens), rid in zip(items, rids):
+            sim = SimRequest(rid=rid, input_len=input_len, max_new_tokens=max_new, t_ready=t_ready, input_ids=tokens)
             pend = Pending(sim=sim, rid=rid, stream=stream, ids_seed=self.rng.getrandbits(64),
                            t_received=t_received, t_dispatched=t_received + self.dispatch_delay)
             self.model.submit(sim)
@@ -349,8 +362,9 @@ class SimServer:
                         if self.model.abort(pend.sim):
                             self.num_aborted_total += 1
 
-    def _parse(self, obj: dict, stream: bool) -> tuple[bool, list[tuple[int, int]], list[str]]:
-        """Validate a /generate body in sglang's order. Returns (single, [(input_len, max_new_tokens)], rids)."""
+    def _parse(self, obj: dict, stream: bool) -> tuple[bool, list[tuple[int, int, Sequence]], list[str]]:
+        """Validate a /generate body in sglang's order. Returns (single, [(input_len, max_new_tokens, tokens)], rids);
+        tokens are what the prefix cache matches: the input ids, or a text prompt's words."""
         args = self.args
         text = obj.get("text")
         input_ids = obj.get("input_ids")
@@ -363,7 +377,8 @@ class SimServer:
             if args.skip_tokenizer_init:
                 raise BadRequest("The engine initialized with skip_tokenizer_init=True cannot accept text prompts. "
                                  "Please provide input_ids or re-initialize the engine with skip_tokenizer_init=False.")
-            lengths = [len(t.split()) for t in texts]  # the word-level tokenizer: one token per word
+            token_lists: list[Sequence] = [t.split() for t in texts]  # the word-level tokenizer: one token per word
+            lengths = [len(words) for words in token_lists]
         elif input_ids is not None:
             if not isinstance(input_ids, list):
                 raise BadRequest("input_ids must be a list of token ids or a list of such lists.")
@@ -375,6 +390,7 @@ class SimServer:
                 if not isinstance(ids, list) or not all(type(i) is int for i in ids):
                     raise BadRequest("input_ids must be a list of token ids or a list of such lists.")
             lengths = [len(ids) for ids in id_lists]
+            token_lists = id_lists
         else:
             raise BadRequest("Either text, input_ids or input_embeds should be provided.")
         n = len(lengths)
@@ -405,7 +421,7 @@ class SimServer:
             param_list = params
         else:
             raise BadRequest("sampling_params must be an object, or a list of objects as long as the batch.")
-        items: list[tuple[int, int]] = []
+        items: list[tuple[int, int, Sequence]] = []
         for k in range(n):
             input_len = lengths[k]
             if input_len == 0:
@@ -441,8 +457,8 @@ class SimServer:
             if need > self.limits.max_total_num_tokens:
                 raise BadRequest(f"The request needs {need} KV cache tokens (input + max_new_tokens) but the "
                                  f"server's max_total_num_tokens is {self.limits.max_total_num_tokens}.")
-            items.append((input_len, max_new))
-        for input_len, _ in items:
+            items.append((input_len, max_new, token_lists[k]))
+        for input_len, _, _ in items:
             if input_len >= self.max_req_input_len:
                 raise SchedulerAbort(f"Input length ({input_len} tokens) exceeds the maximum allowed length "
                                      f"({self.max_req_input_len} tokens). Use a shorter input or enable "
@@ -536,8 +552,9 @@ class SimServer:
             meta["queue_time"] = 0.0
         meta["reasoning_tokens"] = 0
         meta["completion_tokens"] = completion_tokens
-        meta["cached_tokens"] = 0
-        meta["cached_tokens_details"] = None
+        cached = sim.cached_tokens
+        meta["cached_tokens"] = cached
+        meta["cached_tokens_details"] = {"device": cached, "host": 0} if cached else None
         meta["dp_rank"] = None
         return meta
 
@@ -597,6 +614,7 @@ class SimServer:
             "enable_metrics": args.enable_metrics,
             "disable_overlap_schedule": args.disable_overlap_schedule,
             "skip_tokenizer_init": args.skip_tokenizer_init,
+            "disable_radix_cache": args.disable_radix_cache,
         }
         info.update(overrides)
         info["status"] = "ready" if self.ready() else "starting"
@@ -647,7 +665,7 @@ class SimServer:
             "num_active_tokens": used + waiting_tokens,
             "max_total_num_tokens": cap, "max_running_requests": limits.max_running_requests,
             "token_usage": round(used / cap, 4), "gen_throughput": self.current_gen_throughput(),
-            "cache_hit_rate": 0.0, "utilization": 0.0,
+            "cache_hit_rate": round(self.cache_hit_rate, 4), "utilization": 0.0,
             "total_prefill_uncached_tokens": model.total_prefill_tokens,
             "total_prefill_busy_us": int(model.total_prefill_busy_s * 1e6),
             "decode_moments": model.decode_moments,
@@ -727,7 +745,7 @@ class SimServer:
         gauge("sglang:num_running_reqs", "The number of running requests.", model.num_decoding)
         gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", model.num_waiting)
         gauge("sglang:gen_throughput", "The generation throughput (token/s).", self.current_gen_throughput())
-        gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", 0.0)
+        gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", self.cache_hit_rate)
         gauge("sglang:decode_sum_seq_lens", "The sum of all sequence lengths in decode.",
               sum(r.kv_used for r in model.running))
         gauge("sglang:token_usage", "The token usage.", round(used / limits.max_total_num_tokens, 4))
@@ -747,12 +765,46 @@ class SimServer:
         return "\n".join(lines) + "\n"
 
     async def handle_flush_cache(self, request: web.Request) -> web.Response:
-        return web.Response(text=_FLUSH_TEXT, content_type="text/plain")
+        """sglang's /flush_cache[?timeout=S]: empties the prefix cache when nothing runs or waits; otherwise 400, or
+        with a timeout, waits for the server to idle (400 when it does not in time)."""
+        raw = request.query.get("timeout", "0")
+        try:
+            timeout = float(raw)
+        except ValueError:
+            return _query_error("float_parsing", "Input should be a valid number, unable to parse string as a number",
+                                raw)
+        if not timeout >= 0.0:
+            return _query_error("greater_than_equal", "Input should be greater than or equal to 0", raw, {"ge": 0.0})
+        if self.flush_pending:
+            return web.Response(status=400, text=_FLUSH_BUSY_TEXT, content_type="text/plain")
+        if self.model.flush_cache():
+            return web.Response(text=_FLUSH_TEXT, content_type="text/plain")
+        if timeout == 0.0:
+            return web.Response(status=400, text=_FLUSH_FAILED_TEXT, content_type="text/plain")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        self.flush_pending = True
+        try:
+            while loop.time() < deadline:
+                await asyncio.sleep(0.005)   # sglang's scheduler looks again on each loop turn
+                if self.model.flush_cache():
+                    return web.Response(text=_FLUSH_TEXT, content_type="text/plain")
+        finally:
+            self.flush_pending = False
+        return web.Response(status=400, text=_FLUSH_TIMEOUT_TEXT, content_type="text/plain")
 
 
 def _render_text(ids: list[int]) -> str:
     """The word-level tokenizer's rendering (`w<id>` per token), like the captured answers."""
     return "".join([f" w{i}" for i in ids])
+
+
+def _query_error(kind: str, msg: str, raw: str, ctx: dict | None = None) -> web.Response:
+    """FastAPI's 422 for a query parameter that fails validation (`timeout` of /flush_cache)."""
+    detail: dict = {"type": kind, "loc": ["query", "timeout"], "msg": msg, "input": raw}
+    if ctx is not None:
+        detail["ctx"] = ctx
+    return web.Response(status=422, body=orjson.dumps({"detail": [detail]}), content_type=_JSON)
 
 
 def _bad_json(why: str) -> web.Response:

@@ -158,15 +158,27 @@ def reusable_per_request(tree: PrefixTree) -> np.ndarray:
     return per_request(tree, tree.available)
 
 
-def reusable_tokens(blocks_per_request: Sequence[Sequence[int] | None], input_lens: Sequence[int],
-                    block_size: int) -> tuple[int, int]:
-    """The trace's ceiling: (prompt tokens one unbounded prefix cache could serve, all prompt tokens), requests taken
-    in order. `blocks_per_request[i]` is request i's prefix_blocks (None: no blocks, nothing reusable)."""
+def _tree_of(blocks_per_request: Sequence[Sequence[int] | None], input_lens: Sequence[int], block_size: int) -> PrefixTree:
     counts = np.fromiter((0 if b is None else len(b) for b in blocks_per_request), dtype=np.int64,
                          count=len(blocks_per_request))
     flat = np.fromiter((x for b in blocks_per_request if b is not None for x in b), dtype=np.int64,
                        count=int(counts.sum()))
-    tree = build_tree(counts, flat, np.asarray(input_lens, dtype=np.int64), block_size)
+    return build_tree(counts, flat, np.asarray(input_lens, dtype=np.int64), block_size)
+
+
+def leading_seen_tokens(blocks_per_request: Sequence[Sequence[int] | None], input_lens: Sequence[int],
+                        block_size: int) -> np.ndarray:
+    """Per request, taken in order: the prompt tokens one unbounded prefix cache holds when it arrives (its leading
+    blocks already sent, capped at input_len - 1 as sglang): the cached_tokens sglang reports when requests go one at
+    a time to one server whose cache never evicts. `blocks_per_request[i]` None: no blocks, 0."""
+    return reusable_per_request(_tree_of(blocks_per_request, input_lens, block_size))
+
+
+def reusable_tokens(blocks_per_request: Sequence[Sequence[int] | None], input_lens: Sequence[int],
+                    block_size: int) -> tuple[int, int]:
+    """The trace's ceiling: (prompt tokens one unbounded prefix cache could serve, all prompt tokens), requests taken
+    in order. `blocks_per_request[i]` is request i's prefix_blocks (None: no blocks, nothing reusable)."""
+    tree = _tree_of(blocks_per_request, input_lens, block_size)
     return int(reusable_per_request(tree).sum()), int(tree.input_len.sum())
 
 
