@@ -185,6 +185,18 @@ class ReplayConfig:
         return out
 
 
+def trace_prefix(header: TraceHeader, requests: list[TraceRequest]) -> dict[str, Any] | None:
+    """What run.json keeps of the trace's prefix structure (the report's ceiling), None for a trace without blocks."""
+    if header.block_size is None or not any(r.prefix_blocks for r in requests):
+        return None
+    from tracebench.trace.prefix import reusable_tokens
+
+    reusable, total = reusable_tokens([r.prefix_blocks for r in requests], [r.input_len for r in requests],
+                                      header.block_size)
+    return {"block_size": header.block_size, "reusable_tokens": reusable, "prompt_tokens": total,
+            "reusable_fraction": reusable / total}
+
+
 def one_line(err: BaseException) -> str:
     """An error as one short line, for the records (a ServerStartError carries a whole log tail)."""
     text = str(err).splitlines()[0] if str(err) else ""
@@ -267,6 +279,7 @@ class Replay:
         self.control_url = f"http://127.0.0.1:{control_sock.getsockname()[1]}"
         self.stderr = stderr
         self.writer = (RecordWriter if self.external is None else ViaRouterWriter)(run_dir / "requests.jsonl")
+        self.trace_prefix = trace_prefix(header, requests)
         self.clock: RunClock | None = None
         self.router: Router | None = None
         self.server_info: list[Any] = [None] * len(plans)
@@ -300,7 +313,7 @@ class Replay:
             "wall_clock_start": self.clock.wall_start if self.clock is not None else None,
             "trace": {
                 "path": str(self.cfg.trace), "sha256": self.trace_sha, "num_requests": self.header.num_requests,
-                "duration_s": self.header.duration_s, "header": self.header.fields,
+                "duration_s": self.header.duration_s, "header": self.header.fields, "prefix": self.trace_prefix,
             },
             "options": self.cfg.to_json(),
             "speed": self.cfg.speed,
