@@ -22,6 +22,7 @@ _COMMANDS = {
     "replay": "tracebench.replay.commands:replay",
     "policies": "tracebench.replay.commands:policies_cmd",
     "report": "tracebench.report.commands:report",
+    "record": "tracebench.record.commands:record",
 }
 
 
@@ -54,6 +55,8 @@ def main() -> None:
     tracebench inspect traces/x.jsonl                its statistics
     tracebench replay trace.jsonl --gpus 4           replay it on sglang servers (or --backend sim)
     tracebench report run_a run_b                    compare runs of the same trace
+    tracebench record --listen 127.0.0.1:31000 --upstream http://127.0.0.1:30000
+                                                     record live traffic as a trace (a proxy)
     tracebench sim-server --port 30000               a simulated sglang server
     tracebench policies                              the routing policies
     """

@@ -58,10 +58,11 @@ class ServerState:
         "batch_timer", "recent", "reported", "reported_t", "_observed", "_observed_t",
     )
 
-    def __init__(self, index: int, url: str, cap: int | None, require_stamps: bool, launch_cap: int | None = None) -> None:
+    def __init__(self, index: int, url: str, cap: int | None, require_stamps: bool, launch_cap: int | None = None,
+                 api_path: str = "/generate") -> None:
         self.index = index
         self.url = url
-        self.generate_url = f"{url}/generate"
+        self.generate_url = f"{url}{api_path}"  # the request path of the run's --api (client.Api.path)
         self.require_stamps = require_stamps  # the server runs with --enable-metrics: every stamp must be there
         self.launch_cap = launch_cap  # --max-running-requests the server was launched with (None: its default)
         self.state = "up"
@@ -368,14 +369,8 @@ class Router:
         task.add_done_callback(self._task_done)
 
     def _body(self, rec: RequestRecord) -> bytes:
-        return orjson.dumps(
-            {
-                "input_ids": self.input_ids.ids(rec.id, rec.input_len),
-                "sampling_params": {"max_new_tokens": rec.output_len, "ignore_eos": True, "temperature": 0},
-                "stream": self.client.stream,
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
-        )
+        # the body of the run's --api (client.Api): /generate, /v1/completions or /v1/chat/completions
+        return self.client.api.body(self.input_ids.ids(rec.id, rec.input_len), rec.output_len, self.client.stream)
 
     async def _serve(self, rec: RequestRecord, server: ServerState) -> None:
         """Send one request and stamp t_dispatch, t_first_token and t_finish as its answer arrives."""
@@ -421,7 +416,7 @@ class Router:
         rec.completion_tokens = meta["completion_tokens"]
         rec.prompt_tokens = meta["prompt_tokens"]
         e2e = meta.get("e2e_latency")
-        if not isinstance(e2e, (int, float)):
+        if not isinstance(e2e, (int, float)) and self.client.api.server_meta:  # OpenAI answers have no meta_info
             raise ServerProtocolError(f"{url}: meta_info.e2e_latency missing or not a number ({e2e!r}), request {rec.id}")
         rec.server_e2e_latency = e2e
         queue_time = meta.get("queue_time")
