@@ -60,6 +60,7 @@ class Recorded:
     hashed_tokens: int | None = None  # prompt tokens the proxy saw, when not equal to input_len
     prefix_blocks: tuple[int, ...] | None = None
     not_in_trace: str | None = None  # why an ok request is not a trace line
+    delivered: bool = False  # its end was seen ([DONE], or the whole body): a disconnect from now on is no cancel
 
 
 @dataclass(frozen=True)
@@ -291,8 +292,9 @@ class Proxy:
         try:
             return await self._recorded(request, api, rec)
         except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler), or the proxy stops
-            rec.status, rec.error = "cancelled", (STOPPED if self.recorder.stopping else
-                                                  "the client disconnected before the answer was complete")
+            if not rec.delivered:
+                rec.status, rec.error = "cancelled", (STOPPED if self.recorder.stopping else
+                                                      "the client disconnected before the answer was complete")
             raise
         except _ClientGone as err:
             rec.status, rec.error = "cancelled", f"the client disconnected before the answer was complete ({err})"
@@ -340,43 +342,51 @@ class Proxy:
                                          headers=self._headers(request)) as up:
                 rec.http_status = up.status
                 if rec.stream and up.status == 200 and up.content_type == "text/event-stream":
-                    resp, final, error = await self._relay_stream(request, up, hold_usage)
-                else:
-                    answer = await up.read()
-                    resp = web.Response(status=up.status, reason=up.reason, body=answer, headers=_response_headers(up))
-                    try:
-                        await resp.prepare(request)
-                        await resp.write_eof()
-                    except ConnectionResetError as err:
-                        raise _ClientGone(type(err).__name__) from None
-                    final = answer
-                    error = _error_of(answer)
-                    if up.status != 200:
-                        error = f"HTTP {up.status}: {error or answer[:300].decode('utf-8', 'replace')}"
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as err:
+                    return await self._relay_stream(request, up, hold_usage, rec, api)
+                answer = await up.read()
+                resp = web.Response(status=up.status, reason=up.reason, body=answer, headers=_response_headers(up))
+                try:
+                    await resp.prepare(request)
+                    await resp.write_eof()
+                except ConnectionResetError as err:
+                    raise _ClientGone(type(err).__name__) from None
+                error = _error_of(answer)
+                if up.status != 200:
+                    error = f"HTTP {up.status}: {error or answer[:300].decode('utf-8', 'replace')}"
+                self._take(rec, api, answer, error)
+                return resp
+        except aiohttp.ClientError as err:  # the upstream before its answer started (writes to the client raise _ClientGone)
             rec.status, rec.error = "error", f"upstream {self.upstream}: {type(err).__name__}: {err}"
-            if request.get("prepared"):
-                raise
             return web.Response(status=502, text=f"tracebench record: upstream {self.upstream}: {err}\n")
-        if error is not None:
-            rec.status, rec.error = "error", error
-        else:
-            self._measure(rec, api, obj, final)
-        return resp
+        finally:
+            # after the answer went out (also when the client closed right after its last byte)
+            if rec.delivered and rec.status == "ok" and rec.not_in_trace is None:
+                self._blocks(rec, api, obj)
 
-    async def _relay_stream(self, request: web.Request, up: aiohttp.ClientResponse, hold_usage: bool
-                            ) -> tuple[web.StreamResponse, bytes, str | None]:
-        """Pass the SSE events on as they complete. Returns the response, the final data object (the last event
-        before [DONE]: /generate's final meta_info, an OpenAI stream's usage chunk) and the error it carried."""
+    async def _relay_stream(self, request: web.Request, up: aiohttp.ClientResponse, hold_usage: bool,
+                            rec: Recorded, api: str) -> web.StreamResponse:
+        """Pass the SSE events on as they complete. The final data object (the last event before [DONE]:
+        /generate's final meta_info, an OpenAI stream's usage chunk) gives the lengths; they are taken before the
+        piece holding [DONE] goes out, since the client may close as soon as it has [DONE]."""
         resp = web.StreamResponse(status=up.status, reason=up.reason, headers=_response_headers(up))
-        await resp.prepare(request)
-        request["prepared"] = True
+        try:
+            await resp.prepare(request)
+        except ConnectionResetError as err:
+            raise _ClientGone(type(err).__name__) from None
         last = b""
         usage: bytes | None = None
         error: str | None = None
         done = False
         buf = b""
-        async for piece in up.content.iter_any():
+        pieces = up.content.iter_any()
+        while True:
+            try:
+                piece = await pieces.__anext__()
+            except StopAsyncIteration:
+                break
+            except aiohttp.ClientError as err:  # the upstream broke off mid-stream: the client sees the same
+                error = error or f"upstream {self.upstream} broke off the stream: {type(err).__name__}: {err}"
+                break
             buf += piece
             out = []
             start = 0
@@ -387,6 +397,7 @@ class Proxy:
                     data = event[6:-2]
                     if data == b"[DONE]":
                         done = True
+                        self._take(rec, api, usage if usage is not None else last, error)
                     else:
                         if error is None and data.startswith(b'{"error"'):
                             error = _error_of(data)
@@ -400,13 +411,20 @@ class Proxy:
                 await _send(resp, b"".join(out))
         if buf:
             await _send(resp, buf)
-        await resp.write_eof()
-        if not done and error is None:
-            error = "the stream ended before data: [DONE] (upstream closed it)"
-        return resp, usage if usage is not None else last, error
+        if not done:
+            self._take(rec, api, b"", error or "the stream ended before data: [DONE] (upstream closed it)")
+        try:
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass  # the client had the whole answer ([DONE]) and closed before the stream's end marker
+        return resp
 
-    def _measure(self, rec: Recorded, api: str, obj: dict[str, Any] | None, final: bytes) -> None:
-        """Lengths from the server's final answer, prefix blocks from the request (after the answer went out)."""
+    def _take(self, rec: Recorded, api: str, final: bytes, error: str | None) -> None:
+        """How the request ended, from its final answer object (or the error seen); lengths as the server counted."""
+        rec.delivered = True
+        if error is not None:
+            rec.status, rec.error = "error", error
+            return
         counted = _lengths(api, final)
         if isinstance(counted, str):
             if counted.startswith("aborted"):
@@ -417,7 +435,9 @@ class Proxy:
         rec.input_len, rec.output_len = counted
         if rec.input_len < 1 or rec.output_len < 1:
             rec.not_in_trace = "no input or no output token (a trace line needs at least one of each)"
-            return
+
+    def _blocks(self, rec: Recorded, api: str, obj: dict[str, Any] | None) -> None:
+        """Prefix blocks from the request's prompt (after the answer went out: off the answer's path)."""
         tokens = _prompt_tokens(api, obj, self.cfg.tokenizer) if obj is not None else None
         if isinstance(tokens, str):
             if tokens.startswith("batch"):
@@ -429,6 +449,7 @@ class Proxy:
             return
         if tokens is None:
             return
+        assert rec.input_len is not None
         if len(tokens) != rec.input_len:
             rec.hashed_tokens = len(tokens)
         rec.prefix_blocks = prefix_blocks(tokens, rec.input_len, self.cfg.block_size, self.recorder.salt)
