@@ -438,6 +438,9 @@ class Proxy:
 
     def _blocks(self, rec: Recorded, api: str, obj: dict[str, Any] | None) -> None:
         """Prefix blocks from the request's prompt (after the answer went out: off the answer's path)."""
+        if obj is not None and api != "generate" and obj.get("n", 1) != 1:
+            rec.not_in_trace = "n > 1 (several completions of one prompt): usage sums them"
+            return
         tokens = _prompt_tokens(api, obj, self.cfg.tokenizer) if obj is not None else None
         if isinstance(tokens, str):
             if tokens.startswith("batch"):

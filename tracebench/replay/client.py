@@ -1,5 +1,6 @@
-"""sglang's HTTP API as the replay uses it: `POST /generate`, `GET /health`, `/model_info`, `/server_info`,
-`/v1/loads` (facts: .DUCUMENT/endpoints.md).
+"""sglang's HTTP API as the replay uses it: `POST /generate` (or, with --api, `/v1/completions` or
+`/v1/chat/completions`: the `Api` objects at the end), `GET /health`, `/model_info`, `/server_info`, `/v1/loads`
+(facts: .DUCUMENT/endpoints.md, .DUCUMENT/openai-api.md).
 
 Shapes checked against what real sglang 0.5.17 answered (../shared/sglang-0.5.17/api_capture.json) and its
 http_server.py:
