@@ -297,3 +297,24 @@ def test_disconnect_and_malformed_body(tmp_path: Path, sim_server, recordings) -
     assert statuses[1]["http_status"] == 400 and "JSON decode error" in statuses[1]["error"]
     assert [(r.input_len, r.output_len) for r in reqs] == [(2, 2)] and reqs[0].id == 2
     assert header.fields["counts"] == {"ok": 1, "error": 1, "cancelled": 1}
+
+
+def test_ctrl_c_with_a_request_in_flight_writes_a_valid_trace(tmp_path: Path, sim_server, recordings) -> None:
+    sim = sim_server("--speed", "0.2")
+    rec = recordings(sim.url, tmp_path / "b.jsonl")
+    status, _ = _post(f"{rec.url}/generate", json.dumps({"input_ids": [1001] * 40, "sampling_params": {
+        "max_new_tokens": 3}}).encode())
+    assert status == 200
+    body = json.dumps({"input_ids": [1002] * 40, "sampling_params": {"max_new_tokens": 500}, "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", rec.port))
+    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                 % len(body) + body)
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    out = rec.stop()  # Ctrl-C while the stream runs
+    sock.close()
+    header, reqs = load_trace(tmp_path / "b.jsonl")  # a valid trace v1
+    assert [(r.input_len, r.output_len) for r in reqs] == [(40, 3)] and header.num_requests == 1
+    assert [s["status"] for s in rec.statuses()] == ["ok", "cancelled"]
+    assert rec.statuses()[1]["error"] == "the recording stopped while the request was in flight"
+    assert "ok 1, error 0, cancelled 1" in out
+    assert not list(tmp_path.glob(".b.jsonl*")), "no part or temporary file left"

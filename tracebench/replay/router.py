@@ -20,7 +20,6 @@ from itertools import islice
 from typing import Any
 
 import numpy as np
-import orjson
 
 from tracebench.errors import PolicyError, RunFailed, ServerProtocolError
 from tracebench.policies.base import UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView
