@@ -318,3 +318,29 @@ def test_ctrl_c_with_a_request_in_flight_writes_a_valid_trace(tmp_path: Path, si
     assert rec.statuses()[1]["error"] == "the recording stopped while the request was in flight"
     assert "ok 1, error 0, cancelled 1" in out
     assert not list(tmp_path.glob(".b.jsonl*")), "no part or temporary file left"
+
+
+def test_openai_stream_without_usage_reaches_the_client_unchanged(tmp_path: Path, sim_server, recordings) -> None:
+    """The proxy asks for the usage chunk the client did not ask for, records it, and keeps it from the client."""
+    sim = sim_server("--speed", "50")
+    rec = recordings(sim.url, tmp_path / "b.jsonl", "--tokenizer", str(WORDLEVEL))
+
+    def shape(raw: bytes) -> list[tuple]:
+        """The events' key sets, repeats of one shape counted once (how many tokens share a chunk is timing)."""
+        events = [e for e in raw.split(b"\n\n") if e]
+        assert events[-1] == b"data: [DONE]"
+        shapes = [(sorted(o), [sorted(c) for c in o["choices"]], o.get("usage")) for o in
+                  (json.loads(e[6:]) for e in events[:-1])]
+        return [s for i, s in enumerate(shapes) if i == 0 or s != shapes[i - 1]]
+
+    for path, body in (("/v1/completions", {"prompt": "w7 w8 w9 w10", "max_tokens": 3, "stream": True}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w7 w8 w9 w10"}],
+                                                 "max_tokens": 3, "stream": True})):
+        status, proxied = _post(f"{rec.url}{path}", json.dumps(body).encode())
+        _, direct = _post(f"{sim.url}{path}", json.dumps(body).encode())
+        assert status == 200 and shape(proxied) == shape(direct)
+        assert b'"choices":[]' not in proxied
+    rec.stop()
+    _, reqs = load_trace(tmp_path / "b.jsonl")
+    assert [(r.input_len, r.output_len) for r in reqs] == [(4, 3), (4, 3)]
+    assert reqs[0].prefix_blocks == reqs[1].prefix_blocks  # the same 4 words: the same block (chat: contents + " ")
