@@ -344,3 +344,17 @@ def test_openai_stream_without_usage_reaches_the_client_unchanged(tmp_path: Path
     _, reqs = load_trace(tmp_path / "b.jsonl")
     assert [(r.input_len, r.output_len) for r in reqs] == [(4, 3), (4, 3)]
     assert reqs[0].prefix_blocks == reqs[1].prefix_blocks  # the same 4 words: the same block (chat: contents + " ")
+
+
+def test_text_without_tokenizer_and_batches(tmp_path: Path, sim_server, recordings) -> None:
+    sim = sim_server("--speed", "50")
+    rec = recordings(sim.url, tmp_path / "b.jsonl")
+    for body in ({"text": "w5 w6 w7", "sampling_params": {"max_new_tokens": 2}},
+                 {"input_ids": [[1001, 1002], [1003]], "sampling_params": {"max_new_tokens": 2}}):
+        assert _post(f"{rec.url}/generate", json.dumps(body).encode())[0] == 200
+    out = rec.stop()
+    _, reqs = load_trace(tmp_path / "b.jsonl")
+    assert [(r.id, r.input_len, r.output_len, r.prefix_blocks) for r in reqs] == [(0, 3, 2, None)]
+    assert "text prompt and no --tokenizer was given" in out
+    batch = rec.statuses()[1]
+    assert batch["status"] == "ok" and not batch["in_trace"] and batch["not_in_trace"].startswith("batch request")

@@ -51,6 +51,10 @@ def record(listen: str, upstream: str, output: Path, block_size: int, tokenizer:
     (meta_info.prompt_tokens/completion_tokens, or usage), and prefix blocks: ids of the prompt's blocks of B
     tokens, salted and chained (equal ids = equal prompt prefix; the salt is random per recording and never
     written, so the ids mean nothing outside this file). No prompt text, token id or answer is stored.
+    Blocks come from input_ids / a prompt of ids as sent, else from text (chat: the messages' contents in order)
+    tokenized with --tokenizer. An OpenAI stream whose client did not ask for usage gets include_usage added, and
+    the usage chunk is held back from the client. A batch of prompts or n > 1 is forwarded, not a trace line.
+    docs/record.md says exactly what is kept.
     \b
     Ctrl-C (or SIGTERM) stops it: requests in flight are recorded as cancelled, the trace (ok requests, in
     arrival order, trace format v1) and NAME.status.jsonl (every request: ok / error / cancelled, HTTP status,

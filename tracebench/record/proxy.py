@@ -180,33 +180,27 @@ def _write_atomic(path: Path, lines: list[bytes]) -> None:
 
 def _prompt_tokens(api: str, obj: dict[str, Any], tokenize: Tokenize | None) -> list[int] | str | None:
     """The prompt's token ids as the client sent them, or tokenized from its text; a string saying why there are
-    none (no --tokenizer for a text prompt, a batch); None when the body names no prompt (the server refuses it)."""
+    none (a batch, no --tokenizer for a text prompt); None when the body holds no usable prompt (the server refused
+    it, or answered without one we can read)."""
+    batch = "batch request (several prompts): not recorded as trace lines"
     if api == "chat":
         messages = obj.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
             return None
-        text: Any = "".join([m["content"] + " " for m in messages])  # contents in order; the template's tokens are unseen
+        prompt: Any = "".join([m["content"] + " " for m in messages])  # contents in order; the template's tokens are unseen
+    elif api == "generate":
+        prompt = obj.get("input_ids") if obj.get("input_ids") is not None else obj.get("text")
     else:
-        prompt = obj.get("input_ids") if api == "generate" else obj.get("prompt")
-        if api == "generate" and prompt is None:
-            prompt = None
-            text = obj.get("text")
-        else:
-            text = None
-        if prompt is not None:
-            if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
-                return prompt
-            if isinstance(prompt, str):
-                text = prompt
-            elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
-                return "batch request (several prompts): not recorded as trace lines"
-            else:
-                return None
-        if not isinstance(text, str):
-            return "batch request (several prompts): not recorded as trace lines" if isinstance(text, list) else None
+        prompt = obj.get("prompt")
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+        return batch
+    if not isinstance(prompt, str):
+        return None
     if tokenize is None:
         return "text prompt and no --tokenizer: no prefix blocks"
-    return tokenize(text)
+    return tokenize(prompt)
 
 
 def _lengths(api: str, final: bytes) -> tuple[int, int] | str:
