@@ -39,7 +39,6 @@ RECORDED_PATHS = {"/generate": "generate", "/v1/completions": "completions", "/v
 _SKIP_HEADERS = frozenset(("host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
                            "proxy-connection", "te", "trailer"))
 _DATA = b"data: "
-_DONE = b"data: [DONE]"
 UPSTREAM_CHECK_TIMEOUT_S = 10.0
 STOPPED = "the recording stopped while the request was in flight"
 
@@ -96,7 +95,6 @@ class Recorder:
         self.in_flight: dict[int, Recorded] = {}
         self.stopping = False  # set when the recording stops: handlers cancelled from then on were not the client's doing
         self.counts = {"ok": 0, "error": 0, "cancelled": 0}
-        self.text_without_tokenizer = 0
         self.started_wall = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     def arrive(self, path: str, t_arrival: float) -> Recorded:
