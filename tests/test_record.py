@@ -175,6 +175,15 @@ def test_round_trip(tmp_path: Path, sim_server, recordings, api: str, stream: bo
     run_a = replay(tmp_path, a, rec_a.url, "run-a", api, stream)
     rec_a.stop()
     header_b, recorded = load_trace(tmp_path / "b.jsonl")
+    # the replay's three timestamps and first token, whatever the API
+    for r in records(run_a):
+        assert r["status"] == "ok" and r["t_arrival"] <= r["t_released"] <= r["t_dispatch"] < r["t_finish"]
+        assert (r["completion_tokens"], r["prompt_tokens"]) == (r["output_len"], r["input_len"])
+        if stream:
+            assert r["t_dispatch"] < r["t_first_token"] <= r["t_finish"]
+        else:
+            assert r["t_first_token"] is None
+        assert (r["server_e2e_latency"] is None) == (api != "generate")  # OpenAI answers carry no meta_info
 
     # same requests, the same lengths exactly
     assert len(recorded) == len(reqs_a), [s for s in rec_a.statuses() if s["status"] != "ok" or not s["in_trace"]]
