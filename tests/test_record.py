@@ -199,10 +199,16 @@ def test_round_trip(tmp_path: Path, sim_server, recordings, api: str, stream: bo
     error_vs_a = p99_offset_error(np.array([r.arrival_s for r in reqs_a]), arrivals_b)
     message = (f"arrival offsets p99 error {error_vs_a * 1e3:.2f} ms against A, {error_vs_sent * 1e3:.2f} ms "
                "against the moments the replay sent them")
-    if overloaded() is None:
+    # the replay reproduces A's schedule only as closely as it releases requests itself: when its own release lag
+    # varies by more than the 2 ms asked of the recording, that is the machine, not the proxy
+    lags = np.array([r["t_released"] - r["t_arrival"] for r in records(run_a)])
+    release_jitter = float(np.quantile(np.abs(lags - np.median(lags)), 0.99))
+    busy = overloaded() or (f"the replay's own release lag varied by {release_jitter * 1e3:.2f} ms (p99)"
+                            if release_jitter > 0.002 else None)
+    if busy is None:
         assert error_vs_sent < 0.002 and error_vs_a < 0.002, message
     else:
-        warnings.warn(f"{message}: not held to 2 ms ({overloaded()})")
+        warnings.warn(f"{message}: not held to 2 ms ({busy})")
     # prefix structure: the same leading-block sharing between every pair of requests
     pattern_a, pattern_b = leading_pattern(reqs_a), leading_pattern(reqs_b)
     assert any(0 < k for i, row in enumerate(pattern_a) for j, k in enumerate(row) if i != j), "A shares prefixes"
