@@ -17,6 +17,7 @@ the client receives exactly what it would have received without the proxy.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -476,6 +477,10 @@ async def _record(cfg: RecordConfig, out: IO[str]) -> tuple[int, Path, Path, dic
                 recorder.discard()
                 raise ConfigError(f"--listen {cfg.host}:{cfg.port}: cannot listen there ({err.strerror})") from None
             await _warm_up(session, cfg)
+            # what start-up made lives as long as the proxy: out of the collector's sight, a full collection (a
+            # pause of the loop, so late arrival stamps) does not walk it again and again
+            gc.collect()
+            gc.freeze()
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
