@@ -23,6 +23,7 @@ _COMMANDS = {
     "policies": "tracebench.replay.commands:policies_cmd",
     "report": "tracebench.report.commands:report",
     "pack": "tracebench.report.commands:pack",
+    "record": "tracebench.record.commands:record",
 }
 
 
@@ -56,6 +57,8 @@ def main() -> None:
     tracebench replay trace.jsonl --gpus 4           replay it on sglang servers (or --backend sim)
     tracebench report run_a run_b                    compare runs of the same trace
     tracebench pack run_a run_b                      store finished runs compactly (Parquet, xz)
+    tracebench record --listen 127.0.0.1:31000 --upstream http://127.0.0.1:30000
+                                                     record live traffic as a trace (a proxy)
     tracebench sim-server --port 30000               a simulated sglang server
     tracebench policies                              the routing policies
     """

@@ -1,5 +1,6 @@
-"""sglang's HTTP API as the replay uses it: `POST /generate`, `GET /health`, `/model_info`, `/server_info`,
-`/v1/loads` (facts: .DUCUMENT/endpoints.md).
+"""sglang's HTTP API as the replay uses it: `POST /generate` (or, with --api, `/v1/completions` or
+`/v1/chat/completions`: the `Api` objects at the end), `GET /health`, `/model_info`, `/server_info`, `/v1/loads`
+(facts: .DUCUMENT/endpoints.md, .DUCUMENT/openai-api.md).
 
 Shapes checked against what real sglang 0.5.17 answered (../shared/sglang-0.5.17/api_capture.json) and its
 http_server.py:
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
+import numpy as np
 import orjson
 
 from tracebench.errors import ServerProtocolError
@@ -32,6 +34,7 @@ from tracebench.errors import ServerProtocolError
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _DATA = b"data: "
 _DONE = b"[DONE]"
+_ERROR_EVENT = b'{"error"'
 FIRST_TOKEN = "first_token"  # yielded by SglangClient.generate when the first output token arrived
 
 
@@ -75,8 +78,11 @@ class SglangClient:
     session-wide timeout (aiohttp's default of 300 s would cut long requests); `request_timeout` applies per
     /generate, from send to the last byte."""
 
-    def __init__(self, request_timeout: float | None, stream: bool, timeout_reason: str | None = None) -> None:
-        """`request_timeout`: run seconds; `timeout_reason`: what a timed-out record says (default: names it)."""
+    def __init__(self, request_timeout: float | None, stream: bool, timeout_reason: str | None = None,
+                 api: Api | None = None) -> None:
+        """`request_timeout`: run seconds; `timeout_reason`: what a timed-out record says (default: names it);
+        `api`: which HTTP API the requests speak (default: sglang's native /generate)."""
+        self.api = api if api is not None else GenerateApi()
         self.stream = stream
         self.request_timeout = request_timeout
         if timeout_reason is None and request_timeout is not None:
@@ -91,18 +97,20 @@ class SglangClient:
         await self.session.close()
 
     async def generate(self, generate_url: str, body: bytes) -> AsyncIterator[Answer | str]:
-        """POST the request; yields FIRST_TOKEN when the first output token arrives (streaming only), then exactly
-        one Answer. The caller stamps the moments as the items arrive."""
+        """POST the request (a body made by `self.api`); yields FIRST_TOKEN when the first output token arrives
+        (streaming only), then exactly one Answer. The caller stamps the moments as the items arrive."""
+        api = self.api
         try:
             async with self.session.post(generate_url, data=body, headers=_JSON_HEADERS, timeout=self._gen_timeout) as resp:
                 if resp.status != 200:
                     yield Answer("error", f"HTTP {resp.status}: {_error_text(await resp.read())}")
                     return
                 if not self.stream:
-                    yield _final_answer(generate_url, await resp.read())
+                    yield api.final_answer(generate_url, await resp.read())
                     return
                 first_seen = False
                 last_event = b""
+                refused: bytes | None = None  # an OpenAI stream's error event (more events may follow it)
                 buf = bytearray()
                 async for piece in resp.content.iter_any():
                     buf += piece
@@ -117,12 +125,14 @@ class SglangClient:
                             raise ServerProtocolError(f"{generate_url}: stream event does not start with 'data: ': {event[:200]!r}")
                         data = event[len(_DATA):]
                         if data == _DONE:
-                            yield _final_answer(generate_url, last_event)
+                            yield api.final_answer(generate_url, refused if refused is not None else last_event)
                             return
                         last_event = data
+                        if refused is None and data.startswith(_ERROR_EVENT):
+                            refused = data
                         # Only events up to the first token are parsed: later ones are cumulative and grow with
-                        # the output, and only the last one (the final meta_info) matters.
-                        if not first_seen and _tokens_so_far(generate_url, data) > 0:
+                        # the output, and only the last one (the final meta_info or usage) matters.
+                        if not first_seen and api.tokens_so_far(generate_url, data) > 0:
                             first_seen = True
                             yield FIRST_TOKEN
                     del buf[:start]
@@ -200,17 +210,6 @@ class SglangClient:
             return f"{path}: {type(err).__name__}: {err}"
 
 
-def _tokens_so_far(url: str, data: bytes) -> int:
-    obj = _loads(url, data)
-    if "error" in obj:
-        return 0
-    meta = obj.get("meta_info")
-    count = meta.get("completion_tokens") if isinstance(meta, dict) else None
-    if not isinstance(count, int):
-        raise ServerProtocolError(f"{url}: stream event without meta_info.completion_tokens: {data[:200]!r}")
-    return count
-
-
 def _loads(url: str, data: bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(data)
@@ -221,21 +220,154 @@ def _loads(url: str, data: bytes) -> dict[str, Any]:
     return obj
 
 
-def _final_answer(url: str, data: bytes) -> Answer:
-    """The Answer from the final object (the last stream event, or the whole non-streamed body)."""
-    if not data:
-        raise ServerProtocolError(f"{url}: the stream ended with [DONE] before any answer")
-    obj = _loads(url, data)
+def _refusal(obj: dict[str, Any]) -> Answer | None:
+    """An error object (`{"error": {...}}`, or OpenAI's `{"object": "error", "message": ...}`) as an Answer."""
     if "error" in obj:
         err = obj["error"]
         message = err.get("message") if isinstance(err, dict) else err
         return Answer("error", f"refused by the server: {message}")
-    meta = obj.get("meta_info")
-    if not isinstance(meta, dict):
-        raise ServerProtocolError(f"{url}: answer without meta_info: {data[:300]!r}")
-    finish = meta.get("finish_reason")
-    if not isinstance(finish, dict) or not isinstance(finish.get("type"), str):
-        raise ServerProtocolError(f"{url}: final answer without meta_info.finish_reason.type: {data[:300]!r}")
-    if finish["type"] == "abort":
-        return Answer("error", f"aborted by the server: {finish.get('message')}")
-    return Answer("ok", meta=meta)
+    if obj.get("object") == "error":
+        return Answer("error", f"refused by the server: {obj.get('message')}")
+    return None
+
+
+# ---- the three APIs: request body, first-token test and final answer per API ------------------------------------
+# The router builds every body through `SglangClient.api.body` and reads every answer as the Answer made here, so
+# its timestamps are the same for all three (facts: .DUCUMENT/endpoints.md, .DUCUMENT/openai-api.md).
+
+
+class Api:
+    """How one request is sent and its answer read. `server_meta`: answers carry sglang's `meta_info`
+    (e2e_latency and, with --enable-metrics, the server's stamps); OpenAI answers carry only `usage`."""
+
+    name = ""
+    path = ""
+    server_meta = False
+
+    def body(self, input_ids: np.ndarray, output_len: int, stream: bool) -> bytes:
+        raise NotImplementedError
+
+    def tokens_so_far(self, url: str, data: bytes) -> int:
+        """Output tokens produced so far, from one stream event (0 for events that carry none)."""
+        raise NotImplementedError
+
+    def final_answer(self, url: str, data: bytes) -> Answer:
+        """The Answer from the final object (the last stream event, or the whole non-streamed body)."""
+        raise NotImplementedError
+
+
+class GenerateApi(Api):
+    """sglang's native `POST /generate` with `input_ids`."""
+
+    name = "generate"
+    path = "/generate"
+    server_meta = True
+
+    def body(self, input_ids: np.ndarray, output_len: int, stream: bool) -> bytes:
+        return orjson.dumps(
+            {
+                "input_ids": input_ids,
+                "sampling_params": {"max_new_tokens": output_len, "ignore_eos": True, "temperature": 0},
+                "stream": stream,
+            },
+            option=orjson.OPT_SERIALIZE_NUMPY,
+        )
+
+    def tokens_so_far(self, url: str, data: bytes) -> int:
+        obj = _loads(url, data)
+        if "error" in obj:
+            return 0
+        meta = obj.get("meta_info")
+        count = meta.get("completion_tokens") if isinstance(meta, dict) else None
+        if not isinstance(count, int):
+            raise ServerProtocolError(f"{url}: stream event without meta_info.completion_tokens: {data[:200]!r}")
+        return count
+
+    def final_answer(self, url: str, data: bytes) -> Answer:
+        if not data:
+            raise ServerProtocolError(f"{url}: the stream ended with [DONE] before any answer")
+        obj = _loads(url, data)
+        refused = _refusal(obj)
+        if refused is not None:
+            return refused
+        meta = obj.get("meta_info")
+        if not isinstance(meta, dict):
+            raise ServerProtocolError(f"{url}: answer without meta_info: {data[:300]!r}")
+        finish = meta.get("finish_reason")
+        if not isinstance(finish, dict) or not isinstance(finish.get("type"), str):
+            raise ServerProtocolError(f"{url}: final answer without meta_info.finish_reason.type: {data[:300]!r}")
+        if finish["type"] == "abort":
+            return Answer("error", f"aborted by the server: {finish.get('message')}")
+        return Answer("ok", meta=meta)
+
+
+# Streams ask for usage on every chunk (`continuous_usage_stats`): the first chunk whose usage counts an output
+# token is the first token, as /generate's meta_info.completion_tokens says it; `include_usage` adds the final
+# usage-only chunk (choices []) the lengths are read from.
+_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+
+
+class _OpenAIApi(Api):
+    def _request(self, output_len: int, stream: bool) -> dict[str, Any]:
+        request: dict[str, Any] = {"max_tokens": output_len, "temperature": 0, "ignore_eos": True, "stream": stream}
+        if stream:
+            request["stream_options"] = _STREAM_OPTIONS
+        return request
+
+    def tokens_so_far(self, url: str, data: bytes) -> int:
+        obj = _loads(url, data)
+        usage = obj.get("usage")
+        if usage is None:
+            return 0  # chat's role chunk and finish chunk, an error event
+        count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if not isinstance(count, int):
+            raise ServerProtocolError(f"{url}: stream chunk with usage but no usage.completion_tokens: {data[:200]!r}")
+        return count
+
+    def final_answer(self, url: str, data: bytes) -> Answer:
+        if not data:
+            raise ServerProtocolError(f"{url}: the stream ended with [DONE] before any answer")
+        obj = _loads(url, data)
+        refused = _refusal(obj)
+        if refused is not None:
+            return refused
+        usage = obj.get("usage")
+        if not isinstance(usage, dict):
+            raise ServerProtocolError(f"{url}: final answer without usage: {data[:300]!r}")
+        meta: dict[str, Any] = {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens")}
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):  # only with sglang's --enable-cache-report
+            meta["cached_tokens"] = details.get("cached_tokens")
+        choices = obj.get("choices")
+        if choices:  # non-stream answers; a stream's final chunk has choices []
+            finish = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
+            if finish == "abort":
+                return Answer("error", "aborted by the server (finish_reason abort)")
+        return Answer("ok", meta=meta)
+
+
+class CompletionsApi(_OpenAIApi):
+    """`POST /v1/completions` with the token ids as `prompt` (sglang takes a list of ints there: exact lengths)."""
+
+    name = "completions"
+    path = "/v1/completions"
+
+    def body(self, input_ids: np.ndarray, output_len: int, stream: bool) -> bytes:
+        return orjson.dumps({"prompt": input_ids, **self._request(output_len, stream)}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+class ChatApi(_OpenAIApi):
+    """`POST /v1/chat/completions` with one user message. Chat takes no token ids: the message is the ids written
+    as words `w<id>` of the word-level tokenizer (one word, one token; its chat template adds no token), so the
+    prompt has exactly `input_len` tokens there. With another tokenizer the lengths differ; the record's
+    prompt_tokens shows by how much."""
+
+    name = "chat"
+    path = "/v1/chat/completions"
+
+    def body(self, input_ids: np.ndarray, output_len: int, stream: bool) -> bytes:
+        content = " ".join([f"w{i}" for i in input_ids.tolist()])
+        return orjson.dumps({"messages": [{"role": "user", "content": content}], **self._request(output_len, stream)})
+
+
+APIS: dict[str, type[Api]] = {api.name: api for api in (GenerateApi, CompletionsApi, ChatApi)}

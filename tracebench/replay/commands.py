@@ -85,6 +85,13 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "seconds: S/K run seconds at --speed K). [default: no limit]")
 @click.option("--stream/--no-stream", default=True, show_default=True,
               help="Stream answers (gives time to first token) or wait for whole answers.")
+@click.option("--api", type=click.Choice(["generate", "completions", "chat"]), default="generate", show_default=True,
+              help="The HTTP API the requests speak. generate: sglang's POST /generate with input_ids. completions: "
+                   "POST /v1/completions with the token ids as prompt (exact lengths). chat: POST "
+                   "/v1/chat/completions, one user message of input_len words w<id> (exact lengths with the word-level "
+                   "tokenizer: one word one token; records' prompt_tokens show any difference). The OpenAI APIs "
+                   "need a server with a tokenizer: launched sglang gets no --skip-tokenizer-init then (put a "
+                   "tokenizer in the model folder); their answers carry no meta_info, so server_* stamps stay null.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the policy's random choices.")
 @click.option("--sjf-key", type=click.Choice(["output", "input"]), default=None,
               help="--policy sjf: order by output_len (its default) or input_len.")
@@ -119,10 +126,9 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
            backend: str | None, attach: tuple[str, ...], mode: str, batch_size: int | None, batch_timeout: float | None,
            max_running_requests: int | None, cap_schedule: str | None, control_port: int | None, model: str | None,
            vocab_size: int | None, server_args: tuple[str, ...], port_base: int | None, speed: float | None,
-           run_name: str | None, out_dir: Path, timeout: float | None, stream: bool, seed: int, sjf_key: str | None,
-           poll_interval: float, startup_timeout: float | None, flush_cache: bool, quiet: bool, router: str,
-           router_policy: str | None,
-           router_args: tuple[str, ...]) -> None:
+           run_name: str | None, out_dir: Path, timeout: float | None, stream: bool, api: str, seed: int,
+           sjf_key: str | None, poll_interval: float, startup_timeout: float | None, flush_cache: bool, quiet: bool,
+           router: str, router_policy: str | None, router_args: tuple[str, ...]) -> None:
     """Replay TRACE against sglang servers (launched or attached) and record every request.
 
     \b
@@ -151,7 +157,7 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
         attach=attach, mode=mode, batch_size=batch_size, batch_timeout=batch_timeout,
         max_running_requests=max_running_requests, cap_schedule=cap_schedule, control_port=control_port,
         model=model, vocab_size=vocab_size, server_args=server_args, port_base=port_base, speed=speed,
-        run_name=run_name, out_dir=out_dir, timeout=timeout, stream=stream, seed=seed, sjf_key=sjf_key,
+        run_name=run_name, out_dir=out_dir, timeout=timeout, stream=stream, api=api, seed=seed, sjf_key=sjf_key,
         poll_interval=poll_interval, startup_timeout=startup_timeout, flush_cache=flush_cache, quiet=quiet, router=router,
         router_policy=router_policy, router_args=router_args,
     )

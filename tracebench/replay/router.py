@@ -20,7 +20,6 @@ from itertools import islice
 from typing import Any
 
 import numpy as np
-import orjson
 
 from tracebench.errors import PolicyError, RunFailed, ServerProtocolError
 from tracebench.policies.base import UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView
@@ -58,10 +57,11 @@ class ServerState:
         "batch_timer", "recent", "reported", "reported_t", "_observed", "_observed_t",
     )
 
-    def __init__(self, index: int, url: str, cap: int | None, require_stamps: bool, launch_cap: int | None = None) -> None:
+    def __init__(self, index: int, url: str, cap: int | None, require_stamps: bool, launch_cap: int | None = None,
+                 api_path: str = "/generate") -> None:
         self.index = index
         self.url = url
-        self.generate_url = f"{url}/generate"
+        self.generate_url = f"{url}{api_path}"  # the request path of the run's --api (client.Api.path)
         self.require_stamps = require_stamps  # the server runs with --enable-metrics: every stamp must be there
         self.launch_cap = launch_cap  # --max-running-requests the server was launched with (None: its default)
         self.state = "up"
@@ -379,16 +379,10 @@ class Router:
         task.add_done_callback(self._task_done)
 
     def _body(self, rec: RequestRecord) -> bytes:
+        # the body of the run's --api (client.Api): /generate, /v1/completions or /v1/chat/completions
         blocks = self._prefix_blocks.get(rec.id)
         ids = self.input_ids.ids(rec.id, rec.input_len) if blocks is None else self.input_ids.block_ids(blocks, rec.input_len)
-        return orjson.dumps(
-            {
-                "input_ids": ids,
-                "sampling_params": {"max_new_tokens": rec.output_len, "ignore_eos": True, "temperature": 0},
-                "stream": self.client.stream,
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
-        )
+        return self.client.api.body(ids, rec.output_len, self.client.stream)
 
     async def _serve(self, rec: RequestRecord, server: ServerState) -> None:
         """Send one request and stamp t_dispatch, t_first_token and t_finish as its answer arrives."""
@@ -427,15 +421,21 @@ class Router:
         meta = answer.meta
         assert meta is not None
         url = server.generate_url
-        for key in ("completion_tokens", "prompt_tokens", "cached_tokens"):
+        # /generate's meta_info always has cached_tokens; OpenAI answers only with sglang's --enable-cache-report
+        required = ("completion_tokens", "prompt_tokens", "cached_tokens") if self.client.api.server_meta else (
+            "completion_tokens", "prompt_tokens")
+        for key in required:
             value = meta.get(key)
             if not isinstance(value, int):
                 raise ServerProtocolError(f"{url}: meta_info.{key} missing or not an integer ({value!r}), request {rec.id}")
         rec.completion_tokens = meta["completion_tokens"]
         rec.prompt_tokens = meta["prompt_tokens"]
-        rec.cached_tokens = meta["cached_tokens"]
+        cached = meta.get("cached_tokens")
+        if cached is not None and not isinstance(cached, int):
+            raise ServerProtocolError(f"{url}: cached_tokens not an integer ({cached!r}), request {rec.id}")
+        rec.cached_tokens = cached
         e2e = meta.get("e2e_latency")
-        if not isinstance(e2e, (int, float)):
+        if not isinstance(e2e, (int, float)) and self.client.api.server_meta:  # OpenAI answers have no meta_info
             raise ServerProtocolError(f"{url}: meta_info.e2e_latency missing or not a number ({e2e!r}), request {rec.id}")
         rec.server_e2e_latency = e2e
         queue_time = meta.get("queue_time")

@@ -30,7 +30,7 @@ from tracebench.policies.registry import load_policy
 from tracebench.replay.caps import (
     CapChange, ControlServer, bind_control_socket, launch_cap, parse_cap_schedule, run_cap_schedule,
 )
-from tracebench.replay.client import SglangClient
+from tracebench.replay.client import APIS, SglangClient
 from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.engine import Engine
 from tracebench.replay.external_router import (
@@ -73,6 +73,7 @@ class ReplayConfig:
     out_dir: Path = Path("reports")
     timeout: float | None = None
     stream: bool = True
+    api: str = "generate"  # generate | completions | chat (client.APIS)
     seed: int = 0
     sjf_key: str | None = None
     poll_interval: float = 0.5
@@ -116,6 +117,8 @@ class ReplayConfig:
         for name, value in (("--port-base", self.port_base), ("--control-port", self.control_port)):
             if value is not None and not 0 < value < 65536:
                 refuse(f"{name} must be a port in 1..65535, got {value}")
+        if self.api not in APIS:
+            refuse(f"--api must be one of {', '.join(APIS)}, got {self.api!r}")
         if self.mode not in ("continuous", "static"):
             refuse(f"--mode must be continuous or static, got {self.mode!r}")
         if self.mode == "static" and self.batch_size is None:
@@ -217,6 +220,7 @@ def plan_servers(cfg: ReplayConfig, run_dir: Path, vocab: int | None, cap_change
         cfg.backend, cfg.num_servers, cfg.port_base, run_dir, model=cfg.model,  # type: ignore[arg-type]
         max_running_requests=launch_cap(cfg.max_running_requests, cap_changes),
         server_args=[*split_server_args(cfg.server_args), *sim_args], speed=cfg.speed,
+        skip_tokenizer_init=cfg.api == "generate",
     )
 
 
@@ -323,6 +327,7 @@ class Replay:
             "batch_timeout": self.cfg.batch_timeout,
             "stream": self.cfg.stream,
             "flush_cache": self.cfg.flush_cache,
+            "api": self.cfg.api,
             "policy": self.policy.describe(),
             "seed": self.cfg.seed,
             "vocab_size": self.vocab,
@@ -443,7 +448,8 @@ class Replay:
         if cfg.timeout is not None and cfg.speed is not None:
             reason = (f"no complete answer within --timeout {cfg.timeout:g} s (simulated seconds: {timeout:g} s of run "
                       f"time at --speed {cfg.speed:g})")
-        client = SglangClient(timeout, cfg.stream, reason)
+        api = APIS[cfg.api]()
+        client = SglangClient(timeout, cfg.stream, reason, api=api)
         engine: Engine | None = None
         side_tasks: list[asyncio.Task[Any]] = []
         control: ControlServer | None = None
@@ -456,15 +462,18 @@ class Replay:
             input_ids = InputIds(self.trace_sha, self.vocab, self.header.block_size)  # type: ignore[arg-type]
             if self.external is None:
                 states = [
-                    ServerState(p.index, p.url, cfg.max_running_requests, require_stamps=self.enable_metrics[p.index],
-                                launch_cap=self.server_info[p.index].get("max_running_requests"))
+                    # OpenAI answers carry no meta_info stamps (.DUCUMENT/openai-api.md): nothing to require then
+                    ServerState(p.index, p.url, cfg.max_running_requests,
+                                require_stamps=self.enable_metrics[p.index] and api.server_meta,
+                                launch_cap=self.server_info[p.index].get("max_running_requests"), api_path=api.path)
                     for p in self.fleet.plans
                 ]
                 health_check = self._health_check(client)
             else:  # one destination, sglang-router, without a cap; it passes each server's meta_info on unchanged
                 await self.external.start(client)
                 self._write_run_json()
-                states = [ServerState(0, self.external.url, None, require_stamps=all(self.enable_metrics))]
+                states = [ServerState(0, self.external.url, None, require_stamps=all(self.enable_metrics) and api.server_meta,
+                                      api_path=api.path)]
                 health_check = self.external.health_check(client)
             # The trace, modules and server facts live for the whole run: out of the collector's sight, a full
             # collection (a pause of the loop, so release lag) does not walk them again and again.

@@ -72,9 +72,11 @@ def plan_launched(
     max_running_requests: int | None,
     server_args: list[str],
     speed: float | None,
+    skip_tokenizer_init: bool = True,
 ) -> list[ServerPlan]:
     """N servers on ports port_base+i. sglang: one GPU each (CUDA_VISIBLE_DEVICES, honouring a list the user
-    already set); sim: `tracebench sim-server` processes."""
+    already set); sim: `tracebench sim-server` processes. `skip_tokenizer_init`: sglang gets
+    --skip-tokenizer-init (ids in, ids out; the OpenAI APIs need the tokenizer, so --api completions/chat drop it)."""
     for word in server_args:
         flag = word.split("=", 1)[0]
         if flag in _OWNED_FLAGS[backend]:
@@ -94,7 +96,8 @@ def plan_launched(
             assert model is not None  # checked with the other options
             command = [
                 sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", "127.0.0.1",
-                "--port", str(port), "--enable-metrics", "--skip-tokenizer-init", *cap_args, *server_args,
+                "--port", str(port), "--enable-metrics", *(["--skip-tokenizer-init"] if skip_tokenizer_init else []),
+                *cap_args, *server_args,
             ]
             env["CUDA_VISIBLE_DEVICES"] = devices[i]
             gpu: str | None = devices[i]

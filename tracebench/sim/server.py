@@ -212,6 +212,8 @@ class SimServer:
         app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_post("/flush_cache", self.handle_flush_cache)
         app.router.add_get("/flush_cache", self.handle_flush_cache)
+        app.router.add_post("/v1/completions", self.handle_completions)
+        app.router.add_post("/v1/chat/completions", self.handle_chat_completions)
         return app
 
     def start_engine(self) -> None:
@@ -324,18 +326,7 @@ class SimServer:
                 return await self._stream_abort(request, obj, str(err), t_received)
             return web.Response(status=400, body=orjson.dumps({"error": {"message": str(err)}}), content_type=_JSON)
 
-        pendings: list[Pending] = []
-        t_ready = t_received + self.queue_entry_delay
-        for (input_len, max_new, tokens), rid in zip(items, rids):
-            sim = SimRequest(rid=rid, input_len=input_len, max_new_tokens=max_new, t_ready=t_ready, input_ids=tokens)
-            pend = Pending(sim=sim, rid=rid, stream=stream, ids_seed=self.rng.getrandbits(64),
-                           t_received=t_received, t_dispatched=t_received + self.dispatch_delay)
-            self.model.submit(sim)
-            self.pending[sim] = pend
-            self.rids_in_flight.add(rid)
-            pendings.append(pend)
-        self.wake.set()
-
+        pendings = self._submit(items, rids, stream, t_received)
         done = False
         try:
             if stream:
@@ -353,14 +344,32 @@ class SimServer:
             done = True
             return response
         finally:
+            self._release(pendings, done)
+
+    def _submit(self, items: list[tuple[int, int, Sequence]], rids: list[str], stream: bool, t_received: float) -> list[Pending]:
+        """Hand validated requests (`_parse`'s items and rids) to the model; shared by /generate and the OpenAI routes."""
+        pendings: list[Pending] = []
+        t_ready = t_received + self.queue_entry_delay
+        for (input_len, max_new, tokens), rid in zip(items, rids):
+            sim = SimRequest(rid=rid, input_len=input_len, max_new_tokens=max_new, t_ready=t_ready, input_ids=tokens)
+            pend = Pending(sim=sim, rid=rid, stream=stream, ids_seed=self.rng.getrandbits(64),
+                           t_received=t_received, t_dispatched=t_received + self.dispatch_delay)
+            self.model.submit(sim)
+            self.pending[sim] = pend
+            self.rids_in_flight.add(rid)
+            pendings.append(pend)
+        self.wake.set()
+        return pendings
+
+    def _release(self, pendings: list[Pending], done: bool) -> None:
+        for pend in pendings:
+            self.rids_in_flight.discard(pend.rid)
+        if not done:  # the client went away (cancelled handler or failed write): free the slots, like sglang
             for pend in pendings:
-                self.rids_in_flight.discard(pend.rid)
-            if not done:  # the client went away (cancelled handler or failed write): free the slots, like sglang
-                for pend in pendings:
-                    if not pend.finished:
-                        self.pending.pop(pend.sim, None)
-                        if self.model.abort(pend.sim):
-                            self.num_aborted_total += 1
+                if not pend.finished:
+                    self.pending.pop(pend.sim, None)
+                    if self.model.abort(pend.sim):
+                        self.num_aborted_total += 1
 
     def _parse(self, obj: dict, stream: bool) -> tuple[bool, list[tuple[int, int, Sequence]], list[str]]:
         """Validate a /generate body in sglang's order. Returns (single, [(input_len, max_new_tokens, tokens)], rids);
@@ -596,6 +605,159 @@ class SimServer:
             self.ttft_hist[stream].observe(pend.t_first_token - pend.t_received)
         self.queue_hist.observe(sim.t_forward_entry - sim.t_ready)
 
+    # ---------------------------------------------------------------- OpenAI-compatible API
+    # /v1/completions and /v1/chat/completions as sglang 0.5.17's serving_completions.py / serving_chat.py answer
+    # them (facts and sources: .DUCUMENT/openai-api.md). The request becomes a /generate request (`_parse`,
+    # `_submit`); only the answer's shape differs.
+    async def handle_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=False)
+
+    async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=True)
+
+    async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        body = await request.read()
+        t_received = asyncio.get_running_loop().time()
+        if request.content_type != _JSON:  # sglang's validate_json_request dependency
+            return _openai_validation_error("1 validation error:\n  {'loc': ['header', 'content-type'], 'msg': "
+                                            "\"Unsupported Media Type: Only 'application/json' is allowed\", "
+                                            "'type': 'value_error'}")
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError as err:
+            return _bad_json(str(err).split(": line ")[0], request.path)
+        if not isinstance(obj, dict):
+            return _bad_json("Input should be a valid dictionary", request.path)
+        stream = obj.get("stream") is True
+        try:
+            generate, model = self._openai_to_generate(obj, chat)
+            # validation errors are 400 JSON for streams too: sglang pulls the first chunk before answering 200
+            single, items, rids = self._parse(generate, stream=False)
+            if stream and not single:
+                raise BadRequest("tracebench sim-server: streaming a batch is not supported; send one prompt per stream.")
+        except BadRequest as err:
+            return _openai_error(str(err))
+        except SchedulerAbort as err:
+            if not stream:
+                return _openai_error(str(err))
+            return await self._openai_stream_abort(request, obj, chat, model, str(err))
+        pendings = self._submit(items, rids, stream, t_received)
+        done = False
+        try:
+            if stream:
+                response = await self._openai_stream(request, pendings[0], chat, model, obj.get("stream_options"))
+            else:
+                for pend in pendings:
+                    while not pend.finished:
+                        pend.event.clear()
+                        await pend.event.wait()
+                outs = [self._final_out(p, is_stream=False) for p in pendings]
+                response = web.Response(body=orjson.dumps(_openai_response(outs, chat, model)), content_type=_JSON)
+            done = True
+            return response
+        finally:
+            self._release(pendings, done)
+
+    def _openai_to_generate(self, obj: dict, chat: bool) -> tuple[dict, str]:
+        """The /generate body an OpenAI request stands for, and the `model` the answer names."""
+        if self.args.skip_tokenizer_init:
+            # tracebench's own refusal: sglang's OpenAI routes need the tokenizer (UNVERIFIED how 0.5.17 fails)
+            raise BadRequest("tracebench sim-server: the OpenAI-compatible routes need the tokenizer; this server "
+                             "runs with --skip-tokenizer-init")
+        model = obj.get("model", "default")
+        if not isinstance(model, str):
+            raise BadRequest("model must be a string.")
+        if obj.get("n", 1) != 1:
+            raise BadRequest("tracebench sim-server: n > 1 is not supported.")
+        if chat:
+            messages = obj.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequest("Messages cannot be empty.")
+            if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
+                raise BadRequest("tracebench sim-server: each message needs a string content.")
+            # the word-level tokenizer's chat template: "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+            prompt: object = "".join([m["content"] + " " for m in messages])
+            max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens"))
+        else:
+            prompt = obj.get("prompt")
+            if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
+                raise BadRequest("Prompt cannot be empty")
+            max_tokens = obj.get("max_tokens", 16)  # CompletionRequest.max_tokens defaults to 16
+        key = "text" if isinstance(prompt, str) or (isinstance(prompt, list) and isinstance(prompt[0], str)) else "input_ids"
+        params = {"max_new_tokens": max_tokens}
+        return {key: prompt, "sampling_params": params}, model
+
+    async def _openai_stream(self, request: web.Request, pend: Pending, chat: bool, model: str,
+                             stream_options: object) -> web.StreamResponse:
+        include_usage = continuous = False
+        if isinstance(stream_options, dict):  # should_include_usage (stream_response_default_include_usage off)
+            include_usage = bool(stream_options.get("include_usage"))
+            continuous = bool(stream_options.get("continuous_usage_stats"))
+        response = web.StreamResponse(headers={"Content-Type": _SSE})
+        await response.prepare(request)
+        created = int(time.time())
+        head = {"id": pend.rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+                "model": model}
+        prompt_tokens = pend.sim.input_len
+        sent, text_sent = 0, 0
+        while True:
+            if pend.visible == sent and not pend.finished:
+                pend.event.clear()
+                await pend.event.wait()
+            final = pend.finished
+            if final:
+                out = self._final_out(pend, is_stream=True)
+                sent = pend.sim.output_len
+            else:
+                sent = pend.visible
+                out = self._partial_out(pend, sent)
+            text = out["text"]
+            delta, text_sent = text[text_sent:], len(text)
+            usage = _usage(prompt_tokens, sent) if continuous else None
+            if chat:
+                if text_sent == len(delta):  # the first output: a role chunk goes first
+                    await response.write(_sse({**head, "choices": [_chat_choice({"reasoning_content": None, "role": "assistant", "content": ""})]}))
+                if delta:  # serving_chat sends a content chunk only for new text
+                    chunk = {**head, "choices": [_chat_choice({"reasoning_content": None, "content": delta})]}
+                    if usage is not None:
+                        chunk["usage"] = usage
+                    await response.write(_sse(chunk))
+                if final:
+                    await response.write(_sse({**head, "choices": [_chat_choice({"reasoning_content": None}, "length")]}))
+            else:
+                choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": "length" if final else None,
+                          "matched_stop": None}
+                await response.write(_sse({**head, "choices": [choice], "usage": usage}))
+            if final:
+                break
+        if include_usage:
+            usage = _usage(prompt_tokens, sent)
+            if not chat:  # completions dump the usage chunk with exclude_none
+                del usage["prompt_tokens_details"]
+            await response.write(_sse({**head, "choices": [], "usage": usage}))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _openai_stream_abort(self, request: web.Request, obj: dict, chat: bool, model: str,
+                                   message: str) -> web.StreamResponse:
+        """The scheduler's abort (status_code set) in a stream: an error event, the usage chunk if asked, [DONE]."""
+        response = web.StreamResponse(headers={"Content-Type": _SSE})
+        await response.prepare(request)
+        error = {"object": "error", "message": message, "type": "BAD_REQUEST", "param": None, "code": 400}
+        await response.write(b"data: " + orjson.dumps({"error": error}) + b"\n\n")
+        options = obj.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            usage = _usage(1, 1)  # the aborted request's meta_info: prompt_tokens 1, completion_tokens 1
+            if not chat:
+                del usage["prompt_tokens_details"]
+            head = {"id": uuid.uuid4().hex, "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": int(time.time()), "model": model}
+            await response.write(_sse({**head, "choices": [], "usage": usage}))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
     # ---------------------------------------------------------------- other routes
     async def handle_health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.ready() else 503)
@@ -807,12 +969,12 @@ def _query_error(kind: str, msg: str, raw: str, ctx: dict | None = None) -> web.
     return web.Response(status=422, body=orjson.dumps({"detail": [detail]}), content_type=_JSON)
 
 
-def _bad_json(why: str) -> web.Response:
-    """sglang's (FastAPI's) answer to a body that is not JSON."""
+def _bad_json(why: str, path: str = "/generate") -> web.Response:
+    """sglang's (FastAPI's) answer to a body that is not JSON (the capture: /generate, handler line 869)."""
     detail = (f"[{{'type': 'json_invalid', 'loc': ('body', 1), 'msg': 'JSON decode error', 'input': {{}}, "
               f"'ctx': {{'error': {why!r}}}}}]")
     message = (f"1 validation error:\n  {detail[1:-1]}\n\n  File \"site-packages/sglang/srt/entrypoints/http_server.py\","
-               f" line 869, in generate_request\n    POST /generate {detail}")
+               f" line 869, in generate_request\n    POST {path} {detail}")
     body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
     return web.Response(status=400, body=orjson.dumps(body), content_type=_JSON)
 
@@ -869,3 +1031,49 @@ async def _serve(args: SimArgs) -> None:
 def serve(args: SimArgs) -> None:
     """Run the sim-server until SIGINT or SIGTERM."""
     asyncio.run(_serve(args))
+
+
+# ---- OpenAI-compatible answers (sglang 0.5.17 protocol.py, sse_utils.py; .DUCUMENT/openai-api.md) -----------------
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    """UsageInfo as dumped by pydantic (prompt_tokens_details only with --enable-cache-report)."""
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens, "prompt_tokens_details": None, "reasoning_tokens": 0}
+
+
+def _chat_choice(delta: dict, finish_reason: str | None = None) -> dict:
+    """sse_utils.StreamChoice: delta omits role/content when unset, the other keys are always there."""
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, "matched_stop": None}
+
+
+def _openai_response(outs: list[dict], chat: bool, model: str) -> dict:
+    """A non-streamed CompletionResponse / ChatCompletionResponse from the /generate outputs (one per prompt)."""
+    choices = []
+    for index, out in enumerate(outs):
+        if chat:
+            message = {"role": "assistant", "content": out["text"], "reasoning_content": None, "tool_calls": None}
+            choices.append({"index": index, "message": message, "logprobs": None, "finish_reason": "length",
+                            "matched_stop": None})
+        else:
+            choices.append({"index": index, "text": out["text"], "logprobs": None, "finish_reason": "length",
+                            "matched_stop": None})
+    metas = [out["meta_info"] for out in outs]
+    usage = _usage(sum(m["prompt_tokens"] for m in metas), sum(m["completion_tokens"] for m in metas))
+    return {"id": metas[0]["id"], "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": choices, "usage": usage,
+            "metadata": {"weight_version": "default"}}
+
+
+def _openai_error(message: str) -> web.Response:
+    """serving_base.create_error_response: what the OpenAI routes answer to a request sglang refuses."""
+    body = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+    return web.Response(status=400, body=orjson.dumps(body), content_type=_JSON)
+
+
+def _openai_validation_error(message: str) -> web.Response:
+    body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
+    return web.Response(status=400, body=orjson.dumps(body), content_type=_JSON)

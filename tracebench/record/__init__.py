@@ -1,0 +1,1 @@
+"""`tracebench record`: a proxy that turns live sglang traffic into a trace (docs/record.md)."""

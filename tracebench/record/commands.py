@@ -1,0 +1,79 @@
+"""`tracebench record`. Light at import time: aiohttp and the proxy are imported inside the command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+
+from tracebench.errors import ConfigError
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:31000")
+    return host, int(port)
+
+
+def _upstream(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise ConfigError(f"--upstream {value!r}: expected a server address like http://127.0.0.1:30000")
+    return value.rstrip("/")
+
+
+@click.command("record")
+@click.option("--listen", required=True, metavar="HOST:PORT",
+              help="Where the proxy listens; point your clients here instead of at the server.")
+@click.option("--upstream", required=True, metavar="URL",
+              help="The sglang server or router the traffic goes to, e.g. http://127.0.0.1:30000. It must answer "
+                   "when the recording starts.")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=Path("traces/recorded.jsonl"),
+              show_default=True,
+              help="The trace to write (never overwritten). Next to it: NAME.status.jsonl, every request's status.")
+@click.option("--block-size", type=int, default=64, show_default=True, metavar="B",
+              help="Tokens per prefix block (the trace header's block_size).")
+@click.option("--tokenizer", type=click.Path(path_type=Path), default=None, metavar="PATH",
+              help="tokenizer.json (or its folder) of the served model, to turn text prompts into token ids for the "
+                   "prefix blocks. WordLevel tokenizers with a whitespace pre-tokenizer are read by tracebench; any "
+                   "other needs the optional 'tokenizers' package (pip install 'tracebench[record]'). [default: "
+                   "only requests that send token ids get prefix blocks]")
+@click.option("--quiet", is_flag=True, default=False, help="Print nothing but errors.")
+def record(listen: str, upstream: str, output: Path, block_size: int, tokenizer: Path | None, quiet: bool) -> None:
+    """Record live traffic as a trace: a proxy in front of an sglang server or router.
+
+    \b
+    POST /generate, /v1/completions and /v1/chat/completions are forwarded unchanged (streamed or not, errors
+    included) and recorded; every other path is passed through. Each recorded request becomes one trace line:
+    arrival time (seconds after the first request), input and output length as the server counted them
+    (meta_info.prompt_tokens/completion_tokens, or usage), and prefix blocks: ids of the prompt's blocks of B
+    tokens, salted and chained (equal ids = equal prompt prefix; the salt is random per recording and never
+    written, so the ids mean nothing outside this file). No prompt text, token id or answer is stored.
+    Blocks come from input_ids / a prompt of ids as sent, else from text (chat: the messages' contents in order)
+    tokenized with --tokenizer. An OpenAI stream whose client did not ask for usage gets include_usage added, and
+    the usage chunk is held back from the client. A batch of prompts or n > 1 is forwarded, not a trace line.
+    docs/record.md says exactly what is kept.
+    \b
+    Ctrl-C (or SIGTERM) stops it: requests in flight are recorded as cancelled, the trace (ok requests, in
+    arrival order, trace format v1) and NAME.status.jsonl (every request: ok / error / cancelled, HTTP status,
+    error) are written atomically. Replay the trace with `tracebench replay` (--api to pick the API).
+    \b
+    tracebench record --listen 127.0.0.1:31000 --upstream http://127.0.0.1:30000 -o traces/prod.jsonl
+    tracebench record --listen 0.0.0.0:8000 --upstream http://gpu1:30000 --tokenizer models/llama/tokenizer.json
+    """
+    from tracebench.record.blocks import load_tokenizer
+    from tracebench.record.proxy import RecordConfig, run_record
+
+    host, port = _listen(listen)
+    if block_size < 1:
+        raise ConfigError(f"--block-size must be >= 1, got {block_size}")
+    tokenize, desc = load_tokenizer(tokenizer) if tokenizer is not None else (None, None)
+    cfg = RecordConfig(host=host, port=port, upstream=_upstream(upstream), output=output, block_size=block_size,
+                       tokenizer=tokenize, tokenizer_desc=desc, quiet=quiet)
+    count, trace, status, counts = run_record(cfg)
+    if not quiet:
+        click.echo(f"{trace}: {count} request(s) (ok {counts['ok']}, error {counts['error']}, cancelled "
+                   f"{counts['cancelled']}); every request's status: {status}", err=True)
+    click.echo(str(trace))
