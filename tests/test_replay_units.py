@@ -138,7 +138,7 @@ def test_contradictions_refused(options: dict[str, object], why: str, monkeypatc
 
 def test_resolve_fills_defaults() -> None:
     cfg = _cfg(backend="sim").resolve()
-    assert (cfg.gpus, cfg.port_base, cfg.startup_timeout) == (1, 30000, 30.0)
+    assert (cfg.gpus, cfg.port_base, cfg.startup_timeout) == (1, None, 30.0)  # no --port-base: free ports
     cfg = _cfg(model="m").resolve()
     assert (cfg.backend, cfg.startup_timeout) == ("sglang", 600.0)
     cfg = _cfg(attach=("http://a:1", "http://b:2"), vocab_size=100).resolve()

@@ -68,7 +68,8 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    '--server-arg "--load-format dummy --attention-backend triton". [default for --backend sglang: '
                    '$TRACEBENCH_SERVER_ARGS]')
 @click.option("--port-base", type=int, default=None, metavar="PORT",
-              help="Launched server i listens on 127.0.0.1:PORT+i. [default: 30000]")
+              help="Launched server i listens on 127.0.0.1:PORT+i. [default: free ports, drawn at random from "
+                   "20000-32000, so runs at the same time do not collide; run.json servers[].url says which]")
 @click.option("--speed", type=float, default=None, metavar="K",
               help="--backend sim: compress the whole run K times. The simulated GPUs run K times faster, request i "
                    "is released at arrival_s/K run seconds, and the other trace-time options (--cap-schedule times, "

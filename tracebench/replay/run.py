@@ -33,7 +33,7 @@ from tracebench.replay.caps import (
 from tracebench.replay.client import SglangClient
 from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.engine import Engine
-from tracebench.replay.records import STATUSES, RecordWriter, RequestRecord
+from tracebench.replay.records import STATUSES, RecordWriter
 from tracebench.replay.router import Router, ServerState
 from tracebench.replay.servers import Fleet, ServerPlan, plan_attached, plan_launched, split_server_args
 from tracebench.replay.telemetry import poll_loads, progress_line, show_progress
@@ -164,7 +164,6 @@ class ReplayConfig:
             model=model,
             server_args=server_args,
             gpus=self.gpus or 1,
-            port_base=self.port_base if self.port_base is not None else 30000,
             startup_timeout=self.startup_timeout or STARTUP_TIMEOUT_S[backend],
         )
 
@@ -250,7 +249,7 @@ class Replay:
         self.control_sock = control_sock
         self.control_url = f"http://127.0.0.1:{control_sock.getsockname()[1]}"
         self.stderr = stderr
-        self.writer = RecordWriter(run_dir / "requests.jsonl")
+        self.writer: RecordWriter | None = None  # made when the run clock starts: a run that never started has none
         self.clock: RunClock | None = None
         self.router: Router | None = None
         self.server_info: list[Any] = [None] * len(plans)
@@ -260,7 +259,6 @@ class Replay:
         self.status = "running"
         self.failure: BaseException | None = None
         self.t_end: float | None = None
-        self._unstarted_counts: dict[str, int] | None = None
 
     # ---- the run folder ----------------------------------------------------------------------------------------
 
@@ -317,14 +315,7 @@ class Replay:
     def _counts(self) -> dict[str, int]:
         if self.router is not None:
             return dict(self.router.counts)
-        return dict(self._unstarted_counts or dict.fromkeys(STATUSES, 0))
-
-    def _write_unstarted(self, status: str, reason: str) -> None:
-        """The run ended before the router existed: every request gets a record saying why it was not run."""
-        for req in self.requests:
-            t_arrival = run_seconds(req.arrival_s, self.cfg.time_speed)
-            self.writer.write(RequestRecord(req.id, req.input_len, req.output_len, t_arrival, status=status, error=reason))  # type: ignore[arg-type]
-        self._unstarted_counts = {**dict.fromkeys(STATUSES, 0), status: len(self.requests)}
+        return dict.fromkeys(STATUSES, 0)  # never started: nothing was sent
 
     # ---- the run -----------------------------------------------------------------------------------------------
 
@@ -342,21 +333,26 @@ class Replay:
                 self.fleet.stop()
                 self.control_sock.close()
         finally:
-            if self.signal is not None and self.failure is None:
+            if self.router is None:
+                # the servers never started (or Ctrl-C came first): no request was sent, so none gets a record
+                self.status = "not_started"
+                if self.failure is None and self.signal is not None:
+                    self.failure = RunInterrupted(f"interrupted ({self.signal}) before the run started")
+            elif self.signal is not None and self.failure is None:
                 self.status = "interrupted"
-            elif self.failure is not None or (self.router is not None and self.router.failure is not None):
+            elif self.failure is not None or self.router.failure is not None:
                 self.status = "failed"
-                self.failure = self.failure or self.router.failure  # type: ignore[union-attr]
+                self.failure = self.failure or self.router.failure
             else:
                 self.status = "completed"
-            if self.router is None and self.writer.count == 0:
-                reason = "interrupted before the run started" if self.status == "interrupted" else f"not run: {one_line(self.failure)}"
-                self._write_unstarted("cancelled" if self.status == "interrupted" else "error", reason)
-            self.writer.close()
+            if self.writer is not None:
+                self.writer.close()
             self._write_run_json()
         self._say_end()
-        if self.status == "interrupted":
-            err = RunInterrupted(f"interrupted ({self.signal}); the run folder {self.run_dir} is complete (status interrupted)")
+        if self.status == "interrupted" or isinstance(self.failure, RunInterrupted):
+            where = (f"the run folder {self.run_dir} is complete (status interrupted)" if self.status == "interrupted"
+                     else f"the run never started ({self.run_dir}/run.json: status not_started)")
+            err = RunInterrupted(f"interrupted ({self.signal}); {where}")
             if self.signal == "SIGTERM":
                 err.exit_code = 128 + signal.SIGTERM
             raise err
@@ -364,6 +360,11 @@ class Replay:
             raise self.failure
 
     def _say_end(self) -> None:
+        if self.status == "not_started":
+            logs = " (server logs there)" if any(p.launched for p in self.fleet.plans) else ""
+            self.stderr.write(f"{self.run_dir}: never started, no request was sent: {one_line(self.failure)}{logs}\n")  # type: ignore[arg-type]
+            self.stderr.flush()
+            return
         counts = self._counts()
         summary = ", ".join(f"{k} {counts[k]}" for k in STATUSES)
         took = f" in {self.t_end:.1f} s" if self.t_end is not None else ""
@@ -418,6 +419,7 @@ class Replay:
             # collection (a pause of the loop, so release lag) does not walk them again and again.
             gc.collect()
             gc.freeze()
+            self.writer = RecordWriter(self.run_dir / "requests.jsonl")
             self.clock = clock = RunClock()
             self.router = router = Router(
                 clock=clock, servers=states, policy=self.policy, client=client, writer=self.writer,

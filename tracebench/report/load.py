@@ -21,7 +21,7 @@ import polars as pl
 from tracebench.errors import ConfigError, RunFolderError
 
 RUN_FORMAT_VERSION = 1
-RUN_STATUSES = ("running", "completed", "interrupted", "failed")
+RUN_STATUSES = ("running", "completed", "interrupted", "failed", "not_started")
 REQUEST_STATUSES = ("ok", "error", "timeout", "cancelled")
 
 INT_FIELDS = ("id", "input_len", "output_len", "server", "batch", "completion_tokens", "prompt_tokens")
@@ -213,6 +213,9 @@ def read_run_json(folder: Path) -> dict[str, Any]:
     status = _need(meta, "status", (str,), path, "status")
     if status not in RUN_STATUSES:
         raise RunFolderError(path, None, "status", f"must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
+    if status == "not_started":  # no requests.jsonl: nothing to report, and the user must hear why
+        raise RunFolderError(path, None, "status", f"not_started: this run never started, no request was sent "
+                             f"({str(meta.get('error')).splitlines()[0]})")
     _need(meta, "t_end", (int, float), path, "t_end", nullable=(status == "running"))
     return meta
 
