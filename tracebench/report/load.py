@@ -4,8 +4,9 @@ Nothing of the replay path is imported: the report reads the files. polars does 
 lines, so when it refuses a file (or a record breaks a rule) the file is walked again with orjson to name the line.
 
 A run replayed at `--speed K` (run.json `speed`) is K times compressed. Once validated, its times are converted here,
-once, to simulated seconds (every time field of the records, and run.json's t_end, cap change and event times, ×K),
-so every metric and plot of the report is in simulated seconds and compares with a run on real GPUs.
+once, to simulated seconds (run.json's t_end, cap change and event times ×K; the records by report/speed.py, which
+keeps the host's real overheads out of the ×K), so every metric and plot of the report is in simulated seconds and
+compares with a run on real GPUs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import orjson
 import polars as pl
 
 from tracebench.errors import ConfigError, RunFolderError
+from tracebench.report.speed import to_simulated_times
 
 RUN_FORMAT_VERSION = 1
 RUN_STATUSES = ("running", "completed", "interrupted", "failed", "not_started")
@@ -125,11 +127,13 @@ def load_run(folder: Path) -> Run:
 def to_simulated_seconds(
     meta: dict[str, Any], requests: pl.DataFrame, speed: float
 ) -> tuple[dict[str, Any], pl.DataFrame]:
-    """A run at --speed K, K times compressed on its run clock: every time ×K (so throughputs are ÷K)."""
-    requests = requests.with_columns([pl.col(name) * speed for name in TIME_FIELDS])
+    """A run at --speed K, K times compressed on its run clock: the run's timeline ×K (so throughputs are ÷K); each
+    request's stamps with simulator time ×K and host time as measured (report/speed.py)."""
+    requests, how = to_simulated_times(requests, meta, speed)
     caps = meta["caps"]
     meta = {
         **meta,
+        "speed_conversion": how,
         "t_end": None if meta["t_end"] is None else meta["t_end"] * speed,
         "caps": {**caps, "changes": [{**change, "t": change["t"] * speed} for change in caps["changes"]]},
         "events": [{**event, "t": event["t"] * speed} for event in meta["events"]],

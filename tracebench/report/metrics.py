@@ -1,7 +1,8 @@
 """What the report computes, with one definition per number (docs/report.md says the same in prose).
 
-- Times: seconds on the run clock; for a run replayed with `--speed K`, simulated seconds (run seconds × K, converted
-  once by the loader), so sped-up simulator runs and real-GPU runs compare like with like.
+- Times: seconds on the run clock; for a run replayed with `--speed K`, simulated seconds (the simulators' time × K,
+  tracebench's host time as measured: report/speed.py, converted once by the loader), so sped-up simulator runs and
+  real-GPU runs compare like with like.
 
 - Requests kept: every record whose `t_arrival >= warmup` (default 0: all). Everything below is over kept requests.
 - Latencies: over kept `ok` requests that have the stamps the metric needs.
@@ -127,7 +128,8 @@ class RunSummary:
     window_end: float | None
     duration: float | None
     t_end: float | None
-    speed: float | None  # --speed K of the replay: its times are run seconds × K (simulated seconds); None: real time
+    speed: float | None  # --speed K of the replay: its times are simulated seconds (report/speed.py); None: real time
+    speed_conversion: str | None = None  # how a sped-up run's times were converted (report/speed.py), else None
 
 
 @dataclass
@@ -236,9 +238,25 @@ def time_note(runs: list[RunSummary]) -> str | None:
     sped = [run for run in runs if run.speed is not None]
     if not sped:
         return None
-    which = ", ".join(f"{run.label} at --speed {_show(run.speed)}" for run in sped)
-    return (f"times of sped-up runs are in simulated seconds ({which}): their run-clock times × speed, so "
-            "throughputs are per simulated second")
+    which = ", ".join(f"{run.label} at --speed {_show(run.speed)}: {run.speed_conversion}" for run in sped)
+    return (f"times of sped-up runs are in simulated seconds ({which}); throughputs are per simulated second")
+
+
+# what a speed-up still distorts after the conversion (docs/report.md, "Runs at different speeds")
+SPEED_SENSITIVE = ("release lag", "router wait", "TTFT", "TPOT")
+
+
+def speed_warning(runs: list[RunSummary]) -> str | None:
+    """The warning for a comparison of runs made at different --speed (None when all ran at one speed)."""
+    speeds = {run.speed if run.speed is not None else 1.0 for run in runs}
+    if len(speeds) < 2:
+        return None
+    which = ", ".join(f"{run.label} {_show(run.speed if run.speed is not None else 1.0)}x" for run in runs)
+    return (f"these runs were made at different speeds ({which}): the simulators' time converts exactly, but "
+            "tracebench's own host time (release lag, HTTP hops, the router's dispatch) is real time, and at --speed "
+            "K the host handles K times the events per second, so it can read longer; with a cap or static batching "
+            f"the router wait is counted x K, its host part included. Differences of ~1-3 ms in "
+            f"{', '.join(SPEED_SENSITIVE)} can come from the speed alone: compare those at one speed")
 
 
 def config_of(meta: dict[str, Any]) -> dict[str, str]:
@@ -457,7 +475,7 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
         backend=meta["backend"], trace_path=run.trace_path, trace_sha256=run.trace_sha256,
         trace_requests=meta["trace"]["num_requests"], records=run.requests.height, missing=run.missing,
         kept=kept.height, window_start=start, window_end=end, duration=duration, t_end=meta["t_end"],
-        speed=run.speed,
+        speed=run.speed, speed_conversion=meta.get("speed_conversion"),
     )
     return _RunStats(summary, kept, ok, counts, throughput, latency, latency_n, sorted_latency, slo_out, loads, balance)
 
@@ -501,6 +519,8 @@ def build_report(
         raise ConfigError(f"--bootstrap must be >= 0, got {bootstrap}")
     warnings = check_same_trace(runs, baseline, allow_different_traces)
     stats = [_run_stats(run, warmup, slo) for run in runs]
+    if (speeds := speed_warning([st.summary for st in stats])) is not None:
+        warnings.append(speeds)
     for st in stats:
         s = st.summary
         if s.mark is not None:
