@@ -433,6 +433,15 @@ def test_attach_refusals_and_timeouts(tmp_path: Path, sim_server) -> None:
     assert run["speed"] is None  # a real server's time: nothing to convert
     assert run["vocab_size"] == 32000  # told by the simulator's /server_info
     assert server.proc.poll() is None  # an attached server is left running
+    # an attached simulator is recorded, and reported, as simulated: never as real hardware
+    assert run["servers"][0]["simulated"] is True and run["gpu_names"] == ["NVIDIA H200"]
+    report = run_cli("report", str(tmp_path / "a"), "--format", "md")
+    assert report.returncode == 0, report.stderr
+    assert "attach (simulated)" in report.stdout and "NVIDIA H200 (simulated)" in report.stdout
+    # a sped-up simulator cannot be attached: an attached run is not compressed
+    fast = sim_server("--speed", "4")
+    result = run_cli("replay", str(trace), "--attach", fast.url, "--run-name", "f", "--out-dir", str(tmp_path), "--quiet")
+    assert result.returncode == 2 and "running at --speed 4.0: attach only simulators at speed 1" in result.stderr
 
 
 def test_policy_breaking_the_rules_stops_the_run(tmp_path: Path) -> None:

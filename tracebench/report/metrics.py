@@ -259,21 +259,45 @@ def speed_warning(runs: list[RunSummary]) -> str | None:
             f"{', '.join(SPEED_SENSITIVE)} can come from the speed alone: compare those at one speed")
 
 
+def simulated_accelerators(meta: dict[str, Any]) -> list[str]:
+    """The accelerators a run's simulated servers pretend to be ([] when no server is a simulator). A server is
+    simulated when it was launched with --backend sim, or its /server_info carries `tracebench_sim` (an attached
+    `tracebench sim-server`; real sglang has no such field)."""
+    names = []
+    for server in meta["servers"]:
+        sim = (server.get("server_info") or {}).get("tracebench_sim")
+        if isinstance(sim, dict):
+            names.append(str(sim.get("accelerator")))
+        elif meta["backend"] == "sim":
+            names.append("a GPU")
+    return names
+
+
+def backend_text(meta: dict[str, Any]) -> str:
+    """`sim`, `sglang`, `attach`, or `attach (simulated)` when an attached server is a tracebench simulator."""
+    backend = meta["backend"]
+    if backend != "sim" and simulated_accelerators(meta):
+        return f"{backend} (simulated)"
+    return backend
+
+
 def config_of(meta: dict[str, Any]) -> dict[str, str]:
     """The settings of a run that a comparison cares about, as text, in display order."""
     servers = meta["servers"]
     policy = meta["policy"]
     caps = meta["caps"]
     initial = caps["initial"]
+    simulated = sorted(set(simulated_accelerators(meta)))
     cfg = {
-        "backend": meta["backend"],
+        "backend": backend_text(meta),
         "speed": speed_text(meta["speed"]),
         "mode": meta["mode"],
         "batch size": _show(meta["batch_size"]),
         "policy": policy["name"] + (f" {_show(policy['options'])}" if policy["options"] else ""),
         "servers": str(len(servers)),
         "gpus": ",".join(_show(s["gpu"]) for s in servers),
-        "gpu model": ", ".join(sorted(set(meta["gpu_names"]))) or "-",
+        "gpu model": (", ".join(f"{name} (simulated)" for name in simulated) if simulated
+                      else ", ".join(sorted(set(meta["gpu_names"]))) or "-"),
         "caps": _show(initial[0]) if initial and all(c == initial[0] for c in initial) else _show(initial),
         "cap changes": "; ".join(
             f"{change['t']:g}s " + (f"server{change['server']}" if change.get("server") is not None else "all")
@@ -472,7 +496,7 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
     meta = run.meta
     summary = RunSummary(
         label=run.label, path=str(run.path), run_name=meta["run_name"], status=meta["status"], mark=_mark(meta["status"]),
-        backend=meta["backend"], trace_path=run.trace_path, trace_sha256=run.trace_sha256,
+        backend=backend_text(meta), trace_path=run.trace_path, trace_sha256=run.trace_sha256,
         trace_requests=meta["trace"]["num_requests"], records=run.requests.height, missing=run.missing,
         kept=kept.height, window_start=start, window_end=end, duration=duration, t_end=meta["t_end"],
         speed=run.speed, speed_conversion=meta.get("speed_conversion"),
