@@ -302,8 +302,11 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
     os.kill(run["servers"][1]["pid"], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
-    assert "done " in stderr and "req/s" in stderr  # the progress line (not --quiet)
+    assert "done " in stderr and "req/sim-s" in stderr and " sim s] " in stderr  # the progress line, at --speed 4
+    # ... in simulated units, like the report: the last line's time is the run's end x 4
+    last = [line for line in stderr.splitlines() if " sim s] done " in line][-1]
     run, records = read_run(run_dir)
+    assert abs(float(re.search(r"\[\s*([0-9.]+) sim s\]", last)[1]) - run["t_end"] * 4) < 0.1
     check_every_request_once(records, n)
     check_ok_order(records)
     assert run["status"] == "completed"

@@ -443,7 +443,7 @@ class Replay:
             if self.cap_changes:
                 side.append(run_cap_schedule(self.cap_changes, clock, router.set_cap))
             if not cfg.quiet:
-                side.append(show_progress(router, clock, self.stderr))
+                side.append(show_progress(router, clock, self.stderr, cfg.speed))
             for coro in side:
                 task = asyncio.ensure_future(coro)
                 task.add_done_callback(self._side_done)
@@ -468,7 +468,7 @@ class Replay:
             if not cfg.quiet and self.router is not None and self.t_end:
                 # the last state, whatever the period of the progress line (its rate: over the whole run)
                 tty = self.stderr.isatty()
-                line = progress_line(self.router, self.t_end, self.router.finished / self.t_end)
+                line = progress_line(self.router, self.t_end, self.router.finished / self.t_end, cfg.speed)
                 self.stderr.write(("\r" if tty else "") + line + "\n")
 
     def _side_done(self, task: asyncio.Task[Any]) -> None:
