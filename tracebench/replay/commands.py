@@ -77,7 +77,8 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "seconds). requests.jsonl stays on the run clock (t_arrival = arrival_s/K); run.json records "
                    "\"speed\": K, and `tracebench report` shows such a run in simulated seconds (times x K).")
 @click.option("--run-name", default=None, metavar="NAME",
-              help="Run folder name. [default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>]")
+              help="Run folder name. [default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>; no <policy>- for one "
+                   "server without a cap, where it decides nothing]")
 @click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("reports"),
               show_default=True, help="Where run folders go.")
 @click.option("--timeout", type=float, default=None, metavar="S",

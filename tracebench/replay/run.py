@@ -181,7 +181,10 @@ def one_line(err: BaseException) -> str:
 
 
 def default_run_name(cfg: ReplayConfig, policy: Policy) -> str:
-    return f"{cfg.trace.stem}-{policy.name}-{cfg.mode}-{cfg.num_servers}g-{time.strftime('%Y%m%d-%H%M%S')}"
+    # one server without a cap: every request goes straight to it, the policy decides nothing, so it is not named
+    no_choice = cfg.num_servers == 1 and cfg.mode == "continuous" and cfg.max_running_requests is None and not cfg.cap_schedule
+    routed = "" if no_choice else f"{policy.name}-"
+    return f"{cfg.trace.stem}-{routed}{cfg.mode}-{cfg.num_servers}g-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def plan_servers(cfg: ReplayConfig, run_dir: Path, vocab: int | None, cap_changes: list[CapChange]) -> list[ServerPlan]:

@@ -31,6 +31,7 @@ import polars as pl
 
 from tracebench.errors import ConfigError
 from tracebench.report.load import Run
+from tracebench.report.speed import uncapped
 
 PERCENTILES: dict[str, float] = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
 LATENCY_STATS = ("mean", "p50", "p90", "p99", "max")
@@ -214,8 +215,10 @@ def parse_slo(spec: str) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------------ config
 
 # options already shown through run.json's own fields (or that name the run rather than configure it)
+# and those that change nothing measured (where servers listen, how long they may take to start)
 _CURATED_OPTIONS = {"backend", "mode", "batch_size", "policy", "policy_options", "gpus", "max_running_requests",
-                    "cap_schedule", "run_name", "out_dir", "quiet", "trace", "speed"}
+                    "cap_schedule", "run_name", "out_dir", "quiet", "trace", "speed",
+                    "port_base", "control_port", "startup_timeout"}
 
 
 def _show(value: Any) -> str:
@@ -238,7 +241,10 @@ def time_note(runs: list[RunSummary]) -> str | None:
     sped = [run for run in runs if run.speed is not None]
     if not sped:
         return None
-    which = ", ".join(f"{run.label} at --speed {_show(run.speed)}: {run.speed_conversion}" for run in sped)
+    groups: dict[tuple[float | None, str | None], list[str]] = {}
+    for run in sped:
+        groups.setdefault((run.speed, run.speed_conversion), []).append(run.label)
+    which = "; ".join(f"{', '.join(labels)} at --speed {_show(speed)}: {how}" for (speed, how), labels in groups.items())
     return (f"times of sped-up runs are in simulated seconds ({which}); throughputs are per simulated second")
 
 
@@ -293,7 +299,8 @@ def config_of(meta: dict[str, Any]) -> dict[str, str]:
         "speed": speed_text(meta["speed"]),
         "mode": meta["mode"],
         "batch size": _show(meta["batch_size"]),
-        "policy": policy["name"] + (f" {_show(policy['options'])}" if policy["options"] else ""),
+        "policy": policy["name"] + (f" {_show(policy['options'])}" if policy["options"] else "")
+        + (" (no effect: 1 server, no cap)" if len(servers) == 1 and uncapped(meta) else ""),
         "servers": str(len(servers)),
         "gpus": ",".join(_show(s["gpu"]) for s in servers),
         "gpu model": (", ".join(f"{name} (simulated)" for name in simulated) if simulated
