@@ -621,3 +621,31 @@ def test_failed_and_unfinished_runs_are_marked(runs: Path, tmp_path: Path, statu
     report = build_report(load_runs(["wide", str(folder)], runs / "reports"), 0)
     for text in (render_table(document(report), colour=False), render_md(document(report))):
         assert f"[{mark}]" in text and text.count(mark) >= 3  # column headings, runs table, warning
+
+
+def test_cdf_axes_follow_the_data_not_the_slo(runs: Path) -> None:
+    """A far SLO (100 s) must not stretch the CDFs: the axis ends just past the data, and the SLO is an arrow at the
+    edge; an SLO inside the data is a dashed line."""
+    from tracebench.report.load import load_runs
+    from tracebench.report.metrics import build_report
+    from polars import col as pl_col
+
+    from tracebench.report.render import plots
+
+    loaded = load_runs(["wide", "narrow"], runs / "reports")
+    top = max(float(load.requests.select((pl_col("t_finish") - pl_col("t_arrival")).max()).item()) for load in loaded)
+    for limit, inside in ((100.0, False), (round(top / 2, 3), True)):
+        report = build_report(loaded, 0, slo={"total": limit}, bootstrap=0, with_series=True)
+        assert max(float(s.cdf["total"][0][-1]) for s in report.series) == pytest.approx(top)
+        fig = plots.latency_cdfs(report)
+        ax = fig.axes[0]
+        scale, unit = (1000.0, "ms") if top < 2.0 else (1.0, "s")
+        assert ax.get_xlim()[1] == pytest.approx(top * scale * 1.04)
+        texts = [t.get_text().strip() for t in ax.texts]
+        if inside:
+            assert f"SLO {limit * scale:g} {unit}" in texts, texts
+            assert any(line.get_label() == "_slo" for line in ax.get_lines())
+        else:
+            assert any(t.endswith("→") and "SLO 100" in t for t in texts), texts
+            assert not any(line.get_label() == "_slo" for line in ax.get_lines())
+        plots.close(fig)

@@ -36,6 +36,19 @@ def _style(ax) -> None:
         ax.spines[side].set_visible(False)
 
 
+SLO_COLOUR = "#c0392b"
+
+
+def mark_slo(ax, limit: float, unit: str, right: float) -> None:
+    """The SLO as a dashed line where it falls inside the axis, else an arrow at the right edge saying where it is."""
+    if limit <= right:
+        ax.axvline(limit, color=SLO_COLOUR, linestyle="--", linewidth=1.2, label="_slo")
+        ax.annotate(f" SLO {limit:g} {unit}", xy=(limit, 0.03), color=SLO_COLOUR, fontsize=9)
+    else:
+        ax.annotate(f"SLO {limit:g} {unit} →", xy=(1.0, 0.08), xycoords="axes fraction", ha="right",
+                    color=SLO_COLOUR, fontsize=9)
+
+
 def latency_cdfs(report: Report) -> Figure:
     """The main figure: CDFs of total latency, TTFT and server latency, all runs overlaid."""
     assert report.series is not None
@@ -60,15 +73,15 @@ def latency_cdfs(report: Report) -> Figure:
             ax.axhline(q, color="#999999", linewidth=0.8, linestyle=":")
             ax.annotate(f"p{int(q * 100)}", xy=(1.0, q), xycoords=("axes fraction", "data"), xytext=(2, 0),
                         textcoords="offset points", va="center", fontsize=8, color="#666666")
+        # the axis follows the data, never the SLO: a far SLO would squeeze the curves into a corner
+        right = top * scale * 1.04 if top > 0 else 1.0
+        ax.set_xlim(0, right)
         if key in slo_by_metric:
-            limit = slo_by_metric[key] * scale
-            ax.axvline(limit, color="#c0392b", linestyle="--", linewidth=1.2)
-            ax.annotate(f" SLO {limit:g} {unit}", xy=(limit, 0.03), color="#c0392b", fontsize=9)
+            mark_slo(ax, slo_by_metric[key] * scale, unit, right)
         ax.set_title(titles[key], fontsize=12)
         ax.set_xlabel(f"{LATENCY_LABELS[key]} ({unit})")
         ax.set_ylabel("fraction of ok requests ≤ x")
         ax.set_ylim(0, 1.02)
-        ax.set_xlim(left=0)
         _style(ax)
         if not drawn:
             ax.text(0.5, 0.5, "no first-token stamps\n(not streamed)", ha="center", va="center", transform=ax.transAxes)
