@@ -19,13 +19,15 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=20)
     ap.add_argument("--speed", type=float, default=4)
     ap.add_argument("--gpus", type=int, default=4)
+    ap.add_argument("--input-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--out", type=Path, default=Path("/tmp/tracebench-speed"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    trace = args.out / f"t-{args.requests}-{args.rate:g}.jsonl"
+    trace = args.out / f"t-{args.requests}-{args.rate:g}-{args.input_len}-{args.output_len}.jsonl"
     tb = [sys.executable, "-m", "tracebench"]
     subprocess.run([*tb, "generate", "--rate", str(args.rate), "--num-requests", str(args.requests), "--seed", "0",
-                    "-o", str(trace)], check=True, capture_output=True)
+                    "--input-len", str(args.input_len), "--output-len", str(args.output_len), "-o", str(trace)], check=True, capture_output=True)
     rows = []
     for speed in (1.0, args.speed):
         name = f"speed{speed:g}-{len(list(args.out.iterdir()))}"

@@ -112,7 +112,7 @@ def _records(runs: Path, name: str) -> list[dict]:
             r["t_released"] = r["t_arrival"] + raw["t_released"] - raw["t_arrival"]
         if raw["t_dispatch"] is not None:
             r["t_dispatch"] = r["t_released"] + (raw["t_dispatch"] - raw["t_released"]) * wait_factor
-        for field in ("server_e2e_latency", "server_queue_time"):
+        for field in ("server_e2e_latency", "server_queue_time", "itl_max"):
             if raw[field] is not None:
                 r[field] = raw[field] * k
         if raw["server_received"] is not None and raw["server_finished"] is not None:
@@ -246,6 +246,9 @@ def test_sped_up_run_compares_like_with_like_with_a_real_time_run(runs: Path, tm
     assert report["config"]["changed"]["speed"] == dict(zip(labels, ["10x (simulated seconds)", "1x (real time)"]))
     for section in ("throughput", "latency"):
         for metric, delta in report["runs"][1]["delta"][section].items():
+            if metric == "itl":  # its histogram buckets cannot be rescaled x10 (log buckets): only its max is
+                assert abs(delta["max"]["abs"]) < 1e-9
+                continue
             for d in delta.values() if section == "latency" else [delta]:
                 assert d["abs"] is not None and abs(d["abs"]) < 1e-9, (section, metric, d)
     durations = [entry["throughput"]["duration"] for entry in report["runs"]]
@@ -313,9 +316,12 @@ def test_significant_never_said_when_the_interval_holds_zero(runs: Path) -> None
     if not twin.exists():
         shutil.copytree(runs / "reports" / "wide", twin)
     report = _report_json(runs, "wide", str(twin))
-    for stats in report["runs"][1]["delta"]["latency"].values():
+    for key, stats in report["runs"][1]["delta"]["latency"].items():
         for stat in ("p50", "p90", "p99"):
             assert stats[stat]["abs"] == 0.0
+            if key == "itl":  # pooled over gaps: no bootstrap over requests
+                assert "ci95_low" not in stats[stat]
+                continue
             assert stats[stat]["ci95_low"] <= 0.0 <= stats[stat]["ci95_high"]
             assert stats[stat]["significant"] is False
     table = _report(runs, "wide", str(twin)).stdout
@@ -649,3 +655,46 @@ def test_cdf_axes_follow_the_data_not_the_slo(runs: Path) -> None:
             assert any(t.endswith("→") and "SLO 100" in t for t in texts), texts
             assert not any(line.get_label() == "_slo" for line in ax.get_lines())
         plots.close(fig)
+
+
+def test_itl_from_the_stream_and_its_slo(runs: Path) -> None:
+    """Inter-token latency: each record's histogram accounts for its stream (gaps summing to first token -> finish),
+    the pooled percentiles equal an independent computation from the records, and --slo itl counts the requests
+    whose every gap is within it."""
+    from tracebench.itl import FLOOR_S, bucket_value
+
+    speed = float(SPEED)
+    raw = [r for r in _raw_records(runs, "wide") if r["status"] == "ok"]
+    values, weights, spans = [], [], []
+    for r in raw:
+        if r["itl_buckets"] is None:  # one chunk: the sim had every token out before the stream first wrote
+            assert r["itl_max"] is None and r["itl_counts"] is None
+            continue
+        assert len(r["itl_buckets"]) == len(r["itl_counts"]), r
+        gaps = sum(r["itl_counts"])
+        assert 1 <= gaps <= r["completion_tokens"] - 1  # one chunk per decode step (two steps may share one)
+        rebuilt = sum(bucket_value(b) * n for b, n in zip(r["itl_buckets"], r["itl_counts"]))
+        span = r["t_finish"] - r["t_first_token"]
+        # the gaps end at the last chunk, t_finish at [DONE] a moment later; buckets are within 1%
+        assert rebuilt <= span * 1.01 + 1e-4, (rebuilt, span)
+        spans.append((rebuilt, span))
+        top = max(r["itl_buckets"])  # bucket 0: under 10 us (chunks read together)
+        assert r["itl_max"] < FLOOR_S if top == 0 else bucket_value(top) == pytest.approx(r["itl_max"], rel=0.011)
+        values += [bucket_value(b) * speed for b in r["itl_buckets"]]
+        weights += r["itl_counts"]
+    assert len(spans) > 0.9 * len(raw)
+    # over the run the gaps account for the streams (a loaded client may read a few chunks with [DONE] at once)
+    assert sum(r for r, _ in spans) > 0.9 * sum(s for _, s in spans)
+    pooled = np.repeat(np.array(values), np.array(weights))
+    report = _report_json(runs, "wide", "--slo", "itl=8ms")
+    entry = report["runs"][0]
+    itl = entry["latency"]["itl"]
+    for name, q in (("p50", 50), ("p90", 90), ("p99", 99)):
+        assert _close(itl[name], float(np.percentile(pooled, q)), rel=1e-9), name
+    assert _close(itl["mean"], float(pooled.mean()), rel=1e-9)
+    assert _close(itl["max"], max(r["itl_max"] for r in raw if r["itl_max"] is not None) * speed, rel=1e-9)
+    # at --speed 10 the chunks come 1/10 as far apart in real time and are often read together: the report says so
+    assert any("ITL of wide at --speed 10" in w for w in report["warnings"]), report["warnings"]
+    met = sum(1 for r in raw if (r["itl_max"] is None and r["t_first_token"] is not None)
+              or (r["itl_max"] is not None and r["itl_max"] * speed <= 0.008))
+    assert entry["slo"]["met"] == met and 0 < met < len(raw)

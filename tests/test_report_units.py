@@ -107,3 +107,19 @@ def test_what_changed_leaves_out_settings_that_change_nothing_measured() -> None
     assert config_of(_meta(1, [None], 30000))["policy"] == "random (no effect: 1 server, no cap)"
     assert config_of(_meta(1, [4], 30000))["policy"] == "random"
     assert config_of(_meta(2, [None, None], 30000))["gpu model"] == "NVIDIA H200 (simulated)"
+
+
+def test_itl_buckets_reconstruct_gaps_within_one_percent() -> None:
+    from tracebench.itl import FLOOR_S, ItlGaps, bucket_of, bucket_value
+
+    gaps = np.random.default_rng(5).lognormal(np.log(0.007), 1.5, 20_000)
+    for gap in gaps:
+        if gap >= FLOOR_S:
+            assert abs(bucket_value(bucket_of(gap)) / gap - 1) <= 0.0100001
+    assert bucket_of(0.0) == bucket_of(FLOOR_S / 2) == 0 and bucket_value(0) == 0.0
+    acc = ItlGaps()
+    for gap in gaps[:100]:
+        acc.add(float(gap))
+    largest, buckets, counts = acc.fields()
+    assert largest == gaps[:100].max() and sum(counts) == 100 and buckets == sorted(set(buckets))
+    assert ItlGaps().fields() == (None, None, None)

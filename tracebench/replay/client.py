@@ -33,6 +33,7 @@ _JSON_HEADERS = {"Content-Type": "application/json"}
 _DATA = b"data: "
 _DONE = b"[DONE]"
 FIRST_TOKEN = "first_token"  # yielded by SglangClient.generate when the first output token arrived
+CHUNK = "chunk"  # yielded for every later event of the stream (more output tokens): the inter-token gaps
 
 
 @dataclass(slots=True)
@@ -91,8 +92,9 @@ class SglangClient:
         await self.session.close()
 
     async def generate(self, generate_url: str, body: bytes) -> AsyncIterator[Answer | str]:
-        """POST the request; yields FIRST_TOKEN when the first output token arrives (streaming only), then exactly
-        one Answer. The caller stamps the moments as the items arrive."""
+        """POST the request; yields FIRST_TOKEN when the first output token arrives (streaming only), CHUNK for each
+        later event (sglang sends one per stream_interval tokens, the last with the last tokens and finish_reason),
+        then exactly one Answer. The caller stamps the moments as the items arrive."""
         try:
             async with self.session.post(generate_url, data=body, headers=_JSON_HEADERS, timeout=self._gen_timeout) as resp:
                 if resp.status != 200:
@@ -122,7 +124,9 @@ class SglangClient:
                         last_event = data
                         # Only events up to the first token are parsed: later ones are cumulative and grow with
                         # the output, and only the last one (the final meta_info) matters.
-                        if not first_seen and _tokens_so_far(generate_url, data) > 0:
+                        if first_seen:
+                            yield CHUNK
+                        elif _tokens_so_far(generate_url, data) > 0:
                             first_seen = True
                             yield FIRST_TOKEN
                     del buf[:start]

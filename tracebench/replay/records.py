@@ -37,6 +37,11 @@ class RequestRecord:
     server_forward_entry: float | None = None
     server_prefill_finished: float | None = None
     server_finished: float | None = None
+    # inter-token latency: the gaps between the stream's chunks after the first token (tracebench/itl.py); null when
+    # the answer came in one chunk or was not streamed
+    itl_max: float | None = None  # the largest gap, seconds
+    itl_buckets: list[int] | None = None  # the log buckets (2% wide) the gaps fell in, ascending
+    itl_counts: list[int] | None = None  # how many gaps fell in each
 
 
 class RecordWriter:

@@ -60,7 +60,8 @@ def _write_files(files: dict[Path, bytes]) -> None:
 @click.option("--slo", metavar="SPEC",
               help="Service-level objectives, e.g. 'ttft=0.5,total=10' (seconds; '500ms' works too). Keys: "
                    "ttft (first token, from arrival), total (arrival to finish), tpot (time per output token), "
-                   "server (dispatch to finish), wait (router wait: arrival to dispatch). Reports the fraction of "
+                   "server (dispatch to finish), wait (router wait: arrival to dispatch), itl (every gap between a "
+                   "streamed answer's chunks, i.e. its largest inter-token latency). Reports the fraction of "
                    "requests meeting all of them and the goodput (those requests per second).")
 @click.option("--warmup", type=float, default=0.0, show_default=True, metavar="S",
               help="Leave out requests that arrive in the first S seconds of the trace.")

@@ -30,6 +30,7 @@ import numpy as np
 import polars as pl
 
 from tracebench.errors import ConfigError
+from tracebench.itl import bucket_value
 from tracebench.report.load import Run
 from tracebench.report.speed import uncapped
 
@@ -48,12 +49,15 @@ LATENCY_METRICS: tuple[tuple[str, str, str], ...] = (
     ("ttft_dispatch", "TTFT from dispatch", "t_first_token - t_dispatch"),
     ("tpot", "TPOT", "(t_finish - t_first_token) / (completion_tokens - 1), requests with completion_tokens > 1"),
     ("release_lag", "release lag", "t_released - t_arrival"),
+    ("itl", "ITL", "every gap between a streamed answer's chunks after its first token, pooled over requests (vllm's "
+     "ITL); percentiles and mean from the records' 2% histograms (within 1%), max exact"),
 )
+POOLED = ("itl",)  # metrics over gaps, not one value per request: no bootstrap interval, no CDF
 LATENCY_LABELS = {key: label for key, label, _ in LATENCY_METRICS}
 
 # --slo keys -> latency metric
 SLO_KEYS: dict[str, str] = {
-    "ttft": "ttft", "total": "total", "tpot": "tpot", "server": "server_client", "wait": "router_wait",
+    "ttft": "ttft", "total": "total", "tpot": "tpot", "server": "server_client", "wait": "router_wait", "itl": "itl",
 }
 
 
@@ -70,8 +74,37 @@ def latency_expr(key: str) -> pl.Expr:
         .then((c("t_finish") - c("t_first_token")) / (c("completion_tokens") - 1))
         .otherwise(None),
         "release_lag": c("t_released") - c("t_arrival"),
+        "itl": c("itl_max"),  # per request (for --slo itl): its largest gap; the ITL rows pool every gap instead
     }
     return exprs[key]
+
+
+def pooled_itl(ok: pl.DataFrame, speed: float | None) -> tuple[dict[str, float | None], int, float]:
+    """ITL statistics over every gap of the given records (their histograms summed), how many records had gaps, and
+    the fraction of gaps in bucket 0 (chunks read together). Percentiles interpolate linearly between order
+    statistics, as for the other latencies."""
+    hist = (ok.lazy().filter(pl.col("itl_buckets").is_not_null())
+            .select(pl.col("itl_buckets").explode().alias("b"), pl.col("itl_counts").explode().alias("n"))
+            .group_by("b").agg(pl.col("n").sum()).sort("b").collect())
+    n_requests = int(ok.select(pl.col("itl_buckets").is_not_null().sum()).item())
+    counts = hist["n"].to_numpy()
+    total = int(counts.sum()) if counts.size else 0
+    if total == 0:
+        return {name: None for name in LATENCY_STATS}, 0, 0.0
+    values = np.array([bucket_value(int(b)) for b in hist["b"].to_numpy()]) * (speed or 1.0)
+    ends = np.cumsum(counts)  # order statistics 0..ends[i]-1 hold values[<= i]
+
+    def order_stat(j: int) -> float:
+        return float(values[np.searchsorted(ends, j, side="right")])
+
+    stats: dict[str, float | None] = {"mean": float((values * counts).sum() / total),
+                                      "max": float(ok["itl_max"].max())}  # type: ignore[arg-type]
+    for name, q in PERCENTILES.items():
+        h = (total - 1) * q
+        j = math.floor(h)
+        stats[name] = order_stat(j) + (h - j) * (order_stat(min(j + 1, total - 1)) - order_stat(j))
+    zero = float(counts[0]) / total if int(hist["b"][0]) == 0 else 0.0
+    return stats, n_requests, zero
 
 
 # ------------------------------------------------------------------------------------------------ the report
@@ -249,7 +282,7 @@ def time_note(runs: list[RunSummary]) -> str | None:
 
 
 # what a speed-up still distorts after the conversion (docs/report.md, "Runs at different speeds")
-SPEED_SENSITIVE = ("release lag", "router wait", "TTFT", "TPOT")
+SPEED_SENSITIVE = ("release lag", "router wait", "TTFT", "TPOT", "ITL")
 
 
 def speed_warning(runs: list[RunSummary]) -> str | None:
@@ -389,6 +422,7 @@ class _RunStats:
     slo: dict[str, float | None]
     servers: list[ServerLoad]
     balance: Balance
+    zero_gaps: float = 0.0  # fraction of the ITL gaps under 10 us (chunks read together)
 
 
 def _mark(status: str) -> str | None:
@@ -472,11 +506,13 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
 
     # Each latency column is sorted once (numpy's sort is the fastest here); polars then aggregates the sorted
     # Series, where its sorted flag makes quantiles O(1). The sorted arrays also feed the bootstrap and the CDFs.
-    columns = ok.lazy().select([latency_expr(key).alias(key) for key, _, _ in LATENCY_METRICS]).collect()
+    per_request = [key for key, _, _ in LATENCY_METRICS if key not in POOLED]
+    columns = ok.lazy().select([latency_expr(key).alias(key) for key in per_request]).collect()
     latency: dict[str, dict[str, float | None]] = {}
     latency_n: dict[str, int] = {}
     sorted_latency: dict[str, np.ndarray] = {}
-    for key, _, _ in LATENCY_METRICS:
+    latency["itl"], latency_n["itl"], zero_gaps = pooled_itl(ok, run.speed)
+    for key in per_request:
         values = np.sort(columns[key].drop_nulls().to_numpy())
         ordered = pl.Series(key, values).set_sorted()
         sorted_latency[key] = values
@@ -489,12 +525,16 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
         for key in slo:
             if latency_n[SLO_KEYS[key]] == 0 and counts["ok"] > 0 and key in ("ttft", "tpot"):
                 raise ConfigError(f"--slo {key}: run '{run.label}' has no first-token stamps (replayed without streaming?)")
+            if key == "itl" and ok.select(pl.col("t_first_token").is_not_null().sum()).item() == 0 and counts["ok"] > 0:
+                raise ConfigError(f"--slo itl: run '{run.label}' has no streamed answers (replayed without streaming?)")
         met_expr = c("status") == "ok"
         for key, limit in slo.items():
             value = latency_expr(SLO_KEYS[key])
             within = value <= limit
             if key == "tpot":  # one output token: no time per output token to miss
                 within = within | (c("completion_tokens") <= 1)
+            if key == "itl":  # a streamed answer in one chunk: no gap to miss
+                within = within | (c("itl_max").is_null() & c("t_first_token").is_not_null())
             met_expr = met_expr & within.fill_null(False)
         met = int(kept.select(met_expr.sum()).item())
         slo_out = {"met": float(met), "fraction": met / kept.height, "goodput": met / duration if duration else None}
@@ -508,7 +548,8 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
         kept=kept.height, window_start=start, window_end=end, duration=duration, t_end=meta["t_end"],
         speed=run.speed, speed_conversion=meta.get("speed_conversion"),
     )
-    return _RunStats(summary, kept, ok, counts, throughput, latency, latency_n, sorted_latency, slo_out, loads, balance)
+    return _RunStats(summary, kept, ok, counts, throughput, latency, latency_n, sorted_latency, slo_out, loads, balance,
+                     zero_gaps)
 
 
 # ------------------------------------------------------------------------------------------------ assembly
@@ -553,6 +594,12 @@ def build_report(
     if (speeds := speed_warning([st.summary for st in stats])) is not None:
         warnings.append(speeds)
     for st in stats:
+        if st.summary.speed is not None and st.summary.speed > 1 and st.latency_n["itl"]:
+            warnings.append(
+                f"ITL of {st.summary.label} at --speed {_show(st.summary.speed)}: its stream's chunks came "
+                f"{_show(st.summary.speed)} times closer in real time, and chunks the client reads together count "
+                f"as 0 ms gaps ({st.zero_gaps:.0%} of them here): measure ITL at --speed 1")
+    for st in stats:
         s = st.summary
         if s.mark is not None:
             stopped = f"stopped at {s.t_end:.2f} s" if s.t_end is not None else "no end recorded"
@@ -594,7 +641,7 @@ def build_report(
             continue  # e.g. no first-token stamps in any run (not streamed): the metric does not exist here
         for s_index, stat in enumerate(LATENCY_STATS):
             row = _row("latency", key, label, stat, "s", "lower", [st.latency[key][stat] for st in stats], baseline)
-            if stat in PERCENTILES and bootstrap > 0:
+            if stat in PERCENTILES and bootstrap > 0 and key not in POOLED:
                 for r_index, delta in enumerate(row.deltas):
                     if delta is None or delta.abs is None:
                         continue

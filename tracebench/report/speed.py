@@ -53,7 +53,8 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     """The records with every time in simulated seconds (module docstring), and a line saying how."""
     c = pl.col
     k = speed
-    durations = [pl.col("server_e2e_latency") * k, pl.col("server_queue_time") * k]
+    # the simulator's own durations, and the inter-token gaps (decode steps; their histogram is scaled in metrics)
+    durations = [pl.col("server_e2e_latency") * k, pl.col("server_queue_time") * k, pl.col("itl_max") * k]
     delays = output_delays(meta)
     if delays is None:
         scaled = [c(name) * k for name in ("t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
