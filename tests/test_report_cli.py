@@ -102,7 +102,6 @@ def _records(runs: Path, name: str) -> list[dict]:
     k = meta["speed"]
     assert k == float(SPEED)
     uncapped = meta["mode"] == "continuous" and all(c is None for c in meta["caps"]["initial"]) and not meta["caps"]["changes"]
-    wait_factor = 1.0 if uncapped else k
     out_delay = [s["server_info"]["tracebench_sim"]["output_s"] for s in meta["servers"]]
     records = _raw_records(runs, name)
     for r in records:
@@ -110,8 +109,8 @@ def _records(runs: Path, name: str) -> list[dict]:
         r["t_arrival"] = raw["t_arrival"] * k
         if raw["t_released"] is not None:
             r["t_released"] = r["t_arrival"] + raw["t_released"] - raw["t_arrival"]
-        if raw["t_dispatch"] is not None:
-            r["t_dispatch"] = r["t_released"] + (raw["t_dispatch"] - raw["t_released"]) * wait_factor
+        if raw["t_dispatch"] is not None:  # capped: waiting for a slot, dispatched at K x (after the slot's finish)
+            r["t_dispatch"] = (r["t_released"] + raw["t_dispatch"] - raw["t_released"]) if uncapped else raw["t_dispatch"] * k
         for field in ("server_e2e_latency", "server_queue_time", "itl_max"):
             if raw[field] is not None:
                 r[field] = raw[field] * k
@@ -129,8 +128,8 @@ def _records(runs: Path, name: str) -> list[dict]:
                 if raw[field] is not None:
                     if raw["t_dispatch"] is not None:
                         r[field] = r["t_dispatch"] + (raw[field] - raw["t_dispatch"]) * k
-                    elif raw["t_released"] is not None:
-                        r[field] = r["t_released"] + (raw[field] - raw["t_released"]) * wait_factor
+                    elif raw["t_released"] is not None and uncapped:
+                        r[field] = r["t_released"] + raw[field] - raw["t_released"]
                     else:
                         r[field] = raw[field] * k
     return records
@@ -451,10 +450,12 @@ def test_html_page_with_plots_and_png(runs: Path, tmp_path: Path) -> None:
     parser = _Tags()
     parser.feed(page.read_text())
     parser.close()
-    assert parser.tags.count("svg") == 3 and parser.tags.count("figure") == 3
+    assert parser.tags.count("svg") == 4 and parser.tags.count("figure") == 4
     assert parser.tags.count("table") >= 5
     text = " ".join(parser.text)
-    for words in ("Latency CDFs", "Over time", "Router queue length", "Per-server load", "INTERRUPTED", "significant"):
+    for words in ("Latency CDFs", "Over time", "Router queue length", "Per-server load", "INTERRUPTED", "significant",
+                  "Router wait (arrival", "Time per output token", "by its arrival time", "Per server over time",
+                  "KV cache usage"):
         assert words in text, words
     assert "<script" not in page.read_text() and "http://" not in page.read_text().split("<svg")[0].split("Runs")[0]
     source = page.read_text()
@@ -698,3 +699,33 @@ def test_itl_from_the_stream_and_its_slo(runs: Path) -> None:
     met = sum(1 for r in raw if (r["itl_max"] is None and r["t_first_token"] is not None)
               or (r["itl_max"] is not None and r["itl_max"] * speed <= 0.008))
     assert entry["slo"]["met"] == met and 0 < met < len(raw)
+
+
+def test_per_server_series_against_the_cap_and_telemetry(runs: Path) -> None:
+    """The per-server plot data: each server's in-flight count (from the records) never above its cap, the cap as
+    steps, and sglang's own waiting count and KV usage from telemetry.jsonl on the simulated clock."""
+    from tracebench.report.load import load_runs
+    from tracebench.report.metrics import build_report
+
+    loaded = load_runs(["narrow", "wide"], runs / "reports")
+    report = build_report(loaded, 0, bootstrap=0, with_series=True)
+    narrow, wide = report.series
+    assert len(narrow.servers) == 2
+    for srv in narrow.servers:
+        assert list(srv.cap_v) == [1.0] and srv.in_flight.max() <= 1.0 + 1e-9 and srv.in_flight.max() > 0.5
+        assert srv.telemetry_t.size > 5 and srv.kv_usage.size == srv.telemetry_t.size
+        assert np.nanmax(srv.kv_usage) <= 1.0 and np.nanmax(srv.kv_usage) > 0
+    meta = json.loads((runs / "reports" / "narrow" / "run.json").read_text())
+    telemetry = [json.loads(line) for line in (runs / "reports" / "narrow" / "telemetry.jsonl").open()]
+    assert narrow.servers[0].telemetry_t.max() == pytest.approx(max(t["t"] for t in telemetry) * meta["speed"])
+    assert max(srv.in_flight.max() for srv in wide.servers) > 1.5  # cap 8: more at once
+    # the in-flight of all servers adds up to the run's in-flight curve
+    assert np.allclose(sum(srv.in_flight for srv in wide.servers), wide.in_flight)
+    assert wide.by_arrival[0].size == 300 and np.all(np.diff(wide.by_arrival[0]) >= 0)
+
+
+def test_cap_change_labels() -> None:
+    from tracebench.report.metrics import _cap_labels
+
+    changes = [{"t": 3.0, "server": 0, "cap": 8}, {"t": 3.0, "server": 1, "cap": 8}, {"t": 6.0, "server": 1, "cap": 2}]
+    assert _cap_labels(changes, 2) == [(3.0, "all=8"), (6.0, "server1=2")]

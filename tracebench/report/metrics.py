@@ -191,6 +191,19 @@ class ConfigDiff:
 
 
 @dataclass
+class ServerSeries:
+    """One server's time series (HTML only): the router's in-flight count against its cap, and what the server
+    itself reported in /v1/loads (telemetry.jsonl): its waiting queue and KV cache usage."""
+
+    in_flight: np.ndarray  # time-average per bin of the common time axis
+    cap_t: np.ndarray  # the cap as steps: value cap_v[i] from cap_t[i] on (nan: no cap)
+    cap_v: np.ndarray
+    telemetry_t: np.ndarray  # poll times (simulated seconds for sped-up runs); empty when the run has no telemetry
+    waiting: np.ndarray  # sglang num_waiting_reqs (nan where the poll failed)
+    kv_usage: np.ndarray  # sglang token_usage, fraction of the KV cache
+
+
+@dataclass
 class RunSeries:
     """Plot data of one run (HTML only), already downsampled."""
 
@@ -200,7 +213,9 @@ class RunSeries:
     smoothing_s: float
     in_flight: np.ndarray  # time-average per bin, all servers
     queue: np.ndarray  # router queue length, time-average per bin
-    cap_changes: list[float]
+    cap_changes: list[tuple[float, str]]  # (time, "server1=2" / "all=8")
+    by_arrival: tuple[np.ndarray, np.ndarray] = (np.empty(0), np.empty(0))  # ok requests: t_arrival, total latency
+    servers: list[ServerSeries] = field(default_factory=list)
 
 
 @dataclass
@@ -673,7 +688,8 @@ def build_report(
 
 # ------------------------------------------------------------------------------------------------ plot series
 
-CDF_METRICS = ("total", "ttft", "server_client")
+CDF_METRICS = ("total", "ttft", "server_client", "router_wait", "tpot")
+SCATTER_POINTS = 4000  # latency-by-arrival points per run (an even sample of the ok requests beyond that)
 CDF_POINTS = 600
 TIME_BINS = 240
 COMPLETIONS_PER_WINDOW = 40
@@ -706,11 +722,64 @@ def _integral_of_count(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> 
     return sum_min(ends) - sum_min(starts)
 
 
+def _cap_labels(changes: list[dict[str, Any]], num_servers: int) -> list[tuple[float, str]]:
+    """Cap changes as labelled moments: an `all` change (one entry per server in run.json) is one label."""
+    by_time: dict[tuple[float, int], list[int]] = {}
+    for change in changes:
+        by_time.setdefault((float(change["t"]), int(change["cap"])), []).append(change["server"])
+    labels = []
+    for (t, cap), servers in sorted(by_time.items()):
+        if len(servers) == num_servers > 1:
+            labels.append((t, f"all={cap}"))
+        else:
+            labels += [(t, f"server{server}={cap}") for server in servers]
+    return labels
+
+
 def _series(run: Run, st: _RunStats) -> RunSeries:
     cdf = {key: _cdf(st.sorted_latency[key]) for key in CDF_METRICS}
-    caps = [float(change["t"]) for change in run.meta["caps"]["changes"]]
+    caps = _cap_labels(run.meta["caps"]["changes"], run.num_servers)
+    ok = st.ok.select("t_arrival", (pl.col("t_finish") - pl.col("t_arrival")).alias("total")).sort("t_arrival")
+    if ok.height > SCATTER_POINTS:
+        ok = ok.gather_every(math.ceil(ok.height / SCATTER_POINTS))
     return RunSeries(cdf=cdf, time_edges=np.empty(0), completions_per_s=np.empty(0), smoothing_s=0.0,
-                     in_flight=np.empty(0), queue=np.empty(0), cap_changes=caps)
+                     in_flight=np.empty(0), queue=np.empty(0), cap_changes=caps,
+                     by_arrival=(ok["t_arrival"].to_numpy(), ok["total"].to_numpy()))
+
+
+def read_telemetry(run: Run) -> pl.DataFrame | None:
+    """telemetry.jsonl (t, server, sglang's waiting count and KV usage), times in simulated seconds for a sped-up
+    run; None when the run folder has none."""
+    path = run.path / "telemetry.jsonl"
+    if not path.is_file():
+        return None
+    schema = {"t": pl.Float64, "server": pl.Int64, "num_waiting_reqs": pl.Int64, "token_usage": pl.Float64}
+    frame = pl.read_ndjson(path, schema=schema)
+    return frame.with_columns(pl.col("t") * (run.speed or 1.0))
+
+
+def _server_series(run: Run, edges: np.ndarray) -> list[ServerSeries]:
+    c = pl.col
+    step = edges[1] - edges[0]
+    telemetry = read_telemetry(run)
+    out = []
+    for index in range(run.num_servers):
+        mine = run.requests.filter(c("t_dispatch").is_not_null() & (c("server") == index))
+        integral = _integral_of_count(mine["t_dispatch"].to_numpy(), mine["t_finish"].to_numpy(), edges)
+        initial = run.meta["caps"]["initial"][index]
+        steps = [(0.0, initial)] + [(float(ch["t"]), ch["cap"]) for ch in run.meta["caps"]["changes"]
+                                    if ch["server"] == index]
+        cap_t = np.array([t for t, _ in steps])
+        cap_v = np.array([np.nan if v is None else float(v) for _, v in steps])
+        if telemetry is None:
+            tele = pl.DataFrame(schema={"t": pl.Float64, "num_waiting_reqs": pl.Int64, "token_usage": pl.Float64})
+        else:
+            tele = telemetry.filter(c("server") == index).sort("t")
+        out.append(ServerSeries(
+            in_flight=np.diff(integral) / step, cap_t=cap_t, cap_v=cap_v, telemetry_t=tele["t"].to_numpy(),
+            waiting=tele["num_waiting_reqs"].cast(pl.Float64).to_numpy(), kv_usage=tele["token_usage"].to_numpy(),
+        ))
+    return out
 
 
 def _nice_step(span: float, bins: int) -> float:
@@ -756,3 +825,4 @@ def _common_time_axis(series: list[RunSeries], runs: list[Run], stats: list[_Run
         )
         integral = _integral_of_count(queued["t_released"].to_numpy(), queued["left"].to_numpy(), edges)
         ser.queue = np.diff(integral) / step
+        ser.servers = _server_series(run, edges)

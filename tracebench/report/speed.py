@@ -9,7 +9,8 @@ speed 4). So each request's stamps are rebuilt on the simulated timeline, part b
 - release lag `t_released - t_arrival`: host time, kept as measured;
 - router wait `t_dispatch - t_released`: host time when the run had no cap and continuous batching (a request is
   dispatched at once); with a cap or static batching it is mostly waiting for a slot, which is simulated time, so
-  it is multiplied by K (the host part in it, ~1 ms, then reads K times too long: docs/report.md);
+  the dispatch is `K * t_dispatch` (the router wait from arrival x K, its host part of ~1 ms included:
+  docs/report.md). Anything finer would let a request start before the slot it waited for was freed;
 - dispatch -> the simulator's `request_received_ts`: the HTTP hop, host time;
 - inside the simulator (received -> forward entry -> prefill finished -> finished): the simulator's own model
   clock, exact simulated time / K, so multiplied by K;
@@ -64,7 +65,9 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     wait_factor = 1.0 if uncapped(meta) else k
     arrival = c("t_arrival") * k
     released = arrival + (c("t_released") - c("t_arrival"))
-    dispatch = released + (c("t_dispatch") - c("t_released")) * wait_factor
+    # with a cap a request is dispatched when another one's slot frees: K x its run-clock dispatch keeps it after
+    # that finish on the simulated timeline too (which keeps host time out of the finish, so it only comes earlier)
+    dispatch = released + (c("t_dispatch") - c("t_released")) if wait_factor == 1.0 else c("t_dispatch") * k
     received = dispatch + (c("server_received") - c("t_dispatch"))
 
     def inside(name: str) -> pl.Expr:  # a simulator stamp: its model clock, K times compressed
@@ -86,7 +89,7 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
         .otherwise(dispatched_k).alias("t_first_token"),
         pl.when(has_stamps).then(finish)
         .when(c("t_dispatch").is_not_null()).then(dispatch + (c("t_finish") - c("t_dispatch")) * k)
-        .when(c("t_released").is_not_null()).then(released + (c("t_finish") - c("t_released")) * wait_factor)
+        .when(c("t_released").is_not_null() & (wait_factor == 1.0)).then(released + (c("t_finish") - c("t_released")))
         .otherwise(c("t_finish") * k).alias("t_finish"),
         received.alias("server_received"),
         *(inside(name).alias(name) for name in SERVER_SPAN),
