@@ -662,27 +662,29 @@ def test_itl_from_the_stream_and_its_slo(runs: Path) -> None:
     """Inter-token latency: each record's histogram accounts for its stream (gaps summing to first token -> finish),
     the pooled percentiles equal an independent computation from the records, and --slo itl counts the requests
     whose every gap is within it."""
-    from tracebench.itl import FLOOR_S, bucket_value
+    from tracebench.itl import FLOOR_S, bucket_value, parse_hist
 
     speed = float(SPEED)
     raw = [r for r in _raw_records(runs, "wide") if r["status"] == "ok"]
     values, weights, spans = [], [], []
     for r in raw:
-        if r["itl_buckets"] is None:  # one chunk: the sim had every token out before the stream first wrote
-            assert r["itl_max"] is None and r["itl_counts"] is None
+        if r["itl_hist"] is None:  # one chunk: the sim had every token out before the stream first wrote
+            assert r["itl_max"] is None
             continue
-        assert len(r["itl_buckets"]) == len(r["itl_counts"]), r
-        gaps = sum(r["itl_counts"])
+        hist = parse_hist(r["itl_hist"])
+        buckets, counts = [b for b, _ in hist], [n for _, n in hist]
+        assert buckets == sorted(set(buckets)), r
+        gaps = sum(counts)
         assert 1 <= gaps <= r["completion_tokens"] - 1  # one chunk per decode step (two steps may share one)
-        rebuilt = sum(bucket_value(b) * n for b, n in zip(r["itl_buckets"], r["itl_counts"]))
+        rebuilt = sum(bucket_value(b) * n for b, n in hist)
         span = r["t_finish"] - r["t_first_token"]
         # the gaps end at the last chunk, t_finish at [DONE] a moment later; buckets are within 1%
         assert rebuilt <= span * 1.01 + 1e-4, (rebuilt, span)
         spans.append((rebuilt, span))
-        top = max(r["itl_buckets"])  # bucket 0: under 10 us (chunks read together)
+        top = max(buckets)  # bucket 0: under 10 us (chunks read together)
         assert r["itl_max"] < FLOOR_S if top == 0 else bucket_value(top) == pytest.approx(r["itl_max"], rel=0.011)
-        values += [bucket_value(b) * speed for b in r["itl_buckets"]]
-        weights += r["itl_counts"]
+        values += [bucket_value(b) * speed for b in buckets]
+        weights += counts
     assert len(spans) > 0.9 * len(raw)
     # over the run the gaps account for the streams (a loaded client may read a few chunks with [DONE] at once)
     assert sum(r for r, _ in spans) > 0.9 * sum(s for _, s in spans)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -110,7 +111,7 @@ def test_what_changed_leaves_out_settings_that_change_nothing_measured() -> None
 
 
 def test_itl_buckets_reconstruct_gaps_within_one_percent() -> None:
-    from tracebench.itl import FLOOR_S, ItlGaps, bucket_of, bucket_value
+    from tracebench.itl import FLOOR_S, HIST_PATTERN, ItlGaps, bucket_of, bucket_value, parse_hist
 
     gaps = np.random.default_rng(5).lognormal(np.log(0.007), 1.5, 20_000)
     for gap in gaps:
@@ -120,6 +121,8 @@ def test_itl_buckets_reconstruct_gaps_within_one_percent() -> None:
     acc = ItlGaps()
     for gap in gaps[:100]:
         acc.add(float(gap))
-    largest, buckets, counts = acc.fields()
-    assert largest == gaps[:100].max() and sum(counts) == 100 and buckets == sorted(set(buckets))
-    assert ItlGaps().fields() == (None, None, None)
+    largest, text = acc.fields()
+    hist = parse_hist(text)
+    assert re.fullmatch(HIST_PATTERN, text) and largest == gaps[:100].max()
+    assert sum(n for _, n in hist) == 100 and [b for b, _ in hist] == sorted({bucket_of(float(g)) for g in gaps[:100]})
+    assert ItlGaps().fields() == (None, None)

@@ -40,8 +40,7 @@ class RequestRecord:
     # inter-token latency: the gaps between the stream's chunks after the first token (tracebench/itl.py); null when
     # the answer came in one chunk or was not streamed
     itl_max: float | None = None  # the largest gap, seconds
-    itl_buckets: list[int] | None = None  # the log buckets (2% wide) the gaps fell in, ascending
-    itl_counts: list[int] | None = None  # how many gaps fell in each
+    itl_hist: str | None = None  # "bucket:count,..." the gaps' 2% log buckets, ascending
 
 
 class RecordWriter:

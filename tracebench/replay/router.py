@@ -400,7 +400,7 @@ class Router:
                     rec.t_finish = now()
                     answer = item  # type: ignore[assignment]
             assert answer is not None  # generate() always ends with an Answer
-            rec.itl_max, rec.itl_buckets, rec.itl_counts = gaps.fields()
+            rec.itl_max, rec.itl_hist = gaps.fields()
             self._take_answer(rec, server, answer)
         except BaseException as err:  # recorded, then re-raised: the run stops on anything but a measurement
             if rec.t_finish is None:

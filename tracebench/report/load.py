@@ -20,6 +20,7 @@ import orjson
 import polars as pl
 
 from tracebench.errors import ConfigError, RunFolderError
+from tracebench.itl import HIST_PATTERN
 from tracebench.report.speed import to_simulated_times
 
 RUN_FORMAT_VERSION = 1
@@ -32,8 +33,7 @@ FLOAT_FIELDS = (
     "server_e2e_latency", "server_queue_time", "server_received", "server_forward_entry",
     "server_prefill_finished", "server_finished", "itl_max",
 )
-STR_FIELDS = ("status", "error")
-LIST_FIELDS = ("itl_buckets", "itl_counts")  # inter-token latency histogram (tracebench/itl.py)
+STR_FIELDS = ("status", "error", "itl_hist")  # itl_hist: inter-token gaps, "bucket:count,..." (tracebench/itl.py)
 TIME_FIELDS = FLOAT_FIELDS  # every float field is a time (a run-clock stamp or a duration, seconds)
 # never null, whatever the status
 REQUIRED_FIELDS = ("id", "input_len", "output_len", "t_arrival", "status")
@@ -49,7 +49,6 @@ def request_schema() -> dict[str, Any]:
     schema: dict[str, Any] = {name: pl.Int64 for name in INT_FIELDS}
     schema.update({name: pl.Float64 for name in FLOAT_FIELDS})
     schema.update({name: pl.String for name in STR_FIELDS})
-    schema.update({name: pl.List(pl.Int64) for name in LIST_FIELDS})
     return schema
 
 
@@ -242,7 +241,7 @@ def _record_rules(num_servers: int) -> list[tuple[str, pl.Expr, str]]:
         ("server", (c("server") < 0) | (c("server") >= num_servers),
          f"not an index into run.json servers (the run has {num_servers})"),
         ("completion_tokens", c("completion_tokens") < 0, "must be >= 0"),
-        ("itl_counts", c("itl_counts").list.len() != c("itl_buckets").list.len(), "not as long as itl_buckets"),
+        ("itl_hist", ~c("itl_hist").str.contains(HIST_PATTERN), "must be 'bucket:count,...' (tracebench/itl.py)"),
         ("t_finish", c("t_finish") < c("t_dispatch"), "before t_dispatch"),
         ("t_finish", c("t_dispatch").is_not_null() & c("t_finish").is_null(),
          "null although the request was dispatched (a failure also sets it)"),
@@ -297,9 +296,6 @@ def _json_type_error(name: str, value: Any) -> str | None:
         return None if good else f"must be a number, got {value!r}"
     if name in STR_FIELDS:
         return None if isinstance(value, str) else f"must be a string, got {value!r}"
-    if name in LIST_FIELDS:
-        good = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
-        return None if good else f"must be a list of integers >= 0, got {value!r}"
     return None
 
 

@@ -83,10 +83,11 @@ def pooled_itl(ok: pl.DataFrame, speed: float | None) -> tuple[dict[str, float |
     """ITL statistics over every gap of the given records (their histograms summed), how many records had gaps, and
     the fraction of gaps in bucket 0 (chunks read together). Percentiles interpolate linearly between order
     statistics, as for the other latencies."""
-    hist = (ok.lazy().filter(pl.col("itl_buckets").is_not_null())
-            .select(pl.col("itl_buckets").explode().alias("b"), pl.col("itl_counts").explode().alias("n"))
+    pairs = pl.col("itl_hist").str.split(",").explode().str.split_exact(":", 1).struct.rename_fields(["b", "n"])
+    hist = (ok.lazy().filter(pl.col("itl_hist").is_not_null()).select(pairs.alias("pair")).unnest("pair")
+            .select(pl.col("b").cast(pl.Int64), pl.col("n").cast(pl.Int64))
             .group_by("b").agg(pl.col("n").sum()).sort("b").collect())
-    n_requests = int(ok.select(pl.col("itl_buckets").is_not_null().sum()).item())
+    n_requests = int(ok.select(pl.col("itl_hist").is_not_null().sum()).item())
     counts = hist["n"].to_numpy()
     total = int(counts.sum()) if counts.size else 0
     if total == 0:
