@@ -62,12 +62,12 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
                                            "server_received", *SERVER_SPAN)]
         return requests.with_columns(scaled + durations), (
             f"every time x{k:g} (the simulators did not report output_s: host overheads are multiplied too)")
-    wait_factor = 1.0 if uncapped(meta) else k
+    host_wait = uncapped(meta)  # the router wait is host time (else: waiting for a slot, simulated time)
     arrival = c("t_arrival") * k
     released = arrival + (c("t_released") - c("t_arrival"))
     # with a cap a request is dispatched when another one's slot frees: K x its run-clock dispatch keeps it after
     # that finish on the simulated timeline too (which keeps host time out of the finish, so it only comes earlier)
-    dispatch = released + (c("t_dispatch") - c("t_released")) if wait_factor == 1.0 else c("t_dispatch") * k
+    dispatch = released + (c("t_dispatch") - c("t_released")) if host_wait else c("t_dispatch") * k
     received = dispatch + (c("server_received") - c("t_dispatch"))
 
     def inside(name: str) -> pl.Expr:  # a simulator stamp: its model clock, K times compressed
@@ -89,12 +89,12 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
         .otherwise(dispatched_k).alias("t_first_token"),
         pl.when(has_stamps).then(finish)
         .when(c("t_dispatch").is_not_null()).then(dispatch + (c("t_finish") - c("t_dispatch")) * k)
-        .when(c("t_released").is_not_null() & (wait_factor == 1.0)).then(released + (c("t_finish") - c("t_released")))
+        .when(c("t_released").is_not_null() & host_wait).then(released + (c("t_finish") - c("t_released")))
         .otherwise(c("t_finish") * k).alias("t_finish"),
         received.alias("server_received"),
         *(inside(name).alias(name) for name in SERVER_SPAN),
         *durations,
     ]
     how = ("simulator time x{k:g}, host time as measured (release lag, HTTP hops{wait})"
-           .format(k=k, wait=", router wait" if wait_factor == 1.0 else ""))
+           .format(k=k, wait=", router wait" if host_wait else ""))
     return requests.with_columns(columns), how
