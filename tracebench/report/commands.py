@@ -84,8 +84,11 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     requests ok/error/timeout/cancelled; duration (first arrival to last ok finish) and
     throughput (requests/s, input and output tokens/s); latency mean/p50/p90/p99/max of
     total, router wait, server latency (client-seen and sglang-reported), TTFT from
-    arrival and from dispatch, TPOT and release lag; per-server share, busy time,
-    mean in-flight and a balance verdict; SLO attainment and goodput with --slo.
+    arrival and from dispatch, TPOT, release lag and ITL (inter-token latency: every
+    gap of the streams, pooled); per-server share, busy time, mean in-flight and a
+    balance verdict; SLO attainment and goodput with --slo.
+    A run at --speed K is in simulated seconds: the simulators' time x K, tracebench's
+    host time as measured; comparing runs made at different speeds is warned about.
     Each number of a run also appears as a change against the baseline (absolute
     and %); latency percentiles get a bootstrap 95% interval of the change, called
     "significant" only when it excludes 0. docs/report.md defines every number.
@@ -93,7 +96,7 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     \b
     Examples:
       tracebench report demo-round_robin demo-sjf
-      tracebench report reports/a reports/b --slo ttft=0.5,total=10 --warmup 5
+      tracebench report reports/a reports/b --slo ttft=0.5,total=10,itl=50ms --warmup 5
       tracebench report a b c --baseline b --format html -o reports/abc.html
     """
     from tracebench.report.load import load_runs, resolve_run_dir
