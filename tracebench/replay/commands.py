@@ -35,7 +35,7 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 @click.option("--attach", multiple=True, metavar="URL",
               help="Use a running server instead of launching (repeatable: one per server), e.g. "
                    "http://127.0.0.1:30000. Needs --vocab-size or --model unless the server is a tracebench simulator "
-                   "(which must run at --speed 1; the run records it as simulated).")
+                   "(the run records it as simulated; for a compressed run use --backend sim --speed K).")
 @click.option("--mode", type=click.Choice(["continuous", "static"]), default="continuous", show_default=True,
               help="continuous: each request is sent at its arrival time. static: static batching, a server gets "
                    "its next batch of --batch-size only after every request of the previous one finished.")

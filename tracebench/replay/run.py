@@ -507,12 +507,6 @@ class Replay:
             # with --enable-metrics every meta_info stamp must come (a missing one is an error); without it (an
             # attached server started so) sglang sends only e2e_latency, and the server_* fields stay null
             self.enable_metrics[plan.index] = metrics
-        for plan, info in zip(plans, infos):
-            sim = info.obj.get("tracebench_sim")
-            if not plan.launched and isinstance(sim, dict) and sim.get("speed") != 1:
-                # an attached run is not compressed: a sped-up simulator's times would be read as real seconds
-                raise ConfigError(f"--attach {plan.url} is a tracebench simulator running at --speed {sim.get('speed')}: "
-                                  "attach only simulators at speed 1 (or use --backend sim --speed K)")
         # the simulator says its vocabulary size in /server_info (tracebench_sim.vocab_size); sglang does not
         reported = {i.obj["tracebench_sim"].get("vocab_size") for i in infos if isinstance(i.obj.get("tracebench_sim"), dict)}
         all_sims = all(isinstance(i.obj.get("tracebench_sim"), dict) for i in infos)

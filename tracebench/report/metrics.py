@@ -328,11 +328,26 @@ def simulated_accelerators(meta: dict[str, Any]) -> list[str]:
     return names
 
 
+def attached_sim_speeds(meta: dict[str, Any]) -> list[float]:
+    """The --speed of attached simulators running faster or slower than real time (their times are then not
+    simulated seconds: an attached run is not compressed). Empty for launched simulators and real servers."""
+    if meta["backend"] == "sim":
+        return []
+    speeds = []
+    for server in meta["servers"]:
+        sim = (server.get("server_info") or {}).get("tracebench_sim")
+        if isinstance(sim, dict) and isinstance(sim.get("speed"), (int, float)) and sim["speed"] != 1:
+            speeds.append(float(sim["speed"]))
+    return speeds
+
+
 def backend_text(meta: dict[str, Any]) -> str:
-    """`sim`, `sglang`, `attach`, or `attach (simulated)` when an attached server is a tracebench simulator."""
+    """`sim`, `sglang`, `attach`, or `attach (simulated)` when an attached server is a tracebench simulator
+    (`attach (simulated, --speed 50)` when it runs sped up)."""
     backend = meta["backend"]
     if backend != "sim" and simulated_accelerators(meta):
-        return f"{backend} (simulated)"
+        speeds = sorted(set(attached_sim_speeds(meta)))
+        return f"{backend} (simulated" + (f", --speed {'/'.join(_show(v) for v in speeds)})" if speeds else ")")
     return backend
 
 
@@ -609,6 +624,12 @@ def build_report(
     stats = [_run_stats(run, warmup, slo) for run in runs]
     if (speeds := speed_warning([st.summary for st in stats])) is not None:
         warnings.append(speeds)
+    for run in runs:
+        if speeds := attached_sim_speeds(run.meta):
+            warnings.append(
+                f"run '{run.label}' attached simulators running at --speed {'/'.join(_show(v) for v in sorted(set(speeds)))}: "
+                "the run itself was not compressed, so its server times are that many times shorter than simulated "
+                "seconds (use --backend sim --speed K for a compressed run)")
     for st in stats:
         if st.summary.speed is not None and st.summary.speed > 1 and st.latency_n["itl"]:
             warnings.append(
