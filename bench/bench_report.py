@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from tracebench.itl import bucket_of
+
 
 def write_synthetic_run(folder: Path, num_requests: int, seed: int, *, policy: str, servers: int = 4,
                         speedup: float = 1.0, trace_sha256: str = "0" * 64) -> None:
@@ -37,6 +39,16 @@ def write_synthetic_run(folder: Path, num_requests: int, seed: int, *, policy: s
     t_first_token = t_dispatch + rng.exponential(0.05 / speedup, num_requests)
     t_finish = t_first_token + output_len * rng.uniform(0.008, 0.012, num_requests) / speedup
     server = rng.integers(0, servers, num_requests)
+    # inter-token gaps as the replay stores them (tracebench/itl.py): 12 buckets around each request's step time
+    width = 12
+    step_bucket = np.array([bucket_of(step) for step in np.quantile((t_finish - t_first_token) / output_len,
+                                                                    np.linspace(0, 1, 101))])
+    first = step_bucket[rng.integers(0, 101, num_requests)] - width // 2
+    itl_buckets = first[:, None] + np.arange(width)[None, :]
+    gaps = output_len - 1
+    itl_counts = np.repeat((gaps // width)[:, None], width, axis=1)
+    itl_counts[:, width // 2] += gaps - itl_counts.sum(axis=1)
+    itl_hist = [",".join(f"{b}:{n}" for b, n in zip(bs, ns)) for bs, ns in zip(itl_buckets.tolist(), itl_counts.tolist())]
     wall_start = 1_800_000_000.0
     frame = pl.DataFrame({
         "id": np.arange(num_requests), "input_len": input_len, "output_len": output_len,
@@ -47,7 +59,8 @@ def write_synthetic_run(folder: Path, num_requests: int, seed: int, *, policy: s
         "prompt_tokens": input_len, "server_e2e_latency": t_finish - t_dispatch - 0.001,
         "server_queue_time": np.full(num_requests, 0.0005), "server_received": t_dispatch + 0.0005,
         "server_forward_entry": t_dispatch + 0.001, "server_prefill_finished": t_first_token - 0.001,
-        "server_finished": t_finish - 0.0005,
+        "server_finished": t_finish - 0.0005, "itl_max": (t_finish - t_first_token) / output_len * 1.3,
+        "itl_hist": itl_hist,
     })
     folder.mkdir(parents=True)
     frame.write_ndjson(folder / "requests.jsonl")

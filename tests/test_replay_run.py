@@ -302,8 +302,11 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
     os.kill(run["servers"][1]["pid"], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
-    assert "done " in stderr and "req/s" in stderr  # the progress line (not --quiet)
+    assert "done " in stderr and "req/sim-s" in stderr and " sim s] " in stderr  # the progress line, at --speed 4
+    # ... in simulated units, like the report: the last line's time is the run's end x 4
+    last = [line for line in stderr.splitlines() if " sim s] done " in line][-1]
     run, records = read_run(run_dir)
+    assert abs(float(re.search(r"\[\s*([0-9.]+) sim s\]", last)[1]) - run["t_end"] * 4) < 0.1
     check_every_request_once(records, n)
     check_ok_order(records)
     assert run["status"] == "completed"
@@ -380,11 +383,16 @@ def test_server_start_failures(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "exited with code 2 while starting; last lines of" in result.stderr
     assert "No such option '--no-such-flag'" in result.stderr  # the end of the server's log
-    run, records = read_run(tmp_path / "f1")
-    assert run["status"] == "failed" and "ServerStartError" in run["error"]
-    check_every_request_once(records, 5)
-    assert all(r["status"] == "error" and r["error"].startswith("not run: ServerStartError: server ") for r in records)
-    assert all("\n" not in r["error"] for r in records)  # one line, not the whole log tail
+    # a run that never started says so in one line, and records no request (nothing was sent)
+    assert f"{tmp_path / 'f1'}: never started, no request was sent: ServerStartError: server " in result.stderr
+    assert "errors" not in result.stderr and "error 5" not in result.stderr
+    run = json.loads((tmp_path / "f1" / "run.json").read_text())
+    assert run["status"] == "not_started" and "ServerStartError" in run["error"]
+    assert run["counts"] == {"ok": 0, "error": 0, "timeout": 0, "cancelled": 0}
+    assert not (tmp_path / "f1" / "requests.jsonl").exists()
+    assert (tmp_path / "f1" / "server-0.log").is_file()  # why it did not start
+    report = run_cli("report", str(tmp_path / "f1"))
+    assert report.returncode == 2 and "this run never started" in report.stderr
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -394,6 +402,21 @@ def test_server_start_failures(tmp_path: Path) -> None:
                          "--run-name", "f2", "--out-dir", str(tmp_path))
     assert result.returncode == 1
     assert f"port {port} on 127.0.0.1 is taken" in result.stderr
+
+
+def test_two_replays_at_once_take_free_ports(tmp_path: Path) -> None:
+    """No --port-base: each replay's launched simulators take free ports, so two runs side by side both complete."""
+    trace = write_trace_file(tmp_path / "t.jsonl", 30, rate=20)
+    procs = [start_replay(str(trace), "--backend", "sim", "--gpus", "2", "--speed", "4", "--run-name", name,
+                          "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path) for name in ("a", "b")]
+    outs = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], [err for _, err in outs]
+    urls = []
+    for name in ("a", "b"):
+        run, records = read_run(tmp_path / name)
+        assert run["status"] == "completed" and run["counts"]["ok"] == 30
+        urls += [server["url"] for server in run["servers"]]
+    assert len(set(urls)) == 4  # four servers, four ports
 
 
 def test_attach_refusals_and_timeouts(tmp_path: Path, sim_server) -> None:
@@ -413,6 +436,18 @@ def test_attach_refusals_and_timeouts(tmp_path: Path, sim_server) -> None:
     assert run["speed"] is None  # a real server's time: nothing to convert
     assert run["vocab_size"] == 32000  # told by the simulator's /server_info
     assert server.proc.poll() is None  # an attached server is left running
+    # an attached simulator is recorded, and reported, as simulated: never as real hardware
+    assert run["servers"][0]["simulated"] is True and run["gpu_names"] == ["NVIDIA H200"]
+    report = run_cli("report", str(tmp_path / "a"), "--format", "md")
+    assert report.returncode == 0, report.stderr
+    assert "attach (simulated)" in report.stdout and "NVIDIA H200 (simulated)" in report.stdout
+    # a sped-up simulator attached (bench/bench_replay.py does it to measure tracebench itself): said in the report
+    fast = sim_server("--speed", "4")
+    result = run_cli("replay", str(trace), "--attach", fast.url, "--run-name", "f", "--out-dir", str(tmp_path), "--quiet")
+    assert result.returncode == 0, result.stderr
+    report = run_cli("report", str(tmp_path / "f"), "--format", "md")
+    assert "attach (simulated, --speed 4)" in report.stdout
+    assert "attached simulators running at --speed 4: the run itself was not compressed" in report.stdout
 
 
 def test_policy_breaking_the_rules_stops_the_run(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -138,7 +139,7 @@ def test_contradictions_refused(options: dict[str, object], why: str, monkeypatc
 
 def test_resolve_fills_defaults() -> None:
     cfg = _cfg(backend="sim").resolve()
-    assert (cfg.gpus, cfg.port_base, cfg.startup_timeout) == (1, 30000, 30.0)
+    assert (cfg.gpus, cfg.port_base, cfg.startup_timeout) == (1, None, 30.0)  # no --port-base: free ports
     cfg = _cfg(model="m").resolve()
     assert (cfg.backend, cfg.startup_timeout) == ("sglang", 600.0)
     cfg = _cfg(attach=("http://a:1", "http://b:2"), vocab_size=100).resolve()
@@ -216,3 +217,13 @@ def test_a_release_after_close_is_not_recorded_twice(tmp_path: Path) -> None:
     assert sorted(r["id"] for r in records) == [1, 2]
     assert all(r["status"] == "cancelled" and r["t_released"] is None for r in records)
     assert [r["t_arrival"] for r in records] == [0.25, 0.5]  # arrival_s / speed
+
+
+def test_default_run_name_names_the_policy_only_where_it_decides() -> None:
+    from tracebench.replay.run import default_run_name
+
+    policy = load_policy("sjf", np.random.default_rng(0), {})
+    assert re.fullmatch(r"t-continuous-1g-\d{8}-\d{6}", default_run_name(_cfg(backend="sim").resolve(), policy))
+    capped = _cfg(backend="sim", max_running_requests=4).resolve()  # sjf orders the queue at the cap
+    assert default_run_name(capped, policy).startswith("t-sjf-continuous-1g-")
+    assert default_run_name(_cfg(backend="sim", gpus=2).resolve(), policy).startswith("t-sjf-continuous-2g-")

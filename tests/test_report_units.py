@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -72,3 +73,56 @@ def test_cli_help_does_not_import_polars_or_matplotlib() -> None:
             "bad = [m for m in ('polars', 'matplotlib', 'numpy') if m in sys.modules]; assert not bad, bad")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_short_run_labels_keep_what_differs() -> None:
+    from tracebench.report.render import short_labels
+
+    auto = ["t-random-continuous-2g-20261124-132705", "t-round_robin-continuous-2g-20261124-132700",
+            "t-sjf-continuous-2g-20261124-132702"]
+    assert short_labels(auto) == ["random", "round_robin", "sjf"]  # the date and time go when the rest tells apart
+    same_policy = ["t-sjf-continuous-2g-20261124-132705", "t-sjf-continuous-2g-20261124-132800"]
+    assert short_labels(same_policy) == ["132705", "132800"]
+    assert short_labels(["wide", "narrow"]) == ["wide", "narrow"]
+    assert short_labels(["a-b", "c"]) == ["a-b", "c"]  # not split alike: whole
+
+
+def _meta(servers: int, caps: list, port_base: int, policy: str = "random") -> dict:
+    return {
+        "backend": "sim", "speed": None, "mode": "continuous", "batch_size": None, "gpu_names": [],
+        "policy": {"name": policy, "options": {}},
+        "servers": [{"gpu": None, "version": "0.5.17", "server_info": {"tracebench_sim": {"accelerator": "NVIDIA H200"}}}
+                    for _ in range(servers)],
+        "caps": {"initial": caps, "changes": []}, "trace": {"path": "t.jsonl"},
+        "options": {"port_base": port_base, "control_port": None, "startup_timeout": 30.0, "seed": 0},
+    }
+
+
+def test_what_changed_leaves_out_settings_that_change_nothing_measured() -> None:
+    from tracebench.report.metrics import config_of, diff_config
+
+    diff = diff_config([_meta(2, [None, None], 30000), _meta(2, [None, None], 31000)])
+    assert diff.changed == []  # only --port-base differs: nothing measured changed
+    assert not any(key in ("--port-base", "--control-port", "--startup-timeout") for key, _ in diff.same)
+    # one server, no cap: the policy decides nothing, and the settings say so; with a cap it orders the queue
+    assert config_of(_meta(1, [None], 30000))["policy"] == "random (no effect: 1 server, no cap)"
+    assert config_of(_meta(1, [4], 30000))["policy"] == "random"
+    assert config_of(_meta(2, [None, None], 30000))["gpu model"] == "NVIDIA H200 (simulated)"
+
+
+def test_itl_buckets_reconstruct_gaps_within_one_percent() -> None:
+    from tracebench.itl import FLOOR_S, HIST_PATTERN, ItlGaps, bucket_of, bucket_value, parse_hist
+
+    gaps = np.random.default_rng(5).lognormal(np.log(0.007), 1.5, 20_000)
+    for gap in gaps:
+        if gap >= FLOOR_S:
+            assert abs(bucket_value(bucket_of(gap)) / gap - 1) <= 0.0100001
+    assert bucket_of(0.0) == bucket_of(FLOOR_S / 2) == 0 and bucket_value(0) == 0.0
+    acc = ItlGaps()
+    for gap in gaps[:100]:
+        acc.add(float(gap))
+    largest, text = acc.fields()
+    hist = parse_hist(text)
+    assert re.fullmatch(HIST_PATTERN, text) and largest == gaps[:100].max()
+    assert sum(n for _, n in hist) == 100 and [b for b, _ in hist] == sorted({bucket_of(float(g)) for g in gaps[:100]})
+    assert ItlGaps().fields() == (None, None)

@@ -65,7 +65,8 @@ def test_azure_time_scale_cut_and_default_context_clamp(tmp_path: Path) -> None:
     expected_cut = sum(1 for _, c, _ in rows[:5000] if c > 4089)  # sglang 0.5.17 serves at most context - 7
     assert expected_clamped > 0
     assert (header["clamped_requests"], header["clamped_input_requests"]) == (expected_clamped, expected_cut)
-    assert f"{expected_clamped} of 5000 requests clamped to --max-context 4096 ({expected_cut} of them" in stderr
+    assert (f"{expected_clamped} of 5000 requests clamped to --max-context 4096 (the default, llama-2's context length: "
+            f"give your model's with --max-context); {expected_cut} of them with the prompt cut") in stderr
     assert all(r.input_len + r.output_len <= 4096 for r in requests)
     for req, (_, context, generated) in zip(requests, rows):
         if context <= 4089 and context + generated <= 4096:

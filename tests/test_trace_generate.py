@@ -49,6 +49,11 @@ def test_default_output_path_summary_and_clamp_on_stderr(tmp_path: Path) -> None
     assert all(r.input_len + r.output_len <= 1500 and r.input_len >= 1 and r.output_len >= 1 for r in requests)
     assert header["duration_s"] == requests[-1].arrival_s and requests[0].arrival_s == 0.0
     assert [r.id for r in requests] == list(range(400))
+    assert "the default" not in proc.stderr  # --max-context was given
+    # nothing clamped: nothing said about clamping
+    quiet = run_cli("generate", "--rate", "16", "--num-requests", "50", "--input-len", "100", "--output-len", "20",
+                    "-o", str(tmp_path / "small.jsonl"))
+    assert quiet.returncode == 0 and "clamp" not in quiet.stderr + quiet.stdout, quiet.stderr + quiet.stdout
     # every argument, as used, is in the header
     assert header["args"] == {
         "rate": 16.0, "num_requests": 400, "duration": None, "seed": 0, "arrival": "poisson", "burstiness": None,

@@ -36,6 +36,7 @@ _DATA = b"data: "
 _DONE = b"[DONE]"
 _ERROR_EVENT = b'{"error"'
 FIRST_TOKEN = "first_token"  # yielded by SglangClient.generate when the first output token arrived
+CHUNK = "chunk"  # yielded for every later event of the stream (more output tokens): the inter-token gaps
 
 
 @dataclass(slots=True)
@@ -98,7 +99,8 @@ class SglangClient:
 
     async def generate(self, generate_url: str, body: bytes) -> AsyncIterator[Answer | str]:
         """POST the request (a body made by `self.api`); yields FIRST_TOKEN when the first output token arrives
-        (streaming only), then exactly one Answer. The caller stamps the moments as the items arrive."""
+        (streaming only), CHUNK for each later event (sglang sends one per stream_interval tokens, the last with the
+        last tokens and finish_reason), then exactly one Answer. The caller stamps the moments as the items arrive."""
         api = self.api
         try:
             async with self.session.post(generate_url, data=body, headers=_JSON_HEADERS, timeout=self._gen_timeout) as resp:
@@ -132,7 +134,9 @@ class SglangClient:
                             refused = data
                         # Only events up to the first token are parsed: later ones are cumulative and grow with
                         # the output, and only the last one (the final meta_info or usage) matters.
-                        if not first_seen and api.tokens_so_far(generate_url, data) > 0:
+                        if first_seen:
+                            yield CHUNK
+                        elif api.tokens_so_far(generate_url, data) > 0:
                             first_seen = True
                             yield FIRST_TOKEN
                     del buf[:start]

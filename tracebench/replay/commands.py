@@ -34,7 +34,8 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "simulated server (`tracebench sim-server`: a simulated N-GPU cluster). [default: sglang]")
 @click.option("--attach", multiple=True, metavar="URL",
               help="Use a running server instead of launching (repeatable: one per server), e.g. "
-                   "http://127.0.0.1:30000. Needs --vocab-size or --model unless the server is a tracebench simulator.")
+                   "http://127.0.0.1:30000. Needs --vocab-size or --model unless the server is a tracebench simulator "
+                   "(the run records it as simulated; for a compressed run use --backend sim --speed K).")
 @click.option("--mode", type=click.Choice(["continuous", "static"]), default="continuous", show_default=True,
               help="continuous: each request is sent at its arrival time. static: static batching, a server gets "
                    "its next batch of --batch-size only after every request of the previous one finished.")
@@ -69,15 +70,18 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    '--server-arg "--load-format dummy --attention-backend triton". [default for --backend sglang: '
                    '$TRACEBENCH_SERVER_ARGS]')
 @click.option("--port-base", type=int, default=None, metavar="PORT",
-              help="Launched server i listens on 127.0.0.1:PORT+i. [default: 30000]")
+              help="Launched server i listens on 127.0.0.1:PORT+i. [default: free ports, drawn at random from "
+                   "20000-32000, so runs at the same time do not collide; run.json servers[].url says which]")
 @click.option("--speed", type=float, default=None, metavar="K",
               help="--backend sim: compress the whole run K times. The simulated GPUs run K times faster, request i "
                    "is released at arrival_s/K run seconds, and the other trace-time options (--cap-schedule times, "
                    "--batch-timeout, --timeout) are divided by K (--poll-interval and --startup-timeout stay run "
                    "seconds). requests.jsonl stays on the run clock (t_arrival = arrival_s/K); run.json records "
-                   "\"speed\": K, and `tracebench report` shows such a run in simulated seconds (times x K).")
+                   "\"speed\": K, and `tracebench report` shows such a run in simulated seconds (the simulators' time x K, "
+                   "tracebench's own host time as measured). The progress line shows simulated units too.")
 @click.option("--run-name", default=None, metavar="NAME",
-              help="Run folder name. [default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>]")
+              help="Run folder name. [default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>; no <policy>- for one "
+                   "server without a cap, where it decides nothing]")
 @click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("reports"),
               show_default=True, help="Where run folders go.")
 @click.option("--timeout", type=float, default=None, metavar="S",
@@ -137,7 +141,7 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
     t_finish, plus t_first_token and sglang's own stamps). The run folder <out-dir>/<run-name>/ holds
     run.json, requests.jsonl, telemetry.jsonl and the servers' logs (docs/run-format.md).
     --speed K (simulator) compresses the whole run K times: every trace time is divided by K, and
-    `tracebench report` shows the run in simulated seconds.
+    `tracebench report` shows the run in simulated seconds (the simulators' time x K, the host's as measured).
     \b
     tracebench replay t.jsonl --backend sim --gpus 2 --speed 4 --policy sjf --max-running-requests 16
     tracebench replay t.jsonl --model models/llama-2-7b-hf --gpus 4 --policy round_robin \\

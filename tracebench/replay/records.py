@@ -38,6 +38,10 @@ class RequestRecord:
     server_forward_entry: float | None = None
     server_prefill_finished: float | None = None
     server_finished: float | None = None
+    # inter-token latency: the gaps between the stream's chunks after the first token (tracebench/itl.py); null when
+    # the answer came in one chunk or was not streamed
+    itl_max: float | None = None  # the largest gap, seconds
+    itl_hist: str | None = None  # "bucket:count,..." the gaps' 2% log buckets, ascending
 
 
 class RecordWriter:

@@ -23,7 +23,8 @@ import numpy as np
 
 from tracebench.errors import PolicyError, RunFailed, ServerProtocolError
 from tracebench.policies.base import UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView
-from tracebench.replay.client import FIRST_TOKEN, Answer, SglangClient
+from tracebench.itl import ItlGaps
+from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, SglangClient
 from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.records import STATUSES, RecordWriter, RequestRecord
 from tracebench.replay.tokens import InputIds
@@ -385,20 +386,28 @@ class Router:
         return self.client.api.body(ids, rec.output_len, self.client.stream)
 
     async def _serve(self, rec: RequestRecord, server: ServerState) -> None:
-        """Send one request and stamp t_dispatch, t_first_token and t_finish as its answer arrives."""
+        """Send one request and stamp t_dispatch, t_first_token and t_finish as its answer arrives (and the gaps
+        between its later chunks: inter-token latency, kept as a histogram, tracebench/itl.py)."""
         now = self.clock.now
         body = self._body(rec)
         rec.server = server.index
         answer: Answer | None = None
+        gaps = ItlGaps()
+        t_chunk = 0.0
         try:
             rec.t_dispatch = now()
             async for item in self.client.generate(server.generate_url, body):
-                if item is FIRST_TOKEN:
-                    rec.t_first_token = now()
+                if item is CHUNK:
+                    t = now()
+                    gaps.add(t - t_chunk)
+                    t_chunk = t
+                elif item is FIRST_TOKEN:
+                    rec.t_first_token = t_chunk = now()
                 else:
                     rec.t_finish = now()
                     answer = item  # type: ignore[assignment]
             assert answer is not None  # generate() always ends with an Answer
+            rec.itl_max, rec.itl_hist = gaps.fields()
             self._take_answer(rec, server, answer)
         except BaseException as err:  # recorded, then re-raised: the run stops on anything but a measurement
             if rec.t_finish is None:

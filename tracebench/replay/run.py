@@ -36,7 +36,7 @@ from tracebench.replay.engine import Engine
 from tracebench.replay.external_router import (
     SglangRouter, SglangRouterPolicy, ViaRouterWriter, check_options, installed_version,
 )
-from tracebench.replay.records import STATUSES, RecordWriter, RequestRecord
+from tracebench.replay.records import STATUSES, RecordWriter
 from tracebench.replay.router import Router, ServerState
 from tracebench.replay.servers import Fleet, ServerPlan, plan_attached, plan_launched, split_server_args
 from tracebench.replay.telemetry import poll_loads, progress_line, show_progress
@@ -177,7 +177,6 @@ class ReplayConfig:
             model=model,
             server_args=server_args,
             gpus=self.gpus or 1,
-            port_base=self.port_base if self.port_base is not None else 30000,
             startup_timeout=self.startup_timeout or STARTUP_TIMEOUT_S[backend],
         )
 
@@ -207,7 +206,10 @@ def one_line(err: BaseException) -> str:
 
 
 def default_run_name(cfg: ReplayConfig, policy: Policy) -> str:
-    return f"{cfg.trace.stem}-{policy.name}-{cfg.mode}-{cfg.num_servers}g-{time.strftime('%Y%m%d-%H%M%S')}"
+    # one server without a cap: every request goes straight to it, the policy decides nothing, so it is not named
+    no_choice = cfg.num_servers == 1 and cfg.mode == "continuous" and cfg.max_running_requests is None and not cfg.cap_schedule
+    routed = "" if no_choice else f"{policy.name}-"
+    return f"{cfg.trace.stem}-{routed}{cfg.mode}-{cfg.num_servers}g-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def plan_servers(cfg: ReplayConfig, run_dir: Path, vocab: int | None, cap_changes: list[CapChange]) -> list[ServerPlan]:
@@ -282,7 +284,7 @@ class Replay:
         self.control_sock = control_sock
         self.control_url = f"http://127.0.0.1:{control_sock.getsockname()[1]}"
         self.stderr = stderr
-        self.writer = (RecordWriter if self.external is None else ViaRouterWriter)(run_dir / "requests.jsonl")
+        self.writer: RecordWriter | None = None  # made when the run clock starts: a run that never started has none
         self.trace_prefix = trace_prefix(header, requests)
         self.clock: RunClock | None = None
         self.router: Router | None = None
@@ -293,7 +295,6 @@ class Replay:
         self.status = "running"
         self.failure: BaseException | None = None
         self.t_end: float | None = None
-        self._unstarted_counts: dict[str, int] | None = None
 
     # ---- the run folder ----------------------------------------------------------------------------------------
 
@@ -307,6 +308,9 @@ class Replay:
                 "server_info": info,
                 "version": info.get("version") if isinstance(info, dict) else None,
                 "accelerator": self.accelerators[i],
+                # a tracebench simulator, launched or attached (its /server_info has tracebench_sim; sglang's not)
+                "simulated": (self.cfg.backend == "sim" if info is None
+                              else isinstance(info.get("tracebench_sim"), dict)),
                 "enable_metrics": self.enable_metrics[i] if info is not None else None,
             })
         doc = {
@@ -361,14 +365,7 @@ class Replay:
     def _counts(self) -> dict[str, int]:
         if self.router is not None:
             return dict(self.router.counts)
-        return dict(self._unstarted_counts or dict.fromkeys(STATUSES, 0))
-
-    def _write_unstarted(self, status: str, reason: str) -> None:
-        """The run ended before the router existed: every request gets a record saying why it was not run."""
-        for req in self.requests:
-            t_arrival = run_seconds(req.arrival_s, self.cfg.time_speed)
-            self.writer.write(RequestRecord(req.id, req.input_len, req.output_len, t_arrival, status=status, error=reason))  # type: ignore[arg-type]
-        self._unstarted_counts = {**dict.fromkeys(STATUSES, 0), status: len(self.requests)}
+        return dict.fromkeys(STATUSES, 0)  # never started: nothing was sent
 
     # ---- the run -----------------------------------------------------------------------------------------------
 
@@ -390,21 +387,26 @@ class Replay:
                     self.fleet.stop()
                     self.control_sock.close()
         finally:
-            if self.signal is not None and self.failure is None:
+            if self.router is None:
+                # the servers never started (or Ctrl-C came first): no request was sent, so none gets a record
+                self.status = "not_started"
+                if self.failure is None and self.signal is not None:
+                    self.failure = RunInterrupted(f"interrupted ({self.signal}) before the run started")
+            elif self.signal is not None and self.failure is None:
                 self.status = "interrupted"
-            elif self.failure is not None or (self.router is not None and self.router.failure is not None):
+            elif self.failure is not None or self.router.failure is not None:
                 self.status = "failed"
-                self.failure = self.failure or self.router.failure  # type: ignore[union-attr]
+                self.failure = self.failure or self.router.failure
             else:
                 self.status = "completed"
-            if self.router is None and self.writer.count == 0:
-                reason = "interrupted before the run started" if self.status == "interrupted" else f"not run: {one_line(self.failure)}"
-                self._write_unstarted("cancelled" if self.status == "interrupted" else "error", reason)
-            self.writer.close()
+            if self.writer is not None:
+                self.writer.close()
             self._write_run_json()
         self._say_end()
-        if self.status == "interrupted":
-            err = RunInterrupted(f"interrupted ({self.signal}); the run folder {self.run_dir} is complete (status interrupted)")
+        if self.status == "interrupted" or isinstance(self.failure, RunInterrupted):
+            where = (f"the run folder {self.run_dir} is complete (status interrupted)" if self.status == "interrupted"
+                     else f"the run never started ({self.run_dir}/run.json: status not_started)")
+            err = RunInterrupted(f"interrupted ({self.signal}); {where}")
             if self.signal == "SIGTERM":
                 err.exit_code = 128 + signal.SIGTERM
             raise err
@@ -412,6 +414,11 @@ class Replay:
             raise self.failure
 
     def _say_end(self) -> None:
+        if self.status == "not_started":
+            logs = " (server logs there)" if any(p.launched for p in self.fleet.plans) else ""
+            self.stderr.write(f"{self.run_dir}: never started, no request was sent: {one_line(self.failure)}{logs}\n")  # type: ignore[arg-type]
+            self.stderr.flush()
+            return
         counts = self._counts()
         summary = ", ".join(f"{k} {counts[k]}" for k in STATUSES)
         took = f" in {self.t_end:.1f} s" if self.t_end is not None else ""
@@ -479,6 +486,7 @@ class Replay:
             # collection (a pause of the loop, so release lag) does not walk them again and again.
             gc.collect()
             gc.freeze()
+            self.writer = (RecordWriter if self.external is None else ViaRouterWriter)(self.run_dir / "requests.jsonl")
             self.clock = clock = RunClock()
             self.router = router = Router(
                 clock=clock, servers=states, policy=self.policy, client=client, writer=self.writer,
@@ -505,7 +513,7 @@ class Replay:
             if self.cap_changes:
                 side.append(run_cap_schedule(self.cap_changes, clock, router.set_cap))
             if not cfg.quiet:
-                side.append(show_progress(router, clock, self.stderr))
+                side.append(show_progress(router, clock, self.stderr, cfg.speed))
             for coro in side:
                 task = asyncio.ensure_future(coro)
                 task.add_done_callback(self._side_done)
@@ -532,7 +540,7 @@ class Replay:
             if not cfg.quiet and self.router is not None and self.t_end:
                 # the last state, whatever the period of the progress line (its rate: over the whole run)
                 tty = self.stderr.isatty()
-                line = progress_line(self.router, self.t_end, self.router.finished / self.t_end)
+                line = progress_line(self.router, self.t_end, self.router.finished / self.t_end, cfg.speed)
                 self.stderr.write(("\r" if tty else "") + line + "\n")
 
     async def _flush_caches(self, client: SglangClient) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import random
 import shlex
 import signal
 import socket
@@ -62,10 +63,40 @@ def split_server_args(values: tuple[str, ...] | list[str]) -> list[str]:
     return [word for value in values for word in shlex.split(value)]
 
 
+# Free ports for launched servers are drawn from here: below the kernel's ephemeral range (32768+ on Linux), where
+# a client connection of this machine could take a port between our probe and the server's bind.
+FREE_PORT_RANGE = (20000, 32000)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # like the servers: TIME_WAIT is usable
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on 127.0.0.1 now, drawn at random from FREE_PORT_RANGE (two replays started at
+    the same moment do not draw the same ones, as they would counting up from a fixed base)."""
+    rng = random.Random()  # seeded from the OS: independent of every other run
+    ports: list[int] = []
+    for _ in range(50 * count):
+        port = rng.randrange(*FREE_PORT_RANGE)
+        if port not in ports and _bindable(port):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise ServerStartError(f"no {count} free port(s) in {FREE_PORT_RANGE[0]}-{FREE_PORT_RANGE[1]} on 127.0.0.1: "
+                           "give --port-base")
+
+
 def plan_launched(
     backend: str,
     gpus: int,
-    port_base: int,
+    port_base: int | None,
     run_dir: Path,
     *,
     model: str | None,
@@ -74,9 +105,10 @@ def plan_launched(
     speed: float | None,
     skip_tokenizer_init: bool = True,
 ) -> list[ServerPlan]:
-    """N servers on ports port_base+i. sglang: one GPU each (CUDA_VISIBLE_DEVICES, honouring a list the user
-    already set); sim: `tracebench sim-server` processes. `skip_tokenizer_init`: sglang gets
-    --skip-tokenizer-init (ids in, ids out; the OpenAI APIs need the tokenizer, so --api completions/chat drop it)."""
+    """N servers on ports port_base+i (port_base None: free ports, `free_ports`). sglang: one GPU each
+    (CUDA_VISIBLE_DEVICES, honouring a list the user already set); sim: `tracebench sim-server` processes.
+    `skip_tokenizer_init`: sglang gets --skip-tokenizer-init (ids in, ids out; the OpenAI APIs need the tokenizer, so
+    --api completions/chat drop it)."""
     for word in server_args:
         flag = word.split("=", 1)[0]
         if flag in _OWNED_FLAGS[backend]:
@@ -85,9 +117,9 @@ def plan_launched(
     devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(gpus)]
     if backend == "sglang" and len(devices) < gpus:
         raise ConfigError(f"--gpus {gpus}: CUDA_VISIBLE_DEVICES={visible!r} names only {len(devices)} device(s)")
+    ports = free_ports(gpus) if port_base is None else [port_base + i for i in range(gpus)]
     plans = []
-    for i in range(gpus):
-        port = port_base + i
+    for i, port in enumerate(ports):
         if not 0 < port < 65536:
             raise ConfigError(f"--port-base {port_base}: port {port} is out of range")
         cap_args = ["--max-running-requests", str(max_running_requests)] if max_running_requests is not None else []
@@ -133,15 +165,11 @@ def _pdeathsig_preexec():
 
 
 def _check_port_free(port: int) -> None:
-    # SO_REUSEADDR like the servers use: a port in TIME_WAIT is usable, a listening one is not.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as err:
-            raise ServerStartError(
-                f"port {port} on 127.0.0.1 is taken ({err.strerror}): stop what uses it or choose another --port-base"
-            ) from None
+    if not _bindable(port):
+        raise ServerStartError(
+            f"port {port} on 127.0.0.1 is taken: stop what uses it, choose another --port-base, or leave --port-base "
+            "out (free ports)"
+        )
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

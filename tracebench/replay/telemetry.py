@@ -78,19 +78,23 @@ async def poll_loads(client: SglangClient, router: Router, clock: RunClock, inte
             tick = max(tick + 1, math.floor(clock.now() / interval) + 1)
 
 
-def progress_line(router: Router, t: float, rate: float) -> str:
+def progress_line(router: Router, t: float, rate: float, speed: float | None = None) -> str:
+    """`t` and `rate` in run seconds. At --speed K the line shows simulated units (the report's): time x K, rate / K,
+    latency x K, and says so (`sim s`, `req/sim-s`)."""
+    k = speed or 1.0
     ok = router.counts["ok"]
-    p50 = f"{float(np.median(router.e2e_ok[:ok])):.3f}s" if ok else "-"
+    p50 = f"{float(np.median(router.e2e_ok[:ok])) * k:.3f}s" if ok else "-"
     failed = router.counts["error"] + router.counts["timeout"]
+    clock, per = ("sim s", "req/sim-s") if speed is not None else ("s", "req/s")
     return (
-        f"[{t:8.1f}s] done {router.finished}/{router.total}  in-flight {router.in_flight}  queued {router.queued}  "
-        f"{rate:7.1f} req/s  p50 e2e {p50}" + (f"  errors {failed}" if failed else "")
+        f"[{t * k:8.1f} {clock}] done {router.finished}/{router.total}  in-flight {router.in_flight}  queued "
+        f"{router.queued}  {rate / k:7.1f} {per}  p50 e2e {p50}" + (f"  errors {failed}" if failed else "")
     )
 
 
-async def show_progress(router: Router, clock: RunClock, stream: IO[str]) -> None:
+async def show_progress(router: Router, clock: RunClock, stream: IO[str], speed: float | None = None) -> None:
     """The progress line: redrawn 4 times a second on a terminal, a new line every 5 s otherwise (logs, CI).
-    req/s is over the last period."""
+    req/s is over the last period; at --speed K in simulated units (`progress_line`)."""
     tty = stream.isatty()
     period = 0.25 if tty else 5.0
     last_done, last_t = 0, clock.now()
@@ -99,5 +103,5 @@ async def show_progress(router: Router, clock: RunClock, stream: IO[str]) -> Non
         t = clock.now()
         rate = (router.finished - last_done) / (t - last_t)
         last_done, last_t = router.finished, t
-        stream.write(("\r" if tty else "") + progress_line(router, t, rate) + ("" if tty else "\n"))
+        stream.write(("\r" if tty else "") + progress_line(router, t, rate, speed) + ("" if tty else "\n"))
         stream.flush()

@@ -60,7 +60,8 @@ def _write_files(files: dict[Path, bytes]) -> None:
 @click.option("--slo", metavar="SPEC",
               help="Service-level objectives, e.g. 'ttft=0.5,total=10' (seconds; '500ms' works too). Keys: "
                    "ttft (first token, from arrival), total (arrival to finish), tpot (time per output token), "
-                   "server (dispatch to finish), wait (router wait: arrival to dispatch). Reports the fraction of "
+                   "server (dispatch to finish), wait (router wait: arrival to dispatch), itl (every gap between a "
+                   "streamed answer's chunks, i.e. its largest inter-token latency). Reports the fraction of "
                    "requests meeting all of them and the goodput (those requests per second).")
 @click.option("--warmup", type=float, default=0.0, show_default=True, metavar="S",
               help="Leave out requests that arrive in the first S seconds of the trace.")
@@ -83,8 +84,11 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     requests ok/error/timeout/cancelled; duration (first arrival to last ok finish) and
     throughput (requests/s, input and output tokens/s); latency mean/p50/p90/p99/max of
     total, router wait, server latency (client-seen and sglang-reported), TTFT from
-    arrival and from dispatch, TPOT and release lag; per-server share, busy time,
-    mean in-flight and a balance verdict; SLO attainment and goodput with --slo.
+    arrival and from dispatch, TPOT, release lag and ITL (inter-token latency: every
+    gap of the streams, pooled); per-server share, busy time, mean in-flight and a
+    balance verdict; SLO attainment and goodput with --slo.
+    A run at --speed K is in simulated seconds: the simulators' time x K, tracebench's
+    host time as measured; comparing runs made at different speeds is warned about.
     Each number of a run also appears as a change against the baseline (absolute
     and %); latency percentiles get a bootstrap 95% interval of the change, called
     "significant" only when it excludes 0. docs/report.md defines every number.
@@ -92,7 +96,7 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     \b
     Examples:
       tracebench report demo-round_robin demo-sjf
-      tracebench report reports/a reports/b --slo ttft=0.5,total=10 --warmup 5
+      tracebench report reports/a reports/b --slo ttft=0.5,total=10,itl=50ms --warmup 5
       tracebench report a b c --baseline b --format html -o reports/abc.html
     """
     from tracebench.report.load import load_runs, resolve_run_dir

@@ -9,8 +9,9 @@ lines, so when it refuses a JSONL file (or a record breaks a rule) the file is w
 line. In a packed file the place of a broken record is its row (1-based), in the same `file:N` form.
 
 A run replayed at `--speed K` (run.json `speed`) is K times compressed. Once validated, its times are converted here,
-once, to simulated seconds (every time field of the records, and run.json's t_end, cap change and event times, ×K),
-so every metric and plot of the report is in simulated seconds and compares with a run on real GPUs.
+once, to simulated seconds (run.json's t_end, cap change and event times ×K; the records by report/speed.py, which
+keeps the host's real overheads out of the ×K), so every metric and plot of the report is in simulated seconds and
+compares with a run on real GPUs.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ import orjson
 import polars as pl
 
 from tracebench.errors import ConfigError, RunFolderError
+from tracebench.itl import HIST_PATTERN
+from tracebench.report.speed import to_simulated_times
 
 RUN_FORMAT_VERSION = 1
-RUN_STATUSES = ("running", "completed", "interrupted", "failed")
+RUN_STATUSES = ("running", "completed", "interrupted", "failed", "not_started")
 REQUEST_STATUSES = ("ok", "error", "timeout", "cancelled")
 
 # the columns of requests.jsonl, in the order replay writes them (tracebench/replay/records.py RequestRecord)
@@ -42,9 +45,9 @@ LATER_COLUMNS = frozenset({"cached_tokens"})
 FLOAT_FIELDS = (
     "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
     "server_e2e_latency", "server_queue_time", "server_received", "server_forward_entry",
-    "server_prefill_finished", "server_finished",
+    "server_prefill_finished", "server_finished", "itl_max",
 )
-STR_FIELDS = ("status", "error")
+STR_FIELDS = ("status", "error", "itl_hist")  # itl_hist: inter-token gaps, "bucket:count,..." (tracebench/itl.py)
 TIME_FIELDS = FLOAT_FIELDS  # every float field is a time (a run-clock stamp or a duration, seconds)
 # never null, whatever the status
 REQUIRED_FIELDS = ("id", "input_len", "output_len", "t_arrival", "status")
@@ -174,11 +177,13 @@ def load_run(folder: Path) -> Run:
 def to_simulated_seconds(
     meta: dict[str, Any], requests: pl.DataFrame, speed: float
 ) -> tuple[dict[str, Any], pl.DataFrame]:
-    """A run at --speed K, K times compressed on its run clock: every time ×K (so throughputs are ÷K)."""
-    requests = requests.with_columns([pl.col(name) * speed for name in TIME_FIELDS])
+    """A run at --speed K, K times compressed on its run clock: the run's timeline ×K (so throughputs are ÷K); each
+    request's stamps with simulator time ×K and host time as measured (report/speed.py)."""
+    requests, how = to_simulated_times(requests, meta, speed)
     caps = meta["caps"]
     meta = {
         **meta,
+        "speed_conversion": how,
         "t_end": None if meta["t_end"] is None else meta["t_end"] * speed,
         "caps": {**caps, "changes": [{**change, "t": change["t"] * speed} for change in caps["changes"]]},
         "events": [{**event, "t": event["t"] * speed} for event in meta["events"]],
@@ -276,6 +281,9 @@ def read_run_json(folder: Path) -> dict[str, Any]:
     status = _need(meta, "status", (str,), path, "status")
     if status not in RUN_STATUSES:
         raise RunFolderError(path, None, "status", f"must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
+    if status == "not_started":  # no requests.jsonl: nothing to report, and the user must hear why
+        raise RunFolderError(path, None, "status", f"not_started: this run never started, no request was sent "
+                             f"({str(meta.get('error')).splitlines()[0]})")
     _need(meta, "t_end", (int, float), path, "t_end", nullable=(status == "running"))
     return meta
 
@@ -308,6 +316,7 @@ def _record_rules(num_servers: int, through_router: bool) -> list[tuple[str, pl.
         ("t_arrival", c("t_arrival") < 0, "must be >= 0"),
         *server_rules,
         ("completion_tokens", c("completion_tokens") < 0, "must be >= 0"),
+        ("itl_hist", ~c("itl_hist").str.contains(HIST_PATTERN), "must be 'bucket:count,...' (tracebench/itl.py)"),
         ("t_finish", c("t_finish") < c("t_dispatch"), "before t_dispatch"),
         ("t_finish", c("t_dispatch").is_not_null() & c("t_finish").is_null(),
          "null although the request was dispatched (a failure also sets it)"),

@@ -1,7 +1,8 @@
 """What the report computes, with one definition per number (docs/report.md says the same in prose).
 
-- Times: seconds on the run clock; for a run replayed with `--speed K`, simulated seconds (run seconds × K, converted
-  once by the loader), so sped-up simulator runs and real-GPU runs compare like with like.
+- Times: seconds on the run clock; for a run replayed with `--speed K`, simulated seconds (the simulators' time × K,
+  tracebench's host time as measured: report/speed.py, converted once by the loader), so sped-up simulator runs and
+  real-GPU runs compare like with like.
 
 - Requests kept: every record whose `t_arrival >= warmup` (default 0: all). Everything below is over kept requests.
 - Latencies: over kept `ok` requests that have the stamps the metric needs.
@@ -34,7 +35,9 @@ import numpy as np
 import polars as pl
 
 from tracebench.errors import ConfigError
+from tracebench.itl import bucket_value
 from tracebench.report.load import Run
+from tracebench.report.speed import uncapped
 
 PERCENTILES: dict[str, float] = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
 LATENCY_STATS = ("mean", "p50", "p90", "p99", "max")
@@ -51,15 +54,18 @@ LATENCY_METRICS: tuple[tuple[str, str, str], ...] = (
     ("ttft_dispatch", "TTFT from dispatch", "t_first_token - t_dispatch"),
     ("tpot", "TPOT", "(t_finish - t_first_token) / (completion_tokens - 1), requests with completion_tokens > 1"),
     ("release_lag", "release lag", "t_released - t_arrival"),
+    ("itl", "ITL", "every gap between a streamed answer's chunks after its first token, pooled over requests (vllm's "
+     "ITL); percentiles and mean from the records' 2% histograms (within 1%), max exact"),
     ("ttft_hit", "TTFT, prefix hit", "t_first_token - t_arrival, requests with cached_tokens > 0"),
     ("ttft_miss", "TTFT, no prefix hit", "t_first_token - t_arrival, requests with cached_tokens == 0"),
 )
+POOLED = ("itl",)  # metrics over gaps, not one value per request: no bootstrap interval, no CDF
 CACHE_SPLIT_METRICS = ("ttft_hit", "ttft_miss")  # shown only when some run had a prefix hit
 LATENCY_LABELS = {key: label for key, label, _ in LATENCY_METRICS}
 
 # --slo keys -> latency metric
 SLO_KEYS: dict[str, str] = {
-    "ttft": "ttft", "total": "total", "tpot": "tpot", "server": "server_client", "wait": "router_wait",
+    "ttft": "ttft", "total": "total", "tpot": "tpot", "server": "server_client", "wait": "router_wait", "itl": "itl",
 }
 
 
@@ -76,10 +82,40 @@ def latency_expr(key: str) -> pl.Expr:
         .then((c("t_finish") - c("t_first_token")) / (c("completion_tokens") - 1))
         .otherwise(None),
         "release_lag": c("t_released") - c("t_arrival"),
+        "itl": c("itl_max"),  # per request (for --slo itl): its largest gap; the ITL rows pool every gap instead
         "ttft_hit": pl.when(c("cached_tokens") > 0).then(c("t_first_token") - c("t_arrival")).otherwise(None),
         "ttft_miss": pl.when(c("cached_tokens") == 0).then(c("t_first_token") - c("t_arrival")).otherwise(None),
     }
     return exprs[key]
+
+
+def pooled_itl(ok: pl.DataFrame, speed: float | None) -> tuple[dict[str, float | None], int, float]:
+    """ITL statistics over every gap of the given records (their histograms summed), how many records had gaps, and
+    the fraction of gaps in bucket 0 (chunks read together). Percentiles interpolate linearly between order
+    statistics, as for the other latencies."""
+    pairs = pl.col("itl_hist").str.split(",").explode().str.split_exact(":", 1).struct.rename_fields(["b", "n"])
+    hist = (ok.lazy().filter(pl.col("itl_hist").is_not_null()).select(pairs.alias("pair")).unnest("pair")
+            .select(pl.col("b").cast(pl.Int64), pl.col("n").cast(pl.Int64))
+            .group_by("b").agg(pl.col("n").sum()).sort("b").collect())
+    n_requests = int(ok.select(pl.col("itl_hist").is_not_null().sum()).item())
+    counts = hist["n"].to_numpy()
+    total = int(counts.sum()) if counts.size else 0
+    if total == 0:
+        return {name: None for name in LATENCY_STATS}, 0, 0.0
+    values = np.array([bucket_value(int(b)) for b in hist["b"].to_numpy()]) * (speed or 1.0)
+    ends = np.cumsum(counts)  # order statistics 0..ends[i]-1 hold values[<= i]
+
+    def order_stat(j: int) -> float:
+        return float(values[np.searchsorted(ends, j, side="right")])
+
+    stats: dict[str, float | None] = {"mean": float((values * counts).sum() / total),
+                                      "max": float(ok["itl_max"].max())}  # type: ignore[arg-type]
+    for name, q in PERCENTILES.items():
+        h = (total - 1) * q
+        j = math.floor(h)
+        stats[name] = order_stat(j) + (h - j) * (order_stat(min(j + 1, total - 1)) - order_stat(j))
+    zero = float(counts[0]) / total if int(hist["b"][0]) == 0 else 0.0
+    return stats, n_requests, zero
 
 
 # ------------------------------------------------------------------------------------------------ the report
@@ -137,7 +173,8 @@ class RunSummary:
     window_end: float | None
     duration: float | None
     t_end: float | None
-    speed: float | None  # --speed K of the replay: its times are run seconds × K (simulated seconds); None: real time
+    speed: float | None  # --speed K of the replay: its times are simulated seconds (report/speed.py); None: real time
+    speed_conversion: str | None = None  # how a sped-up run's times were converted (report/speed.py), else None
 
 
 @dataclass
@@ -167,6 +204,19 @@ class ConfigDiff:
 
 
 @dataclass
+class ServerSeries:
+    """One server's time series (HTML only): the router's in-flight count against its cap, and what the server
+    itself reported in /v1/loads (telemetry.jsonl): its waiting queue and KV cache usage."""
+
+    in_flight: np.ndarray  # time-average per bin of the common time axis
+    cap_t: np.ndarray  # the cap as steps: value cap_v[i] from cap_t[i] on (nan: no cap)
+    cap_v: np.ndarray
+    telemetry_t: np.ndarray  # poll times (simulated seconds for sped-up runs); empty when the run has no telemetry
+    waiting: np.ndarray  # sglang num_waiting_reqs (nan where the poll failed)
+    kv_usage: np.ndarray  # sglang token_usage, fraction of the KV cache
+
+
+@dataclass
 class RunSeries:
     """Plot data of one run (HTML only), already downsampled."""
 
@@ -176,7 +226,9 @@ class RunSeries:
     smoothing_s: float
     in_flight: np.ndarray  # time-average per bin, all servers
     queue: np.ndarray  # router queue length, time-average per bin
-    cap_changes: list[float]
+    cap_changes: list[tuple[float, str]]  # (time, "server1=2" / "all=8")
+    by_arrival: tuple[np.ndarray, np.ndarray] = (np.empty(0), np.empty(0))  # ok requests: t_arrival, total latency
+    servers: list[ServerSeries] = field(default_factory=list)
 
 
 @dataclass
@@ -224,8 +276,10 @@ def parse_slo(spec: str) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------------ config
 
 # options already shown through run.json's own fields (or that name the run rather than configure it)
+# and those that change nothing measured (where servers listen, how long they may take to start)
 _CURATED_OPTIONS = {"backend", "mode", "batch_size", "policy", "policy_options", "gpus", "max_running_requests",
-                    "cap_schedule", "run_name", "out_dir", "quiet", "trace", "speed"}
+                    "cap_schedule", "run_name", "out_dir", "quiet", "trace", "speed",
+                    "port_base", "control_port", "startup_timeout"}
 
 
 def _show(value: Any) -> str:
@@ -248,9 +302,65 @@ def time_note(runs: list[RunSummary]) -> str | None:
     sped = [run for run in runs if run.speed is not None]
     if not sped:
         return None
-    which = ", ".join(f"{run.label} at --speed {_show(run.speed)}" for run in sped)
-    return (f"times of sped-up runs are in simulated seconds ({which}): their run-clock times × speed, so "
-            "throughputs are per simulated second")
+    groups: dict[tuple[float | None, str | None], list[str]] = {}
+    for run in sped:
+        groups.setdefault((run.speed, run.speed_conversion), []).append(run.label)
+    which = "; ".join(f"{', '.join(labels)} at --speed {_show(speed)}: {how}" for (speed, how), labels in groups.items())
+    return (f"times of sped-up runs are in simulated seconds ({which}); throughputs are per simulated second")
+
+
+# what a speed-up still distorts after the conversion (docs/report.md, "Runs at different speeds")
+SPEED_SENSITIVE = ("release lag", "router wait", "TTFT", "TPOT", "ITL")
+
+
+def speed_warning(runs: list[RunSummary]) -> str | None:
+    """The warning for a comparison of runs made at different --speed (None when all ran at one speed)."""
+    speeds = {run.speed if run.speed is not None else 1.0 for run in runs}
+    if len(speeds) < 2:
+        return None
+    which = ", ".join(f"{run.label} {_show(run.speed if run.speed is not None else 1.0)}x" for run in runs)
+    return (f"these runs were made at different speeds ({which}): the simulators' time converts exactly, but "
+            "tracebench's own host time (release lag, HTTP hops, the router's dispatch) is real time, and at --speed "
+            "K the host handles K times the events per second, so it can read longer; with a cap or static batching "
+            f"the router wait is counted x K, its host part included. Differences of ~1-3 ms in "
+            f"{', '.join(SPEED_SENSITIVE)} can come from the speed alone: compare those at one speed")
+
+
+def simulated_accelerators(meta: dict[str, Any]) -> list[str]:
+    """The accelerators a run's simulated servers pretend to be ([] when no server is a simulator). A server is
+    simulated when it was launched with --backend sim, or its /server_info carries `tracebench_sim` (an attached
+    `tracebench sim-server`; real sglang has no such field)."""
+    names = []
+    for server in meta["servers"]:
+        sim = (server.get("server_info") or {}).get("tracebench_sim")
+        if isinstance(sim, dict):
+            names.append(str(sim.get("accelerator")))
+        elif meta["backend"] == "sim":
+            names.append("a GPU")
+    return names
+
+
+def attached_sim_speeds(meta: dict[str, Any]) -> list[float]:
+    """The --speed of attached simulators running faster or slower than real time (their times are then not
+    simulated seconds: an attached run is not compressed). Empty for launched simulators and real servers."""
+    if meta["backend"] == "sim":
+        return []
+    speeds = []
+    for server in meta["servers"]:
+        sim = (server.get("server_info") or {}).get("tracebench_sim")
+        if isinstance(sim, dict) and isinstance(sim.get("speed"), (int, float)) and sim["speed"] != 1:
+            speeds.append(float(sim["speed"]))
+    return speeds
+
+
+def backend_text(meta: dict[str, Any]) -> str:
+    """`sim`, `sglang`, `attach`, or `attach (simulated)` when an attached server is a tracebench simulator
+    (`attach (simulated, --speed 50)` when it runs sped up)."""
+    backend = meta["backend"]
+    if backend != "sim" and simulated_accelerators(meta):
+        speeds = sorted(set(attached_sim_speeds(meta)))
+        return f"{backend} (simulated" + (f", --speed {'/'.join(_show(v) for v in speeds)})" if speeds else ")")
+    return backend
 
 
 def config_of(meta: dict[str, Any]) -> dict[str, str]:
@@ -259,15 +369,18 @@ def config_of(meta: dict[str, Any]) -> dict[str, str]:
     policy = meta["policy"]
     caps = meta["caps"]
     initial = caps["initial"]
+    simulated = sorted(set(simulated_accelerators(meta)))
     cfg = {
-        "backend": meta["backend"],
+        "backend": backend_text(meta),
         "speed": speed_text(meta["speed"]),
         "mode": meta["mode"],
         "batch size": _show(meta["batch_size"]),
-        "policy": policy["name"] + (f" {_show(policy['options'])}" if policy["options"] else ""),
+        "policy": policy["name"] + (f" {_show(policy['options'])}" if policy["options"] else "")
+        + (" (no effect: 1 server, no cap)" if len(servers) == 1 and uncapped(meta) else ""),
         "servers": str(len(servers)),
         "gpus": ",".join(_show(s["gpu"]) for s in servers),
-        "gpu model": ", ".join(sorted(set(meta["gpu_names"]))) or "-",
+        "gpu model": (", ".join(f"{name} (simulated)" for name in simulated) if simulated
+                      else ", ".join(sorted(set(meta["gpu_names"]))) or "-"),
         "caps": _show(initial[0]) if initial and all(c == initial[0] for c in initial) else _show(initial),
         "cap changes": "; ".join(
             f"{change['t']:g}s " + (f"server{change['server']}" if change.get("server") is not None else "all")
@@ -401,6 +514,7 @@ class _RunStats:
     servers: list[ServerLoad]
     balance: Balance
     cache: CacheStats | None
+    zero_gaps: float = 0.0  # fraction of the ITL gaps under 10 us (chunks read together)
 
 
 def _mark(status: str) -> str | None:
@@ -516,11 +630,13 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
 
     # Each latency column is sorted once (numpy's sort is the fastest here); polars then aggregates the sorted
     # Series, where its sorted flag makes quantiles O(1). The sorted arrays also feed the bootstrap and the CDFs.
-    columns = ok.lazy().select([latency_expr(key).alias(key) for key, _, _ in LATENCY_METRICS]).collect()
+    per_request = [key for key, _, _ in LATENCY_METRICS if key not in POOLED]
+    columns = ok.lazy().select([latency_expr(key).alias(key) for key in per_request]).collect()
     latency: dict[str, dict[str, float | None]] = {}
     latency_n: dict[str, int] = {}
     sorted_latency: dict[str, np.ndarray] = {}
-    for key, _, _ in LATENCY_METRICS:
+    latency["itl"], latency_n["itl"], zero_gaps = pooled_itl(ok, run.speed)
+    for key in per_request:
         values = np.sort(columns[key].drop_nulls().to_numpy())
         ordered = pl.Series(key, values).set_sorted()
         sorted_latency[key] = values
@@ -533,12 +649,16 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
         for key in slo:
             if latency_n[SLO_KEYS[key]] == 0 and counts["ok"] > 0 and key in ("ttft", "tpot"):
                 raise ConfigError(f"--slo {key}: run '{run.label}' has no first-token stamps (replayed without streaming?)")
+            if key == "itl" and ok.select(pl.col("t_first_token").is_not_null().sum()).item() == 0 and counts["ok"] > 0:
+                raise ConfigError(f"--slo itl: run '{run.label}' has no streamed answers (replayed without streaming?)")
         met_expr = c("status") == "ok"
         for key, limit in slo.items():
             value = latency_expr(SLO_KEYS[key])
             within = value <= limit
             if key == "tpot":  # one output token: no time per output token to miss
                 within = within | (c("completion_tokens") <= 1)
+            if key == "itl":  # a streamed answer in one chunk: no gap to miss
+                within = within | (c("itl_max").is_null() & c("t_first_token").is_not_null())
             met_expr = met_expr & within.fill_null(False)
         met = int(kept.select(met_expr.sum()).item())
         slo_out = {"met": float(met), "fraction": met / kept.height, "goodput": met / duration if duration else None}
@@ -547,13 +667,13 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
     meta = run.meta
     summary = RunSummary(
         label=run.label, path=str(run.path), run_name=meta["run_name"], status=meta["status"], mark=_mark(meta["status"]),
-        backend=meta["backend"], trace_path=run.trace_path, trace_sha256=run.trace_sha256,
+        backend=backend_text(meta), trace_path=run.trace_path, trace_sha256=run.trace_sha256,
         trace_requests=meta["trace"]["num_requests"], records=run.requests.height, missing=run.missing,
         kept=kept.height, window_start=start, window_end=end, duration=duration, t_end=meta["t_end"],
-        speed=run.speed,
+        speed=run.speed, speed_conversion=meta.get("speed_conversion"),
     )
     return _RunStats(summary, kept, ok, counts, throughput, latency, latency_n, sorted_latency, slo_out, loads, balance,
-                     _cache_stats(run, ok))
+                     _cache_stats(run, ok), zero_gaps)
 
 
 # ------------------------------------------------------------------------------------------------ assembly
@@ -595,6 +715,20 @@ def build_report(
         raise ConfigError(f"--bootstrap must be >= 0, got {bootstrap}")
     warnings = check_same_trace(runs, baseline, allow_different_traces)
     stats = [_run_stats(run, warmup, slo) for run in runs]
+    if (speeds := speed_warning([st.summary for st in stats])) is not None:
+        warnings.append(speeds)
+    for run in runs:
+        if speeds := attached_sim_speeds(run.meta):
+            warnings.append(
+                f"run '{run.label}' attached simulators running at --speed {'/'.join(_show(v) for v in sorted(set(speeds)))}: "
+                "the run itself was not compressed, so its server times are that many times shorter than simulated "
+                "seconds (use --backend sim --speed K for a compressed run)")
+    for st in stats:
+        if st.summary.speed is not None and st.summary.speed > 1 and st.latency_n["itl"]:
+            warnings.append(
+                f"ITL of {st.summary.label} at --speed {_show(st.summary.speed)}: its stream's chunks came "
+                f"{_show(st.summary.speed)} times closer in real time, and chunks the client reads together count "
+                f"as 0 ms gaps ({st.zero_gaps:.0%} of them here): measure ITL at --speed 1")
     for st in stats:
         s = st.summary
         if s.mark is not None:
@@ -640,7 +774,7 @@ def build_report(
             continue  # no request hit the prefix cache anywhere: the split says nothing the TTFT rows do not
         for s_index, stat in enumerate(LATENCY_STATS):
             row = _row("latency", key, label, stat, "s", "lower", [st.latency[key][stat] for st in stats], baseline)
-            if stat in PERCENTILES and bootstrap > 0:
+            if stat in PERCENTILES and bootstrap > 0 and key not in POOLED:
                 for r_index, delta in enumerate(row.deltas):
                     if delta is None or delta.abs is None:
                         continue
@@ -702,7 +836,8 @@ def _cache_section(stats: list[_RunStats], baseline: int) -> Section:
 
 # ------------------------------------------------------------------------------------------------ plot series
 
-CDF_METRICS = ("total", "ttft", "server_client")
+CDF_METRICS = ("total", "ttft", "server_client", "router_wait", "tpot")
+SCATTER_POINTS = 4000  # latency-by-arrival points per run (an even sample of the ok requests beyond that)
 CDF_POINTS = 600
 TIME_BINS = 240
 COMPLETIONS_PER_WINDOW = 40
@@ -735,11 +870,64 @@ def _integral_of_count(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> 
     return sum_min(ends) - sum_min(starts)
 
 
+def _cap_labels(changes: list[dict[str, Any]], num_servers: int) -> list[tuple[float, str]]:
+    """Cap changes as labelled moments: an `all` change (one entry per server in run.json) is one label."""
+    by_time: dict[tuple[float, int], list[int]] = {}
+    for change in changes:
+        by_time.setdefault((float(change["t"]), int(change["cap"])), []).append(change["server"])
+    labels = []
+    for (t, cap), servers in sorted(by_time.items()):
+        if len(servers) == num_servers > 1:
+            labels.append((t, f"all={cap}"))
+        else:
+            labels += [(t, f"server{server}={cap}") for server in servers]
+    return labels
+
+
 def _series(run: Run, st: _RunStats) -> RunSeries:
     cdf = {key: _cdf(st.sorted_latency[key]) for key in CDF_METRICS}
-    caps = [float(change["t"]) for change in run.meta["caps"]["changes"]]
+    caps = _cap_labels(run.meta["caps"]["changes"], run.num_servers)
+    ok = st.ok.select("t_arrival", (pl.col("t_finish") - pl.col("t_arrival")).alias("total")).sort("t_arrival")
+    if ok.height > SCATTER_POINTS:
+        ok = ok.gather_every(math.ceil(ok.height / SCATTER_POINTS))
     return RunSeries(cdf=cdf, time_edges=np.empty(0), completions_per_s=np.empty(0), smoothing_s=0.0,
-                     in_flight=np.empty(0), queue=np.empty(0), cap_changes=caps)
+                     in_flight=np.empty(0), queue=np.empty(0), cap_changes=caps,
+                     by_arrival=(ok["t_arrival"].to_numpy(), ok["total"].to_numpy()))
+
+
+def read_telemetry(run: Run) -> pl.DataFrame | None:
+    """telemetry.jsonl (t, server, sglang's waiting count and KV usage), times in simulated seconds for a sped-up
+    run; None when the run folder has none."""
+    path = run.path / "telemetry.jsonl"
+    if not path.is_file():
+        return None
+    schema = {"t": pl.Float64, "server": pl.Int64, "num_waiting_reqs": pl.Int64, "token_usage": pl.Float64}
+    frame = pl.read_ndjson(path, schema=schema)
+    return frame.with_columns(pl.col("t") * (run.speed or 1.0))
+
+
+def _server_series(run: Run, edges: np.ndarray) -> list[ServerSeries]:
+    c = pl.col
+    step = edges[1] - edges[0]
+    telemetry = read_telemetry(run)
+    out = []
+    for index in range(run.num_servers):
+        mine = run.requests.filter(c("t_dispatch").is_not_null() & (c("server") == index))
+        integral = _integral_of_count(mine["t_dispatch"].to_numpy(), mine["t_finish"].to_numpy(), edges)
+        initial = run.meta["caps"]["initial"][index]
+        steps = [(0.0, initial)] + [(float(ch["t"]), ch["cap"]) for ch in run.meta["caps"]["changes"]
+                                    if ch["server"] == index]
+        cap_t = np.array([t for t, _ in steps])
+        cap_v = np.array([np.nan if v is None else float(v) for _, v in steps])
+        if telemetry is None:
+            tele = pl.DataFrame(schema={"t": pl.Float64, "num_waiting_reqs": pl.Int64, "token_usage": pl.Float64})
+        else:
+            tele = telemetry.filter(c("server") == index).sort("t")
+        out.append(ServerSeries(
+            in_flight=np.diff(integral) / step, cap_t=cap_t, cap_v=cap_v, telemetry_t=tele["t"].to_numpy(),
+            waiting=tele["num_waiting_reqs"].cast(pl.Float64).to_numpy(), kv_usage=tele["token_usage"].to_numpy(),
+        ))
+    return out
 
 
 def _nice_step(span: float, bins: int) -> float:
@@ -785,3 +973,4 @@ def _common_time_axis(series: list[RunSeries], runs: list[Run], stats: list[_Run
         )
         integral = _integral_of_count(queued["t_released"].to_numpy(), queued["left"].to_numpy(), edges)
         ser.queue = np.diff(integral) / step
+        ser.servers = _server_series(run, edges)

@@ -793,7 +793,10 @@ class SimServer:
         info["tracebench_sim"] = {"profile": args.profile.name, "speed": args.speed,
                                   "accelerator": args.profile.accelerator,
                                   "max_running_requests": self.limits.max_running_requests,
-                                  "vocab_size": args.vocab_size}
+                                  "vocab_size": args.vocab_size,
+                                  # the report's --speed conversion: a token leaves the simulator output_s after
+                                  # its step (simulated seconds)
+                                  "output_s": args.profile.output_s}
         return info
 
     async def handle_server_info(self, request: web.Request) -> web.Response:

@@ -42,7 +42,7 @@ Length distributions (--length-dist; --input-len / --output-len are the means, a
 \b
 Context clamp (--max-context C): no request has input_len + output_len > C. The prompt is kept and the
 answer shortened (output_len = C - input_len); a prompt longer than C - 7 is cut to C - 7 (sglang 0.5.17
-refuses longer ones) with output_len at most 7 (its prefix_blocks cut to match). The count is printed on stderr and kept in the header.
+refuses longer ones) with output_len at most 7 (its prefix_blocks cut to match). The count is kept in the header, and printed on stderr when not 0.
 
 \b
 Datasets (--dataset PATH; --dataset-format auto detects from the content):
@@ -105,7 +105,8 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
               help="Width of --length-dist; its meaning depends on the distribution (see above).  "
                    "[default: 0.5 (uniform, normal, lognormal), 8 (zipf)]")
 @click.option("--max-context", type=int, default=None, metavar="C",
-              help="No request has input_len + output_len > C; longer ones are clamped (see above).  [default: 4096]")
+              help="No request has input_len + output_len > C; longer ones are clamped (see above). Set it to your "
+                   "model's context length (its config.json max_position_embeddings).  [default: 4096, llama-2's]")
 @click.option("--dataset", type=str, default=None, metavar="PATH",
               help="Take lengths (and with --keep-timestamps arrivals) from this file.")
 @click.option("--dataset-format", type=click.Choice(_DATASET_FORMATS), default=None,
@@ -145,18 +146,22 @@ def generate(**options: object) -> None:
     from tracebench.trace.generate import GenerateArgs, generate_trace
 
     output = options.pop("output")
+    default_context = options["max_context"] is None
     result = generate_trace(GenerateArgs(**options), output)  # type: ignore[arg-type]
     header = result.header
-    click.echo(
-        f"tracebench: {header['clamped_requests']} of {header['num_requests']} requests clamped to --max-context "
-        f"{header['max_context']} ({header['clamped_input_requests']} of them with the prompt cut)", err=True)
+    clamped = header["clamped_requests"]
+    if clamped:  # said only when it happened; the default suits llama-2 only, so say when it was the default
+        which = " (the default, llama-2's context length: give your model's with --max-context)" if default_context else ""
+        click.echo(
+            f"tracebench: {clamped} of {header['num_requests']} requests clamped to --max-context "
+            f"{header['max_context']}{which}; {header['clamped_input_requests']} of them with the prompt cut", err=True)
     workload = header.get("workload")
     if workload is not None and workload["kind"] == "shared-prompt" and \
             workload["shared_tokens_per_group"] < workload["prefix_len"]:
         click.echo(f"tracebench: only {workload['shared_tokens_per_group']} of the {workload['prefix_len']} tokens of "
                    f"each system prompt are shared (whole blocks of {header['block_size']}): make --prefix-len a "
                    f"multiple of --block-size to share all", err=True)
-    if workload is not None and workload["kind"] == "multi-turn":
+    if workload is not None and workload["kind"] == "multi-turn" and workload["sessions_cut_short"]:
         click.echo(f"tracebench: {workload['sessions_cut_short']} of {workload['sessions']} sessions ended early "
                    f"({workload['turns_dropped']} turns dropped): the prompt outgrew --max-context", err=True)
     source = header.get("source")
@@ -169,7 +174,7 @@ def generate(**options: object) -> None:
     arrivals = header["arrivals"]
     how = arrivals["process"] + (f" (burstiness {arrivals['burstiness']:g})" if arrivals.get("burstiness") else "")
     click.echo(f"{count} requests over {duration:.1f} s ({rate}, {how}); mean input {result.input_mean:.1f} / "
-               f"output {result.output_mean:.1f} tokens; {header['clamped_requests']} clamped")
+               f"output {result.output_mean:.1f} tokens" + (f"; {clamped} clamped" if clamped else ""))
 
 
 @click.command("inspect", context_settings={"max_content_width": 110})

@@ -109,9 +109,25 @@ def fmt_ci(row: Row, delta: Delta) -> Cell:
 
 # ------------------------------------------------------------------------------------------------ layout
 
+def short_labels(labels: list[str]) -> list[str]:
+    """Column headings for runs with long auto-made names (`trace-policy-mode-Ng-date-time`): only the `-`-separated
+    parts that differ between the runs, without the date and time when the rest tells them apart. Labels that do not
+    split alike, or would not stay distinct, are kept whole."""
+    parts = [label.split("-") for label in labels]
+    if len(labels) < 2 or len({len(p) for p in parts}) != 1:
+        return labels
+    differ = [i for i in range(len(parts[0])) if len({p[i] for p in parts}) > 1]
+    undated = [i for i in differ if not all(p[i].isdigit() and len(p[i]) in (6, 8) for p in parts)]
+    for positions in (undated, differ):
+        short = ["-".join(p[i] for i in positions) for p in parts]
+        if positions and len(set(short)) == len(short):
+            return short
+    return labels
+
+
 def run_heading(report: Report, index: int) -> str:
     run = report.runs[index]
-    text = run.label
+    text = short_labels([r.label for r in report.runs])[index]
     if index == report.baseline and len(report.runs) > 1:
         text += " (baseline)"
     if run.mark is not None:
@@ -125,7 +141,7 @@ def _section_table(report: Report, title: str, rows: list[Row], with_stat: bool)
     header = ["metric"] + (["stat"] if with_stat else []) + [run_heading(report, i) for i in range(len(report.runs))]
     align = ["l"] + (["l"] if with_stat else []) + ["r"] * len(report.runs)
     for i in others:
-        header.append(f"Δ {report.runs[i].label}")
+        header.append(f"Δ {short_labels([r.label for r in report.runs])[i]}")
         align.append("r")
         if with_ci:
             header.append(f"{int(CI_LEVEL * 100)}% CI of Δ")
@@ -151,6 +167,9 @@ def _section_table(report: Report, title: str, rows: list[Row], with_stat: bool)
 
 def _runs_table(report: Report) -> Table:
     header = ["run", "status", "backend", "trace", "requests recorded", "kept", "window (s)"]
+    shorts = short_labels([run.label for run in report.runs])
+    if shorts != [run.label for run in report.runs]:
+        header.insert(0, "column")  # the short heading the other tables use for this run
     rows = []
     for i, run in enumerate(report.runs):
         status = Cell(run.status if run.mark is None else run.mark, None if run.mark is None else "warn",
@@ -162,7 +181,9 @@ def _runs_table(report: Report) -> Table:
             Cell(f"{run.records:,} of {run.trace_requests:,}", "warn" if run.missing else None),
             Cell(f"{run.kept:,}"), Cell(window),
         ])
-    return Table("Runs", header, rows, ["l", "l", "l", "l", "r", "r", "r"])
+        if header[0] == "column":
+            rows[-1].insert(0, Cell(shorts[i]))
+    return Table("Runs", header, rows, ["l"] * (len(header) - 3) + ["r", "r", "r"])
 
 
 # replay options worth repeating when they are the same everywhere (all the others are listed only when they differ)
@@ -187,10 +208,11 @@ def _servers_table(report: Report) -> Table:
     header = ["run", "server", "requests", "share", "busy (s)", "busy", "mean in-flight"]
     header += ["cache hit rate", "prefill tokens"] if with_cache else []
     rows: list[list[Cell]] = []
+    shorts = short_labels([run.label for run in report.runs])
     for i, loads in enumerate(report.servers):
         for j, load in enumerate(loads):
             rows.append([
-                Cell(report.runs[i].label if j == 0 else ""), Cell(f"{load.server} {load.url}"),
+                Cell(shorts[i] if j == 0 else ""), Cell(f"{load.server} {load.url}"),
                 Cell("-" if load.requests is None else f"{load.requests:,}"), Cell(fmt_value("fraction", load.share)),
                 Cell("-" if load.busy_s is None else f"{load.busy_s:,.2f}"), Cell(fmt_value("fraction", load.busy_fraction)),
                 Cell("-" if load.mean_in_flight is None else f"{load.mean_in_flight:.2f}"),

@@ -46,7 +46,7 @@ def render_html(report: Report, doc: Document) -> tuple[str, bytes]:
     main_svg, main_png = plots.to_svg(main), plots.to_png(main)
     plots.close(main)
     figures = []
-    for make in (plots.over_time, plots.server_load):
+    for make in (plots.over_time, plots.server_load, plots.per_server_over_time):
         fig = make(report)
         figures.append(plots.to_svg(fig))
         plots.close(fig)
@@ -61,6 +61,7 @@ def render_html(report: Report, doc: Document) -> tuple[str, bytes]:
     body.append(f'<figure id="over-time">{figures[0]}</figure>')
     body.append(_table(tables["Per server"]))
     body.append(f'<figure id="server-load">{figures[1]}</figure>')
+    body.append(f'<figure id="per-server-over-time">{figures[2]}</figure>')
     body.append("<h2>Definitions</h2><dl>")
     body += [f"<dt>{escape(label)}</dt><dd>{escape(definition)}, over ok requests (seconds)</dd>"
              for _, label, definition in LATENCY_METRICS]

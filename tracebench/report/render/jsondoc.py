@@ -27,7 +27,7 @@ def report_dict(report: Report) -> dict[str, Any]:
             "records": run.records, "missing": run.missing, "kept": run.kept,
             "window": {"start": run.window_start, "end": run.window_end, "duration_s": run.duration}, "t_end": run.t_end,
             "speed": run.speed,
-            "times": "seconds (run clock)" if run.speed is None else f"simulated seconds (run clock × {run.speed:g})",
+            "times": "seconds (run clock)" if run.speed is None else f"simulated seconds ({run.speed_conversion})",
         }
         deltas: dict[str, Any] = {}
         for section in report.sections:

@@ -37,14 +37,31 @@ def _style(ax) -> None:
         ax.spines[side].set_visible(False)
 
 
+SLO_COLOUR = "#c0392b"
+
+
+def mark_slo(ax, limit: float, unit: str, right: float) -> None:
+    """The SLO as a dashed line where it falls inside the axis, else an arrow at the right edge saying where it is."""
+    if limit <= right:
+        ax.axvline(limit, color=SLO_COLOUR, linestyle="--", linewidth=1.2, label="_slo")
+        ax.annotate(f" SLO {limit:g} {unit}", xy=(limit, 0.03), color=SLO_COLOUR, fontsize=9)
+    else:
+        ax.annotate(f"SLO {limit:g} {unit} →", xy=(1.0, 0.08), xycoords="axes fraction", ha="right",
+                    color=SLO_COLOUR, fontsize=9)
+
+
+CDF_TITLES = {"total": "Total latency (arrival → finish)", "ttft": "Time to first token (from arrival)",
+              "server_client": "Server latency (dispatch → finish)", "router_wait": "Router wait (arrival → dispatch)",
+              "tpot": "Time per output token"}
+
+
 def latency_cdfs(report: Report) -> Figure:
-    """The main figure: CDFs of total latency, TTFT and server latency, all runs overlaid."""
+    """The main figure: CDFs of total latency, TTFT, server latency, router wait and TPOT, all runs overlaid."""
     assert report.series is not None
-    keys = ("total", "ttft", "server_client")
-    titles = {"total": "Total latency (arrival → finish)", "ttft": "Time to first token (from arrival)",
-              "server_client": "Server latency (dispatch → finish)"}
+    keys = ("total", "ttft", "server_client", "router_wait", "tpot")
     slo_by_metric = {SLO_KEYS[k]: v for k, v in (report.slo or {}).items()}
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), layout="constrained")
+    fig, grid = plt.subplots(2, 3, figsize=(15, 8.6), layout="constrained")
+    axes = grid.flatten()
     for ax, key in zip(axes, keys):
         top = max((float(s.cdf[key][0][-1]) for s in report.series if s.cdf[key][0].size), default=0.0)
         in_ms = top < 2.0
@@ -61,29 +78,48 @@ def latency_cdfs(report: Report) -> Figure:
             ax.axhline(q, color="#999999", linewidth=0.8, linestyle=":")
             ax.annotate(f"p{int(q * 100)}", xy=(1.0, q), xycoords=("axes fraction", "data"), xytext=(2, 0),
                         textcoords="offset points", va="center", fontsize=8, color="#666666")
+        # the axis follows the data, never the SLO: a far SLO would squeeze the curves into a corner
+        right = top * scale * 1.04 if top > 0 else 1.0
+        ax.set_xlim(0, right)
         if key in slo_by_metric:
-            limit = slo_by_metric[key] * scale
-            ax.axvline(limit, color="#c0392b", linestyle="--", linewidth=1.2)
-            ax.annotate(f" SLO {limit:g} {unit}", xy=(limit, 0.03), color="#c0392b", fontsize=9)
-        ax.set_title(titles[key], fontsize=12)
+            mark_slo(ax, slo_by_metric[key] * scale, unit, right)
+        ax.set_title(CDF_TITLES[key], fontsize=12)
         ax.set_xlabel(f"{LATENCY_LABELS[key]} ({unit})")
         ax.set_ylabel("fraction of ok requests ≤ x")
         ax.set_ylim(0, 1.02)
-        ax.set_xlim(left=0)
         _style(ax)
         if not drawn:
             ax.text(0.5, 0.5, "no first-token stamps\n(not streamed)", ha="center", va="center", transform=ax.transAxes)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), frameon=False, fontsize=10)
+    axes[-1].axis("off")  # the sixth cell holds the legend
+    axes[-1].legend(handles, labels, loc="center", frameon=False, fontsize=10)
     fig.suptitle("Latency CDFs" + (f" (requests arriving after {report.warmup_s:g} s)" if report.warmup_s > 0 else ""),
                  fontsize=14, fontweight="bold")
     return fig
 
 
+def _clock_label(report: Report, step: float) -> str:
+    clock = "run clock"
+    if any(run.speed is not None for run in report.runs):
+        clock += ", simulated seconds for sped-up runs"
+    return f"{clock} (s since the run started; bins of {step:g} s, time-averaged)"
+
+
+def _cap_lines(ax, report: Report, labelled: bool) -> None:
+    """Each run's cap changes as dotted lines in its colour; on `labelled` axes with what changed."""
+    for i, ser in enumerate(report.series):
+        for t, text in ser.cap_changes:
+            ax.axvline(t, color=_colour(i), linestyle=":", linewidth=1.0)
+            if labelled:
+                ax.annotate(f" cap {text}", xy=(t, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                            va="top", ha="left", fontsize=7, color=_colour(i))
+
+
 def over_time(report: Report) -> Figure:
-    """Completions/s, requests in flight and router queue length over the run clock, all runs overlaid."""
+    """Completions/s, requests in flight, router queue length over the run clock, and each request's total latency
+    by its arrival (bursts), all runs overlaid."""
     assert report.series is not None
-    fig, axes = plt.subplots(3, 1, figsize=(15, 9), sharex=True, layout="constrained")
+    fig, axes = plt.subplots(4, 1, figsize=(15, 12), sharex=True, layout="constrained")
     smoothing = report.series[0].smoothing_s
     panels = (
         ("completions_per_s", f"Throughput: ok requests completed per second (moving average over {smoothing:g} s)",
@@ -93,28 +129,88 @@ def over_time(report: Report) -> Figure:
     )
     for ax, (attr, title, ylabel) in zip(axes, panels):
         for i, ser in enumerate(report.series):
-            edges = ser.time_edges
-            values = getattr(ser, attr)
-            ax.stairs(values, edges, color=_colour(i), linewidth=1.5, label=_run_name(report, i), baseline=None)
-            for t in ser.cap_changes:
-                ax.axvline(t, color=_colour(i), linestyle=":", linewidth=1.0)
-        if report.warmup_s > 0:
-            ax.axvspan(0, report.warmup_s, color="#eeeeee", zorder=0, label=f"warm-up (first {report.warmup_s:g} s, excluded)")
+            ax.stairs(getattr(ser, attr), ser.time_edges, color=_colour(i), linewidth=1.5, label=_run_name(report, i),
+                      baseline=None)
+        _cap_lines(ax, report, labelled=attr == "in_flight")
         ax.set_title(title, fontsize=11, loc="left")
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
+    ax = axes[3]
+    top = max((float(ser.by_arrival[1].max()) for ser in report.series if ser.by_arrival[1].size), default=0.0)
+    scale, unit = (1000.0, "ms") if top < 2.0 else (1.0, "s")
+    for i, ser in enumerate(report.series):
+        arrival, total = ser.by_arrival
+        ax.scatter(arrival, total * scale, s=4, color=_colour(i), alpha=0.5, linewidths=0)
+    _cap_lines(ax, report, labelled=False)
+    ax.set_title("Total latency of each ok request by its arrival time (bursts show as columns)", fontsize=11, loc="left")
+    ax.set_ylabel(f"total latency ({unit})")
+    ax.set_ylim(bottom=0)
+    for ax in axes:
+        if report.warmup_s > 0:
+            ax.axvspan(0, report.warmup_s, color="#eeeeee", zorder=0,
+                       label=f"warm-up (first {report.warmup_s:g} s, excluded)" if ax is axes[0] else None)
         _style(ax)
     step = report.series[0].time_edges[1] - report.series[0].time_edges[0]
-    clock = "run clock"
-    if any(run.speed is not None for run in report.runs):
-        clock += ", simulated seconds for sped-up runs"
-    axes[-1].set_xlabel(f"{clock} (s since the run started; bins of {step:g} s, time-averaged)")
+    axes[-1].set_xlabel(_clock_label(report, step))
     axes[-1].set_xlim(left=0)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), frameon=False, fontsize=10)
     if any(ser.cap_changes for ser in report.series):
-        axes[1].text(0.0, 1.0, "dotted lines: cap changes", transform=axes[1].transAxes, fontsize=8, va="bottom")
+        axes[1].text(1.0, 1.0, "dotted lines: cap changes", transform=axes[1].transAxes, fontsize=8, va="bottom",
+                     ha="right")
     fig.suptitle("Over time", fontsize=14, fontweight="bold")
+    return fig
+
+
+MAX_SERVER_ROWS = 8
+
+
+def per_server_over_time(report: Report) -> Figure:
+    """One row per server: the router's in-flight count against that server's cap, sglang's own waiting queue, and
+    its KV cache usage (telemetry.jsonl), all runs overlaid."""
+    assert report.series is not None
+    rows = min(max(len(ser.servers) for ser in report.series), MAX_SERVER_ROWS)
+    fig, grid = plt.subplots(rows, 2, figsize=(15, 2.6 * rows + 1.2), sharex=True, squeeze=False,
+                             layout="constrained")
+    edges = report.series[0].time_edges
+    t_end = float(edges[-1])
+    for row in range(rows):
+        left, right = grid[row]
+        for i, ser in enumerate(report.series):
+            if row >= len(ser.servers):
+                continue
+            srv = ser.servers[row]
+            colour = _colour(i)
+            left.stairs(srv.in_flight, edges, color=colour, linewidth=1.5, baseline=None,
+                        label=f"{_run_name(report, i)}: in flight (router)")
+            if not np.all(np.isnan(srv.cap_v)):
+                left.step(np.append(srv.cap_t, t_end), np.append(srv.cap_v, srv.cap_v[-1]), where="post",
+                          color=colour, linestyle="--", linewidth=1.2, label=f"{_run_name(report, i)}: cap")
+            if srv.telemetry_t.size:
+                left.plot(srv.telemetry_t, srv.waiting, color=colour, linestyle=":", linewidth=1.2,
+                          label=f"{_run_name(report, i)}: waiting in sglang")
+                right.plot(srv.telemetry_t, srv.kv_usage * 100.0, color=colour, linewidth=1.3)
+        if not any(row < len(ser.servers) and ser.servers[row].telemetry_t.size for ser in report.series):
+            right.text(0.5, 0.5, "no telemetry.jsonl", ha="center", va="center", transform=right.transAxes)
+        _cap_lines(left, report, labelled=False)
+        left.set_title(f"server {row}: requests in flight (solid), cap (dashed), waiting in sglang (dotted)",
+                       fontsize=10, loc="left")
+        left.set_ylabel("requests")
+        left.set_ylim(bottom=0)
+        right.set_title(f"server {row}: KV cache usage (sglang token_usage)", fontsize=10, loc="left")
+        right.set_ylabel("% of the KV cache")
+        right.set_ylim(0, 105)
+        _style(left)
+        _style(right)
+    step = edges[1] - edges[0]
+    for ax in grid[-1]:
+        ax.set_xlabel(_clock_label(report, step))
+        ax.set_xlim(0, t_end)
+    handles, labels = grid[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), frameon=False, fontsize=9)
+    more = max(len(ser.servers) for ser in report.series) - rows
+    fig.suptitle("Per server over time" + (f" (first {rows} servers; {more} more not drawn)" if more > 0 else ""),
+                 fontsize=14, fontweight="bold")
     return fig
 
 

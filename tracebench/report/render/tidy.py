@@ -30,7 +30,7 @@ def render_csv(report: Report) -> str:
         out.writerow((label, "run", "status", run.status, ""))
         out.writerow((label, "run", "baseline", "1" if i == report.baseline else "0", ""))
         out.writerow((label, "run", "speed", _num(run.speed), "x"))
-        times = "seconds (run clock)" if run.speed is None else f"simulated seconds (run clock x {run.speed:g})"
+        times = "seconds (run clock)" if run.speed is None else f"simulated seconds ({run.speed_conversion})"
         out.writerow((label, "run", "times", times, ""))
         out.writerow((label, "run", "records", run.records, "requests"))
         out.writerow((label, "run", "missing", run.missing, "requests"))

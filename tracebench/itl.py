@@ -1,0 +1,62 @@
+"""Inter-token latency (ITL) as requests.jsonl stores it: per request, a sparse histogram of its inter-chunk gaps.
+
+A streamed answer arrives as chunks; the gaps between successive chunks after the first token are its ITL values
+(as vllm's bench reports them: every gap of every request pooled). Storing each gap would add ~128 numbers to every
+record; instead each gap is put in a log bucket 2% wide (any gap reconstructed within 1%), and a record keeps the
+buckets it used with how many gaps fell in each, as one string `itl_hist` = "b:n,b:n,..." (ascending b; a string
+because polars reads a string column ~3x faster than JSON lists, and parses it only for the ITL rows), plus its
+largest gap exactly (`itl_max`). Bucket 0 holds gaps under 10 µs (two chunks read at once); bucket b >= 1 holds
+[FLOOR * GROWTH^(b-1), FLOOR * GROWTH^b). docs/run-format.md says the same. Light: imported by the replay and the
+report alike.
+"""
+
+from __future__ import annotations
+
+import math
+
+FLOOR_S = 1e-5
+GROWTH = 1.02
+_LOG_GROWTH = math.log(GROWTH)
+
+
+def bucket_of(gap_s: float) -> int:
+    if gap_s < FLOOR_S:
+        return 0
+    return 1 + int(math.log(gap_s / FLOOR_S) / _LOG_GROWTH)
+
+
+def bucket_value(bucket: int) -> float:
+    """The gap a bucket stands for: 0 for bucket 0, else the geometric middle of its range (seconds)."""
+    if bucket == 0:
+        return 0.0
+    return FLOOR_S * GROWTH ** (bucket - 1) * math.sqrt(GROWTH)
+
+
+class ItlGaps:
+    """One request's inter-chunk gaps, as they arrive."""
+
+    __slots__ = ("counts", "largest")
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.largest: float | None = None
+
+    def add(self, gap_s: float) -> None:
+        bucket = bucket_of(gap_s)
+        self.counts[bucket] = self.counts.get(bucket, 0) + 1
+        if self.largest is None or gap_s > self.largest:
+            self.largest = gap_s
+
+    def fields(self) -> tuple[float | None, str | None]:
+        """(itl_max, itl_hist) for the record; both None when there was no gap (one chunk)."""
+        if not self.counts:
+            return None, None
+        return self.largest, ",".join(f"{b}:{self.counts[b]}" for b in sorted(self.counts))
+
+
+HIST_PATTERN = r"^[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*$"  # what an itl_hist string looks like (the report checks it)
+
+
+def parse_hist(text: str) -> list[tuple[int, int]]:
+    """"b:n,b:n" -> [(b, n), ...]."""
+    return [(int(b), int(n)) for b, n in (pair.split(":") for pair in text.split(","))]
