@@ -37,11 +37,11 @@ REQUEST_STATUSES = ("ok", "error", "timeout", "cancelled")
 REQUEST_COLUMNS = (
     "id", "input_len", "output_len", "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server",
     "batch", "status", "error", "completion_tokens", "prompt_tokens", "cached_tokens", "server_e2e_latency", "server_queue_time",
-    "server_received", "server_forward_entry", "server_prefill_finished", "server_finished",
+    "server_received", "server_forward_entry", "server_prefill_finished", "server_finished", "itl_max", "itl_hist",
 )
 INT_FIELDS = ("id", "input_len", "output_len", "server", "batch", "completion_tokens", "prompt_tokens", "cached_tokens")
 # columns the run format gained after its first runs: a run recorded before has none (read as null: not recorded)
-LATER_COLUMNS = frozenset({"cached_tokens"})
+LATER_COLUMNS = frozenset({"cached_tokens", "itl_max", "itl_hist"})
 FLOAT_FIELDS = (
     "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
     "server_e2e_latency", "server_queue_time", "server_received", "server_forward_entry",
