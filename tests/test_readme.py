@@ -99,6 +99,10 @@ def fresh_copy(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def _run(block: Block, root: Path) -> None:
+    # it runs with this test's own environment on PATH: an install there would re-point it (an editable install to
+    # the temporary copy, deleted after the test) and break every later test
+    assert not re.search(r"\bpip3? install\b|\bmake\b", block.text), (
+        f"{block.path}:{block.line}: a block that installs needs a readme-test: skip marker (say it in prose instead)")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("TRACEBENCH_MODEL", None)
     env.pop("TRACEBENCH_SERVER_ARGS", None)
