@@ -188,6 +188,7 @@ class SimServer:
         self.e2e_hist = {True: Histogram(_E2E_BUCKETS), False: Histogram(_E2E_BUCKETS)}
         self.queue_hist = Histogram(_QUEUE_BUCKETS)
         self.prompt_tokens_total = {True: 0, False: 0}
+        self.cached_tokens_total = 0  # prompt tokens served from the prefix cache, over finished requests
         self.generation_tokens_total = {True: 0, False: 0}
         self.num_requests_total = {True: 0, False: 0}
         self.num_aborted_total = 0
@@ -599,6 +600,7 @@ class SimServer:
         sim = pend.sim
         self.num_requests_total[stream] += 1
         self.prompt_tokens_total[stream] += sim.input_len
+        self.cached_tokens_total += sim.cached_tokens
         self.generation_tokens_total[stream] += sim.output_len
         self.e2e_hist[stream].observe(e2e)
         if pend.t_first_token > 0.0:
@@ -902,6 +904,9 @@ class SimServer:
             for stream in (False, True):
                 lines.append(f'{name}{{engine_type="unified",is_streaming="{str(stream).lower()}",'
                              f'model_name="{MODEL_NAME}"}} {float(counts[stream])!r}')
+        lines += ["# HELP sglang:cached_tokens_total Number of cached prompt tokens by source (device/host/storage).",
+                  "# TYPE sglang:cached_tokens_total counter",
+                  f'sglang:cached_tokens_total{{cache_source="device",{tok}}} {float(self.cached_tokens_total)!r}']
         lines += ["# HELP sglang:num_aborted_requests_total Number of requests aborted.",
                   "# TYPE sglang:num_aborted_requests_total counter",
                   f"sglang:num_aborted_requests_total{{{tok}}} {float(self.num_aborted_total)!r}"]
