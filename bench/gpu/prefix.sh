@@ -8,7 +8,9 @@
 #   3. routing (SERVERS > 0): the same trace on $SERVERS servers of --mem-fraction-static $MEM_FRACTION each, on the
 #      GPUs of GPU_OF (default: server i on GPU i; "0 0" puts two servers on GPU 0 when one GPU is lent), one run per
 #      policy of $POLICIES. Servers sharing a GPU share its compute: their latencies are not a multi-GPU cluster's,
-#      their caches (hit rates) are real.
+#      their caches (hit rates) are real. ROUTER_POLICIES: also one run per sglang-router policy on the same servers
+#      (--router sglang-router; the package must be importable: PYTHONPATH, see bench/gpu/README.md).
+# STAGES: which of seq, node, routing to run (default all three).
 # SIM=1 runs every step on sim-servers on this machine (a check of the script, no GPU).
 #   bash bench/gpu/prefix.sh                                               # 1 and 2
 #   SERVERS=2 GPU_OF="0 0" MEM_FRACTION=0.4 bash bench/gpu/prefix.sh      # + routing on two servers sharing GPU 0
@@ -17,7 +19,8 @@ SEQ_N=${SEQ_N:-120}; SEQ_RATE=${SEQ_RATE:-1.5}; DATA=${DATA:-tests/data/mooncake
 GROUPS_N=${GROUPS_N:-64}; PREFIX_LEN=${PREFIX_LEN:-2048}; QUESTION=${QUESTION:-256}; OUTPUT=${OUTPUT:-64}
 N=${N:-600}; RATE=${RATE:-20}
 SERVERS=${SERVERS:-0}; GPU_OF=${GPU_OF:-}; MEM_FRACTION=${MEM_FRACTION:-0.4}; PORT0=${PORT0:-30200}
-POLICIES=${POLICIES:-"random round_robin prefix_hash cache_aware"}
+POLICIES=${POLICIES:-"random round_robin prefix_hash cache_aware"}; ROUTER_POLICIES=${ROUTER_POLICIES:-}
+STAGES=${STAGES:-"seq node routing"}
 NAME=prefix
 RES=$RES_ROOT/$NAME; mkdir -p "$RES"
 PY=${TB% -m tracebench}
@@ -56,15 +59,21 @@ attach_args() {  # attach_args PORT...: --attach URL for each, and what gives th
   echo "${out[@]}"
 }
 
-start 0 "$PORT0" "$RES/node-server.log"
-$TB replay "$RES/seq.jsonl" $(attach_args "$PORT0") --run-name seq "${COMMON[@]}"
-$PY bench/prefix_check.py "$RES/seq" | tee "$RES/seq-check.txt" || echo "seq: cached_tokens differ from the trace (above)"
-echo "seq: $((SECONDS - t0)) s"; pack
-$TB replay "$RES/shared.jsonl" $(attach_args "$PORT0") --run-name node "${COMMON[@]}"
-echo "node: $((SECONDS - t0)) s"; pack
-stop_server "$RES/node-server.log"
+if [[ " $STAGES " == *" seq "* || " $STAGES " == *" node "* ]]; then
+  start 0 "$PORT0" "$RES/node-server.log"
+  if [[ " $STAGES " == *" seq "* ]]; then
+    $TB replay "$RES/seq.jsonl" $(attach_args "$PORT0") --run-name seq "${COMMON[@]}"
+    $PY bench/prefix_check.py "$RES/seq" | tee "$RES/seq-check.txt" || echo "seq: cached_tokens differ from the trace (above)"
+    echo "seq: $((SECONDS - t0)) s"; pack
+  fi
+  if [[ " $STAGES " == *" node "* ]]; then
+    $TB replay "$RES/shared.jsonl" $(attach_args "$PORT0") --run-name node "${COMMON[@]}"
+    echo "node: $((SECONDS - t0)) s"; pack
+  fi
+  stop_server "$RES/node-server.log"
+fi
 
-if [ "$SERVERS" -gt 0 ]; then
+if [ "$SERVERS" -gt 0 ] && [[ " $STAGES " == *" routing "* ]]; then
   read -r -a gpus <<< "${GPU_OF:-$(seq -s ' ' 0 $((SERVERS - 1)))}"
   ports=()
   for ((i = 0; i < SERVERS; i++)); do
@@ -75,6 +84,11 @@ if [ "$SERVERS" -gt 0 ]; then
   for policy in $POLICIES; do
     $TB replay "$RES/shared.jsonl" $(attach_args "${ports[@]}") --policy "$policy" --run-name "routing-$policy" "${COMMON[@]}"
     echo "routing-$policy: $((SECONDS - t0)) s"; pack
+  done
+  for policy in $ROUTER_POLICIES; do
+    $TB replay "$RES/shared.jsonl" $(attach_args "${ports[@]}") --router sglang-router --router-policy "$policy" \
+      --run-name "routing-sglang-router-$policy" "${COMMON[@]}"
+    echo "routing-sglang-router-$policy: $((SECONDS - t0)) s"; pack
   done
   for ((i = 0; i < SERVERS; i++)); do stop_server "$RES/routing-server-$i.log"; done
 fi
