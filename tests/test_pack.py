@@ -166,3 +166,12 @@ def test_help_names_every_file_and_option() -> None:
     for word in ("run.json.xz", "requests.parquet", "telemetry.parquet", "server-<i>.log.xz", "--log-tail",
                  "--reports-dir", "All or nothing"):
         assert word in done.stdout
+
+
+def test_the_router_log_of_a_run_through_sglang_router_is_packed_too(copy: Path) -> None:
+    router_log = b"".join(b"router line %d\n" % n for n in range(10))
+    (copy / "router.log").write_bytes(router_log)
+    done = run_cli("pack", str(copy), "--log-tail", "4")
+    assert done.returncode == 0, done.stderr
+    assert not (copy / "router.log").exists()
+    assert lzma.decompress((copy / "router.log.xz").read_bytes()) == b"".join(router_log.splitlines(keepends=True)[-4:])

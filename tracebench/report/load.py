@@ -93,7 +93,8 @@ def is_run_folder(folder: Path) -> bool:
 
 def is_packed(folder: Path) -> bool:
     """True when any file of `folder` is in its packed form (a run is packed whole: see tracebench.report.pack)."""
-    return any((folder / packed).exists() for packed in PACKED_NAMES.values()) or any(folder.glob("server-*.log.xz"))
+    return any((folder / packed).exists() for packed in PACKED_NAMES.values()) or any(
+        folder.glob("server-*.log.xz")) or (folder / "router.log.xz").exists()
 
 
 @dataclass

@@ -4,6 +4,7 @@
     requests.jsonl   -> requests.parquet    zstd Parquet, one row per line, the run format's columns and types
     telemetry.jsonl  -> telemetry.parquet   likewise (a field absent from a line is a null)
     server-<i>.log   -> server-<i>.log.xz   xz (--log-tail N: only its last N lines)
+    router.log       -> router.log.xz       likewise (a run through --router sglang-router)
 
 xz rather than gzip for the text files: run.json holds each server's /server_info, near-identical and ~33 kB apart,
 beyond gzip's 32 kB window (a 4-server run.json: 192 kB, gzip 24 kB, xz 8 kB). Both are in Python's standard library.
@@ -33,7 +34,7 @@ from tracebench.report.load import (
 )
 
 ZSTD_LEVEL = 19  # packing happens once per run and small files travel (git, the GPU call): the strongest level
-LOG_PATTERN = "server-*.log"
+LOG_PATTERNS = ("server-*.log", "router.log")  # the servers' logs, sglang-router's (--router sglang-router)
 
 
 @dataclass
@@ -104,7 +105,7 @@ def prepare(run: PreparedRun, log_tail: int | None) -> None:
     telemetry_path = folder / "telemetry.jsonl"
     if telemetry_path.exists():  # a run whose servers never started polled nothing
         _pack_table(run, telemetry_path, read_telemetry(folder), telemetry_schema())
-    for log in sorted(folder.glob(LOG_PATTERN)):
+    for log in _logs(folder, ""):
         kept = _tail(log, log_tail)
         _write_verified(run, log, _xz(kept), lambda data, kept=kept: lzma.decompress(data) == kept)
 
@@ -123,8 +124,11 @@ def discard(run: PreparedRun) -> None:
 
 
 def _packed_files(folder: Path) -> list[Path]:
-    return [p for p in (folder / name for name in PACKED_NAMES.values()) if p.exists()] + sorted(
-        folder.glob(LOG_PATTERN + ".xz"))
+    return [p for p in (folder / name for name in PACKED_NAMES.values()) if p.exists()] + _logs(folder, ".xz")
+
+
+def _logs(folder: Path, suffix: str) -> list[Path]:
+    return sorted(p for pattern in LOG_PATTERNS for p in folder.glob(pattern + suffix))
 
 
 def _write_verified(run: PreparedRun, original: Path, data: bytes, equal: Callable[[bytes], bool]) -> None:
