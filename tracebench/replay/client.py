@@ -256,7 +256,15 @@ class Api:
         raise NotImplementedError
 
     def final_answer(self, url: str, data: bytes) -> Answer:
-        """The Answer from the final object (the last stream event, or the whole non-streamed body)."""
+        """The Answer from the final object (the last stream event, or the whole non-streamed body): a refusal the
+        server sent as an object of its own, else what `_answer` reads from the object."""
+        if not data:
+            raise ServerProtocolError(f"{url}: the stream ended with [DONE] before any answer")
+        obj = _loads(url, data)
+        refused = _refusal(obj)
+        return refused if refused is not None else self._answer(url, obj, data)
+
+    def _answer(self, url: str, obj: dict[str, Any], data: bytes) -> Answer:
         raise NotImplementedError
 
 
@@ -287,13 +295,7 @@ class GenerateApi(Api):
             raise ServerProtocolError(f"{url}: stream event without meta_info.completion_tokens: {data[:200]!r}")
         return count
 
-    def final_answer(self, url: str, data: bytes) -> Answer:
-        if not data:
-            raise ServerProtocolError(f"{url}: the stream ended with [DONE] before any answer")
-        obj = _loads(url, data)
-        refused = _refusal(obj)
-        if refused is not None:
-            return refused
+    def _answer(self, url: str, obj: dict[str, Any], data: bytes) -> Answer:
         meta = obj.get("meta_info")
         if not isinstance(meta, dict):
             raise ServerProtocolError(f"{url}: answer without meta_info: {data[:300]!r}")
@@ -328,13 +330,7 @@ class _OpenAIApi(Api):
             raise ServerProtocolError(f"{url}: stream chunk with usage but no usage.completion_tokens: {data[:200]!r}")
         return count
 
-    def final_answer(self, url: str, data: bytes) -> Answer:
-        if not data:
-            raise ServerProtocolError(f"{url}: the stream ended with [DONE] before any answer")
-        obj = _loads(url, data)
-        refused = _refusal(obj)
-        if refused is not None:
-            return refused
+    def _answer(self, url: str, obj: dict[str, Any], data: bytes) -> Answer:
         usage = obj.get("usage")
         if not isinstance(usage, dict):
             raise ServerProtocolError(f"{url}: final answer without usage: {data[:300]!r}")
