@@ -333,10 +333,7 @@ class SimServer:
             if stream:
                 response = await self._stream(request, pendings[0])
             else:
-                for pend in pendings:
-                    while not pend.finished:
-                        pend.event.clear()
-                        await pend.event.wait()
+                await _all_finished(pendings)
                 outs = [self._final_out(p, is_stream=False) for p in pendings]
                 t_sent = time.time()
                 for out in outs:
@@ -649,10 +646,7 @@ class SimServer:
             if stream:
                 response = await self._openai_stream(request, pendings[0], chat, model, obj.get("stream_options"))
             else:
-                for pend in pendings:
-                    while not pend.finished:
-                        pend.event.clear()
-                        await pend.event.wait()
+                await _all_finished(pendings)
                 outs = [self._final_out(p, is_stream=False) for p in pendings]
                 response = web.Response(body=orjson.dumps(_openai_response(outs, chat, model)), content_type=_JSON)
             done = True
@@ -967,6 +961,14 @@ class SimServer:
 def _render_text(ids: list[int]) -> str:
     """The word-level tokenizer's rendering (`w<id>` per token), like the captured answers."""
     return "".join([f" w{i}" for i in ids])
+
+
+async def _all_finished(pendings: list[Pending]) -> None:
+    """Wait until the model finished every one of `pendings` (non-streamed answers go out whole)."""
+    for pend in pendings:
+        while not pend.finished:
+            pend.event.clear()
+            await pend.event.wait()
 
 
 def _query_error(kind: str, msg: str, raw: str, ctx: dict | None = None) -> web.Response:
