@@ -39,10 +39,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_sim(speed: float, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_sim(log: Path, *args: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A `tracebench sim-server ARGS` process in its own session on a free port, once /health is 200 (also used by
+    bench/prefix_sim_vs_real.py)."""
     port = free_port()
     with log.open("wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "tracebench", "sim-server", "--port", str(port), "--speed", str(speed)],
+        proc = subprocess.Popen([sys.executable, "-m", "tracebench", "sim-server", "--port", str(port), *args],
                                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -94,7 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-replay-"))
-    sims = [start_sim(args.speed, work / f"sim-{i}.log") for i in range(args.servers)]
+    sims = [start_sim(work / f"sim-{i}.log", "--speed", str(args.speed)) for i in range(args.servers)]
     print(f"machine: {os.cpu_count()} CPUs; {args.servers} sim-server(s) at --speed {args.speed:g}; "
           f"{args.seconds:g} s of Poisson arrivals per rate{' (shared-prefix trace)' if args.prefix else ''}; "
           f"run folders in {work}")

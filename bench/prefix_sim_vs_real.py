@@ -16,40 +16,19 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
+from bench_replay import start_sim  # bench/ is the script's folder, so on sys.path
 from tracebench.report.load import load_run
 
 TB = [sys.executable, "-m", "tracebench"]
 POLICIES = ("random", "round_robin", "prefix_hash", "cache_aware")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_sim(out: Path, name: str, kv_tokens: int) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    log = (out / f"{name}.log").open("wb")
-    proc = subprocess.Popen([*TB, "sim-server", "--port", str(port), "--max-total-tokens", str(kv_tokens)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"sim-server {name} did not start")
+def start_sim_kv(out: Path, name: str, kv_tokens: int) -> tuple[subprocess.Popen[bytes], str]:
+    return start_sim(out / f"{name}.log", "--max-total-tokens", str(kv_tokens))
 
 
 def replay(trace: Path, urls: list[str], name: str, out: Path, policy: str = "random") -> Path:
@@ -86,7 +65,7 @@ def main() -> None:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     try:
         node_kv = kv_tokens(args.real / "node")
-        proc, url = start_sim(args.out, "sim-node", node_kv[0])
+        proc, url = start_sim_kv(args.out, "sim-node", node_kv[0])
         procs.append(proc)
         seq = replay(args.real / "seq.jsonl", [url], "seq", args.out)
         real_seq = {r["id"]: r["cached_tokens"] for r in load_run(args.real / "seq").requests.iter_rows(named=True)}
@@ -99,7 +78,7 @@ def main() -> None:
         os.killpg(proc.pid, signal.SIGTERM)
         pairs = [("node (one H200)", args.real / "node", node, True)]
         kv = kv_tokens(args.real / "routing-random")
-        sims = [start_sim(args.out, f"sim-routing-{i}", tokens) for i, tokens in enumerate(kv)]
+        sims = [start_sim_kv(args.out, f"sim-routing-{i}", tokens) for i, tokens in enumerate(kv)]
         procs += [p for p, _ in sims]
         for policy in POLICIES:
             sim_run = replay(args.real / "shared.jsonl", [u for _, u in sims], f"routing-{policy}", args.out, policy)
