@@ -187,3 +187,13 @@ def test_router_start_failure_is_reported(tmp_path: Path) -> None:
     assert run["status"] == "not_started" and "ServerStartError" in run["error"] and "sglang-router" in run["error"]
     assert not (tmp_path / "f" / "requests.jsonl").exists()
     assert all(group_gone(s["pid"]) for s in run["servers"])
+
+
+def test_router_metrics_without_the_labels_read_are_refused() -> None:
+    from tracebench.errors import ServerProtocolError
+    from tracebench.replay.external_router import routed_outcomes
+
+    good = 'smg_worker_cb_outcomes_total{worker="http://127.0.0.1:1",outcome="success"} 3\n'
+    assert routed_outcomes(good) == {("http://127.0.0.1:1", "success"): 3}
+    with pytest.raises(ServerProtocolError, match="lacks the worker or outcome label"):
+        routed_outcomes('smg_worker_cb_outcomes_total{url="http://127.0.0.1:1",outcome="success"} 3\n')

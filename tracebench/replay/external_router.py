@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from tracebench.errors import ConfigError, ServerStartError
+from tracebench.errors import ConfigError, ServerProtocolError, ServerStartError
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 from tracebench.replay.client import SglangClient
 from tracebench.replay.records import RecordWriter, RequestRecord
@@ -150,7 +150,10 @@ def routed_outcomes(text: str) -> dict[tuple[str, str], int]:
     out: dict[tuple[str, str], int] = {}
     for labels, value in re.findall(r"^smg_worker_cb_outcomes_total\{([^}]*)\} (\S+)$", text, re.M):
         pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        out[(pairs.get("worker", ""), pairs.get("outcome", ""))] = int(float(value))
+        if "worker" not in pairs or "outcome" not in pairs:  # the format this was read from changed: say so
+            raise ServerProtocolError(f"sglang-router's metrics: smg_worker_cb_outcomes_total{{{labels}}} lacks the "
+                                      "worker or outcome label (.DUCUMENT/sglang-router.md)")
+        out[(pairs["worker"], pairs["outcome"])] = int(float(value))
     return out
 
 
