@@ -53,8 +53,9 @@ def sim_server(port: int, host: str, profile_name: str, speed: float, max_runnin
     There is no EOS: every request gets exactly max_new_tokens output tokens (as with ignore_eos).
     Serves until SIGINT or SIGTERM.
     """
+    from tracebench.sim.args import SimArgs
     from tracebench.sim.model import load_profile
-    from tracebench.sim.server import SimArgs, serve
+    from tracebench.sim.server import serve
 
     if not 0 < port < 65536:
         raise ConfigError(f"--port must be in 1..65535, got {port}")

@@ -18,17 +18,17 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 from datetime import datetime, timezone
 from importlib import resources
 
 import orjson
 from aiohttp import web
 
-from tracebench.sim.model import BatchModel, Limits, Profile, SimRequest, resolve_max_running_requests, token_ids
+from tracebench.sim.args import MODEL_NAME, SGLANG_VERSION, SimArgs
+from tracebench.sim.model import BatchModel, Limits, SimRequest, token_ids
+from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, parse_generate
 
-MODEL_NAME = "llama-2-7b-hf"
-SGLANG_VERSION = "0.5.17"
-DEFAULT_MAX_NEW_TOKENS = 128   # sglang's default when sampling_params has no max_new_tokens
 DECODE_LOG_INTERVAL = 40       # sglang's decode_log_interval: gen_throughput is refreshed every 40 decode steps
 
 _KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # llama-2-7b fp16 K and V (the capture: 231818 tokens = 113.193 GB)
@@ -46,47 +46,6 @@ _FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (Whe
 _FLUSH_FAILED_TEXT = "Flush cache failed.\n"   # sglang: busy (requests running or waiting), no ?timeout
 _FLUSH_TIMEOUT_TEXT = "Timed out waiting for idle state."
 _FLUSH_BUSY_TEXT = "Another flush_cache is already in progress."
-
-
-@dataclass(frozen=True)
-class SimArgs:
-    """The sim-server's configuration (the CLI flags, resolved)."""
-
-    host: str
-    port: int
-    profile: Profile
-    speed: float
-    max_running_requests: int | None     # None: sglang's default for the KV capacity
-    max_total_tokens: int | None         # None: the profile's GPU capacity
-    context_length: int
-    chunked_prefill_size: int
-    startup_delay: float
-    seed: int
-    vocab_size: int
-    crash_on_bad_token: bool
-    enable_metrics: bool
-    disable_overlap_schedule: bool
-    skip_tokenizer_init: bool
-    disable_radix_cache: bool = False
-
-    @property
-    def effective_max_running_requests(self) -> int:
-        return resolve_max_running_requests(self.max_running_requests, self.effective_max_total_num_tokens,
-                                            self.context_length)
-
-    @property
-    def effective_max_total_num_tokens(self) -> int:
-        return self.max_total_tokens if self.max_total_tokens is not None else self.profile.max_total_num_tokens
-
-
-class BadRequest(Exception):
-    """A request sglang's tokenizer manager refuses: 400 `{"error": {"message": ...}}`, or in a stream an SSE error
-    event (status 200)."""
-
-
-class SchedulerAbort(Exception):
-    """A request sglang's scheduler refuses after accepting it (input >= max_req_input_len): 400 non-stream, or in a
-    stream one chunk whose finish_reason is an abort (status 200)."""
 
 
 @dataclass(eq=False)
@@ -317,7 +276,9 @@ class SimServer:
             return _bad_json("Input should be a valid dictionary")
         stream = bool(obj.get("stream", False))
         try:
-            single, items, rids = self._parse(obj, stream)
+            single, items, rids = parse_generate(obj, stream, self.args, self.rids_in_flight)
+        except FatalInput as err:
+            _crash(err)
         except BadRequest as err:
             if stream:
                 return await self._stream_error(request, str(err))
@@ -345,7 +306,7 @@ class SimServer:
             self._release(pendings, done)
 
     def _submit(self, items: list[tuple[int, int, Sequence]], rids: list[str], stream: bool, t_received: float) -> list[Pending]:
-        """Hand validated requests (`_parse`'s items and rids) to the model; shared by /generate and the OpenAI routes."""
+        """Hand validated requests (`parse_generate`'s items and rids) to the model; shared by /generate and the OpenAI routes."""
         pendings: list[Pending] = []
         t_ready = t_received + self.queue_entry_delay
         for (input_len, max_new, tokens), rid in zip(items, rids):
@@ -368,114 +329,6 @@ class SimServer:
                     self.pending.pop(pend.sim, None)
                     if self.model.abort(pend.sim):
                         self.num_aborted_total += 1
-
-    def _parse(self, obj: dict, stream: bool) -> tuple[bool, list[tuple[int, int, Sequence]], list[str]]:
-        """Validate a /generate body in sglang's order. Returns (single, [(input_len, max_new_tokens, tokens)], rids);
-        tokens are what the prefix cache matches: the input ids, or a text prompt's words."""
-        args = self.args
-        text = obj.get("text")
-        input_ids = obj.get("input_ids")
-        id_lists: list[list[int]] | None = None
-        if text is not None:
-            single = isinstance(text, str)
-            texts = [text] if single else text
-            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-                raise BadRequest("text must be a string or a list of strings.")
-            if args.skip_tokenizer_init:
-                raise BadRequest("The engine initialized with skip_tokenizer_init=True cannot accept text prompts. "
-                                 "Please provide input_ids or re-initialize the engine with skip_tokenizer_init=False.")
-            token_lists: list[Sequence] = [t.split() for t in texts]  # the word-level tokenizer: one token per word
-            lengths = [len(words) for words in token_lists]
-        elif input_ids is not None:
-            if not isinstance(input_ids, list):
-                raise BadRequest("input_ids must be a list of token ids or a list of such lists.")
-            if len(input_ids) == 0:
-                raise BadRequest("input_ids cannot be empty.")
-            single = isinstance(input_ids[0], int)
-            id_lists = [input_ids] if single else input_ids
-            for ids in id_lists:
-                if not isinstance(ids, list) or not all(type(i) is int for i in ids):
-                    raise BadRequest("input_ids must be a list of token ids or a list of such lists.")
-            lengths = [len(ids) for ids in id_lists]
-            token_lists = id_lists
-        else:
-            raise BadRequest("Either text, input_ids or input_embeds should be provided.")
-        n = len(lengths)
-        if n == 0:
-            raise BadRequest("input_ids cannot be empty.")
-        if stream and not single:
-            raise BadRequest("tracebench sim-server: streaming a batch is not supported; send one request per stream.")
-        rid = obj.get("rid")
-        if rid is None:
-            rids = [uuid.uuid4().hex for _ in range(n)]
-        elif isinstance(rid, str):
-            rids = [rid] if n == 1 else [f"{rid}_{i}" for i in range(n)]
-        elif isinstance(rid, list) and all(isinstance(r, str) for r in rid):
-            if len(rid) != n:
-                raise BadRequest("The specified rids length mismatch with the batch_size for batch processing.")
-            rids = rid
-        else:
-            raise BadRequest("The rid should be a string or a list of strings.")
-        seen: set[str] = set()
-        for r in rids:
-            if r in seen or r in self.rids_in_flight:
-                raise BadRequest(f"Duplicate request ID detected: {r}")
-            seen.add(r)
-        params = obj.get("sampling_params") or {}
-        if isinstance(params, dict):
-            param_list = [params] * n
-        elif isinstance(params, list) and len(params) == n and all(isinstance(p, dict) for p in params):
-            param_list = params
-        else:
-            raise BadRequest("sampling_params must be an object, or a list of objects as long as the batch.")
-        items: list[tuple[int, int, Sequence]] = []
-        for k in range(n):
-            input_len = lengths[k]
-            if input_len == 0:
-                raise BadRequest("input_ids cannot be empty.")
-            max_new = param_list[k].get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-            if max_new is None:
-                max_new = DEFAULT_MAX_NEW_TOKENS
-            if type(max_new) is not int:
-                raise BadRequest(f"max_new_tokens must be an integer, got {max_new!r}.")
-            if input_len >= args.context_length:
-                raise BadRequest(f"The input ({input_len} tokens) is longer than the model's context length "
-                                 f"({args.context_length} tokens).")
-            if input_len + max_new > args.context_length:
-                raise BadRequest(
-                    f"Requested token count exceeds the model's maximum context length of {args.context_length} "
-                    f"tokens. You requested a total of {input_len + max_new} tokens: {input_len} tokens from the "
-                    f"input messages and {max_new} tokens for the completion. Please reduce the number of tokens in "
-                    f"the input messages or the completion to fit within the limit.")
-            if max_new < 0:
-                raise BadRequest(f"max_new_tokens must be at least 0, got {max_new}.")
-            if id_lists is not None:
-                ids = id_lists[k]
-                if max(ids) >= args.vocab_size or min(ids) < 0:
-                    if args.crash_on_bad_token:
-                        # Like sglang: a device-side assert kills the server; connections drop, nothing answers.
-                        sys.stderr.write(f"sim-server: input id out of vocabulary ({args.vocab_size}): crashing "
-                                         "like sglang (--crash-on-bad-token)\n")
-                        sys.stderr.flush()
-                        os._exit(134)
-                    raise BadRequest(f"The input_ids {ids} contains values greater than the vocab size "
-                                     f"({args.vocab_size}).")
-            need = input_len + max_new
-            if need > self.limits.max_total_num_tokens:
-                raise BadRequest(f"The request needs {need} KV cache tokens (input + max_new_tokens) but the "
-                                 f"server's max_total_num_tokens is {self.limits.max_total_num_tokens}.")
-            items.append((input_len, max_new, token_lists[k]))
-        for input_len, _, _ in items:
-            if input_len >= self.max_req_input_len:
-                raise SchedulerAbort(f"Input length ({input_len} tokens) exceeds the maximum allowed length "
-                                     f"({self.max_req_input_len} tokens). Use a shorter input or enable "
-                                     "--allow-auto-truncate.")
-        return single, items, rids
-
-    @property
-    def max_req_input_len(self) -> int:
-        """sglang: (context_len - 1) - 5; inputs this long pass the tokenizer's check but the scheduler aborts them."""
-        return self.args.context_length - 6
 
     async def _stream_error(self, request: web.Request, message: str) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": _SSE})
@@ -606,7 +459,7 @@ class SimServer:
 
     # ---------------------------------------------------------------- OpenAI-compatible API
     # /v1/completions and /v1/chat/completions as sglang 0.5.17's serving_completions.py / serving_chat.py answer
-    # them (facts and sources: .DUCUMENT/openai-api.md). The request becomes a /generate request (`_parse`,
+    # them (facts and sources: .DUCUMENT/openai-api.md). The request becomes a /generate request (`parse_generate`,
     # `_submit`); only the answer's shape differs.
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._openai(request, chat=False)
@@ -631,9 +484,11 @@ class SimServer:
         try:
             generate, model = self._openai_to_generate(obj, chat)
             # validation errors are 400 JSON for streams too: sglang pulls the first chunk before answering 200
-            single, items, rids = self._parse(generate, stream=False)
+            single, items, rids = parse_generate(generate, False, self.args, self.rids_in_flight)
             if stream and not single:
                 raise BadRequest("tracebench sim-server: streaming a batch is not supported; send one prompt per stream.")
+        except FatalInput as err:
+            _crash(err)
         except BadRequest as err:
             return _openai_error(str(err))
         except SchedulerAbort as err:
@@ -777,7 +632,7 @@ class SimServer:
         info.update(overrides)
         info["status"] = "ready" if self.ready() else "starting"
         info["max_total_num_tokens"] = self.limits.max_total_num_tokens
-        info["max_req_input_len"] = self.max_req_input_len
+        info["max_req_input_len"] = self.args.max_req_input_len
         internal = dict(self.captured_server_info["internal_states"][0])
         internal.update(overrides)
         internal["last_gen_throughput"] = self.current_gen_throughput()
@@ -956,6 +811,13 @@ class SimServer:
         finally:
             self.flush_pending = False
         return web.Response(status=400, text=_FLUSH_TIMEOUT_TEXT, content_type="text/plain")
+
+
+def _crash(err: FatalInput) -> NoReturn:
+    """Like sglang: a device-side assert kills the server; connections drop, nothing answers."""
+    sys.stderr.write(f"sim-server: {err}\n")
+    sys.stderr.flush()
+    os._exit(134)
 
 
 def _render_text(ids: list[int]) -> str:
