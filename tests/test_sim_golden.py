@@ -61,31 +61,38 @@ def _request(url: str, body: dict | None = None, method: str = "POST") -> tuple[
         return err.code, err.read()
 
 
-def _tokens_as_counts(chunk: object) -> object:
-    """A streamed chunk with its text and output ids replaced by their lengths (ids are drawn per chunk, and how the
-    tokens fall into chunks follows the clock)."""
-    if isinstance(chunk, dict):
-        return {k: (len(v.split()) if k in ("text", "content") and isinstance(v, str)
-                    else len(v) if k == "output_ids" else _tokens_as_counts(v)) for k, v in chunk.items()}
-    if isinstance(chunk, list):
-        return [_tokens_as_counts(v) for v in chunk]
-    return chunk
+def _stream_summary(chunks: list[dict]) -> dict:
+    """What of a stream does not follow the clock: how many tokens it carried, its chunks' keys, its last answer chunk
+    (/generate: text and output ids as counts, each chunk holds all so far; OpenAI: the delta's text masked, as how
+    the tokens fall into chunks follows the clock, and so do the ids, drawn per chunk) and its usage chunk."""
+    answer = [c for c in chunks if c.get("choices") != []]
+    last = _mask(answer[-1])
+    if "output_ids" in last:
+        streamed = len(last["output_ids"])
+        last["output_ids"] = streamed
+        if "text" in last:
+            last["text"] = len(last["text"].split())
+    else:
+        streamed = 0
+        for c in answer:
+            for choice in c.get("choices", []):
+                streamed += len((choice.get("text") or (choice.get("delta") or {}).get("content") or "").split())
+        for choice in last.get("choices", []):
+            if "text" in choice:
+                choice["text"] = MASKED
+            if (choice.get("delta") or {}).get("content"):
+                choice["delta"]["content"] = MASKED
+    usage = [_mask(c) for c in chunks if c.get("choices") == []]
+    return {"streamed_tokens": streamed, "first_keys": list(chunks[0]), "keys": sorted({k for c in chunks for k in c}),
+            "last": last, "usage_chunks": usage}
 
 
 def _answer(status: int, raw: bytes) -> dict:
-    """One answer: JSON as such; an SSE stream as its last two chunks, the number of tokens streamed and the keys of
-    its chunks."""
+    """One answer: JSON as such, an SSE stream as its summary."""
     if raw.startswith(b"data: "):
         parts = raw.split(b"\n\n")
         assert parts[-2:] == [b"data: [DONE]", b""], raw[-200:]
-        chunks = [json.loads(p[6:]) for p in parts[:-2]]
-        if "text" in chunks[-1] or "output_ids" in chunks[-1]:
-            streamed = len(chunks[-1]["output_ids"])    # /generate: each chunk holds the ids so far
-        else:
-            streamed = sum(len((choice.get("text") or (choice.get("delta") or {}).get("content") or "").split())
-                           for c in chunks for choice in c.get("choices") or [])
-        return {"status": status, "last": _tokens_as_counts(_mask(chunks[-2:])), "streamed_tokens": streamed,
-                "first_keys": list(chunks[0]), "keys": sorted({k for c in chunks for k in c})}
+        return {"status": status, **_stream_summary([json.loads(p[6:]) for p in parts[:-2]])}
     try:
         return {"status": status, "body": _mask(json.loads(raw))}
     except json.JSONDecodeError:
