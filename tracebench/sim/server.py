@@ -27,20 +27,13 @@ from aiohttp import web
 
 from tracebench.sim.args import MODEL_NAME, SGLANG_VERSION, SimArgs
 from tracebench.sim.model import BatchModel, Limits, SimRequest, token_ids
+from tracebench.sim.prom import SimStats, metrics_text
 from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, parse_generate
 
-DECODE_LOG_INTERVAL = 40       # sglang's decode_log_interval: gen_throughput is refreshed every 40 decode steps
 
 _KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # llama-2-7b fp16 K and V (the capture: 231818 tokens = 113.193 GB)
 _JSON = "application/json"
 _SSE = "text/event-stream; charset=utf-8"
-_SCHED_LABELS = 'engine_type="unified",model_name="{m}",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
-_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
-_E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0,
-                600.0, 1200.0, 1800.0, 2400.0)
-_QUEUE_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0,
-                  40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0,
-                  1000.0, 1200.0, 1400.0, 1600.0, 1800.0, 2000.0, 2500.0, 3000.0)
 _FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
                "requests, the operation will not be performed.)\n")
 _FLUSH_FAILED_TEXT = "Flush cache failed.\n"   # sglang: busy (requests running or waiting), no ?timeout
@@ -65,46 +58,6 @@ class Pending:
     t_first_sent_wall: float = 0.0
     event: asyncio.Event = field(default_factory=asyncio.Event)
     output_ids: list[int] = field(default_factory=list)
-
-
-class Histogram:
-    """A Prometheus histogram (cumulative buckets rendered on demand)."""
-
-    __slots__ = ("bounds", "counts", "total", "n")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-        self.n = 0
-
-    def observe(self, value: float) -> None:
-        i = 0
-        for bound in self.bounds:
-            if value <= bound:
-                break
-            i += 1
-        self.counts[i] += 1
-        self.total += value
-        self.n += 1
-
-    def render(self, name: str, labels: str) -> list[str]:
-        lines = [f"{name}_sum{{{labels}}} {self.total!r}"]
-        cum = 0
-        for bound, count in zip(self.bounds, self.counts):
-            cum += count
-            lines.append(f'{name}_bucket{{{_with_le(labels, repr(float(bound)))}}} {float(cum)!r}')
-        lines.append(f'{name}_bucket{{{_with_le(labels, "+Inf")}}} {float(self.n)!r}')
-        lines.append(f"{name}_count{{{labels}}} {float(self.n)!r}")
-        return lines
-
-
-def _with_le(labels: str, le: str) -> str:
-    """Insert `le` among labels in alphabetical order, as prometheus_client's multiprocess collector prints them."""
-    parts = labels.split(",")
-    parts.append(f'le="{le}"')
-    parts.sort(key=lambda p: p.split("=", 1)[0])
-    return ",".join(parts)
 
 
 class SimServer:
@@ -138,20 +91,7 @@ class SimServer:
         self.queue_entry_delay = profile.queue_entry_s / speed
         self.dispatch_delay = profile.dispatch_s / speed
         self.output_delay = profile.output_s / speed
-        # metrics
-        self.gen_throughput = 0.0
-        self._decode_steps_since_log = 0
-        self._tokens_since_log = 0
-        self._t_last_log = 0.0
-        self.ttft_hist = {True: Histogram(_TTFT_BUCKETS), False: Histogram(_TTFT_BUCKETS)}
-        self.e2e_hist = {True: Histogram(_E2E_BUCKETS), False: Histogram(_E2E_BUCKETS)}
-        self.queue_hist = Histogram(_QUEUE_BUCKETS)
-        self.prompt_tokens_total = {True: 0, False: 0}
-        self.cached_tokens_total = 0  # prompt tokens served from the prefix cache, over finished requests
-        self.generation_tokens_total = {True: 0, False: 0}
-        self.num_requests_total = {True: 0, False: 0}
-        self.num_aborted_total = 0
-        self.cache_hit_rate = 0.0        # sglang: the last prefill batch's, reset by the decode log
+        self.stats = SimStats()
         self.flush_pending = False       # a /flush_cache?timeout=S is waiting for the server to idle
 
     # ---------------------------------------------------------------- app
@@ -181,7 +121,7 @@ class SimServer:
         now = loop.time()
         self.mono_to_wall = time.time() - now
         self.t_ready_at = now + self.args.startup_delay
-        self._t_last_log = now
+        self.stats.start(now)
         self.engine_task = loop.create_task(self._engine())
 
     def wall(self, t_loop: float) -> float:
@@ -221,25 +161,13 @@ class SimServer:
             result = model.finish_step(step)
             t_free = step.t_end
             if step.kind == "decode":
-                self._note_decode(step.t_end, len(result.produced))
+                self.stats.on_decode(step.t_end, len(result.produced))
             else:
-                hit = step.cached_tokens
-                self.cache_hit_rate = hit / (hit + step.batch_tokens)
+                self.stats.on_prefill(step)
             if result.produced or result.finished:
                 produced = [(req, req.output_len) for req in result.produced]
                 t_visible = step.t_end + self.output_delay
                 loop.call_at(t_visible, self._deliver, produced, result.finished, t_visible)
-
-    def _note_decode(self, t_end: float, tokens: int) -> None:
-        self._decode_steps_since_log += 1
-        self._tokens_since_log += tokens
-        if self._decode_steps_since_log >= DECODE_LOG_INTERVAL:
-            elapsed = t_end - self._t_last_log
-            self.gen_throughput = self._tokens_since_log / elapsed if elapsed > 0 else 0.0
-            self.cache_hit_rate = 0.0
-            self._decode_steps_since_log = 0
-            self._tokens_since_log = 0
-            self._t_last_log = t_end
 
     def _deliver(self, produced: list[tuple[SimRequest, int]], finished: list[SimRequest], t_visible: float) -> None:
         """Hand a step's tokens to the HTTP layer. Stamps use the simulated time `t_visible` (not when this callback
@@ -328,7 +256,7 @@ class SimServer:
                 if not pend.finished:
                     self.pending.pop(pend.sim, None)
                     if self.model.abort(pend.sim):
-                        self.num_aborted_total += 1
+                        self.stats.on_abort()
 
     async def _stream_error(self, request: web.Request, message: str) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": _SSE})
@@ -442,20 +370,9 @@ class SimServer:
             decode_latency = pend.t_finished - pend.t_first_token
             if decode_latency > 0.0 and n > 1:
                 meta["decode_throughput"] = (n - 1) / decode_latency
-        self._observe_finished(pend, e2e)
+        self.stats.on_finished(pend.stream, sim, e2e, pend.t_first_token - pend.t_received
+                               if pend.t_first_token > 0.0 else None)
         return self._with_text(ids, meta)
-
-    def _observe_finished(self, pend: Pending, e2e: float) -> None:
-        stream = pend.stream
-        sim = pend.sim
-        self.num_requests_total[stream] += 1
-        self.prompt_tokens_total[stream] += sim.input_len
-        self.cached_tokens_total += sim.cached_tokens
-        self.generation_tokens_total[stream] += sim.output_len
-        self.e2e_hist[stream].observe(e2e)
-        if pend.t_first_token > 0.0:
-            self.ttft_hist[stream].observe(pend.t_first_token - pend.t_received)
-        self.queue_hist.observe(sim.t_forward_entry - sim.t_ready)
 
     # ---------------------------------------------------------------- OpenAI-compatible API
     # /v1/completions and /v1/chat/completions as sglang 0.5.17's serving_completions.py / serving_chat.py answer
@@ -635,7 +552,7 @@ class SimServer:
         info["max_req_input_len"] = self.args.max_req_input_len
         internal = dict(self.captured_server_info["internal_states"][0])
         internal.update(overrides)
-        internal["last_gen_throughput"] = self.current_gen_throughput()
+        internal["last_gen_throughput"] = self.stats.current_gen_throughput(self.model)
         internal["effective_max_running_requests_per_dp"] = self.limits.max_running_requests
         memory = dict(internal["memory_usage"])
         memory["token_capacity"] = self.limits.max_total_num_tokens
@@ -662,10 +579,6 @@ class SimServer:
                                             "max_model_len": self.args.context_length}]}
         return web.Response(body=orjson.dumps(body), content_type=_JSON)
 
-    def current_gen_throughput(self) -> float:
-        """Decode tokens/s over the last 40 decode steps; 0 when nothing decodes (like sglang)."""
-        return self.gen_throughput if self.model.num_decoding else 0.0
-
     def _load(self, now_wall: float) -> dict:
         model, limits = self.model, self.limits
         used = model.kv_used_tokens()
@@ -680,8 +593,8 @@ class SimServer:
             "num_used_tokens": used, "num_total_tokens": used + waiting_tokens,
             "num_active_tokens": used + waiting_tokens,
             "max_total_num_tokens": cap, "max_running_requests": limits.max_running_requests,
-            "token_usage": round(used / cap, 4), "gen_throughput": self.current_gen_throughput(),
-            "cache_hit_rate": round(self.cache_hit_rate, 4), "utilization": 0.0,
+            "token_usage": round(used / cap, 4), "gen_throughput": self.stats.current_gen_throughput(self.model),
+            "cache_hit_rate": round(self.stats.cache_hit_rate, 4), "utilization": 0.0,
             "total_prefill_uncached_tokens": model.total_prefill_tokens,
             "total_prefill_busy_us": int(model.total_prefill_busy_s * 1e6),
             "decode_moments": model.decode_moments,
@@ -731,57 +644,7 @@ class SimServer:
     async def handle_metrics(self, request: web.Request) -> web.Response:
         if not self.args.enable_metrics:
             return web.Response(text="", content_type="text/plain", charset="utf-8")
-        return web.Response(text=self.metrics_text(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-
-    def metrics_text(self) -> str:
-        model, limits = self.model, self.limits
-        sched = _SCHED_LABELS.format(m=MODEL_NAME)
-        used = model.kv_used_tokens()
-        lines: list[str] = []
-
-        def gauge(name: str, doc: str, value: float) -> None:
-            lines.extend([f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name}{{{sched}}} {float(value)!r}"])
-
-        tok = f'engine_type="unified",model_name="{MODEL_NAME}"'
-        # sglang's order: tokenizer counters, then scheduler gauges, then histograms (queue time last)
-        for name, doc, counts in (
-            ("sglang:prompt_tokens_total", "Number of prefill tokens processed.", self.prompt_tokens_total),
-            ("sglang:generation_tokens_total", "Number of generation tokens processed.", self.generation_tokens_total),
-            ("sglang:num_requests_total", "Number of requests processed.", self.num_requests_total),
-        ):
-            lines += [f"# HELP {name} {doc}", f"# TYPE {name} counter"]
-            for stream in (False, True):
-                lines.append(f'{name}{{engine_type="unified",is_streaming="{str(stream).lower()}",'
-                             f'model_name="{MODEL_NAME}"}} {float(counts[stream])!r}')
-        lines += ["# HELP sglang:cached_tokens_total Number of cached prompt tokens by source (device/host/storage).",
-                  "# TYPE sglang:cached_tokens_total counter",
-                  f'sglang:cached_tokens_total{{cache_source="device",{tok}}} {float(self.cached_tokens_total)!r}']
-        lines += ["# HELP sglang:num_aborted_requests_total Number of requests aborted.",
-                  "# TYPE sglang:num_aborted_requests_total counter",
-                  f"sglang:num_aborted_requests_total{{{tok}}} {float(self.num_aborted_total)!r}"]
-        gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
-              limits.max_total_num_tokens)
-        gauge("sglang:num_running_reqs", "The number of running requests.", model.num_decoding)
-        gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", model.num_waiting)
-        gauge("sglang:gen_throughput", "The generation throughput (token/s).", self.current_gen_throughput())
-        gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", self.cache_hit_rate)
-        gauge("sglang:decode_sum_seq_lens", "The sum of all sequence lengths in decode.",
-              sum(r.kv_used for r in model.running))
-        gauge("sglang:token_usage", "The token usage.", round(used / limits.max_total_num_tokens, 4))
-        gauge("sglang:num_used_tokens", "The number of used tokens.", used)
-        for name, doc, hists in (
-            ("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft_hist),
-            ("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
-             self.e2e_hist),
-        ):
-            lines += [f"# HELP {name} {doc}", f"# TYPE {name} histogram"]
-            for stream in (False, True):
-                labels = f'engine_type="unified",is_streaming="{str(stream).lower()}",model_name="{MODEL_NAME}"'
-                lines += hists[stream].render(name, labels)
-        lines += ["# HELP sglang:queue_time_seconds Histogram of queueing time in seconds.",
-                  "# TYPE sglang:queue_time_seconds histogram"]
-        lines += self.queue_hist.render("sglang:queue_time_seconds", sched)
-        return "\n".join(lines) + "\n"
+        return web.Response(text=metrics_text(self.stats, self.model), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def handle_flush_cache(self, request: web.Request) -> web.Response:
         """sglang's /flush_cache[?timeout=S]: empties the prefix cache when nothing runs or waits; otherwise 400, or
