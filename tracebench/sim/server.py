@@ -1,24 +1,17 @@
 """The simulated sglang 0.5.17 server: an aiohttp app with sglang's routes and answers, timed by `model.BatchModel`.
 
-One engine task runs the model on the real clock (asyncio's monotonic `loop.time()`), scaled by `--speed K`: each
-step's end is absolute (its start plus its duration / K) and the next step starts at that end, so sleeping late
-never accumulates drift (a late loop catches up). A token sampled at a step's end becomes visible to the HTTP layer
-`output_s / K` later (sglang's detokenizer and IPC hop). The `meta_info` stamps are wall-clock seconds: the monotonic
-times shifted by one anchor read at start-up, so they agree with a client's `time.time()`.
+This file is the app and sglang's native routes; the parts live apart: `engine.py` runs the model on the clock,
+`validate.py` checks requests, `prom.py` keeps the metrics. The `meta_info` stamps are wall-clock seconds: the
+engine's monotonic times shifted by one anchor read at start-up, so they agree with a client's `time.time()`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import random
 import signal
 import sys
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import NoReturn
 from datetime import datetime, timezone
 from importlib import resources
 
@@ -26,7 +19,8 @@ import orjson
 from aiohttp import web
 
 from tracebench.sim.args import MODEL_NAME, SGLANG_VERSION, SimArgs
-from tracebench.sim.model import BatchModel, Limits, SimRequest, token_ids
+from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash
+from tracebench.sim.model import BatchModel, Limits, token_ids
 from tracebench.sim.prom import SimStats, metrics_text
 from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, parse_generate
 
@@ -39,25 +33,6 @@ _FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (Whe
 _FLUSH_FAILED_TEXT = "Flush cache failed.\n"   # sglang: busy (requests running or waiting), no ?timeout
 _FLUSH_TIMEOUT_TEXT = "Timed out waiting for idle state."
 _FLUSH_BUSY_TEXT = "Another flush_cache is already in progress."
-
-
-@dataclass(eq=False)
-class Pending:
-    """One request as the HTTP layer sees it."""
-
-    sim: SimRequest
-    rid: str
-    stream: bool
-    ids_seed: int
-    t_received: float                    # loop clock (monotonic)
-    t_dispatched: float
-    visible: int = 0                     # output tokens handed to the HTTP layer so far
-    t_first_token: float = 0.0
-    t_finished: float = 0.0
-    finished: bool = False
-    t_first_sent_wall: float = 0.0
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    output_ids: list[int] = field(default_factory=list)
 
 
 class SimServer:
@@ -78,20 +53,11 @@ class SimServer:
             radix_cache=not args.disable_radix_cache,
         )
         self.model = BatchModel(args.profile, self.limits, args.speed)
-        self.rng = random.Random(args.seed)
-        self.pending: dict[SimRequest, Pending] = {}
-        self.rids_in_flight: set[str] = set()
-        self.t_ready_at = 0.0           # loop time when /health turns 200
-        self.mono_to_wall = 0.0          # wall = mono + mono_to_wall
-        self.wake = asyncio.Event()
-        self.engine_task: asyncio.Task[None] | None = None
-        self.created = int(time.time())
-        # Scaled per-request delays (seconds of loop clock)
-        profile, speed = args.profile, args.speed
-        self.queue_entry_delay = profile.queue_entry_s / speed
-        self.dispatch_delay = profile.dispatch_s / speed
-        self.output_delay = profile.output_s / speed
         self.stats = SimStats()
+        self.engine = LiveEngine(self.model, self.stats, args.profile, args.speed, args.seed)
+        self.engine_task: asyncio.Task[None] | None = None
+        self.t_ready_at = 0.0           # loop time when /health turns 200
+        self.created = int(time.time())
         self.flush_pending = False       # a /flush_cache?timeout=S is waiting for the server to idle
 
     # ---------------------------------------------------------------- app
@@ -119,75 +85,11 @@ class SimServer:
     def start_engine(self) -> None:
         loop = asyncio.get_running_loop()
         now = loop.time()
-        self.mono_to_wall = time.time() - now
         self.t_ready_at = now + self.args.startup_delay
-        self.stats.start(now)
-        self.engine_task = loop.create_task(self._engine())
-
-    def wall(self, t_loop: float) -> float:
-        return t_loop + self.mono_to_wall
+        self.engine_task = self.engine.start(now)
 
     def ready(self) -> bool:
         return asyncio.get_running_loop().time() >= self.t_ready_at
-
-    # ---------------------------------------------------------------- engine
-    async def _engine(self) -> None:
-        loop = asyncio.get_running_loop()
-        model = self.model
-        t_free = loop.time()
-        while True:
-            t_start = model.next_start(t_free)
-            if t_start is None:
-                model.process_results()  # sglang processes the last step's result even when nothing follows
-                # no work: the GPU idles from t_free; the next request starts at its own ready time, even if this
-                # loop wakes up late (catch-up, no drift)
-                self.wake.clear()
-                await self.wake.wait()
-                continue
-            now = loop.time()
-            if t_start > now:
-                # idle until the head of the queue is ready (an arrival may wake us earlier; a stale timer only
-                # makes the loop look again)
-                self.wake.clear()
-                loop.call_at(t_start, self.wake.set)
-                await self.wake.wait()
-                continue
-            step = model.start_step(t_start)
-            if step is None:
-                raise RuntimeError(f"model had work from {t_start} but planned no step")
-            delay = step.t_end - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            result = model.finish_step(step)
-            t_free = step.t_end
-            if step.kind == "decode":
-                self.stats.on_decode(step.t_end, len(result.produced))
-            else:
-                self.stats.on_prefill(step)
-            if result.produced or result.finished:
-                produced = [(req, req.output_len) for req in result.produced]
-                t_visible = step.t_end + self.output_delay
-                loop.call_at(t_visible, self._deliver, produced, result.finished, t_visible)
-
-    def _deliver(self, produced: list[tuple[SimRequest, int]], finished: list[SimRequest], t_visible: float) -> None:
-        """Hand a step's tokens to the HTTP layer. Stamps use the simulated time `t_visible` (not when this callback
-        happened to run), so they are exact model times even on a loaded machine; the answer is sent after it."""
-        now = t_visible
-        for req, count in produced:
-            pend = self.pending.get(req)
-            if pend is None:
-                continue  # aborted meanwhile
-            if pend.visible == 0:
-                pend.t_first_token = now
-            pend.visible = count
-            pend.event.set()
-        for req in finished:
-            pend = self.pending.pop(req, None)
-            if pend is None:
-                continue
-            pend.finished = True
-            pend.t_finished = now
-            pend.event.set()
 
     # ---------------------------------------------------------------- /generate
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
@@ -204,9 +106,9 @@ class SimServer:
             return _bad_json("Input should be a valid dictionary")
         stream = bool(obj.get("stream", False))
         try:
-            single, items, rids = parse_generate(obj, stream, self.args, self.rids_in_flight)
+            single, items, rids = parse_generate(obj, stream, self.args, self.engine.rids_in_flight)
         except FatalInput as err:
-            _crash(err)
+            crash(err)
         except BadRequest as err:
             if stream:
                 return await self._stream_error(request, str(err))
@@ -216,13 +118,13 @@ class SimServer:
                 return await self._stream_abort(request, obj, str(err), t_received)
             return web.Response(status=400, body=orjson.dumps({"error": {"message": str(err)}}), content_type=_JSON)
 
-        pendings = self._submit(items, rids, stream, t_received)
+        pendings = self.engine.submit(items, rids, stream, t_received)
         done = False
         try:
             if stream:
                 response = await self._stream(request, pendings[0])
             else:
-                await _all_finished(pendings)
+                await all_finished(pendings)
                 outs = [self._final_out(p, is_stream=False) for p in pendings]
                 t_sent = time.time()
                 for out in outs:
@@ -231,32 +133,7 @@ class SimServer:
             done = True
             return response
         finally:
-            self._release(pendings, done)
-
-    def _submit(self, items: list[tuple[int, int, Sequence]], rids: list[str], stream: bool, t_received: float) -> list[Pending]:
-        """Hand validated requests (`parse_generate`'s items and rids) to the model; shared by /generate and the OpenAI routes."""
-        pendings: list[Pending] = []
-        t_ready = t_received + self.queue_entry_delay
-        for (input_len, max_new, tokens), rid in zip(items, rids):
-            sim = SimRequest(rid=rid, input_len=input_len, max_new_tokens=max_new, t_ready=t_ready, input_ids=tokens)
-            pend = Pending(sim=sim, rid=rid, stream=stream, ids_seed=self.rng.getrandbits(64),
-                           t_received=t_received, t_dispatched=t_received + self.dispatch_delay)
-            self.model.submit(sim)
-            self.pending[sim] = pend
-            self.rids_in_flight.add(rid)
-            pendings.append(pend)
-        self.wake.set()
-        return pendings
-
-    def _release(self, pendings: list[Pending], done: bool) -> None:
-        for pend in pendings:
-            self.rids_in_flight.discard(pend.rid)
-        if not done:  # the client went away (cancelled handler or failed write): free the slots, like sglang
-            for pend in pendings:
-                if not pend.finished:
-                    self.pending.pop(pend.sim, None)
-                    if self.model.abort(pend.sim):
-                        self.stats.on_abort()
+            self.engine.release(pendings, done)
 
     async def _stream_error(self, request: web.Request, message: str) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": _SSE})
@@ -271,21 +148,21 @@ class SimServer:
         """sglang's scheduler-side abort in a stream: one chunk with one token, prompt_tokens 1, an abort reason."""
         rid = obj.get("rid") if isinstance(obj.get("rid"), str) else uuid.uuid4().hex
         now = asyncio.get_running_loop().time()
-        out_id = token_ids(self.rng.getrandbits(64), 1, self.args.vocab_size)
+        out_id = token_ids(self.engine.rng.getrandbits(64), 1, self.args.vocab_size)
         meta: dict = {"id": rid, "finish_reason": {"type": "abort", "message": message, "status_code": 400,
                                                     "err_type": "BadRequestError"},
                       "prompt_tokens": 1, "weight_version": "default", "num_retractions": 0}
         if self.args.enable_metrics:
-            meta.update({"forward_entry_time": self.wall(now), "prefill_finished_time": self.wall(now),
+            meta.update({"forward_entry_time": self.engine.wall(now), "prefill_finished_time": self.engine.wall(now),
                          "queue_time": 0.0})
         else:
             meta["queue_time"] = 0.0
         meta.update({"reasoning_tokens": 0, "completion_tokens": 1, "cached_tokens": 0,
                      "cached_tokens_details": None, "dp_rank": None, "e2e_latency": now - t_received})
         if self.args.enable_metrics:
-            meta.update({"request_received_ts": self.wall(t_received),
-                         "api_server_dispatch_finish_ts": self.wall(t_received + self.dispatch_delay),
-                         "request_finished_ts": self.wall(now)})
+            meta.update({"request_received_ts": self.engine.wall(t_received),
+                         "api_server_dispatch_finish_ts": self.engine.wall(t_received + self.engine.dispatch_delay),
+                         "request_finished_ts": self.engine.wall(now)})
         meta["response_sent_to_client_ts"] = time.time()
         out = self._with_text(out_id, meta)
         response = web.StreamResponse(headers={"Content-Type": _SSE})
@@ -333,8 +210,8 @@ class SimServer:
         meta: dict = {"id": pend.rid, "finish_reason": finish_reason, "prompt_tokens": sim.input_len,
                       "weight_version": "default", "num_retractions": 0}
         if self.args.enable_metrics:
-            meta["forward_entry_time"] = self.wall(sim.t_forward_entry)
-            meta["prefill_finished_time"] = self.wall(sim.t_prefill_finished)
+            meta["forward_entry_time"] = self.engine.wall(sim.t_forward_entry)
+            meta["prefill_finished_time"] = self.engine.wall(sim.t_prefill_finished)
             meta["queue_time"] = sim.t_forward_entry - sim.t_ready
         else:
             meta["queue_time"] = 0.0
@@ -362,11 +239,11 @@ class SimServer:
         e2e = pend.t_finished - pend.t_received
         meta["e2e_latency"] = e2e
         if self.args.enable_metrics:
-            meta["request_received_ts"] = self.wall(pend.t_received)
-            meta["api_server_dispatch_finish_ts"] = self.wall(pend.t_dispatched)
+            meta["request_received_ts"] = self.engine.wall(pend.t_received)
+            meta["api_server_dispatch_finish_ts"] = self.engine.wall(pend.t_dispatched)
             if is_stream:
                 meta["response_sent_to_client_ts"] = 0.0  # placeholder keeps sglang's key order; set by caller
-            meta["request_finished_ts"] = self.wall(pend.t_finished)
+            meta["request_finished_ts"] = self.engine.wall(pend.t_finished)
             decode_latency = pend.t_finished - pend.t_first_token
             if decode_latency > 0.0 and n > 1:
                 meta["decode_throughput"] = (n - 1) / decode_latency
@@ -401,30 +278,30 @@ class SimServer:
         try:
             generate, model = self._openai_to_generate(obj, chat)
             # validation errors are 400 JSON for streams too: sglang pulls the first chunk before answering 200
-            single, items, rids = parse_generate(generate, False, self.args, self.rids_in_flight)
+            single, items, rids = parse_generate(generate, False, self.args, self.engine.rids_in_flight)
             if stream and not single:
                 raise BadRequest("tracebench sim-server: streaming a batch is not supported; send one prompt per stream.")
         except FatalInput as err:
-            _crash(err)
+            crash(err)
         except BadRequest as err:
             return _openai_error(str(err))
         except SchedulerAbort as err:
             if not stream:
                 return _openai_error(str(err))
             return await self._openai_stream_abort(request, obj, chat, model, str(err))
-        pendings = self._submit(items, rids, stream, t_received)
+        pendings = self.engine.submit(items, rids, stream, t_received)
         done = False
         try:
             if stream:
                 response = await self._openai_stream(request, pendings[0], chat, model, obj.get("stream_options"))
             else:
-                await _all_finished(pendings)
+                await all_finished(pendings)
                 outs = [self._final_out(p, is_stream=False) for p in pendings]
                 response = web.Response(body=orjson.dumps(_openai_response(outs, chat, model)), content_type=_JSON)
             done = True
             return response
         finally:
-            self._release(pendings, done)
+            self.engine.release(pendings, done)
 
     def _openai_to_generate(self, obj: dict, chat: bool) -> tuple[dict, str]:
         """The /generate body an OpenAI request stands for, and the `model` the answer names."""
@@ -636,7 +513,7 @@ class SimServer:
         for key, value in server_args.items():
             if key == "pp_max_micro_batch_size" and type(value) is int and 1 <= value <= self.limits.max_running_requests:
                 self.model.set_admission_cap(value)
-                self.wake.set()
+                self.engine.kick()
             else:
                 ok = False
         return web.Response(body=orjson.dumps([ok]), content_type=_JSON)
@@ -676,24 +553,9 @@ class SimServer:
         return web.Response(status=400, text=_FLUSH_TIMEOUT_TEXT, content_type="text/plain")
 
 
-def _crash(err: FatalInput) -> NoReturn:
-    """Like sglang: a device-side assert kills the server; connections drop, nothing answers."""
-    sys.stderr.write(f"sim-server: {err}\n")
-    sys.stderr.flush()
-    os._exit(134)
-
-
 def _render_text(ids: list[int]) -> str:
     """The word-level tokenizer's rendering (`w<id>` per token), like the captured answers."""
     return "".join([f" w{i}" for i in ids])
-
-
-async def _all_finished(pendings: list[Pending]) -> None:
-    """Wait until the model finished every one of `pendings` (non-streamed answers go out whole)."""
-    for pend in pendings:
-        while not pend.finished:
-            pend.event.clear()
-            await pend.event.wait()
 
 
 def _query_error(kind: str, msg: str, raw: str, ctx: dict | None = None) -> web.Response:

@@ -1,0 +1,183 @@
+"""The sim-server's live engine: `model.BatchModel` driven on the real clock, apart from the HTTP faces.
+
+One task runs the model on asyncio's monotonic `loop.time()`, scaled by `--speed K`: each step's end is absolute (its
+start plus its duration / K) and the next step starts at that end, so sleeping late never accumulates drift (a late
+loop catches up). A token sampled at a step's end becomes visible to the HTTP layer `output_s / K` later (sglang's
+detokenizer and IPC hop): `_deliver` hands it to the request's `Pending` and wakes its handler. The faces submit
+validated requests and release them; the engine feeds the metrics sink (`prom.SimStats`) through its hooks and
+answers nothing itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from tracebench.sim.model import BatchModel, Profile, SimRequest
+from tracebench.sim.prom import SimStats
+
+
+@dataclass(eq=False)
+class Pending:
+    """One request as the HTTP layer sees it."""
+
+    sim: SimRequest
+    rid: str
+    stream: bool
+    ids_seed: int
+    t_received: float                    # loop clock (monotonic)
+    t_dispatched: float
+    visible: int = 0                     # output tokens handed to the HTTP layer so far
+    t_first_token: float = 0.0
+    t_finished: float = 0.0
+    finished: bool = False
+    t_first_sent_wall: float = 0.0
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    output_ids: list[int] = field(default_factory=list)
+
+    @property
+    def e2e(self) -> float:
+        """Received to finished (loop clock; the server's e2e_latency)."""
+        return self.t_finished - self.t_received
+
+    @property
+    def ttft(self) -> float | None:
+        """Received to the first token handed out; None when none was."""
+        return self.t_first_token - self.t_received if self.t_first_token > 0.0 else None
+
+
+class LiveEngine:
+    """The model, the requests in it and the task that runs it on the clock."""
+
+    def __init__(self, model: BatchModel, stats: SimStats, profile: Profile, speed: float, seed: int) -> None:
+        self.model = model
+        self.stats = stats
+        self.rng = random.Random(seed)   # the output ids' seeds, one draw per request in arrival order
+        self.pending: dict[SimRequest, Pending] = {}
+        self.rids_in_flight: set[str] = set()
+        self.mono_to_wall = 0.0          # wall = mono + mono_to_wall
+        self.wake = asyncio.Event()
+        # Scaled per-request delays (seconds of loop clock)
+        self.queue_entry_delay = profile.queue_entry_s / speed
+        self.dispatch_delay = profile.dispatch_s / speed
+        self.output_delay = profile.output_s / speed
+
+    def start(self, now: float) -> asyncio.Task[None]:
+        """Anchor the wall clock at loop time `now` and start the engine task."""
+        self.mono_to_wall = time.time() - now
+        self.stats.start(now)
+        return asyncio.get_running_loop().create_task(self._run())
+
+    def wall(self, t_loop: float) -> float:
+        return t_loop + self.mono_to_wall
+
+    def kick(self) -> None:
+        """Make the loop look at the model again (new work, or a changed admission cap)."""
+        self.wake.set()
+
+    def submit(self, items: list[tuple[int, int, Sequence]], rids: list[str], stream: bool, t_received: float
+               ) -> list[Pending]:
+        """Hand validated requests (`validate.parse_generate`'s items and rids) to the model."""
+        pendings: list[Pending] = []
+        t_ready = t_received + self.queue_entry_delay
+        for (input_len, max_new, tokens), rid in zip(items, rids):
+            sim = SimRequest(rid=rid, input_len=input_len, max_new_tokens=max_new, t_ready=t_ready, input_ids=tokens)
+            pend = Pending(sim=sim, rid=rid, stream=stream, ids_seed=self.rng.getrandbits(64),
+                           t_received=t_received, t_dispatched=t_received + self.dispatch_delay)
+            self.model.submit(sim)
+            self.pending[sim] = pend
+            self.rids_in_flight.add(rid)
+            pendings.append(pend)
+        self.wake.set()
+        return pendings
+
+    def release(self, pendings: list[Pending], done: bool) -> None:
+        """The handler is through with `pendings`; `done` False: the client went away (cancelled handler or failed
+        write), so unfinished requests are aborted and their slots freed, like sglang."""
+        for pend in pendings:
+            self.rids_in_flight.discard(pend.rid)
+        if not done:
+            for pend in pendings:
+                if not pend.finished:
+                    self.pending.pop(pend.sim, None)
+                    if self.model.abort(pend.sim):
+                        self.stats.on_abort()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        model = self.model
+        t_free = loop.time()
+        while True:
+            t_start = model.next_start(t_free)
+            if t_start is None:
+                model.process_results()  # sglang processes the last step's result even when nothing follows
+                # no work: the GPU idles from t_free; the next request starts at its own ready time, even if this
+                # loop wakes up late (catch-up, no drift)
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            now = loop.time()
+            if t_start > now:
+                # idle until the head of the queue is ready (an arrival may wake us earlier; a stale timer only
+                # makes the loop look again)
+                self.wake.clear()
+                loop.call_at(t_start, self.wake.set)
+                await self.wake.wait()
+                continue
+            step = model.start_step(t_start)
+            if step is None:
+                raise RuntimeError(f"model had work from {t_start} but planned no step")
+            delay = step.t_end - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            result = model.finish_step(step)
+            t_free = step.t_end
+            if step.kind == "decode":
+                self.stats.on_decode(step.t_end, len(result.produced))
+            else:
+                self.stats.on_prefill(step)
+            if result.produced or result.finished:
+                produced = [(req, req.output_len) for req in result.produced]
+                t_visible = step.t_end + self.output_delay
+                loop.call_at(t_visible, self._deliver, produced, result.finished, t_visible)
+
+    def _deliver(self, produced: list[tuple[SimRequest, int]], finished: list[SimRequest], t_visible: float) -> None:
+        """Hand a step's tokens to the HTTP layer. Stamps use the simulated time `t_visible` (not when this callback
+        happened to run), so they are exact model times even on a loaded machine; the answer is sent after it."""
+        now = t_visible
+        for req, count in produced:
+            pend = self.pending.get(req)
+            if pend is None:
+                continue  # aborted meanwhile
+            if pend.visible == 0:
+                pend.t_first_token = now
+            pend.visible = count
+            pend.event.set()
+        for req in finished:
+            pend = self.pending.pop(req, None)
+            if pend is None:
+                continue
+            pend.finished = True
+            pend.t_finished = now
+            pend.event.set()
+
+
+async def all_finished(pendings: list[Pending]) -> None:
+    """Wait until the model finished every one of `pendings` (non-streamed answers go out whole)."""
+    for pend in pendings:
+        while not pend.finished:
+            pend.event.clear()
+            await pend.event.wait()
+
+
+def crash(reason: object) -> NoReturn:
+    """Like sglang on a device-side assert: the server dies; connections drop, nothing answers (exit 134)."""
+    sys.stderr.write(f"sim-server: {reason}\n")
+    sys.stderr.flush()
+    os._exit(134)
