@@ -18,6 +18,7 @@ from importlib import resources
 import orjson
 from aiohttp import web
 
+from tracebench.sim.answers import JSON, SSE, Answers, bad_json, json_response, model_info, query_error
 from tracebench.sim.args import MODEL_NAME, SGLANG_VERSION, SimArgs
 from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash
 from tracebench.sim.model import BatchModel, Limits, token_ids
@@ -26,8 +27,6 @@ from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, pars
 
 
 _KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # llama-2-7b fp16 K and V (the capture: 231818 tokens = 113.193 GB)
-_JSON = "application/json"
-_SSE = "text/event-stream; charset=utf-8"
 _FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
                "requests, the operation will not be performed.)\n")
 _FLUSH_FAILED_TEXT = "Flush cache failed.\n"   # sglang: busy (requests running or waiting), no ?timeout
@@ -56,6 +55,7 @@ class SimServer:
         self.stats = SimStats()
         self.engine = LiveEngine(self.model, self.stats, args.profile, args.speed, args.seed)
         self.engine_task: asyncio.Task[None] | None = None
+        self.answers = Answers(args, self.engine.wall)
         self.t_ready_at = 0.0           # loop time when /health turns 200
         self.created = int(time.time())
         self.flush_pending = False       # a /flush_cache?timeout=S is waiting for the server to idle
@@ -101,9 +101,9 @@ class SimServer:
         try:
             obj = orjson.loads(body)
         except orjson.JSONDecodeError as err:
-            return _bad_json(str(err).split(": line ")[0])
+            return bad_json(str(err).split(": line ")[0])
         if not isinstance(obj, dict):
-            return _bad_json("Input should be a valid dictionary")
+            return bad_json("Input should be a valid dictionary")
         stream = bool(obj.get("stream", False))
         try:
             single, items, rids = parse_generate(obj, stream, self.args, self.engine.rids_in_flight)
@@ -112,11 +112,11 @@ class SimServer:
         except BadRequest as err:
             if stream:
                 return await self._stream_error(request, str(err))
-            return web.Response(status=400, body=orjson.dumps({"error": {"message": str(err)}}), content_type=_JSON)
+            return json_response({"error": {"message": str(err)}}, 400)
         except SchedulerAbort as err:
             if stream:
                 return await self._stream_abort(request, obj, str(err), t_received)
-            return web.Response(status=400, body=orjson.dumps({"error": {"message": str(err)}}), content_type=_JSON)
+            return json_response({"error": {"message": str(err)}}, 400)
 
         pendings = self.engine.submit(items, rids, stream, t_received)
         done = False
@@ -129,14 +129,14 @@ class SimServer:
                 t_sent = time.time()
                 for out in outs:
                     out["meta_info"]["response_sent_to_client_ts"] = t_sent
-                response = web.Response(body=orjson.dumps(outs[0] if single else outs), content_type=_JSON)
+                response = json_response(outs[0] if single else outs)
             done = True
             return response
         finally:
             self.engine.release(pendings, done)
 
     async def _stream_error(self, request: web.Request, message: str) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": _SSE})
+        response = web.StreamResponse(headers={"Content-Type": SSE})
         await response.prepare(request)
         error = {"error": {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}}
         await response.write(b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n")
@@ -149,35 +149,15 @@ class SimServer:
         rid = obj.get("rid") if isinstance(obj.get("rid"), str) else uuid.uuid4().hex
         now = asyncio.get_running_loop().time()
         out_id = token_ids(self.engine.rng.getrandbits(64), 1, self.args.vocab_size)
-        meta: dict = {"id": rid, "finish_reason": {"type": "abort", "message": message, "status_code": 400,
-                                                    "err_type": "BadRequestError"},
-                      "prompt_tokens": 1, "weight_version": "default", "num_retractions": 0}
-        if self.args.enable_metrics:
-            meta.update({"forward_entry_time": self.engine.wall(now), "prefill_finished_time": self.engine.wall(now),
-                         "queue_time": 0.0})
-        else:
-            meta["queue_time"] = 0.0
-        meta.update({"reasoning_tokens": 0, "completion_tokens": 1, "cached_tokens": 0,
-                     "cached_tokens_details": None, "dp_rank": None, "e2e_latency": now - t_received})
-        if self.args.enable_metrics:
-            meta.update({"request_received_ts": self.engine.wall(t_received),
-                         "api_server_dispatch_finish_ts": self.engine.wall(t_received + self.engine.dispatch_delay),
-                         "request_finished_ts": self.engine.wall(now)})
-        meta["response_sent_to_client_ts"] = time.time()
-        out = self._with_text(out_id, meta)
-        response = web.StreamResponse(headers={"Content-Type": _SSE})
+        out = self.answers.abort_out(rid, message, out_id, t_received, t_received + self.engine.dispatch_delay, now)
+        response = web.StreamResponse(headers={"Content-Type": SSE})
         await response.prepare(request)
         await response.write(b"data: " + orjson.dumps(out) + b"\n\ndata: [DONE]\n\n")
         await response.write_eof()
         return response
 
-    def _with_text(self, ids: list[int], meta: dict) -> dict:
-        if self.args.skip_tokenizer_init:
-            return {"output_ids": ids, "meta_info": meta}
-        return {"text": _render_text(ids), "output_ids": ids, "meta_info": meta}
-
     async def _stream(self, request: web.Request, pend: Pending) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": _SSE})
+        response = web.StreamResponse(headers={"Content-Type": SSE})
         await response.prepare(request)
         sent = 0
         while True:
@@ -192,64 +172,17 @@ class SimServer:
                 await response.write(b"data: " + orjson.dumps(out) + b"\n\n")
                 break
             sent = pend.visible
-            chunk = self._partial_out(pend, sent)
+            chunk = self.answers.partial_out(pend, sent)
             await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
 
-    # ---------------------------------------------------------------- answers
-    def _ids(self, pend: Pending, n: int) -> list[int]:
-        have = len(pend.output_ids)
-        if n > have:
-            pend.output_ids.extend(token_ids(pend.ids_seed + have, n - have, self.args.vocab_size))
-        return pend.output_ids[:n]
-
-    def _meta_common(self, pend: Pending, completion_tokens: int, finish_reason: dict | None) -> dict:
-        sim = pend.sim
-        meta: dict = {"id": pend.rid, "finish_reason": finish_reason, "prompt_tokens": sim.input_len,
-                      "weight_version": "default", "num_retractions": 0}
-        if self.args.enable_metrics:
-            meta["forward_entry_time"] = self.engine.wall(sim.t_forward_entry)
-            meta["prefill_finished_time"] = self.engine.wall(sim.t_prefill_finished)
-            meta["queue_time"] = sim.t_forward_entry - sim.t_ready
-        else:
-            meta["queue_time"] = 0.0
-        meta["reasoning_tokens"] = 0
-        meta["completion_tokens"] = completion_tokens
-        cached = sim.cached_tokens
-        meta["cached_tokens"] = cached
-        meta["cached_tokens_details"] = {"device": cached, "host": 0} if cached else None
-        meta["dp_rank"] = None
-        return meta
-
-    def _partial_out(self, pend: Pending, n: int) -> dict:
-        ids = self._ids(pend, n)
-        meta = self._meta_common(pend, n, None)
-        if pend.t_first_sent_wall == 0.0:
-            pend.t_first_sent_wall = time.time()
-            meta["response_sent_to_client_ts"] = pend.t_first_sent_wall
-        return self._with_text(ids, meta)
-
     def _final_out(self, pend: Pending, is_stream: bool) -> dict:
-        sim = pend.sim
-        n = sim.output_len
-        ids = self._ids(pend, n)
-        meta = self._meta_common(pend, n, {"type": "length", "length": n})
-        e2e = pend.t_finished - pend.t_received
-        meta["e2e_latency"] = e2e
-        if self.args.enable_metrics:
-            meta["request_received_ts"] = self.engine.wall(pend.t_received)
-            meta["api_server_dispatch_finish_ts"] = self.engine.wall(pend.t_dispatched)
-            if is_stream:
-                meta["response_sent_to_client_ts"] = 0.0  # placeholder keeps sglang's key order; set by caller
-            meta["request_finished_ts"] = self.engine.wall(pend.t_finished)
-            decode_latency = pend.t_finished - pend.t_first_token
-            if decode_latency > 0.0 and n > 1:
-                meta["decode_throughput"] = (n - 1) / decode_latency
-        self.stats.on_finished(pend.stream, sim, e2e, pend.t_first_token - pend.t_received
-                               if pend.t_first_token > 0.0 else None)
-        return self._with_text(ids, meta)
+        """The finished request's output, counted as finished at this moment (as sglang's tokenizer manager does)."""
+        out = self.answers.final_out(pend, is_stream)
+        self.stats.on_finished(pend.stream, pend.sim, pend.e2e, pend.ttft)
+        return out
 
     # ---------------------------------------------------------------- OpenAI-compatible API
     # /v1/completions and /v1/chat/completions as sglang 0.5.17's serving_completions.py / serving_chat.py answer
@@ -264,16 +197,16 @@ class SimServer:
     async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = await request.read()
         t_received = asyncio.get_running_loop().time()
-        if request.content_type != _JSON:  # sglang's validate_json_request dependency
+        if request.content_type != JSON:  # sglang's validate_json_request dependency
             return _openai_validation_error("1 validation error:\n  {'loc': ['header', 'content-type'], 'msg': "
                                             "\"Unsupported Media Type: Only 'application/json' is allowed\", "
                                             "'type': 'value_error'}")
         try:
             obj = orjson.loads(body)
         except orjson.JSONDecodeError as err:
-            return _bad_json(str(err).split(": line ")[0], request.path)
+            return bad_json(str(err).split(": line ")[0], request.path)
         if not isinstance(obj, dict):
-            return _bad_json("Input should be a valid dictionary", request.path)
+            return bad_json("Input should be a valid dictionary", request.path)
         stream = obj.get("stream") is True
         try:
             generate, model = self._openai_to_generate(obj, chat)
@@ -297,7 +230,7 @@ class SimServer:
             else:
                 await all_finished(pendings)
                 outs = [self._final_out(p, is_stream=False) for p in pendings]
-                response = web.Response(body=orjson.dumps(_openai_response(outs, chat, model)), content_type=_JSON)
+                response = json_response(_openai_response(outs, chat, model))
             done = True
             return response
         finally:
@@ -338,7 +271,7 @@ class SimServer:
         if isinstance(stream_options, dict):  # should_include_usage (stream_response_default_include_usage off)
             include_usage = bool(stream_options.get("include_usage"))
             continuous = bool(stream_options.get("continuous_usage_stats"))
-        response = web.StreamResponse(headers={"Content-Type": _SSE})
+        response = web.StreamResponse(headers={"Content-Type": SSE})
         await response.prepare(request)
         created = int(time.time())
         head = {"id": pend.rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
@@ -355,7 +288,7 @@ class SimServer:
                 sent = pend.sim.output_len
             else:
                 sent = pend.visible
-                out = self._partial_out(pend, sent)
+                out = self.answers.partial_out(pend, sent)
             text = out["text"]
             delta, text_sent = text[text_sent:], len(text)
             usage = _usage(prompt_tokens, sent) if continuous else None
@@ -387,7 +320,7 @@ class SimServer:
     async def _openai_stream_abort(self, request: web.Request, obj: dict, chat: bool, model: str,
                                    message: str) -> web.StreamResponse:
         """The scheduler's abort (status_code set) in a stream: an error event, the usage chunk if asked, [DONE]."""
-        response = web.StreamResponse(headers={"Content-Type": _SSE})
+        response = web.StreamResponse(headers={"Content-Type": SSE})
         await response.prepare(request)
         error = {"object": "error", "message": message, "type": "BAD_REQUEST", "param": None, "code": 400}
         await response.write(b"data: " + orjson.dumps({"error": error}) + b"\n\n")
@@ -445,16 +378,16 @@ class SimServer:
         return info
 
     async def handle_server_info(self, request: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps(self.server_info()), content_type=_JSON)
+        return json_response(self.server_info())
 
     async def handle_model_info(self, request: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps(_model_info()), content_type=_JSON)
+        return json_response(model_info())
 
     async def handle_models(self, request: web.Request) -> web.Response:
         body = {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": self.created,
                                             "owned_by": "sglang", "root": MODEL_NAME, "parent": None,
                                             "max_model_len": self.args.context_length}]}
-        return web.Response(body=orjson.dumps(body), content_type=_JSON)
+        return json_response(body)
 
     def _load(self, now_wall: float) -> dict:
         model, limits = self.model, self.limits
@@ -488,7 +421,7 @@ class SimServer:
         now = time.time()
         body = {"timestamp": datetime.fromtimestamp(now, timezone.utc).isoformat(), "version": SGLANG_VERSION,
                 "accelerator": self.args.profile.accelerator, "num_accelerators": 1, "loads": [self._load(now)]}
-        return web.Response(body=orjson.dumps(body), content_type=_JSON)
+        return json_response(body)
 
     async def handle_get_load(self, request: web.Request) -> web.Response:
         load = self._load(time.time())
@@ -496,7 +429,7 @@ class SimServer:
                  "num_waiting_reqs": load["num_waiting_reqs"], "num_tokens": load["num_total_tokens"],
                  "num_pending_tokens": load["num_total_tokens"] - load["num_used_tokens"],
                  "ts_tic": time.perf_counter()}]
-        return web.Response(body=orjson.dumps(body), content_type=_JSON)
+        return json_response(body)
 
     async def handle_set_internal_state(self, request: web.Request) -> web.Response:
         """sglang 0.5.17 accepts only `pp_max_micro_batch_size` in [1, max_running_requests] here: a run-time cap on
@@ -504,11 +437,10 @@ class SimServer:
         try:
             obj = orjson.loads(await request.read())
         except orjson.JSONDecodeError as err:
-            return _bad_json(str(err).split(": line ")[0])
+            return bad_json(str(err).split(": line ")[0])
         server_args = obj.get("server_args") if isinstance(obj, dict) else None
         if not isinstance(server_args, dict):
-            return web.Response(status=400, body=orjson.dumps({"error": {"message": "server_args must be an object"}}),
-                                content_type=_JSON)
+            return json_response({"error": {"message": "server_args must be an object"}}, 400)
         ok = True
         for key, value in server_args.items():
             if key == "pp_max_micro_batch_size" and type(value) is int and 1 <= value <= self.limits.max_running_requests:
@@ -516,7 +448,7 @@ class SimServer:
                 self.engine.kick()
             else:
                 ok = False
-        return web.Response(body=orjson.dumps([ok]), content_type=_JSON)
+        return json_response([ok])
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         if not self.args.enable_metrics:
@@ -530,10 +462,10 @@ class SimServer:
         try:
             timeout = float(raw)
         except ValueError:
-            return _query_error("float_parsing", "Input should be a valid number, unable to parse string as a number",
+            return query_error("float_parsing", "Input should be a valid number, unable to parse string as a number",
                                 raw)
         if not timeout >= 0.0:
-            return _query_error("greater_than_equal", "Input should be greater than or equal to 0", raw, {"ge": 0.0})
+            return query_error("greater_than_equal", "Input should be greater than or equal to 0", raw, {"ge": 0.0})
         if self.flush_pending:
             return web.Response(status=400, text=_FLUSH_BUSY_TEXT, content_type="text/plain")
         if self.model.flush_cache():
@@ -551,52 +483,6 @@ class SimServer:
         finally:
             self.flush_pending = False
         return web.Response(status=400, text=_FLUSH_TIMEOUT_TEXT, content_type="text/plain")
-
-
-def _render_text(ids: list[int]) -> str:
-    """The word-level tokenizer's rendering (`w<id>` per token), like the captured answers."""
-    return "".join([f" w{i}" for i in ids])
-
-
-def _query_error(kind: str, msg: str, raw: str, ctx: dict | None = None) -> web.Response:
-    """FastAPI's 422 for a query parameter that fails validation (`timeout` of /flush_cache)."""
-    detail: dict = {"type": kind, "loc": ["query", "timeout"], "msg": msg, "input": raw}
-    if ctx is not None:
-        detail["ctx"] = ctx
-    return web.Response(status=422, body=orjson.dumps({"detail": [detail]}), content_type=_JSON)
-
-
-def _bad_json(why: str, path: str = "/generate") -> web.Response:
-    """sglang's (FastAPI's) answer to a body that is not JSON (the capture: /generate, handler line 869)."""
-    detail = (f"[{{'type': 'json_invalid', 'loc': ('body', 1), 'msg': 'JSON decode error', 'input': {{}}, "
-              f"'ctx': {{'error': {why!r}}}}}]")
-    message = (f"1 validation error:\n  {detail[1:-1]}\n\n  File \"site-packages/sglang/srt/entrypoints/http_server.py\","
-               f" line 869, in generate_request\n    POST {path} {detail}")
-    body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
-    return web.Response(status=400, body=orjson.dumps(body), content_type=_JSON)
-
-
-def _model_info() -> dict:
-    return {
-        "model_path": MODEL_NAME, "tokenizer_path": MODEL_NAME, "is_generation": True,
-        "preferred_sampling_params": None, "weight_version": "default", "has_image_understanding": False,
-        "has_audio_understanding": False, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-        "embedding": {"family": "none", "task": "none", "execution": "none", "attention": "none",
-                      "pooling": "model_defined", "normalize": False, "postprocessor": "none",
-                      "tokenizer_special_tokens": "model_default", "supports_dimensions": False,
-                      "supports_token_embeddings": False, "supports_multimodal": False,
-                      "requires_embedding_flag": False, "auto_enable_embedding": False, "bcg_eligibility": "disabled",
-                      "safe_disable_kv_cache": False, "safe_disable_radix_cache": False,
-                      "safe_disable_chunked_prefill": False, "enabled": False, "matryoshka_dimensions": [],
-                      "bcg": {"prefill_backend": "breakable", "enabled": True, "capture_token_budget": 4096,
-                              "capture_batch_sizes": [4, 8, 12, 16, 20, 24, 28, 32, 48, 64, 80, 96, 112, 128, 144,
-                                                      160, 176, 192, 208, 224, 240, 256, 288, 320, 352, 384, 416,
-                                                      448, 480, 512, 576, 640, 704, 768, 832, 896, 960, 1024, 1280,
-                                                      1536, 1792, 2048, 2304, 2560, 2816, 3072, 3328, 3584, 3840,
-                                                      4096]},
-                      "cache": {"kv_cache_disabled": False, "radix_cache_disabled": False,
-                                "chunked_prefill_disabled": False}},
-    }
 
 
 async def _serve(args: SimArgs) -> None:
@@ -668,9 +554,9 @@ def _openai_response(outs: list[dict], chat: bool, model: str) -> dict:
 def _openai_error(message: str) -> web.Response:
     """serving_base.create_error_response: what the OpenAI routes answer to a request sglang refuses."""
     body = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
-    return web.Response(status=400, body=orjson.dumps(body), content_type=_JSON)
+    return json_response(body, 400)
 
 
 def _openai_validation_error(message: str) -> web.Response:
     body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
-    return web.Response(status=400, body=orjson.dumps(body), content_type=_JSON)
+    return json_response(body, 400)
