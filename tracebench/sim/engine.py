@@ -109,6 +109,10 @@ class LiveEngine:
                     if self.model.abort(pend.sim):
                         self.stats.on_abort()
 
+    def count_finished(self, pend: Pending) -> None:
+        """A face formatted `pend`'s final answer: count it finished now (when sglang's tokenizer manager does)."""
+        self.stats.on_finished(pend.stream, pend.sim, pend.e2e, pend.ttft)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         model = self.model

@@ -18,10 +18,11 @@ from importlib import resources
 import orjson
 from aiohttp import web
 
-from tracebench.sim.answers import JSON, SSE, Answers, bad_json, json_response, model_info, query_error
+from tracebench.sim.answers import SSE, Answers, bad_json, json_response, model_info, query_error
 from tracebench.sim.args import MODEL_NAME, SGLANG_VERSION, SimArgs
 from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash
 from tracebench.sim.model import BatchModel, Limits, token_ids
+from tracebench.sim.openai_routes import ROUTES
 from tracebench.sim.prom import SimStats, metrics_text
 from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, parse_generate
 
@@ -78,8 +79,9 @@ class SimServer:
         app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_post("/flush_cache", self.handle_flush_cache)
         app.router.add_get("/flush_cache", self.handle_flush_cache)
-        app.router.add_post("/v1/completions", self.handle_completions)
-        app.router.add_post("/v1/chat/completions", self.handle_chat_completions)
+        for route_class in ROUTES:   # /v1/completions, /v1/chat/completions
+            route = route_class(self.args, self.engine, self.answers)
+            app.router.add_post(route.path, route.handle)
         return app
 
     def start_engine(self) -> None:
@@ -181,160 +183,8 @@ class SimServer:
     def _final_out(self, pend: Pending, is_stream: bool) -> dict:
         """The finished request's output, counted as finished at this moment (as sglang's tokenizer manager does)."""
         out = self.answers.final_out(pend, is_stream)
-        self.stats.on_finished(pend.stream, pend.sim, pend.e2e, pend.ttft)
+        self.engine.count_finished(pend)
         return out
-
-    # ---------------------------------------------------------------- OpenAI-compatible API
-    # /v1/completions and /v1/chat/completions as sglang 0.5.17's serving_completions.py / serving_chat.py answer
-    # them (facts and sources: .DUCUMENT/openai-api.md). The request becomes a /generate request (`parse_generate`,
-    # `_submit`); only the answer's shape differs.
-    async def handle_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._openai(request, chat=False)
-
-    async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._openai(request, chat=True)
-
-    async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        body = await request.read()
-        t_received = asyncio.get_running_loop().time()
-        if request.content_type != JSON:  # sglang's validate_json_request dependency
-            return _openai_validation_error("1 validation error:\n  {'loc': ['header', 'content-type'], 'msg': "
-                                            "\"Unsupported Media Type: Only 'application/json' is allowed\", "
-                                            "'type': 'value_error'}")
-        try:
-            obj = orjson.loads(body)
-        except orjson.JSONDecodeError as err:
-            return bad_json(str(err).split(": line ")[0], request.path)
-        if not isinstance(obj, dict):
-            return bad_json("Input should be a valid dictionary", request.path)
-        stream = obj.get("stream") is True
-        try:
-            generate, model = self._openai_to_generate(obj, chat)
-            # validation errors are 400 JSON for streams too: sglang pulls the first chunk before answering 200
-            single, items, rids = parse_generate(generate, False, self.args, self.engine.rids_in_flight)
-            if stream and not single:
-                raise BadRequest("tracebench sim-server: streaming a batch is not supported; send one prompt per stream.")
-        except FatalInput as err:
-            crash(err)
-        except BadRequest as err:
-            return _openai_error(str(err))
-        except SchedulerAbort as err:
-            if not stream:
-                return _openai_error(str(err))
-            return await self._openai_stream_abort(request, obj, chat, model, str(err))
-        pendings = self.engine.submit(items, rids, stream, t_received)
-        done = False
-        try:
-            if stream:
-                response = await self._openai_stream(request, pendings[0], chat, model, obj.get("stream_options"))
-            else:
-                await all_finished(pendings)
-                outs = [self._final_out(p, is_stream=False) for p in pendings]
-                response = json_response(_openai_response(outs, chat, model))
-            done = True
-            return response
-        finally:
-            self.engine.release(pendings, done)
-
-    def _openai_to_generate(self, obj: dict, chat: bool) -> tuple[dict, str]:
-        """The /generate body an OpenAI request stands for, and the `model` the answer names."""
-        if self.args.skip_tokenizer_init:
-            # tracebench's own refusal: sglang's OpenAI routes need the tokenizer (UNVERIFIED how 0.5.17 fails)
-            raise BadRequest("tracebench sim-server: the OpenAI-compatible routes need the tokenizer; this server "
-                             "runs with --skip-tokenizer-init")
-        model = obj.get("model", "default")
-        if not isinstance(model, str):
-            raise BadRequest("model must be a string.")
-        if obj.get("n", 1) != 1:
-            raise BadRequest("tracebench sim-server: n > 1 is not supported.")
-        if chat:
-            messages = obj.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise BadRequest("Messages cannot be empty.")
-            if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
-                raise BadRequest("tracebench sim-server: each message needs a string content.")
-            # the word-level tokenizer's chat template: "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-            prompt: object = "".join([m["content"] + " " for m in messages])
-            max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens"))
-        else:
-            prompt = obj.get("prompt")
-            if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
-                raise BadRequest("Prompt cannot be empty")
-            max_tokens = obj.get("max_tokens", 16)  # CompletionRequest.max_tokens defaults to 16
-        key = "text" if isinstance(prompt, str) or (isinstance(prompt, list) and isinstance(prompt[0], str)) else "input_ids"
-        params = {"max_new_tokens": max_tokens}
-        return {key: prompt, "sampling_params": params}, model
-
-    async def _openai_stream(self, request: web.Request, pend: Pending, chat: bool, model: str,
-                             stream_options: object) -> web.StreamResponse:
-        include_usage = continuous = False
-        if isinstance(stream_options, dict):  # should_include_usage (stream_response_default_include_usage off)
-            include_usage = bool(stream_options.get("include_usage"))
-            continuous = bool(stream_options.get("continuous_usage_stats"))
-        response = web.StreamResponse(headers={"Content-Type": SSE})
-        await response.prepare(request)
-        created = int(time.time())
-        head = {"id": pend.rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-                "model": model}
-        prompt_tokens = pend.sim.input_len
-        sent, text_sent = 0, 0
-        while True:
-            if pend.visible == sent and not pend.finished:
-                pend.event.clear()
-                await pend.event.wait()
-            final = pend.finished
-            if final:
-                out = self._final_out(pend, is_stream=True)
-                sent = pend.sim.output_len
-            else:
-                sent = pend.visible
-                out = self.answers.partial_out(pend, sent)
-            text = out["text"]
-            delta, text_sent = text[text_sent:], len(text)
-            usage = _usage(prompt_tokens, sent) if continuous else None
-            if chat:
-                if text_sent == len(delta):  # the first output: a role chunk goes first
-                    await response.write(_sse({**head, "choices": [_chat_choice({"reasoning_content": None, "role": "assistant", "content": ""})]}))
-                if delta:  # serving_chat sends a content chunk only for new text
-                    chunk = {**head, "choices": [_chat_choice({"reasoning_content": None, "content": delta})]}
-                    if usage is not None:
-                        chunk["usage"] = usage
-                    await response.write(_sse(chunk))
-                if final:
-                    await response.write(_sse({**head, "choices": [_chat_choice({"reasoning_content": None}, "length")]}))
-            else:
-                choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": "length" if final else None,
-                          "matched_stop": None}
-                await response.write(_sse({**head, "choices": [choice], "usage": usage}))
-            if final:
-                break
-        if include_usage:
-            usage = _usage(prompt_tokens, sent)
-            if not chat:  # completions dump the usage chunk with exclude_none
-                del usage["prompt_tokens_details"]
-            await response.write(_sse({**head, "choices": [], "usage": usage}))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    async def _openai_stream_abort(self, request: web.Request, obj: dict, chat: bool, model: str,
-                                   message: str) -> web.StreamResponse:
-        """The scheduler's abort (status_code set) in a stream: an error event, the usage chunk if asked, [DONE]."""
-        response = web.StreamResponse(headers={"Content-Type": SSE})
-        await response.prepare(request)
-        error = {"object": "error", "message": message, "type": "BAD_REQUEST", "param": None, "code": 400}
-        await response.write(b"data: " + orjson.dumps({"error": error}) + b"\n\n")
-        options = obj.get("stream_options")
-        if isinstance(options, dict) and options.get("include_usage"):
-            usage = _usage(1, 1)  # the aborted request's meta_info: prompt_tokens 1, completion_tokens 1
-            if not chat:
-                del usage["prompt_tokens_details"]
-            head = {"id": uuid.uuid4().hex, "object": "chat.completion.chunk" if chat else "text_completion",
-                    "created": int(time.time()), "model": model}
-            await response.write(_sse({**head, "choices": [], "usage": usage}))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
 
     # ---------------------------------------------------------------- other routes
     async def handle_health(self, request: web.Request) -> web.Response:
@@ -514,49 +364,3 @@ async def _serve(args: SimArgs) -> None:
 def serve(args: SimArgs) -> None:
     """Run the sim-server until SIGINT or SIGTERM."""
     asyncio.run(_serve(args))
-
-
-# ---- OpenAI-compatible answers (sglang 0.5.17 protocol.py, sse_utils.py; .DUCUMENT/openai-api.md) -----------------
-
-def _sse(obj: dict) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    """UsageInfo as dumped by pydantic (prompt_tokens_details only with --enable-cache-report)."""
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": None, "reasoning_tokens": 0}
-
-
-def _chat_choice(delta: dict, finish_reason: str | None = None) -> dict:
-    """sse_utils.StreamChoice: delta omits role/content when unset, the other keys are always there."""
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, "matched_stop": None}
-
-
-def _openai_response(outs: list[dict], chat: bool, model: str) -> dict:
-    """A non-streamed CompletionResponse / ChatCompletionResponse from the /generate outputs (one per prompt)."""
-    choices = []
-    for index, out in enumerate(outs):
-        if chat:
-            message = {"role": "assistant", "content": out["text"], "reasoning_content": None, "tool_calls": None}
-            choices.append({"index": index, "message": message, "logprobs": None, "finish_reason": "length",
-                            "matched_stop": None})
-        else:
-            choices.append({"index": index, "text": out["text"], "logprobs": None, "finish_reason": "length",
-                            "matched_stop": None})
-    metas = [out["meta_info"] for out in outs]
-    usage = _usage(sum(m["prompt_tokens"] for m in metas), sum(m["completion_tokens"] for m in metas))
-    return {"id": metas[0]["id"], "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": choices, "usage": usage,
-            "metadata": {"weight_version": "default"}}
-
-
-def _openai_error(message: str) -> web.Response:
-    """serving_base.create_error_response: what the OpenAI routes answer to a request sglang refuses."""
-    body = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
-    return json_response(body, 400)
-
-
-def _openai_validation_error(message: str) -> web.Response:
-    body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
-    return json_response(body, 400)
