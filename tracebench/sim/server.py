@@ -1,8 +1,10 @@
 """The simulated sglang 0.5.17 server: an aiohttp app with sglang's routes and answers, timed by `model.BatchModel`.
 
-This file is the app and sglang's native routes; the parts live apart: `engine.py` runs the model on the clock,
-`validate.py` checks requests, `prom.py` keeps the metrics. The `meta_info` stamps are wall-clock seconds: the
-engine's monotonic times shifted by one anchor read at start-up, so they agree with a client's `time.time()`.
+This file builds the app and answers sglang's native routes (/generate, the info and load routes, /metrics,
+/flush_cache). The rest lives apart, imported one way (faces -> engine -> model): `engine.py` runs the model on the
+clock, `validate.py` checks requests, `answers.py` shapes the outputs, `openai_routes.py` serves /v1/completions and
+/v1/chat/completions, `prom.py` keeps the metrics. The `meta_info` stamps are wall-clock seconds: the engine's
+monotonic times shifted by one anchor read at start-up, so they agree with a client's `time.time()`.
 """
 
 from __future__ import annotations
