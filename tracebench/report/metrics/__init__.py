@@ -38,55 +38,9 @@ from tracebench.errors import ConfigError
 from tracebench.itl import bucket_value
 from tracebench.report.load import Run
 from tracebench.report.speed import uncapped
-
-PERCENTILES: dict[str, float] = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
-LATENCY_STATS = ("mean", "p50", "p90", "p99", "max")
-BALANCE_CV_MAX = 0.10
-CI_LEVEL = 0.95
-
-# (key, label, definition). Values in seconds; over kept ok requests where the expression is not null.
-LATENCY_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("total", "total", "t_finish - t_arrival"),
-    ("router_wait", "router wait", "t_dispatch - t_arrival"),
-    ("server_client", "server latency, client", "t_finish - t_dispatch"),
-    ("server_sglang", "server latency, sglang", "server_e2e_latency (sglang meta_info.e2e_latency)"),
-    ("ttft", "TTFT from arrival", "t_first_token - t_arrival"),
-    ("ttft_dispatch", "TTFT from dispatch", "t_first_token - t_dispatch"),
-    ("tpot", "TPOT", "(t_finish - t_first_token) / (completion_tokens - 1), requests with completion_tokens > 1"),
-    ("release_lag", "release lag", "t_released - t_arrival"),
-    ("itl", "ITL", "every gap between a streamed answer's chunks after its first token, pooled over requests (vllm's "
-     "ITL); percentiles and mean from the records' 2% histograms (within 1%), max exact"),
-    ("ttft_hit", "TTFT, prefix hit", "t_first_token - t_arrival, requests with cached_tokens > 0"),
-    ("ttft_miss", "TTFT, no prefix hit", "t_first_token - t_arrival, requests with cached_tokens == 0"),
-)
-POOLED = ("itl",)  # metrics over gaps, not one value per request: no bootstrap interval, no CDF
-CACHE_SPLIT_METRICS = ("ttft_hit", "ttft_miss")  # shown only when some run had a prefix hit
-LATENCY_LABELS = {key: label for key, label, _ in LATENCY_METRICS}
-
-# --slo keys -> latency metric
-SLO_KEYS: dict[str, str] = {
-    "ttft": "ttft", "total": "total", "tpot": "tpot", "server": "server_client", "wait": "router_wait", "itl": "itl",
-}
-
-
-def latency_expr(key: str) -> pl.Expr:
-    c = pl.col
-    exprs = {
-        "total": c("t_finish") - c("t_arrival"),
-        "router_wait": c("t_dispatch") - c("t_arrival"),
-        "server_client": c("t_finish") - c("t_dispatch"),
-        "server_sglang": c("server_e2e_latency"),
-        "ttft": c("t_first_token") - c("t_arrival"),
-        "ttft_dispatch": c("t_first_token") - c("t_dispatch"),
-        "tpot": pl.when(c("completion_tokens") > 1)
-        .then((c("t_finish") - c("t_first_token")) / (c("completion_tokens") - 1))
-        .otherwise(None),
-        "release_lag": c("t_released") - c("t_arrival"),
-        "itl": c("itl_max"),  # per request (for --slo itl): its largest gap; the ITL rows pool every gap instead
-        "ttft_hit": pl.when(c("cached_tokens") > 0).then(c("t_first_token") - c("t_arrival")).otherwise(None),
-        "ttft_miss": pl.when(c("cached_tokens") == 0).then(c("t_first_token") - c("t_arrival")).otherwise(None),
-    }
-    return exprs[key]
+from tracebench.report.metrics.definitions import (BALANCE_CV_MAX, CACHE_SPLIT_METRICS, CI_LEVEL, LATENCY, LATENCY_LABELS,
+                                                   LATENCY_METRICS, LATENCY_STATS, PERCENTILES, POOLED, SLO_KEYS, MetricDef,
+                                                   latency_expr, parse_slo)
 
 
 def pooled_itl(ok: pl.DataFrame, speed: float | None) -> tuple[dict[str, float | None], int, float]:
@@ -245,32 +199,6 @@ class Report:
     seed: int
     warnings: list[str]
     series: list[RunSeries] | None = field(default=None, repr=False)
-
-
-# ------------------------------------------------------------------------------------------------ SLO spec
-
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s)?\s*$")
-
-
-def parse_slo(spec: str) -> dict[str, float]:
-    """`"ttft=0.5,total=10"` -> {"ttft": 0.5, "total": 10.0} in seconds (a value may end in `ms` or `s`)."""
-    slo: dict[str, float] = {}
-    for part in spec.split(","):
-        if "=" not in part:
-            raise ConfigError(f"--slo: '{part.strip()}' is not KEY=SECONDS (keys: {', '.join(SLO_KEYS)})")
-        key, value = (s.strip() for s in part.split("=", 1))
-        if key not in SLO_KEYS:
-            raise ConfigError(f"--slo: unknown key '{key}' (keys: {', '.join(SLO_KEYS)})")
-        if key in slo:
-            raise ConfigError(f"--slo: '{key}' is given twice")
-        match = _DURATION.match(value)
-        if match is None:
-            raise ConfigError(f"--slo: {key}={value!r} is not a duration (seconds, or with ms/s: 0.5, 500ms)")
-        seconds = float(match.group(1)) / (1000.0 if match.group(2) == "ms" else 1.0)
-        if seconds <= 0:
-            raise ConfigError(f"--slo: {key} must be > 0, got {value!r}")
-        slo[key] = seconds
-    return slo
 
 
 # ------------------------------------------------------------------------------------------------ config

@@ -1,0 +1,104 @@
+"""Every latency metric of the report, defined once: one `MetricDef` row holds its key, label, definition (the words
+docs/report.md and the HTML page show), expression over a run's records, unit, which way is better, whether it is
+pooled over gaps, whether it is one side of the prefix-cache split, and its --slo key. The other names here are views
+of that table kept for their readers, plus the statistics shown and the --slo parser."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import polars as pl
+
+from tracebench.errors import ConfigError
+
+PERCENTILES: dict[str, float] = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
+LATENCY_STATS = ("mean", "p50", "p90", "p99", "max")
+BALANCE_CV_MAX = 0.10
+CI_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    """One latency metric. Values in seconds; over kept ok requests where `expr` is not null."""
+
+    key: str
+    label: str
+    definition: str
+    expr: pl.Expr
+    unit: str = "s"
+    better: str = "lower"
+    pooled: bool = False          # over gaps, not one value per request: no bootstrap interval, no CDF
+    cache_split: bool = False     # shown only when some run had a prefix hit
+    slo_key: str | None = None    # its key in --slo
+
+
+_c = pl.col
+LATENCY: tuple[MetricDef, ...] = (
+    MetricDef("total", "total", "t_finish - t_arrival", _c("t_finish") - _c("t_arrival"), slo_key="total"),
+    MetricDef("router_wait", "router wait", "t_dispatch - t_arrival", _c("t_dispatch") - _c("t_arrival"),
+              slo_key="wait"),
+    MetricDef("server_client", "server latency, client", "t_finish - t_dispatch", _c("t_finish") - _c("t_dispatch"),
+              slo_key="server"),
+    MetricDef("server_sglang", "server latency, sglang", "server_e2e_latency (sglang meta_info.e2e_latency)",
+              _c("server_e2e_latency")),
+    MetricDef("ttft", "TTFT from arrival", "t_first_token - t_arrival", _c("t_first_token") - _c("t_arrival"),
+              slo_key="ttft"),
+    MetricDef("ttft_dispatch", "TTFT from dispatch", "t_first_token - t_dispatch",
+              _c("t_first_token") - _c("t_dispatch")),
+    MetricDef("tpot", "TPOT",
+              "(t_finish - t_first_token) / (completion_tokens - 1), requests with completion_tokens > 1",
+              pl.when(_c("completion_tokens") > 1)
+              .then((_c("t_finish") - _c("t_first_token")) / (_c("completion_tokens") - 1)).otherwise(None),
+              slo_key="tpot"),
+    MetricDef("release_lag", "release lag", "t_released - t_arrival", _c("t_released") - _c("t_arrival")),
+    # per request (for --slo itl): its largest gap; the ITL rows pool every gap instead
+    MetricDef("itl", "ITL", "every gap between a streamed answer's chunks after its first token, pooled over requests "
+              "(vllm's ITL); percentiles and mean from the records' 2% histograms (within 1%), max exact",
+              _c("itl_max"), pooled=True, slo_key="itl"),
+    MetricDef("ttft_hit", "TTFT, prefix hit", "t_first_token - t_arrival, requests with cached_tokens > 0",
+              pl.when(_c("cached_tokens") > 0).then(_c("t_first_token") - _c("t_arrival")).otherwise(None),
+              cache_split=True),
+    MetricDef("ttft_miss", "TTFT, no prefix hit", "t_first_token - t_arrival, requests with cached_tokens == 0",
+              pl.when(_c("cached_tokens") == 0).then(_c("t_first_token") - _c("t_arrival")).otherwise(None),
+              cache_split=True),
+)
+_BY_KEY = {m.key: m for m in LATENCY}
+
+# views of the table, for their readers
+LATENCY_METRICS: tuple[tuple[str, str, str], ...] = tuple((m.key, m.label, m.definition) for m in LATENCY)
+POOLED = tuple(m.key for m in LATENCY if m.pooled)
+CACHE_SPLIT_METRICS = tuple(m.key for m in LATENCY if m.cache_split)
+LATENCY_LABELS = {m.key: m.label for m in LATENCY}
+_SLO_ORDER = ("ttft", "total", "tpot", "server", "wait", "itl")  # as --help and the errors list them
+# --slo keys -> latency metric
+SLO_KEYS: dict[str, str] = dict(sorted(((m.slo_key, m.key) for m in LATENCY if m.slo_key is not None),
+                                       key=lambda pair: _SLO_ORDER.index(pair[0])))
+
+
+def latency_expr(key: str) -> pl.Expr:
+    return _BY_KEY[key].expr
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s)?\s*$")
+
+
+def parse_slo(spec: str) -> dict[str, float]:
+    """`"ttft=0.5,total=10"` -> {"ttft": 0.5, "total": 10.0} in seconds (a value may end in `ms` or `s`)."""
+    slo: dict[str, float] = {}
+    for part in spec.split(","):
+        if "=" not in part:
+            raise ConfigError(f"--slo: '{part.strip()}' is not KEY=SECONDS (keys: {', '.join(SLO_KEYS)})")
+        key, value = (s.strip() for s in part.split("=", 1))
+        if key not in SLO_KEYS:
+            raise ConfigError(f"--slo: unknown key '{key}' (keys: {', '.join(SLO_KEYS)})")
+        if key in slo:
+            raise ConfigError(f"--slo: '{key}' is given twice")
+        match = _DURATION.match(value)
+        if match is None:
+            raise ConfigError(f"--slo: {key}={value!r} is not a duration (seconds, or with ms/s: 0.5, 500ms)")
+        seconds = float(match.group(1)) / (1000.0 if match.group(2) == "ms" else 1.0)
+        if seconds <= 0:
+            raise ConfigError(f"--slo: {key} must be > 0, got {value!r}")
+        slo[key] = seconds
+    return slo
