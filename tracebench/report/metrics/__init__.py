@@ -41,6 +41,8 @@ from tracebench.report.speed import uncapped
 from tracebench.report.metrics.definitions import (BALANCE_CV_MAX, CACHE_SPLIT_METRICS, CI_LEVEL, LATENCY, LATENCY_LABELS,
                                                    LATENCY_METRICS, LATENCY_STATS, PERCENTILES, POOLED, SLO_KEYS, MetricDef,
                                                    latency_expr, parse_slo)
+from tracebench.report.metrics.schema import (Balance, ConfigDiff, Delta, Report, Row, RunSeries, RunSummary, Section,
+                                              ServerLoad, ServerSeries)
 
 
 def pooled_itl(ok: pl.DataFrame, speed: float | None) -> tuple[dict[str, float | None], int, float]:
@@ -70,135 +72,6 @@ def pooled_itl(ok: pl.DataFrame, speed: float | None) -> tuple[dict[str, float |
         stats[name] = order_stat(j) + (h - j) * (order_stat(min(j + 1, total - 1)) - order_stat(j))
     zero = float(counts[0]) / total if int(hist["b"][0]) == 0 else 0.0
     return stats, n_requests, zero
-
-
-# ------------------------------------------------------------------------------------------------ the report
-
-@dataclass
-class Delta:
-    """A run's value minus the baseline's; `pct` is % of the baseline (None when the baseline is 0)."""
-
-    abs: float | None
-    pct: float | None
-    ci_low: float | None = None
-    ci_high: float | None = None
-
-    @property
-    def significant(self) -> bool | None:
-        if self.ci_low is None or self.ci_high is None:
-            return None
-        return self.ci_low > 0 or self.ci_high < 0
-
-
-@dataclass
-class Row:
-    section: str
-    metric: str  # machine key, e.g. "total"
-    label: str  # for people, e.g. "TTFT from arrival"
-    stat: str  # "mean", "p50", "count", "value", ...
-    unit: str  # "s", "req/s", "tok/s", "requests", "fraction"
-    better: str | None  # "lower" / "higher" / None: which way a delta is an improvement
-    values: list[float | None]
-    deltas: list[Delta | None]  # None for the baseline
-
-
-@dataclass
-class Section:
-    key: str
-    title: str
-    rows: list[Row]
-
-
-@dataclass
-class RunSummary:
-    label: str
-    path: str
-    run_name: str
-    status: str  # run.json status
-    mark: str | None  # "INTERRUPTED" / "FAILED" / "UNFINISHED" (run.json still says running) / None
-    backend: str
-    trace_path: str
-    trace_sha256: str
-    trace_requests: int
-    records: int
-    missing: int  # trace requests without a record
-    kept: int  # records after the warm-up cut
-    window_start: float | None
-    window_end: float | None
-    duration: float | None
-    t_end: float | None
-    speed: float | None  # --speed K of the replay: its times are simulated seconds (report/speed.py); None: real time
-    speed_conversion: str | None = None  # how a sped-up run's times were converted (report/speed.py), else None
-
-
-@dataclass
-class ServerLoad:
-    server: int
-    url: str
-    requests: int | None  # None: not known (a run through sglang-router whose server counters could not be read)
-    share: float | None
-    busy_s: float | None
-    busy_fraction: float | None
-    mean_in_flight: float | None
-    cache_hit_rate: float | None = None  # sum(cached_tokens) / sum(prompt_tokens) of its kept ok requests
-    prefill_tokens: int | None = None  # sum(prompt_tokens - cached_tokens): prompt tokens it computed
-
-
-@dataclass
-class Balance:
-    verdict: str  # "balanced" / "imbalanced" / "single server" / "no dispatched request"
-    cv: float | None  # coefficient of variation of per-server request counts
-    max_min_ratio: float | None  # largest / smallest request count (None when the smallest is 0)
-
-
-@dataclass
-class ConfigDiff:
-    changed: list[tuple[str, list[str]]]  # setting, value per run
-    same: list[tuple[str, str]]
-
-
-@dataclass
-class ServerSeries:
-    """One server's time series (HTML only): the router's in-flight count against its cap, and what the server
-    itself reported in /v1/loads (telemetry.jsonl): its waiting queue and KV cache usage."""
-
-    in_flight: np.ndarray  # time-average per bin of the common time axis
-    cap_t: np.ndarray  # the cap as steps: value cap_v[i] from cap_t[i] on (nan: no cap)
-    cap_v: np.ndarray
-    telemetry_t: np.ndarray  # poll times (simulated seconds for sped-up runs); empty when the run has no telemetry
-    waiting: np.ndarray  # sglang num_waiting_reqs (nan where the poll failed)
-    kv_usage: np.ndarray  # sglang token_usage, fraction of the KV cache
-
-
-@dataclass
-class RunSeries:
-    """Plot data of one run (HTML only), already downsampled."""
-
-    cdf: dict[str, tuple[np.ndarray, np.ndarray]]  # latency key -> (seconds, cumulative fraction)
-    time_edges: np.ndarray  # seconds, bin edges on the run clock
-    completions_per_s: np.ndarray  # moving average over `smoothing_s`
-    smoothing_s: float
-    in_flight: np.ndarray  # time-average per bin, all servers
-    queue: np.ndarray  # router queue length, time-average per bin
-    cap_changes: list[tuple[float, str]]  # (time, "server1=2" / "all=8")
-    by_arrival: tuple[np.ndarray, np.ndarray] = (np.empty(0), np.empty(0))  # ok requests: t_arrival, total latency
-    servers: list[ServerSeries] = field(default_factory=list)
-
-
-@dataclass
-class Report:
-    runs: list[RunSummary]
-    baseline: int
-    config: ConfigDiff
-    sections: list[Section]
-    servers: list[list[ServerLoad]]
-    balance: list[Balance]
-    slo: dict[str, float] | None
-    warmup_s: float
-    bootstrap: int
-    seed: int
-    warnings: list[str]
-    series: list[RunSeries] | None = field(default=None, repr=False)
 
 
 # ------------------------------------------------------------------------------------------------ config
