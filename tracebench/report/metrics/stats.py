@@ -1,0 +1,282 @@
+"""Per-run statistics, computed once per run and read by every section: `run_stats` = counts, throughput, latency
+(per request, and ITL pooled over gaps), SLO attainment, per-server load and balance, and the prefix cache."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from tracebench.errors import ConfigError
+from tracebench.itl import bucket_value
+from tracebench.report.load import Run
+from tracebench.report.metrics.config import backend_text
+from tracebench.report.metrics.definitions import (BALANCE_CV_MAX, LATENCY, LATENCY_STATS, PERCENTILES, SLO_KEYS,
+                                                   latency_expr)
+from tracebench.report.metrics.schema import Balance, RunSummary, ServerLoad
+
+
+def pooled_itl(ok: pl.DataFrame, speed: float | None) -> tuple[dict[str, float | None], int, float]:
+    """ITL statistics over every gap of the given records (their histograms summed), how many records had gaps, and
+    the fraction of gaps in bucket 0 (chunks read together). Percentiles interpolate linearly between order
+    statistics, as for the other latencies."""
+    pairs = pl.col("itl_hist").str.split(",").explode().str.split_exact(":", 1).struct.rename_fields(["b", "n"])
+    hist = (ok.lazy().filter(pl.col("itl_hist").is_not_null()).select(pairs.alias("pair")).unnest("pair")
+            .select(pl.col("b").cast(pl.Int64), pl.col("n").cast(pl.Int64))
+            .group_by("b").agg(pl.col("n").sum()).sort("b").collect())
+    n_requests = int(ok.select(pl.col("itl_hist").is_not_null().sum()).item())
+    counts = hist["n"].to_numpy()
+    total = int(counts.sum()) if counts.size else 0
+    if total == 0:
+        return {name: None for name in LATENCY_STATS}, 0, 0.0
+    values = np.array([bucket_value(int(b)) for b in hist["b"].to_numpy()]) * (speed or 1.0)
+    ends = np.cumsum(counts)  # order statistics 0..ends[i]-1 hold values[<= i]
+
+    def order_stat(j: int) -> float:
+        return float(values[np.searchsorted(ends, j, side="right")])
+
+    stats: dict[str, float | None] = {"mean": float((values * counts).sum() / total),
+                                      "max": float(ok["itl_max"].max())}  # type: ignore[arg-type]
+    for name, q in PERCENTILES.items():
+        h = (total - 1) * q
+        j = math.floor(h)
+        stats[name] = order_stat(j) + (h - j) * (order_stat(min(j + 1, total - 1)) - order_stat(j))
+    zero = float(counts[0]) / total if int(hist["b"][0]) == 0 else 0.0
+    return stats, n_requests, zero
+
+
+@dataclass
+class CacheStats:
+    """The prefix cache as sglang reported it (records' cached_tokens), over kept ok requests."""
+
+    cached: np.ndarray  # cached_tokens per request
+    prompt: np.ndarray  # prompt_tokens per request
+    hit_rate: float | None
+    prefill_tokens: int
+    hit_requests: float | None  # fraction with cached_tokens > 0
+    ceiling: float | None  # the trace's reusable fraction with one unbounded cache (run.json), None when unknown
+
+
+def _cache_stats(run: Run, ok: pl.DataFrame) -> CacheStats | None:
+    """None when the run's records have no cached_tokens (recorded before tracebench kept it)."""
+    have = ok.filter(pl.col("cached_tokens").is_not_null())
+    if have.height == 0:
+        return None
+    if have.height != ok.height:
+        raise ConfigError(f"run '{run.label}': {ok.height - have.height} of {ok.height} ok records lack cached_tokens "
+                          "(a run folder mixes record versions?)")
+    cached = have["cached_tokens"].to_numpy().astype(np.float64)
+    prompt = have["prompt_tokens"].to_numpy().astype(np.float64)
+    prefix = run.meta["trace"].get("prefix")  # absent in run folders older than prefix support, null without blocks
+    return CacheStats(
+        cached=cached, prompt=prompt,
+        hit_rate=float(cached.sum() / prompt.sum()) if prompt.sum() > 0 else None,
+        prefill_tokens=int(prompt.sum() - cached.sum()),
+        hit_requests=float((cached > 0).mean()),
+        ceiling=None if prefix is None else float(prefix["reusable_fraction"]),
+    )
+
+
+@dataclass
+class _RunStats:
+    summary: RunSummary
+    kept: pl.DataFrame
+    ok: pl.DataFrame
+    counts: dict[str, int]
+    throughput: dict[str, float | None]
+    latency: dict[str, dict[str, float | None]]  # metric -> stat -> seconds
+    latency_n: dict[str, int]
+    sorted_latency: dict[str, np.ndarray]
+    slo: dict[str, float | None]
+    servers: list[ServerLoad]
+    balance: Balance
+    cache: CacheStats | None
+    zero_gaps: float = 0.0  # fraction of the ITL gaps under 10 us (chunks read together)
+
+
+def _mark(status: str) -> str | None:
+    """The word a run that did not complete is marked with, everywhere it is named: INTERRUPTED, FAILED, UNFINISHED."""
+    if status == "completed":
+        return None
+    return "UNFINISHED" if status == "running" else status.upper()
+
+
+def _busy_time(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Length of the union of the intervals [starts[i], ends[i]]."""
+    if starts.size == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, reach = starts[order], np.maximum.accumulate(ends[order])
+    new_segment = np.empty(s.size, dtype=bool)
+    new_segment[0] = True
+    new_segment[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new_segment)
+    last = np.append(first[1:] - 1, s.size - 1)
+    return float((reach[last] - s[first]).sum())
+
+
+def _balance(run: Run, counts: np.ndarray) -> Balance:
+    if counts.sum() == 0:
+        return Balance("no dispatched request", None, None)
+    if run.num_servers == 1:
+        return Balance("single server", None, None)
+    cv = float(counts.std() / counts.mean())
+    ratio = float(counts.max() / counts.min()) if counts.min() > 0 else None
+    return Balance("balanced" if cv <= BALANCE_CV_MAX else "imbalanced", cv, ratio)
+
+
+def _counter_loads(run: Run) -> tuple[list[ServerLoad], Balance]:
+    """A run through sglang-router: requests per server from the servers' own counters, over the whole run (no
+    warm-up cut, no busy time: which request each server served is not known)."""
+    rows = run.meta["external_router"]["server_counters"] or [{"requests": None}] * run.num_servers
+    counts = [row["requests"] for row in rows]
+    total = sum(counts) if None not in counts else None
+    loads = [
+        ServerLoad(server=index, url=server["url"], requests=counts[index],
+                   share=counts[index] / total if total else None, busy_s=None, busy_fraction=None, mean_in_flight=None)
+        for index, server in enumerate(run.meta["servers"])
+    ]
+    for load, row in zip(loads, rows):  # the prefix cache as each server counted it (null where it could not)
+        cached, prompt = row.get("cached_tokens"), row.get("prompt_tokens")
+        if cached is not None and prompt:
+            load.cache_hit_rate, load.prefill_tokens = cached / prompt, int(prompt - cached)
+    if total is None:
+        return loads, Balance("unknown: via sglang-router, and a server's /metrics counters could not be read", None, None)
+    balance = _balance(run, np.array(counts))
+    balance.verdict += " (via sglang-router: requests per server from the servers' own /metrics counters, whole run)"
+    return loads, balance
+
+
+def _server_loads(run: Run, kept: pl.DataFrame, start: float | None, end: float | None) -> tuple[list[ServerLoad], Balance]:
+    if run.via_router:
+        return _counter_loads(run)
+    dispatched = kept.filter(pl.col("t_dispatch").is_not_null()).select("server", "t_dispatch", "t_finish")
+    server_ids = dispatched["server"].to_numpy()
+    counts = np.bincount(server_ids, minlength=run.num_servers) if server_ids.size else np.zeros(run.num_servers, int)
+    total = int(counts.sum())
+    duration = None if start is None or end is None or end <= start else end - start
+    loads: list[ServerLoad] = []
+    t_dispatch = dispatched["t_dispatch"].to_numpy()
+    t_finish = dispatched["t_finish"].to_numpy()
+    for index, server in enumerate(run.meta["servers"]):
+        busy = fraction = in_flight = None
+        if duration is not None:
+            mine = server_ids == index
+            lo = np.clip(t_dispatch[mine], start, end)
+            hi = np.clip(t_finish[mine], start, end)
+            busy = _busy_time(lo, hi)
+            fraction = busy / duration
+            in_flight = float((hi - lo).sum()) / duration
+        loads.append(ServerLoad(
+            server=index, url=server["url"], requests=int(counts[index]),
+            share=float(counts[index] / total) if total else None, busy_s=busy, busy_fraction=fraction,
+            mean_in_flight=in_flight,
+        ))
+    ok = kept.filter((pl.col("status") == "ok") & pl.col("cached_tokens").is_not_null())
+    if ok.height:
+        per_server = ok.group_by("server").agg(pl.col("cached_tokens").sum(), pl.col("prompt_tokens").sum())
+        for server, cached, prompt in per_server.iter_rows():
+            loads[server].cache_hit_rate = cached / prompt if prompt else None
+            loads[server].prefill_tokens = int(prompt - cached)
+    return loads, _balance(run, counts)
+
+
+def _counts(kept: pl.DataFrame) -> dict[str, int]:
+    c = pl.col
+    row = kept.select([(c("status") == s).sum().alias(s) for s in ("ok", "error", "timeout", "cancelled")]).row(0, named=True)
+    return {k: int(v) for k, v in row.items()}
+
+
+def _throughput(kept: pl.DataFrame, counts: dict[str, int]
+                ) -> tuple[float | None, float | None, float | None, dict[str, float | None]]:
+    """The measurement window (start, end, duration) and the throughputs over it."""
+    c = pl.col
+    bounds = kept.select(
+        c("t_arrival").min().alias("start"),
+        c("t_finish").filter(c("status") == "ok").max().alias("end"),
+        c("input_len").filter(c("status") == "ok").sum().alias("input_tokens"),
+        c("completion_tokens").filter(c("status") == "ok").sum().alias("output_tokens"),
+    ).row(0, named=True)
+    start, end = bounds["start"], bounds["end"]
+    duration = end - start if end is not None and end > start else None
+    throughput: dict[str, float | None] = {
+        "requests_per_s": counts["ok"] / duration if duration else None,
+        "input_tokens_per_s": bounds["input_tokens"] / duration if duration else None,
+        "output_tokens_per_s": bounds["output_tokens"] / duration if duration else None,
+    }
+    return start, end, duration, throughput
+
+
+def _latency(ok: pl.DataFrame, speed: float | None
+             ) -> tuple[dict[str, dict[str, float | None]], dict[str, int], dict[str, np.ndarray], float]:
+    """Per metric: its statistics, how many requests it covers, its sorted values; and ITL's fraction of zero gaps."""
+    # Each latency column is sorted once (numpy's sort is the fastest here); polars then aggregates the sorted
+    # Series, where its sorted flag makes quantiles O(1). The sorted arrays also feed the bootstrap and the CDFs.
+    per_request = [m.key for m in LATENCY if not m.pooled]
+    columns = ok.lazy().select([latency_expr(key).alias(key) for key in per_request]).collect()
+    latency: dict[str, dict[str, float | None]] = {}
+    latency_n: dict[str, int] = {}
+    sorted_latency: dict[str, np.ndarray] = {}
+    latency["itl"], latency_n["itl"], zero_gaps = pooled_itl(ok, speed)
+    for key in per_request:
+        values = np.sort(columns[key].drop_nulls().to_numpy())
+        ordered = pl.Series(key, values).set_sorted()
+        sorted_latency[key] = values
+        latency_n[key] = ordered.len()
+        latency[key] = {"mean": ordered.mean(), "max": ordered.max()}
+        latency[key].update({name: ordered.quantile(q, interpolation="linear") for name, q in PERCENTILES.items()})
+    return latency, latency_n, sorted_latency, zero_gaps
+
+
+def _slo(run: Run, kept: pl.DataFrame, ok: pl.DataFrame, counts: dict[str, int], latency_n: dict[str, int],
+         duration: float | None, slo: dict[str, float] | None) -> dict[str, float | None]:
+    """Requests meeting every objective (met, fraction of the kept ones, goodput); {} without --slo."""
+    c = pl.col
+    if slo is None:
+        return {}
+    for key in slo:
+        if latency_n[SLO_KEYS[key]] == 0 and counts["ok"] > 0 and key in ("ttft", "tpot"):
+            raise ConfigError(f"--slo {key}: run '{run.label}' has no first-token stamps (replayed without streaming?)")
+        if key == "itl" and ok.select(pl.col("t_first_token").is_not_null().sum()).item() == 0 and counts["ok"] > 0:
+            raise ConfigError(f"--slo itl: run '{run.label}' has no streamed answers (replayed without streaming?)")
+    met_expr = c("status") == "ok"
+    for key, limit in slo.items():
+        value = latency_expr(SLO_KEYS[key])
+        within = value <= limit
+        if key == "tpot":  # one output token: no time per output token to miss
+            within = within | (c("completion_tokens") <= 1)
+        if key == "itl":  # a streamed answer in one chunk: no gap to miss
+            within = within | (c("itl_max").is_null() & c("t_first_token").is_not_null())
+        met_expr = met_expr & within.fill_null(False)
+    met = int(kept.select(met_expr.sum()).item())
+    return {"met": float(met), "fraction": met / kept.height, "goodput": met / duration if duration else None}
+
+
+def _summary(run: Run, kept: pl.DataFrame, start: float | None, end: float | None, duration: float | None
+             ) -> RunSummary:
+    meta = run.meta
+    return RunSummary(
+        label=run.label, path=str(run.path), run_name=meta["run_name"], status=meta["status"], mark=_mark(meta["status"]),
+        backend=backend_text(meta), trace_path=run.trace_path, trace_sha256=run.trace_sha256,
+        trace_requests=meta["trace"]["num_requests"], records=run.requests.height, missing=run.missing,
+        kept=kept.height, window_start=start, window_end=end, duration=duration, t_end=meta["t_end"],
+        speed=run.speed, speed_conversion=meta.get("speed_conversion"),
+    )
+
+
+def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunStats:
+    kept = run.requests.filter(pl.col("t_arrival") >= warmup)
+    if kept.height == 0:
+        last = run.requests["t_arrival"].max()
+        raise ConfigError(f"--warmup {warmup:g} leaves no request of run '{run.label}' (its last arrival is at {last:g} s)")
+    ok = kept.filter(pl.col("status") == "ok")
+    counts = _counts(kept)
+    start, end, duration, throughput = _throughput(kept, counts)
+    latency, latency_n, sorted_latency, zero_gaps = _latency(ok, run.speed)
+    slo_out = _slo(run, kept, ok, counts, latency_n, duration, slo)
+    loads, balance = _server_loads(run, kept, start, end)
+    summary = _summary(run, kept, start, end, duration)
+    return _RunStats(summary, kept, ok, counts, throughput, latency, latency_n, sorted_latency, slo_out, loads, balance,
+                     _cache_stats(run, ok), zero_gaps)
