@@ -1,7 +1,32 @@
-"""Every latency metric of the report, defined once: one `MetricDef` row holds its key, label, definition (the words
-docs/report.md and the HTML page show), expression over a run's records, unit, which way is better, whether it is
-pooled over gaps, whether it is one side of the prefix-cache split, and its --slo key. The other names here are views
-of that table kept for their readers, plus the statistics shown and the --slo parser."""
+"""What the report computes, with one definition per number (docs/report.md says the same in prose).
+
+- Times: seconds on the run clock; for a run replayed with `--speed K`, simulated seconds (the simulators' time × K,
+  tracebench's host time as measured: report/speed.py, converted once by the loader), so sped-up simulator runs and
+  real-GPU runs compare like with like.
+
+- Requests kept: every record whose `t_arrival >= warmup` (default 0: all). Everything below is over kept requests.
+- Latencies: over kept `ok` requests that have the stamps the metric needs.
+- Percentiles: linear interpolation between order statistics (numpy's default `method="linear"`, polars'
+  `interpolation="linear"`): with n sorted values x[0..n-1], p_q = x[j] + (h - j)(x[j+1] - x[j]), h = (n-1)q, j = floor(h).
+- Duration (the measurement window): from the first arrival of a kept request to the last finish of a kept `ok`
+  request. Throughput = ok requests (input_len / completion_tokens summed over them) / duration.
+- Per server: share = dispatched requests to that server / all dispatched requests; busy time = length of the union of
+  its [t_dispatch, t_finish] intervals inside the window; mean in-flight = the sum of those intervals / duration.
+  Balanced when the coefficient of variation (population std / mean) of the per-server request counts <= 0.10.
+- Deltas against the baseline: absolute and % of the baseline. For latency percentiles, a bootstrap 95% interval of
+  the difference (percentile method, independent resamples of each run's requests, `--bootstrap` resamples); the
+  difference is "significant" only when the interval excludes 0.
+- Prefix cache (runs whose records carry sglang's `cached_tokens`): hit rate = sum(cached_tokens) / sum(prompt_tokens)
+  over kept ok requests (token-weighted), per run and per server; prefill tokens computed = sum(prompt_tokens -
+  cached_tokens); a request "hits" when cached_tokens > 0 (TTFT is split by that). The hit-rate delta's 95% interval
+  is the delta method's for a ratio of sums (normal approximation, requests independent), fast at any run size. The
+  trace's ceiling (the reusable fraction of prompt tokens with one unbounded cache) comes from run.json.
+
+Every latency metric is one `MetricDef` row of `LATENCY`: key, label, definition (the words docs/report.md and the
+HTML page show), expression over a run's records, unit, which way is better, whether it is pooled over gaps, whether
+it is one side of the prefix-cache split, and its --slo key. LATENCY_METRICS, latency_expr, POOLED,
+CACHE_SPLIT_METRICS, LATENCY_LABELS and SLO_KEYS are views of that table, kept for their readers.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,213 @@
+"""The report assembled: `build_report` checks the runs, computes each run's statistics once (stats.py), collects the
+warnings, then builds the sections, one builder each (requests, throughput, latency, SLO, prefix cache); a builder
+returns None when its section does not apply. Every row carries each run's delta against the baseline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tracebench.errors import ConfigError
+from tracebench.report.load import Run
+from tracebench.report.metrics.ci import bootstrap_ci, ratio_ci
+from tracebench.report.metrics.config import _show, attached_sim_speeds, diff_config, speed_warning
+from tracebench.report.metrics.definitions import LATENCY, LATENCY_STATS, PERCENTILES
+from tracebench.report.metrics.schema import Delta, Report, Row, Section
+from tracebench.report.metrics.series import _common_time_axis, _series
+from tracebench.report.metrics.stats import _run_stats, _RunStats
+
+
+def _delta(value: float | None, base: float | None) -> Delta | None:
+    if value is None or base is None:
+        return Delta(None, None)
+    diff = value - base
+    return Delta(diff, diff / base * 100.0 if base != 0 else None)
+
+
+def _row(section: str, metric: str, label: str, stat: str, unit: str, better: str | None,
+         values: list[float | None], baseline: int) -> Row:
+    deltas = [None if i == baseline else _delta(v, values[baseline]) for i, v in enumerate(values)]
+    return Row(section, metric, label, stat, unit, better, values, deltas)
+
+
+def check_same_trace(runs: list[Run], baseline: int, allow_different: bool) -> list[str]:
+    """Refuse runs of different traces (ConfigError naming both) unless allowed; then return a warning instead."""
+    base = runs[baseline]
+    warnings: list[str] = []
+    for run in runs:
+        if run.trace_sha256 != base.trace_sha256:
+            what = (f"runs replay different traces: '{base.label}' replayed {base.trace_path} (sha256 {base.trace_sha256[:12]}), "
+                    f"'{run.label}' replayed {run.trace_path} (sha256 {run.trace_sha256[:12]})")
+            if not allow_different:
+                raise ConfigError(f"{what}; compare them anyway with --allow-different-traces")
+            warnings.append(what + " (compared anyway: --allow-different-traces)")
+    return warnings
+
+
+def _warnings(runs: list[Run], stats: list[_RunStats]) -> list[str]:
+    """What the reader must know before trusting the numbers: speeds, sped-up ITL, runs that did not complete."""
+    warnings: list[str] = []
+    if (speeds := speed_warning([st.summary for st in stats])) is not None:
+        warnings.append(speeds)
+    for run in runs:
+        if speeds := attached_sim_speeds(run.meta):
+            warnings.append(
+                f"run '{run.label}' attached simulators running at --speed {'/'.join(_show(v) for v in sorted(set(speeds)))}: "
+                "the run itself was not compressed, so its server times are that many times shorter than simulated "
+                "seconds (use --backend sim --speed K for a compressed run)")
+    for st in stats:
+        if st.summary.speed is not None and st.summary.speed > 1 and st.latency_n["itl"]:
+            warnings.append(
+                f"ITL of {st.summary.label} at --speed {_show(st.summary.speed)}: its stream's chunks came "
+                f"{_show(st.summary.speed)} times closer in real time, and chunks the client reads together count "
+                f"as 0 ms gaps ({st.zero_gaps:.0%} of them here): measure ITL at --speed 1")
+    for st in stats:
+        s = st.summary
+        if s.mark is not None:
+            stopped = f"stopped at {s.t_end:.2f} s" if s.t_end is not None else "no end recorded"
+            why = " (run.json still says running: the replay was killed, or is still going)" if s.status == "running" else ""
+            warnings.append(f"run '{s.label}' is {s.mark}{why} ({stopped}; "
+                            f"{s.records} of {s.trace_requests} requests recorded, {st.counts['cancelled']} of the kept "
+                            "ones cancelled): its numbers cover only what happened before it stopped")
+        elif s.missing:
+            warnings.append(f"run '{s.label}': {s.missing} requests of the trace have no record")
+    return warnings
+
+
+@dataclass
+class _Inputs:
+    """What every section builder reads."""
+
+    stats: list[_RunStats]
+    baseline: int
+    warmup: float
+    slo: dict[str, float] | None
+    bootstrap: int
+    seed: int
+
+
+def requests_section(inp: _Inputs) -> Section:
+    stats, baseline = inp.stats, inp.baseline
+    rows = [
+        _row("requests", "kept", "requests (after warm-up)" if inp.warmup > 0 else "requests", "count", "requests", None,
+             [float(st.summary.kept) for st in stats], baseline),
+    ]
+    rows += [
+        _row("requests", status, status, "count", "requests", "higher" if status == "ok" else "lower",
+             [float(st.counts[status]) for st in stats], baseline)
+        for status in ("ok", "error", "timeout", "cancelled")
+    ]
+    if any(st.summary.missing for st in stats):
+        rows.append(_row("requests", "not_recorded", "not recorded", "count", "requests", "lower",
+                         [float(st.summary.missing) for st in stats], baseline))
+    return Section("requests", "Requests", rows)
+
+
+def throughput_section(inp: _Inputs) -> Section:
+    stats, baseline = inp.stats, inp.baseline
+    return Section("throughput", "Throughput", [
+        _row("throughput", "duration", "duration", "value", "s", None, [st.summary.duration for st in stats], baseline),
+        _row("throughput", "requests_per_s", "requests/s", "value", "req/s", "higher",
+             [st.throughput["requests_per_s"] for st in stats], baseline),
+        _row("throughput", "input_tokens_per_s", "input tokens/s", "value", "tok/s", "higher",
+             [st.throughput["input_tokens_per_s"] for st in stats], baseline),
+        _row("throughput", "output_tokens_per_s", "output tokens/s", "value", "tok/s", "higher",
+             [st.throughput["output_tokens_per_s"] for st in stats], baseline),
+    ])
+
+
+def latency_section(inp: _Inputs) -> Section:
+    """One row per metric and statistic; percentile deltas get a bootstrap interval (seeded per cell)."""
+    stats, baseline, bootstrap, seed = inp.stats, inp.baseline, inp.bootstrap, inp.seed
+    any_hit = any(st.cache is not None and st.cache.hit_requests for st in stats)
+    rows: list[Row] = []
+    for m_index, metric in enumerate(LATENCY):
+        key = metric.key
+        if all(st.latency_n[key] == 0 for st in stats):
+            continue  # e.g. no first-token stamps in any run (not streamed): the metric does not exist here
+        if metric.cache_split and not any_hit:
+            continue  # no request hit the prefix cache anywhere: the split says nothing the TTFT rows do not
+        for s_index, stat in enumerate(LATENCY_STATS):
+            row = _row("latency", key, metric.label, stat, metric.unit, metric.better,
+                       [st.latency[key][stat] for st in stats], baseline)
+            if stat in PERCENTILES and bootstrap > 0 and not metric.pooled:
+                for r_index, delta in enumerate(row.deltas):
+                    if delta is None or delta.abs is None:
+                        continue
+                    ci = bootstrap_ci(stats[r_index].sorted_latency[key], stats[baseline].sorted_latency[key],
+                                      PERCENTILES[stat], bootstrap, [seed, m_index, s_index, r_index])
+                    if ci is not None:
+                        delta.ci_low, delta.ci_high = ci
+            rows.append(row)
+    return Section("latency", "Latency", rows)
+
+
+def slo_section(inp: _Inputs) -> Section | None:
+    if inp.slo is None:
+        return None
+    stats, baseline = inp.stats, inp.baseline
+    spec = ", ".join(f"{k} <= {v:g} s" for k, v in inp.slo.items())
+    return Section("slo", f"SLO ({spec})", [
+        _row("slo", "met", "requests meeting all", "count", "requests", "higher", [st.slo["met"] for st in stats], baseline),
+        _row("slo", "fraction", "fraction meeting all", "value", "fraction", "higher",
+             [st.slo["fraction"] for st in stats], baseline),
+        _row("slo", "goodput", "goodput", "value", "req/s", "higher", [st.slo["goodput"] for st in stats], baseline),
+    ])
+
+
+def cache_section(inp: _Inputs) -> Section | None:
+    """The prefix cache, for runs whose records carry sglang's cached_tokens; the hit-rate delta gets the delta
+    method's interval."""
+    if not any(st.cache is not None for st in inp.stats):
+        return None
+    baseline = inp.baseline
+    caches = [st.cache for st in inp.stats]
+
+    def values(get: Any) -> list[float | None]:
+        return [None if c is None else get(c) for c in caches]
+
+    hit = _row("cache", "hit_rate", "prefix cache hit rate (tokens)", "value", "fraction", "higher",
+               values(lambda c: c.hit_rate), baseline)
+    base = caches[baseline]
+    for i, delta in enumerate(hit.deltas):
+        mine = caches[i]
+        if delta is not None and mine is not None and base is not None:
+            ci = ratio_ci((mine.cached, mine.prompt), (base.cached, base.prompt))
+            if ci is not None:
+                delta.ci_low, delta.ci_high = ci
+    rows = [
+        hit,
+        _row("cache", "hit_requests", "requests with a hit", "value", "fraction", "higher",
+             values(lambda c: c.hit_requests), baseline),
+        _row("cache", "prefill_tokens", "prompt tokens computed (prefill)", "count", "tokens", "lower",
+             values(lambda c: float(c.prefill_tokens)), baseline),
+        _row("cache", "ceiling", "trace ceiling (one unbounded cache)", "value", "fraction", None,
+             values(lambda c: c.ceiling), baseline),
+    ]
+    return Section("cache", "Prefix cache", rows)
+
+
+SECTIONS = (requests_section, throughput_section, latency_section, slo_section, cache_section)
+
+
+def build_report(
+    runs: list[Run], baseline: int, *, warmup: float = 0.0, slo: dict[str, float] | None = None,
+    bootstrap: int = 1000, seed: int = 0, allow_different_traces: bool = False, with_series: bool = False,
+) -> Report:
+    if warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {warmup:g}")
+    if bootstrap < 0:
+        raise ConfigError(f"--bootstrap must be >= 0, got {bootstrap}")
+    warnings = check_same_trace(runs, baseline, allow_different_traces)
+    stats = [_run_stats(run, warmup, slo) for run in runs]
+    warnings += _warnings(runs, stats)
+    inputs = _Inputs(stats, baseline, warmup, slo, bootstrap, seed)
+    sections = [section for build in SECTIONS if (section := build(inputs)) is not None]
+    series = [_series(run, st) for run, st in zip(runs, stats)] if with_series else None
+    if series is not None:
+        _common_time_axis(series, runs, stats)
+    return Report(
+        runs=[st.summary for st in stats], baseline=baseline, config=diff_config([run.meta for run in runs]),
+        sections=sections, servers=[st.servers for st in stats], balance=[st.balance for st in stats], slo=slo,
+        warmup_s=warmup, bootstrap=bootstrap, seed=seed, warnings=warnings, series=series,
+    )
