@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tracebench.errors import ConfigError, PolicyError
+from tracebench.paths import portable_path
 from tracebench.policies import Policy, QueuedRequest, ServerView
 from tracebench.policies.registry import builtin_policies, load_policy
 
@@ -61,7 +62,9 @@ def test_file_and_class(tmp_path: Path) -> None:
     assert policy.name == "first_free" and type(policy).__name__ == "FirstFree"
     assert sys.path == sys_path_before
     described = policy.describe()
-    assert described["file"] == str(path.resolve()) and len(described["file_sha256"]) == 64
+    # the working folder's relative path, or `…/first.py` outside it: no absolute path (tracebench/paths.py)
+    assert described["file"] == portable_path(path) and not Path(described["file"]).is_absolute()
+    assert len(described["file_sha256"]) == 64
     server = ServerView(0, "u", True, 0, 2, 0.0, None, None, None, None)
     picks = policy.assign([QueuedRequest(1, 1, 1, 0.0, 0.0)], [server])
     assert [(r.id, s.index) for r, s in picks] == [(1, 0)]

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from tracebench.errors import ConfigError, PolicyError
+from tracebench.paths import portable_path
 
 T = TypeVar("T")
 
@@ -156,10 +157,14 @@ class Policy:
         """What run.json records about this policy: `options` as given, `settings` as used (defaults included), and
         the file that defines it with its sha256 (a user's policy file may change between runs)."""
         source = Path(inspect.getfile(type(self)))
+        # a built-in as tracebench/policies/<name>.py wherever tracebench is installed; a user's file relative to the
+        # working folder, or only its name when elsewhere (tracebench/paths.py): the sha256 identifies it
+        package = Path(__file__).resolve().parents[1]
+        roots = (package.parent,) if source.resolve().is_relative_to(package) else ()
         return {
             "name": self.name,
             "class": type(self).__qualname__,
-            "file": str(source),
+            "file": portable_path(source, roots),
             "file_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
             "options": self.options,
             "settings": self.settings,

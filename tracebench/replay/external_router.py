@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tracebench.errors import ConfigError, ServerProtocolError, ServerStartError
+from tracebench.paths import portable_words
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 from tracebench.replay.client import SglangClient
 from tracebench.replay.records import RecordWriter, RequestRecord
@@ -303,7 +304,7 @@ class SglangRouter:
             "version": self.version,
             "policy": self.policy,
             "args": self.user_args,
-            "command": self.plan.command if self.plan is not None else None,
+            "command": portable_words(self.plan.command) if self.plan is not None else None,  # tracebench/paths.py
             "env": {"HF_ENDPOINT": self.hub_endpoint} if self.hub_endpoint else None,
             "url": self.plan.url if self.plan is not None else None,
             "prometheus_url": self.prometheus_url,

@@ -25,6 +25,7 @@ import orjson
 
 from tracebench import __version__
 from tracebench.errors import ConfigError, RunInterrupted, ServerStartError
+from tracebench.paths import portable_path, portable_words
 from tracebench.policies.base import Policy
 from tracebench.policies.registry import load_policy
 from tracebench.replay.caps import (
@@ -182,7 +183,11 @@ class ReplayConfig:
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out["trace"], out["out_dir"] = str(self.trace), str(self.out_dir)
+        # paths as a shareable run folder keeps them (tracebench/paths.py): no one's home folder in run.json
+        out["trace"], out["out_dir"] = portable_path(self.trace), portable_path(self.out_dir)
+        out["model"] = portable_path(self.model) if self.model is not None else None
+        out["server_args"] = portable_words(self.server_args)
+        out["router_args"] = portable_words(self.router_args)
         out["policy_options"] = dict(self.policy_options)
         return out
 
@@ -320,7 +325,7 @@ class Replay:
             "host": socket.gethostname(),
             "wall_clock_start": self.clock.wall_start if self.clock is not None else None,
             "trace": {
-                "path": str(self.cfg.trace), "sha256": self.trace_sha, "num_requests": self.header.num_requests,
+                "path": portable_path(self.cfg.trace), "sha256": self.trace_sha, "num_requests": self.header.num_requests,
                 "duration_s": self.header.duration_s, "header": self.header.fields, "prefix": self.trace_prefix,
             },
             "options": self.cfg.to_json(),

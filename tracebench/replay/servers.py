@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tracebench.errors import ConfigError, ServerStartError
+from tracebench.paths import portable_words
 from tracebench.replay.client import SglangClient
 
 LOG_TAIL_LINES = 30
@@ -272,7 +273,8 @@ class Fleet:
             "index": plan.index,
             "url": plan.url,
             "gpu": plan.gpu,
-            "launch_command": plan.command,
+            # paths relative to the working folder, or only their name when elsewhere (tracebench/paths.py)
+            "launch_command": portable_words(plan.command) if plan.command is not None else None,
             "launch_env": {k: v for k, v in plan.env.items() if k != "PYTHONUNBUFFERED"} or None,
             "pid": proc.pid if proc is not None else None,
             "same_host": plan.same_host,

@@ -155,9 +155,13 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
 @click.option("--log-tail", type=click.IntRange(min=1), default=None, metavar="LINES",
               help="Keep only the last LINES lines of each server-<i>.log, dropping the rest (default: the whole "
                    "log, compressed).")
+@click.option("--shareable", is_flag=True, default=False,
+              help="Also rewrite the paths of this machine in run.json and the logs: relative to the run folder or "
+                   "the working folder when inside one, else only the last component after '…/' (docs/run-format.md, "
+                   "\"Paths\"). On a run already packed, only its run.json.xz and logs are rewritten.")
 @click.option("--reports-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"),
               show_default=True, help="Where a RUN given by name is looked up.")
-def pack(runs: tuple[str, ...], log_tail: int | None, reports_dir: Path) -> None:
+def pack(runs: tuple[str, ...], log_tail: int | None, shareable: bool, reports_dir: Path) -> None:
     """Store finished run folders compactly, in place, losing no record.
 
     A RUN is a run folder written by `tracebench replay`, or its name in reports/.
@@ -175,20 +179,27 @@ def pack(runs: tuple[str, ...], log_tail: int | None, reports_dir: Path) -> None
 
     \b
     All or nothing: every RUN is checked first (refused: a run still `running`
-    in run.json, one already packed, a record `tracebench report` would refuse);
+    in run.json, one already packed unless --shareable, a record `tracebench
+    report` would refuse);
     each packed file is written under a temporary name, read back and compared
     with the original record by record; only when every RUN passed are the
     packed files renamed into place and the originals removed.
 
+    --shareable, for a run folder to publish (the committed examples are made
+    so): run.json and the logs keep no path of the machine that made them
+    (a home folder, a scratch folder, a Python install); what identifies an
+    input made elsewhere is its name and the sha256 run.json records.
+
     \b
     Examples:
       tracebench pack demo-round_robin demo-sjf
-      tracebench pack reports/gpu-runs/*/ --log-tail 100
+      tracebench pack reports/gpu-runs/*/ --log-tail 100 --shareable
     """
     from tracebench.report.load import resolve_run_dir
     from tracebench.report.pack import pack_runs
 
     folders = [resolve_run_dir(spec, reports_dir) for spec in runs]
-    for run in pack_runs(folders, log_tail):
-        click.echo(f"packed {run.folder}: {run.bytes_before / 1e6:.2f} MB -> {run.bytes_after / 1e6:.2f} MB "
+    for run in pack_runs(folders, log_tail, shareable):
+        done = "made shareable" if all(final == original for _, final, original in run.moves) else "packed"
+        click.echo(f"{done} {run.folder}: {run.bytes_before / 1e6:.2f} MB -> {run.bytes_after / 1e6:.2f} MB "
                    f"({', '.join(final.name for _, final, _ in run.moves)})", err=True)

@@ -13,6 +13,10 @@ Every reader of run folders (tracebench.report.load.run_file) reads either form.
 given is validated as `tracebench report` reads it, each packed file is written under a temporary name, read back
 and compared with the original record by record (the JSONL parsed again by orjson, not by the reader that wrote the
 Parquet), and only when every run passed are the packed files renamed into place and the originals removed.
+
+`shareable`: run.json and the logs also lose the paths of the machine that made them (tracebench/paths.py: relative
+to the run folder or the working folder when inside one, else `…/<name>`); the one change packing makes to a record.
+An already packed run then has only its run.json.xz and logs rewritten, in place, with the same checks.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import orjson
 import polars as pl
 
 from tracebench.errors import ConfigError, RunFolderError
+from tracebench.paths import shareable_json, shareable_text
 from tracebench.report.load import (
     PACKED_NAMES, ROW, is_packed, read_parquet_table, read_requests, read_run_json, read_telemetry, request_schema,
     run_file, telemetry_schema,
@@ -46,9 +51,10 @@ class PreparedRun:
     bytes_before: int = 0  # of the originals
     bytes_after: int = 0   # of their packed forms
 
-    def add(self, original: Path) -> Path:
-        """Register `original` for packing; returns the temporary path its packed form is written to."""
-        final = original.with_name(PACKED_NAMES.get(original.name, original.name + ".xz"))
+    def add(self, original: Path, in_place: bool = False) -> Path:
+        """Register `original` for packing (`in_place`: an already packed file rewritten); returns the temporary path
+        its packed form is written to."""
+        final = original if in_place else original.with_name(PACKED_NAMES.get(original.name, original.name + ".xz"))
         temp = final.with_name(f".{final.name}.packing-{os.getpid()}")
         self.moves.append((temp, final, original))
         return temp
@@ -58,9 +64,9 @@ class PreparedRun:
         self.bytes_after += temp.stat().st_size
 
 
-def pack_runs(folders: list[Path], log_tail: int | None) -> list[PreparedRun]:
+def pack_runs(folders: list[Path], log_tail: int | None, shareable: bool = False) -> list[PreparedRun]:
     """Pack every folder, or none: a run that cannot be packed (or whose packed form does not read back equal) stops
-    the whole call before any original is removed."""
+    the whole call before any original is removed. `shareable`: see the module's docstring."""
     seen: dict[Path, Path] = {}
     for folder in folders:
         if folder.resolve() in seen:
@@ -69,10 +75,13 @@ def pack_runs(folders: list[Path], log_tail: int | None) -> list[PreparedRun]:
     prepared: list[PreparedRun] = []
     try:
         for folder in folders:
-            check_packable(folder)
+            check_packable(folder, shareable)
         for folder in folders:
             prepared.append(PreparedRun(folder))
-            prepare(prepared[-1], log_tail)
+            if shareable and is_packed(folder):
+                make_shareable(prepared[-1])
+            else:
+                prepare(prepared[-1], log_tail, shareable)
     except BaseException:
         for run in prepared:
             discard(run)
@@ -82,10 +91,14 @@ def pack_runs(folders: list[Path], log_tail: int | None) -> list[PreparedRun]:
     return prepared
 
 
-def check_packable(folder: Path) -> None:
+def check_packable(folder: Path, shareable: bool = False) -> None:
     if is_packed(folder):
+        if shareable:
+            read_run_json(folder)  # a packed run.json.xz that does not read stops here
+            return
         raise RunFolderError(folder, None, None, "already packed (it has "
-                             + ", ".join(sorted(p.name for p in _packed_files(folder))) + ")")
+                             + ", ".join(sorted(p.name for p in _packed_files(folder))) + "; --shareable rewrites "
+                             "only its paths)")
     meta = read_run_json(folder)
     if meta["status"] == "running":
         raise RunFolderError(folder / "run.json", None, "status",
@@ -93,13 +106,15 @@ def check_packable(folder: Path) -> None:
                              "is packed")
 
 
-def prepare(run: PreparedRun, log_tail: int | None) -> None:
+def prepare(run: PreparedRun, log_tail: int | None, shareable: bool = False) -> None:
     folder = run.folder
     meta_path = folder / "run.json"
     meta = read_run_json(folder)
     # the run folder exactly as `tracebench report` reads it: a broken record stops here, before anything is written
     requests = read_requests(run_file(folder, "requests.jsonl"), meta).drop(ROW)
     raw_meta = meta_path.read_bytes()
+    if shareable:
+        raw_meta = shareable_run_json(raw_meta, folder)
     _write_verified(run, meta_path, _xz(raw_meta), lambda data: lzma.decompress(data) == raw_meta)
     _pack_table(run, folder / "requests.jsonl", requests, request_schema())
     telemetry_path = folder / "telemetry.jsonl"
@@ -107,15 +122,52 @@ def prepare(run: PreparedRun, log_tail: int | None) -> None:
         _pack_table(run, telemetry_path, read_telemetry(folder), telemetry_schema())
     for log in _logs(folder, ""):
         kept = _tail(log, log_tail)
+        if shareable:
+            kept = shareable_log(kept, folder, meta)
         _write_verified(run, log, _xz(kept), lambda data, kept=kept: lzma.decompress(data) == kept)
 
 
+def make_shareable(run: PreparedRun) -> None:
+    """An already packed run: its run.json.xz and logs rewritten in place (the request and telemetry tables are
+    left as recorded, as packing leaves them)."""
+    folder = run.folder
+    meta_path = run_file(folder, "run.json")
+    raw_meta = shareable_run_json(lzma.decompress(meta_path.read_bytes()), folder)
+    _write_verified(run, meta_path, _xz(raw_meta), lambda data: lzma.decompress(data) == raw_meta, in_place=True)
+    meta = orjson.loads(raw_meta)
+    for log in _logs(folder, ".xz"):
+        kept = shareable_log(lzma.decompress(log.read_bytes()), folder, meta)
+        _write_verified(run, log, _xz(kept), lambda data, kept=kept: lzma.decompress(data) == kept, in_place=True)
+
+
+def _path_roots(folder: Path, meta: dict[str, Any]) -> list[Path]:
+    """The run folder as it is now and, when run.json names it absolutely, where it was written."""
+    roots = [Path(os.path.abspath(folder))]
+    out_dir = (meta.get("options") or {}).get("out_dir")
+    if isinstance(out_dir, str) and os.path.isabs(out_dir) and meta.get("run_name"):
+        roots.append(Path(out_dir) / meta["run_name"])
+    return roots
+
+
+def shareable_run_json(raw: bytes, folder: Path) -> bytes:
+    """run.json with every machine path made portable (tracebench/paths.py), written as replay writes it."""
+    meta = orjson.loads(raw)
+    return orjson.dumps(shareable_json(meta, _path_roots(folder, meta)), option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def shareable_log(data: bytes, folder: Path, meta: dict[str, Any]) -> bytes:
+    text = data.decode("utf-8", errors="surrogateescape")  # a log's odd bytes come back unchanged
+    return shareable_text(text, _path_roots(folder, meta)).encode("utf-8", errors="surrogateescape")
+
+
 def commit(run: PreparedRun) -> None:
-    """Packed files into place (each rename atomic), then the originals out."""
+    """Packed files into place (each rename atomic), then the originals out (a file rewritten in place replaced
+    its original)."""
     for temp, final, _ in run.moves:
         os.replace(temp, final)
-    for _, _, original in run.moves:
-        original.unlink()
+    for _, final, original in run.moves:
+        if original != final:
+            original.unlink()
 
 
 def discard(run: PreparedRun) -> None:
@@ -131,8 +183,9 @@ def _logs(folder: Path, suffix: str) -> list[Path]:
     return sorted(p for pattern in LOG_PATTERNS for p in folder.glob(pattern + suffix))
 
 
-def _write_verified(run: PreparedRun, original: Path, data: bytes, equal: Callable[[bytes], bool]) -> None:
-    temp = run.add(original)
+def _write_verified(run: PreparedRun, original: Path, data: bytes, equal: Callable[[bytes], bool],
+                    in_place: bool = False) -> None:
+    temp = run.add(original, in_place)
     temp.write_bytes(data)
     if not equal(temp.read_bytes()):
         raise RunFolderError(original, None, None, "its packed form reads back different: nothing was packed")
