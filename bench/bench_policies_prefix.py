@@ -1,7 +1,11 @@
 """What the prefix-aware policies cost and what they would reuse, on a trace with prefix blocks, without servers.
 
-    tracebench generate --dataset ../shared/data/mooncake_synthetic_trace.jsonl --keep-timestamps -o /tmp/mc.jsonl
-    .venv/bin/python bench/bench_policies_prefix.py /tmp/mc.jsonl [--servers 4] [--in-flight 32]
+    tracebench generate --dataset traces/mooncake_synthetic_trace.jsonl --keep-timestamps -o traces/mc.jsonl
+    .venv/bin/python bench/bench_policies_prefix.py traces/mc.jsonl [--servers 4] [--in-flight 32]
+
+(Mooncake's synthetic trace: github.com/kvcache-ai/Mooncake, FAST25-release/traces/synthetic_trace.jsonl, 3,993
+rows, sha256 bd070915…, downloaded into the ignored traces/; its last 1,000 rows are in the repository as
+tests/data/mooncake_synthetic_trace_last1000.jsonl.)
 
 Each policy routes the trace's requests one `assign` call each, in order, on N servers. A request stays in flight
 for the next `--in-flight` decisions (a stand-in for service time, so the loads move). Printed per policy:

@@ -1,8 +1,12 @@
 """Does one sim-server keep up with a prefix-heavy trace? (issue 12: the Mooncake synthetic trace at its own rate,
 speed 4, without falling behind)
 
-    .venv/bin/python bench/bench_sim_prefix.py /work/shared/data/mooncake_synthetic_trace.jsonl \
+    .venv/bin/python bench/bench_sim_prefix.py traces/mooncake_synthetic_trace.jsonl \
         [--speed 4] [--max-requests N] [--disable-radix-cache]
+
+(the whole trace: github.com/kvcache-ai/Mooncake, FAST25-release/traces/synthetic_trace.jsonl, sha256 bd070915…,
+downloaded into the ignored traces/; its last 1,000 rows are in the repository as
+tests/data/mooncake_synthetic_trace_last1000.jsonl.)
 
 Reads a Mooncake JSONL trace (`timestamp` ms, `input_length`, `output_length`, `hash_ids`: one id per 512-token block),
 clamps it to the 4,096-token context as `tracebench generate --dataset` does (a prompt longer than 4,089 tokens is cut

@@ -1,12 +1,14 @@
 """--speed K against speed 1 (issue 15): the same trace on the simulated cluster (4 GPUs, no cap) at speed 1 and at
 speed K, and what the report shows for the millisecond-scale metrics (p50 TTFT from arrival, router wait, release
-lag), as the report converts them now and as it did before (every run-clock time x K). Usage: python bench/bench_speed.py [--requests 400] [--rate 20] [--speed 4] [--out /tmp/speed]"""
+lag), as the report converts them now and as it did before (every run-clock time x K). Usage: python bench/bench_speed.py [--requests 400] [--rate 20] [--speed 4] [--out DIR] (default: a new temporary
+folder)"""
 
 from __future__ import annotations
 
 import argparse
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -23,8 +25,10 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--out", type=Path, default=Path("/tmp/tracebench-speed"))
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="tracebench-speed-"))
     args.out.mkdir(parents=True, exist_ok=True)
     trace = args.out / f"t-{args.requests}-{args.rate:g}-{args.input_len}-{args.output_len}.jsonl"
     tb = [sys.executable, "-m", "tracebench"]

@@ -2,7 +2,9 @@
 prefix-cache hit rate (token-weighted), TTFT p50, total p50, and, for the sequential run, cached_tokens request by
 request. Writes the sim runs next to nothing in git (a scratch folder) and prints a Markdown table.
 
-    .venv/bin/python bench/prefix_sim_vs_real.py [--real reports/examples/h200-prefix] [--out /tmp/prefix-sim]
+    .venv/bin/python bench/prefix_sim_vs_real.py [--real reports/examples/h200-prefix] [--out DIR]
+
+(--out: a folder that does not exist yet; default a new temporary folder.)
 
 The simulated servers get the real ones' KV capacity (`max_total_num_tokens` from the real runs' /server_info) and
 run at --speed 1 (TTFT is faithful only near real time on this 2-core machine). The routing runs' real servers shared
@@ -18,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from bench_replay import start_sim  # bench/ is the script's folder, so on sys.path
@@ -57,9 +60,12 @@ def pct(sim: float, real: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--real", type=Path, default=Path("reports/examples/h200-prefix"))
-    ap.add_argument("--out", type=Path, default=Path("/tmp/prefix-sim"))
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=False)
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="prefix-sim-"))
+    else:
+        args.out.mkdir(parents=True, exist_ok=False)
     procs: list[subprocess.Popen[bytes]] = []
     lines = ["| run | hit rate real | sim | Δ (points) | TTFT p50 real | sim | Δ | total p50 real | sim | Δ |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

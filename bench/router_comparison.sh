@@ -19,7 +19,7 @@ ROUTER_POLICIES=${ROUTER_POLICIES:-"cache_aware round_robin random"}
 POLICIES=${POLICIES:-"cache_aware prefix_hash random"}
 STAMP=$(date +%Y%m%d-%H%M%S)
 OUT_DIR=${OUT_DIR:-reports/examples/router-comparison}
-RUNS=${RUNS:-/tmp/tracebench-router-comparison-$STAMP}
+RUNS=${RUNS:-$(mktemp -d -t tracebench-router-comparison-$STAMP-XXXX)}
 mkdir -p "$OUT_DIR" "$RUNS"
 
 TRACE=${TRACE:-}

@@ -107,8 +107,9 @@ def test_cache_aware_follows_the_longest_match() -> None:
 
 
 def test_cache_aware_sends_sequential_requests_all_to_the_first_server() -> None:
-    """What sglang's router did with 24 sequential requests from 4 prefixes (../shared/sglang-router-0.3.2/): with
-    nothing in flight, every miss goes to the first of the equally loaded servers and every hit follows it there."""
+    """What sglang's router did with 24 sequential requests from 4 prefixes (.DUCUMENT/captures/sglang-router-0.3.2-sim.txt,
+    A): with nothing in flight, every miss goes to the first of the equally loaded servers and every hit follows it
+    there."""
     policy = make("cache_aware")
     idle = [server(0), server(1)]
     prefixes = [[10 * p + k for k in range(3)] for p in range(4)]

@@ -51,7 +51,7 @@ def write_prefix_trace(path: Path, rows: list[dict[str, Any]], block_size: int) 
 
 def test_cached_tokens_follow_the_blocks_on_one_server(tmp_path: Path) -> None:
     """Requests one at a time (far apart) on one simulated server with a big cache: sglang's cached_tokens equals
-    the leading tokens already sent, as measured on a real H200 (../shared/sglang-0.5.17/prefix-cache-h200.json)."""
+    the leading tokens already sent, as measured on a real H200 (tests/data/sglang-0.5.17/prefix-cache-h200.json)."""
     bs = 16
     rng = np.random.default_rng(3)
     rows = []

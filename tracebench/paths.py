@@ -26,7 +26,7 @@ MACHINE_ROOTS = ("home", "Users", "root", "tmp", "var", "work", "workspace", "op
                  "export", "builds", "usr/local")
 _PART = r"[\w.+@%{}~-]"
 _ANY_PATH = re.compile(rf"(?<![\w.~$}}\-/:])(?:/|\.\./|~/){_PART}*(?:/{_PART}*)*")
-_TEXT_PATH = re.compile(rf"(?<![\w.~$}}\-/:])(?:/(?:{'|'.join(MACHINE_ROOTS)})(?![\w.-])|\.\./|~/){_PART}*"
+_TEXT_PATH = re.compile(rf"(?<![\w.~$}}/])(?:/(?:{'|'.join(MACHINE_ROOTS)})(?![\w.-])|\.\./|~/){_PART}*"
                         rf"(?:/{_PART}*)*")
 
 

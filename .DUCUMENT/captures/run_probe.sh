@@ -8,8 +8,9 @@ t0=$(date +%s.%N)
 stamp() { echo "[$(python3 -c "print(round($(date +%s.%N)-$t0,1))")s] $*" >> "$MISC"; }
 stamp "overlay ready; nvidia-smi: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
 
-# text-mode model folder: config + word-level tokenizer (name must keep 'llama-2-7b-hf')
-mkdir -p /tmp/A/llama-2-7b-hf && cp .carry/models/llama-2-7b-hf/*.json .carry/sglang-device/wordlevel-tokenizer/*.json /tmp/A/llama-2-7b-hf/
+# text-mode model folder: config + word-level tokenizer (name must keep 'llama-2-7b-hf'), in a scratch folder
+MODEL_A=$(mktemp -d)/llama-2-7b-hf
+mkdir -p "$MODEL_A" && cp .carry/models/llama-2-7b-hf/*.json .carry/sglang-device/wordlevel-tokenizer/*.json "$MODEL_A"/
 
 wait_health() {  # port name pid
   local s=$(date +%s.%N) last=""
@@ -31,7 +32,7 @@ EOF
   done
 }
 
-python3 -m sglang.launch_server --model-path /tmp/A/llama-2-7b-hf --load-format dummy \
+python3 -m sglang.launch_server --model-path "$MODEL_A" --load-format dummy \
   --attention-backend triton --sampling-backend pytorch --enable-metrics \
   --host 127.0.0.1 --port 30000 > "$OUT/serverA.log" 2>&1 &
 PA=$!

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,7 +49,7 @@ class Setup:
                                                 "--speed", str(speed)], stdout=log, stderr=log))
         self.workers = [f"http://127.0.0.1:{p}" for p in self.ports]
         self.router = f"http://127.0.0.1:{self.router_port}"
-        self.router_log = Path(os.environ.get("ROUTER_LOG", "/tmp/sglang-router-probe.log"))
+        self.router_log = Path(os.environ.get("ROUTER_LOG") or Path(tempfile.gettempdir()) / "sglang-router-probe.log")
 
     def start_router(self) -> None:
         env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{self.hub_port}", "NO_COLOR": "1"}

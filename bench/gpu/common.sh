@@ -3,11 +3,12 @@
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 # Results are gathered in RES_ROOT and packed into one archive in $OUT (the device returns at most 8 files).
-RES_ROOT=/tmp/tracebench-gpu-results
-PACK_TO=${OUT:-/tmp/tracebench-gpu-out}
+# RES_ROOT is inside the repository (reports/ is ignored), so the run folders record their paths relative to it.
+RES_ROOT=reports/gpu-results
+PACK_TO=${OUT:-$PWD/reports/gpu-out}
 mkdir -p "$RES_ROOT" "$PACK_TO"
 MODEL=.carry/models/llama-2-7b-hf
-# What our device's sglang needs (../shared/sglang-device/README.md): dummy weights, triton attention.
+# What our device's sglang needs (bench/gpu/README.md, "sglang on the GPU machine"): dummy weights, triton attention.
 SGL_ARGS="--load-format dummy --attention-backend triton --sampling-backend pytorch"
 if [ "${SIM:-0}" = 1 ]; then
   TB="python3 -m tracebench"

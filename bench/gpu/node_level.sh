@@ -16,7 +16,7 @@ else
     --run-name launch-continuous --out-dir "$RES" --quiet
 fi
 
-TEXT_MODEL=/tmp/llama-2-7b-hf-text
+TEXT_MODEL=$RES_ROOT/llama-2-7b-hf-text  # the model folder with the tokenizer (bench_serving needs text mode)
 mkdir -p "$TEXT_MODEL" && cp "$MODEL"/*.json "$TEXT_MODEL"/ && cp .carry/sglang-device/wordlevel-tokenizer/*.json "$TEXT_MODEL"/
 start_server 0 30100 "$RES/server-text.log" "$TEXT_MODEL"
 wait_healthy 30100 "$RES/server-text.log"

@@ -6,7 +6,7 @@ source bench/gpu/common.sh
 RES=$RES_ROOT/same; mkdir -p "$RES"
 trap 'tar -czf "$PACK_TO/same.tgz" -C "$RES_ROOT" same; ls -la "$PACK_TO"' EXIT
 python3 bench/gpu/bench_serving_trace.py -o "$RES/bs-arrivals.jsonl"
-TEXT_MODEL=/tmp/llama-2-7b-hf-text
+TEXT_MODEL=$RES_ROOT/llama-2-7b-hf-text  # the model folder with the tokenizer (bench_serving needs text mode)
 mkdir -p "$TEXT_MODEL" && cp "$MODEL"/*.json "$TEXT_MODEL"/ && cp .carry/sglang-device/wordlevel-tokenizer/*.json "$TEXT_MODEL"/
 start_server 0 30100 "$RES/server-text.log" "$TEXT_MODEL"
 wait_healthy 30100 "$RES/server-text.log"
@@ -20,6 +20,6 @@ if [ "${SIM:-0}" != 1 ]; then
 fi
 stop_server "$RES/server-text.log"
 if [ "${SIM:-0}" != 1 ]; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/pytest-site .carry/whl/*.whl
-  PYTHONPATH=/tmp/pytest-site:$PYTHONPATH python3 -m pytest -m gpu tests/gpu -v -p no:cacheprovider 2>&1 | tee "$RES/gpu-tests.log"
+  python3 -m pip install -q --no-index --no-deps --target "$RES_ROOT/pytest-site" .carry/whl/*.whl
+  PYTHONPATH=$RES_ROOT/pytest-site:$PYTHONPATH python3 -m pytest -m gpu tests/gpu -v -p no:cacheprovider 2>&1 | tee "$RES/gpu-tests.log"
 fi

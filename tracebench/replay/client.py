@@ -2,7 +2,7 @@
 `/v1/chat/completions`: the `Api` objects at the end), `GET /health`, `/model_info`, `/server_info`, `/v1/loads`
 (facts: .DUCUMENT/endpoints.md, .DUCUMENT/openai-api.md).
 
-Shapes checked against what real sglang 0.5.17 answered (../shared/sglang-0.5.17/api_capture.json) and its
+Shapes checked against what real sglang 0.5.17 answered (tests/data/sglang-0.5.17/api_capture.json) and its
 http_server.py:
 - `/generate` with `stream: true` answers `data: {json}\\n\\n` events carrying the cumulative `output_ids` and a
   `meta_info` whose `completion_tokens` counts the tokens so far; the last event before `data: [DONE]` carries the

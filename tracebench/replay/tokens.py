@@ -5,8 +5,9 @@ Requests with prefix blocks (trace `prefix_blocks`, header `block_size`) are mad
 always the same `block_size` ids (from the trace sha256 and b alone), a request's partial last block its first ids,
 so requests whose leading block ids agree send identical leading tokens and sglang's radix cache can reuse them.
 
-Real sglang dies on an id >= vocab_size (../shared/sglang-device/README.md), so the vocabulary size is a required
-fact, never a guess: from the model's config.json, from the simulated server's arguments, or from `--vocab-size`.
+Real sglang dies on an id >= vocab_size (tests/data/sglang-0.5.17/oob_capture.json, .DUCUMENT/failure-modes.md), so
+the vocabulary size is a required fact, never a guess: from the model's config.json, from the simulated server's
+arguments, or from `--vocab-size`.
 Ids below TOKEN_ID_LOW are avoided: llama-style vocabularies keep special and byte tokens there.
 """
 
