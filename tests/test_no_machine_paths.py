@@ -28,7 +28,7 @@ MACHINE_ROOTS = ("home", "Users", "root", "tmp", "var", "work", "workspace", "op
                  "export", "builds", "usr/local")
 ABSOLUTE = re.compile(r"(?<![\w.~$}/])/(?:" + "|".join(MACHINE_ROOTS) + r")(?![\w.-])")
 HOME = re.compile(r"(?<![\w/.])~[\w.-]*/[\w.-]|[A-Za-z]:\\(?:Users|home)\\")
-FILE_URL = re.compile(r"file://", re.IGNORECASE)
+FILE_URL = re.compile(r"file://[/\w]", re.IGNORECASE)
 PARENT = re.compile(r"(?<![\w.])(?:\.\./)+[^\s'\"`)\]<>,;|*]*")
 
 # Places on the GPU machine that a user of the repository really uses, as the repository documents them.
