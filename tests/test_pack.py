@@ -180,49 +180,35 @@ def test_the_router_log_of_a_run_through_sglang_router_is_packed_too(copy: Path)
     assert lzma.decompress((copy / "router.log.xz").read_bytes()) == b"".join(router_log.splitlines(keepends=True)[-4:])
 
 
-def _strings(value: object) -> list[str]:
-    if isinstance(value, dict):
-        return [s for item in value.values() for s in _strings(item)]
-    if isinstance(value, list):
-        return [s for item in value for s in _strings(item)]
-    return [value] if isinstance(value, str) else []
-
-
 def test_replay_records_no_absolute_path(original: Path) -> None:
-    # the trace and --out-dir were given as absolute paths outside the working folder; the servers' Python too
-    meta = json.loads((original / "run.json").read_text())
-    absolute = [s for s in _strings(meta) if s.startswith("/") or str(Path.home()) in s or str(original.parent) in s]
-    assert not absolute
-    assert meta["trace"]["path"] == meta["options"]["trace"] == "…/t.jsonl"
-    assert meta["options"]["out_dir"] == "…/reports"
+    # the trace and --out-dir were given as absolute paths outside the working folder
+    text = (original / "run.json").read_text()
+    assert '": "/' not in text and '"/' not in text and str(original.parent) not in text
+    meta = json.loads(text)
+    assert meta["trace"]["path"] == meta["options"]["trace"] == "…/t.jsonl" and meta["options"]["out_dir"] == "…/reports"
     assert meta["policy"]["file"] == "tracebench/policies/sjf.py"  # a built-in: where it is in any install
 
 
 def test_shareable_rewrites_machine_paths_and_reports_the_same(original: Path, copy: Path) -> None:
-    # a run.json as an older tracebench, or a server's own answer, records it: absolute paths of the machine
+    # what an older tracebench, or a server's own answer, recorded: paths of the machine
     meta = json.loads((copy / "run.json").read_text())
-    meta["options"]["out_dir"] = f"{ROOT}home/someone/reports"  # where the run folder was written
-    meta["policy"]["file"] = f"{ROOT}home/someone/tracebench/tracebench/policies/sjf.py"
-    meta["servers"][0]["launch_command"][0] = f"{ROOT}opt/py/.venv/bin/python3"
+    meta["options"]["out_dir"] = f"{ROOT}home/me/reports"  # where the run folder was written
+    meta["policy"]["file"] = f"{ROOT}home/me/tb/tracebench/policies/sjf.py"
     meta["servers"][0]["server_info"]["model_path"] = f"{ROOT}tmp/A/llama-2-7b-hf"
-    meta["trace"]["header"]["args"] = {"dataset": f"..{ROOT}data/azure.csv",
-                                       "note": f"made in {ROOT}root/out/x for /v1/loads"}
-    meta["events"] = [{"t": 1.0, "kind": "server_down", "server": 1, "detail": f"log {ROOT}home/someone/reports/run/server-1.log"}]
+    meta["trace"]["header"]["args"] = {"dataset": f"..{ROOT}data/a.csv", "note": f"in {ROOT}root/x for /v1/loads"}
+    meta["events"] = [{"t": 1.0, "kind": "server_down", "server": 1, "detail": f"see {ROOT}home/me/reports/run/server-1.log"}]
     (copy / "run.json").write_text(json.dumps(meta, indent=2))
-    (copy / "server-1.log").write_bytes(f"{ROOT}opt/sgl-overlay/sglang/launch_server.py:56: UserWarning\n".encode() + b"\xff POST /generate\n")
+    (copy / "server-1.log").write_bytes(f"{ROOT}opt/sgl-overlay/x.py:56: Warn\n".encode() + b"\xff POST /generate\n")
     done = run_cli("pack", str(copy), "--shareable")
     assert done.returncode == 0, done.stderr
     shared = json.loads(lzma.decompress((copy / "run.json.xz").read_bytes()))
-    assert shared["options"]["out_dir"] == "…/reports"
-    assert shared["policy"]["file"] == "…/sjf.py" and shared["policy"]["file_sha256"] == meta["policy"]["file_sha256"]
-    assert shared["servers"][0]["launch_command"][:2] == ["…/python3", "-m"]
+    assert (shared["options"]["out_dir"], shared["policy"]["file"]) == ("…/reports", "…/sjf.py")
     assert shared["servers"][0]["server_info"]["model_path"] == "…/llama-2-7b-hf"
-    assert shared["trace"]["header"]["args"] == {"dataset": "…/azure.csv", "note": "made in …/x for /v1/loads"}
-    assert shared["events"][0]["detail"] == "log server-1.log"  # inside the run folder where it was written
-    assert lzma.decompress((copy / "server-1.log.xz").read_bytes()) == "…/launch_server.py:56: UserWarning\n".encode() + b"\xff POST /generate\n"
-    assert {k: v for k, v in shared.items() if k not in ("options", "policy", "servers", "trace", "events")} == {
-        k: v for k, v in meta.items() if k not in ("options", "policy", "servers", "trace", "events")}
-    assert pl.read_parquet(copy / "requests.parquet").to_dicts() == _jsonl(original / "requests.jsonl")
+    assert shared["trace"]["header"]["args"] == {"dataset": "…/a.csv", "note": "in …/x for /v1/loads"}
+    assert shared["events"][0]["detail"] == "see server-1.log"  # inside the run folder where it was written
+    assert lzma.decompress((copy / "server-1.log.xz").read_bytes()) == "…/x.py:56: Warn\n".encode() + b"\xff POST /generate\n"
+    changed = ("options", "policy", "servers", "trace", "events")
+    assert {k: v for k, v in shared.items() if k not in changed} == {k: v for k, v in meta.items() if k not in changed}
     before = run_cli("report", str(original), "--format", "csv")
     after = run_cli("report", str(copy), "--format", "csv")
     assert before.returncode == 0 and after.returncode == 0, before.stderr + after.stderr
@@ -230,18 +216,11 @@ def test_shareable_rewrites_machine_paths_and_reports_the_same(original: Path, c
 
 
 def test_shareable_on_a_packed_run_rewrites_only_its_run_json_and_logs(copy: Path) -> None:
-    meta = json.loads((copy / "run.json").read_text())
-    meta["servers"][1]["launch_command"][0] = f"{ROOT}Users/someone/venv/bin/python3"
-    (copy / "run.json").write_text(json.dumps(meta, indent=2))
-    (copy / "server-0.log").write_bytes(f"loaded {ROOT}home/someone/models/llama\n".encode())
-    assert run_cli("pack", str(copy)).returncode == 0  # packed as it is: the paths kept
-    tables = {name: (copy / name).read_bytes() for name in ("requests.parquet", "telemetry.parquet", "server-1.log.xz")}
+    (copy / "server-0.log").write_bytes(f"loaded {ROOT}Users/me/llama\n".encode())
+    assert run_cli("pack", str(copy)).returncode == 0  # packed as it is: the path kept
+    tables = {name: (copy / name).read_bytes() for name in ("requests.parquet", "telemetry.parquet", "run.json.xz")}
     done = run_cli("pack", str(copy), "--shareable")
-    assert done.returncode == 0, done.stderr
-    assert f"made shareable {copy}:" in done.stderr
+    assert done.returncode == 0 and f"made shareable {copy}:" in done.stderr, done.stderr
     assert {p.name for p in copy.iterdir()} == PACKED  # in place, no temporary left
-    shared = json.loads(lzma.decompress((copy / "run.json.xz").read_bytes()))
-    assert shared["servers"][1]["launch_command"][0] == "…/python3"
     assert lzma.decompress((copy / "server-0.log.xz").read_bytes()) == "loaded …/llama\n".encode()
-    assert {name: (copy / name).read_bytes() for name in tables} == tables
-    assert run_cli("report", str(copy)).returncode == 0
+    assert {name: (copy / name).read_bytes() for name in tables} == tables  # run.json had no path: the same bytes

@@ -1,5 +1,5 @@
 """The sim-server's prefix (radix) cache against what real sglang 0.5.17 measured on an H200
-(tests/data/sglang-0.5.17/prefix-cache-h200.json, made by the shared folder's prefix_probe.py): the model on a virtual
+(tests/data/sglang-0.5.17/prefix-cache-h200.json, made by its prefix_probe.py): the model on a virtual
 clock (cached_tokens exact, prefill times within the tolerances stated per test), then a real sim-server process."""
 
 from __future__ import annotations

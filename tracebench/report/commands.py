@@ -156,9 +156,8 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
               help="Keep only the last LINES lines of each server-<i>.log, dropping the rest (default: the whole "
                    "log, compressed).")
 @click.option("--shareable", is_flag=True, default=False,
-              help="Also rewrite the paths of this machine in run.json and the logs: relative to the run folder or "
-                   "the working folder when inside one, else only the last component after '…/' (docs/run-format.md, "
-                   "\"Paths\"). On a run already packed, only its run.json.xz and logs are rewritten.")
+              help="Also rewrite this machine's paths in run.json and the logs (docs/run-format.md, \"Paths\"); on "
+                   "a packed run, only those files.")
 @click.option("--reports-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"),
               show_default=True, help="Where a RUN given by name is looked up.")
 def pack(runs: tuple[str, ...], log_tail: int | None, shareable: bool, reports_dir: Path) -> None:
@@ -180,15 +179,12 @@ def pack(runs: tuple[str, ...], log_tail: int | None, shareable: bool, reports_d
     \b
     All or nothing: every RUN is checked first (refused: a run still `running`
     in run.json, one already packed unless --shareable, a record `tracebench
-    report` would refuse);
-    each packed file is written under a temporary name, read back and compared
-    with the original record by record; only when every RUN passed are the
-    packed files renamed into place and the originals removed.
+    report` would refuse); each packed file is written under a temporary name,
+    read back and compared with the original record by record; only when every
+    RUN passed are the packed files renamed into place and the originals removed.
 
-    --shareable, for a run folder to publish (the committed examples are made
-    so): run.json and the logs keep no path of the machine that made them
-    (a home folder, a scratch folder, a Python install); what identifies an
-    input made elsewhere is its name and the sha256 run.json records.
+    --shareable (a run folder to publish): run.json and the logs keep no path
+    of this machine, only names (relative inside the run or working folder).
 
     \b
     Examples:

@@ -14,9 +14,8 @@ given is validated as `tracebench report` reads it, each packed file is written 
 and compared with the original record by record (the JSONL parsed again by orjson, not by the reader that wrote the
 Parquet), and only when every run passed are the packed files renamed into place and the originals removed.
 
-`shareable`: run.json and the logs also lose the paths of the machine that made them (tracebench/paths.py: relative
-to the run folder or the working folder when inside one, else `…/<name>`); the one change packing makes to a record.
-An already packed run then has only its run.json.xz and logs rewritten, in place, with the same checks.
+`shareable`: run.json and the logs also lose the machine's paths (tracebench/paths.py); an already packed run then
+has only those files rewritten, in place, with the same checks.
 """
 
 from __future__ import annotations
