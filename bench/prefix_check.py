@@ -5,7 +5,8 @@ everything), sglang's `cached_tokens` must equal the leading tokens of the promp
 whole prompt (sglang always computes the last token): tracebench's block-to-token mapping then makes the radix cache
 hit exactly as the trace says. Prints one summary line and every mismatch; exit 1 when any.
 
-    python bench/prefix_check.py reports/RUN [--trace TRACE]   # TRACE: default run.json's trace path
+    python bench/prefix_check.py reports/RUN [--trace TRACE]   # TRACE: default run.json's trace path (relative to
+                                                               # the working folder; give it when run.json says …/name)
 """
 
 from __future__ import annotations
