@@ -11,6 +11,7 @@ import json
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -23,7 +24,7 @@ from conftest import free_port, run_cli, tracebench_cmd
 from tracebench.record.blocks import load_tokenizer, prefix_blocks
 from tracebench.trace.format import format_request_line, load_trace, write_trace
 
-WORDLEVEL = Path(__file__).parent / "data" / "wordlevel-tokenizer" / "tokenizer.json"
+WORDLEVEL = Path("wordlevel")  # the built-in word-level tokenizer (tracebench/wordlevel.py): `--tokenizer wordlevel`
 BLOCK = 16
 SERVED_METRICS = ("total", "server_client", "server_sglang", "ttft", "ttft_dispatch", "tpot")
 
@@ -233,9 +234,13 @@ def test_blocks_are_chained_and_salted() -> None:
 
 
 def test_wordlevel_tokenizer_without_libraries(tmp_path: Path) -> None:
-    encode, desc = load_tokenizer(WORDLEVEL)
-    assert encode("w1000  w31999\nw5 nope") == [1000, 31999, 5, 0]  # unknown -> <unk> (id 0)
-    assert "WordLevel" in desc
+    folder = tmp_path / "wordlevel-files"
+    subprocess.run([sys.executable, "-m", "tracebench.wordlevel", str(folder)], check=True, capture_output=True)
+    assert sorted(p.name for p in folder.iterdir()) == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+    for source in (WORDLEVEL, folder, folder / "tokenizer.json"):  # the built-in name, the written folder and file
+        encode, desc = load_tokenizer(source)
+        assert encode("w1000  w31999\nw5 nope") == [1000, 31999, 5, 0], source  # unknown -> <unk> (id 0)
+        assert "WordLevel" in desc and "32000 words" in desc
     bpe = tmp_path / "tokenizer.json"
     bpe.write_text(json.dumps({"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}}))
     with pytest.raises(Exception, match="'tokenizers' package"):

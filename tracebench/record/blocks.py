@@ -6,8 +6,9 @@ block id depends on every token up to the end of its block: equal ids mean equal
 (never written anywhere) makes the ids meaningless outside the one recorded file. Nothing else of the prompt is kept.
 
 Prompt text is turned into token ids by a `tokenizer.json`: a WordLevel model with a whitespace pre-tokenizer (the
-word-level tokenizer of the GPU setup) is read here without any library; any other model needs the optional
-`tokenizers` package (`pip install 'tracebench[record]'`).
+word-level tokenizer of the GPU setup and the simulator, also given by its name `wordlevel`: tracebench/wordlevel.py)
+is read here without any library; any other model needs the optional `tokenizers` package
+(`pip install 'tracebench[record]'`).
 """
 
 from __future__ import annotations
@@ -49,9 +50,17 @@ def prefix_blocks(tokens: Sequence[int] | np.ndarray, input_len: int, block_size
 _WHITESPACE = re.compile(r"\w+|[^\w\s]+")  # the `Whitespace` pre-tokenizer of tokenizers
 
 
+WORDLEVEL_NAME = "wordlevel"  # --tokenizer wordlevel: the word-level tokenizer, no file needed
+
+
 def load_tokenizer(path: Path) -> tuple[Tokenize, str]:
-    """A text -> token ids function from PATH (a tokenizer.json, or a folder holding one), and a one-line
-    description of how it tokenizes. Raises ConfigError naming the file and what is wrong."""
+    """A text -> token ids function from PATH (a tokenizer.json, a folder holding one, or the name `wordlevel`),
+    and a one-line description of how it tokenizes. Raises ConfigError naming the file and what is wrong."""
+    if str(path) == WORDLEVEL_NAME and not path.exists():
+        from tracebench.wordlevel import tokenizer_spec
+
+        spec = tokenizer_spec()
+        return _word_level(path, spec, spec["model"])  # type: ignore[return-value]  # a WordLevel spec: never None
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise ConfigError(f"--tokenizer {path}: no tokenizer.json there")

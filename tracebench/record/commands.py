@@ -36,7 +36,8 @@ def _upstream(value: str) -> str:
 @click.option("--block-size", type=int, default=64, show_default=True, metavar="B",
               help="Tokens per prefix block (the trace header's block_size).")
 @click.option("--tokenizer", type=click.Path(path_type=Path), default=None, metavar="PATH",
-              help="tokenizer.json (or its folder) of the served model, to turn text prompts into token ids for the "
+              help="tokenizer.json (or its folder) of the served model, or 'wordlevel' (the word-level tokenizer of the "
+                   "sim-server and the GPU setup, built in), to turn text prompts into token ids for the "
                    "prefix blocks. WordLevel tokenizers with a whitespace pre-tokenizer are read by tracebench; any "
                    "other needs the optional 'tokenizers' package (pip install 'tracebench[record]'). [default: "
                    "only requests that send token ids get prefix blocks]")
