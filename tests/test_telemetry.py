@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import lzma
 import os
 import stat
 import subprocess
@@ -22,6 +23,7 @@ from tracebench.replay.clock import RunClock
 from tracebench.replay.gpu import ENV_COMMAND, GpuSampler, find_command
 from tracebench.replay.run import ReplayConfig
 from tracebench.replay.server_metrics import FIELDS, MetricsScraper, parse_metrics
+from tracebench.report.load import BESIDE_FILES, SERVER_METRIC_FIELDS, read_beside
 from tracebench.trace.format import format_request_line, write_trace
 
 METRICS_CAPTURE = REPO / ".DUCUMENT" / "captures" / "h200-2026-11-22" / "metricsA.txt"
@@ -64,7 +66,7 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
 def test_parse_metrics_real_capture() -> None:
     """sglang 0.5.17's whole /metrics body (metricsA.txt): each kept family folded over its label sets."""
     got = parse_metrics("A", METRICS_CAPTURE.read_text())
-    assert set(got) == set(FIELDS)
+    assert tuple(got) == FIELDS == SERVER_METRIC_FIELDS  # the report reads the columns the replay writes
     assert got["num_requests_total"] == 39.0  # is_streaming false 38 + true 1
     assert got["prompt_tokens_total"] == 6162.0 and got["generation_tokens_total"] == 6540.0
     assert got["cached_tokens_total"] == 1842.0 and got["num_aborted_requests_total"] == 1.0
@@ -156,7 +158,8 @@ def test_replay_scrapes_servers_and_samples_gpus(tmp_path: Path, sim_server) -> 
     assert (start, end) == ("metrics-0-start.txt", "metrics-0-end.txt")
     assert parse_metrics("s", (run_dir / start).read_text())["num_requests_total"] == 0
     assert parse_metrics("e", (run_dir / end).read_text())["num_requests_total"] == ok0
-    assert "sglang:e2e_request_latency_seconds_bucket" in (run_dir / end).read_text()  # the whole text, buckets too
+    end_text = (run_dir / end).read_text()
+    assert "sglang:e2e_request_latency_seconds_bucket" in end_text  # the whole text, buckets too
 
     gpu = run["gpu_telemetry"]
     samples = jsonl(run_dir / "gpu.jsonl")
@@ -168,6 +171,17 @@ def test_replay_scrapes_servers_and_samples_gpus(tmp_path: Path, sim_server) -> 
     assert zero["util_pct"] == 37 and zero["mem_used_mib"] == 1024 and zero["power_w"] == 123.45
     assert all(s["power_w"] is None for s in samples if s["gpu"] == 1)  # [N/A]
     assert all(0 <= s["t"] <= run["t_end"] + 0.5 for s in samples)
+
+    # packed: the tables as Parquet, the texts as xz, read back the same
+    before = {name: read_beside(run_dir, run, name) for name in BESIDE_FILES}
+    packed = subprocess.run(tracebench_cmd("pack", str(run_dir)), capture_output=True, text=True, timeout=60)
+    assert packed.returncode == 0, packed.stderr
+    for name in ("server_metrics.parquet", "gpu.parquet", "metrics-0-start.txt.xz", "metrics-0-end.txt.xz"):
+        assert (run_dir / name).is_file(), name
+    assert not list(run_dir.glob("*.jsonl")) and not list(run_dir.glob("metrics-*.txt"))
+    assert lzma.decompress((run_dir / "metrics-0-end.txt.xz").read_bytes()).decode() == end_text
+    for name, frame in before.items():
+        assert frame is not None and frame.height > 0 and read_beside(run_dir, run, name).equals(frame), name
 
 
 def run_sampler(tmp_path: Path, script: str, server_of: dict[str, int], seconds: float) -> GpuSampler:

@@ -81,6 +81,7 @@ class GpuSampler:
 
     async def start(self) -> None:
         """Start the process (before the run clock: spawning it is no work of the loop during the run)."""
+        self.path.touch()  # run.json names the file from now on, rows or not
         try:
             # its own session: a Ctrl-C at the terminal reaches tracebench, which stops it after the requests
             self.proc = await asyncio.create_subprocess_exec(
