@@ -17,7 +17,9 @@ from conftest import free_port, run_cli
 # machine paths in the samples below are written f"{ROOT}home/...": literally they would be what
 # tests/test_no_machine_paths.py refuses in a committed file
 ROOT = "/"
-PACKED = {"run.json.xz", "requests.parquet", "telemetry.parquet", "server-0.log.xz", "server-1.log.xz"}
+METRICS_TEXTS = {f"metrics-{i}-{when}.txt" for i in (0, 1) for when in ("start", "end")}
+PACKED = {"run.json.xz", "requests.parquet", "telemetry.parquet", "server_metrics.parquet", "server-0.log.xz",
+          "server-1.log.xz", *(f"{name}.xz" for name in METRICS_TEXTS)}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +36,8 @@ def original(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    "--port-base", str(free_port(2)))
     assert done.returncode == 0, done.stderr
     folder = root / "reports" / "run"
-    assert {p.name for p in folder.iterdir()} == {"run.json", "requests.jsonl", "telemetry.jsonl", "server-0.log",
-                                                  "server-1.log"}
+    assert {p.name for p in folder.iterdir()} == {"run.json", "requests.jsonl", "telemetry.jsonl",
+                                                  "server_metrics.jsonl", "server-0.log", "server-1.log", *METRICS_TEXTS}
     return folder
 
 
