@@ -24,6 +24,7 @@ from tracebench.replay.gpu import ENV_COMMAND, GpuSampler, find_command
 from tracebench.replay.run import ReplayConfig
 from tracebench.replay.server_metrics import FIELDS, MetricsScraper, parse_metrics
 from tracebench.report.load import BESIDE_FILES, SERVER_METRIC_FIELDS, read_beside
+from tracebench.report.render.perfetto import assign_lanes, request_slices
 from tracebench.trace.format import format_request_line, write_trace
 
 METRICS_CAPTURE = REPO / ".DUCUMENT" / "captures" / "h200-2026-11-22" / "metricsA.txt"
@@ -245,3 +246,100 @@ def test_find_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert find_command(True, False) == ([str(smi)], None)
     monkeypatch.setenv(ENV_COMMAND, "/x/smi")
     assert find_command(True, True) == (["/x/smi"], None)
+
+
+# ---- the timeline ----------------------------------------------------------------------------------------------
+
+def check_trace_event_format(doc: dict[str, Any]) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """The Trace Event Format's rules for what the file holds (JSON object form): each event's phase and fields, µs
+    integers, and per track (pid, tid) complete events that nest: each slice either inside the open one or after it.
+    Returns the complete events per track."""
+    assert isinstance(doc["traceEvents"], list) and doc["displayTimeUnit"] in ("ms", "ns")
+    tracks: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    named = set()
+    for e in doc["traceEvents"]:
+        assert e["ph"] in ("X", "M", "i", "C"), e
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int) and isinstance(e["name"], str), e
+        if e["ph"] == "M":
+            assert e["name"] in ("process_name", "process_sort_index", "thread_name", "thread_sort_index"), e
+            if e["name"] == "process_name":
+                named.add(e["pid"])
+            continue
+        assert isinstance(e["ts"], int) and e["ts"] >= 0, e
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], int) and e["dur"] >= 0, e
+            tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+        elif e["ph"] == "i":
+            assert e["s"] in ("g", "p", "t"), e
+        else:
+            assert e["args"] and all(isinstance(v, (int, float)) for v in e["args"].values()), e
+    assert {pid for pid, _ in tracks} <= named  # every process with slices has a name
+    for events in tracks.values():
+        stack: list[int] = []  # ends of the open slices
+        for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+            while stack and stack[-1] <= e["ts"]:
+                stack.pop()
+            end = e["ts"] + e["dur"]
+            assert not stack or end <= stack[-1], f"{e} overlaps its enclosing slice without nesting"
+            stack.append(end)
+    return tracks
+
+
+def test_perfetto_timeline(tmp_path: Path) -> None:
+    """`report RUN --format perfetto` on a run with a cap change: valid Trace Event Format, every ok request a slice
+    on its server's process with its parts inside it, in µs; the cap change a marker; the telemetry as counters."""
+    trace = small_trace(tmp_path / "t.jsonl", n=60, rate=60.0)
+    done = subprocess.run(
+        tracebench_cmd("replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", "5", "--policy",
+                       "round_robin", "--max-running-requests", "4", "--cap-schedule", "0.5s:server1=2",
+                       "--port-base", str(free_port(2)), "--metrics-interval", "0.2", "--run-name", "r",
+                       "--out-dir", str(tmp_path), "--quiet"), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "r.json.trace"
+    done = subprocess.run(tracebench_cmd("report", str(tmp_path / "r"), "-o", str(out)), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "ui.perfetto.dev" in done.stderr
+    doc = json.loads(out.read_text())
+    tracks = check_trace_event_format(doc)
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    records = jsonl(tmp_path / "r" / "requests.jsonl")
+    run = json.loads((tmp_path / "r" / "run.json").read_text())
+    requests = {e["args"]["id"]: e for events in tracks.values() for e in events if e["cat"] == "request"}
+    ok = [r for r in records if r["status"] == "ok"]
+    assert len(ok) == 60 and {r["id"] for r in ok} <= set(requests)
+    for r in ok:
+        e = requests[r["id"]]
+        assert names[e["pid"]].startswith(f"r · server {r['server']} ")  # on its server's process
+        # simulated seconds (the run was at --speed 5): the report's timeline, in µs
+        assert e["args"]["t_arrival"] == pytest.approx(r["t_arrival"] * 5) and e["ts"] == round(e["args"]["t_arrival"] * 1e6)
+        assert e["dur"] == pytest.approx((e["args"]["t_finish"] - e["args"]["t_arrival"]) * 1e6, abs=1)
+        parts = [p["name"] for p in tracks[(e["pid"], e["tid"])] if e["ts"] <= p["ts"] and
+                 p["ts"] + p["dur"] <= e["ts"] + e["dur"] and p["cat"] == "part"]
+        assert "decode" in parts and "prefill" in parts, (r, parts)
+    markers = [e for e in doc["traceEvents"] if e["ph"] == "i"]
+    assert [(m["name"], names[m["pid"]].split(" (")[0]) for m in markers] == [("cap 2 (schedule)", "r · server 1")]
+    assert markers[0]["ts"] == round(run["caps"]["changes"][0]["t"] * 5 * 1e6)
+    counters = {(names[e["pid"]].split(" (")[0], e["name"]) for e in doc["traceEvents"] if e["ph"] == "C"}
+    for server in ("r · server 0", "r · server 1"):
+        assert {(server, "in flight"), (server, "sglang requests"), (server, "sglang token usage")} <= counters
+
+
+def test_request_slices_and_lanes() -> None:
+    """A request's parts stay inside it and in order when sglang's stamps (time.time()) disagree with tracebench's
+    clock by a little; concurrent requests of a server take different lanes, a lane is reused once free."""
+    rec = {"id": 3, "status": "ok", "t_arrival": 1.0, "t_released": 1.0001, "t_dispatch": 1.002,
+           "server_received": 1.0015,  # 0.5 ms before the dispatch: clock skew
+           "server_forward_entry": 1.01, "server_prefill_finished": 1.05, "server_finished": 1.2011,
+           "t_first_token": 1.06, "t_finish": 1.2}  # sglang's finish 0.1 ms after ours
+    slices = request_slices(rec)
+    assert slices[0] == ("req 3", 1_000_000, 1_200_000)
+    assert slices[1:] == [("router wait", 1_000_000, 1_002_000), ("server queue", 1_002_000, 1_010_000),
+                          ("prefill", 1_010_000, 1_050_000), ("decode", 1_050_000, 1_200_000)]
+    openai = {**rec, "server_received": None, "server_forward_entry": None, "server_prefill_finished": None,
+              "server_finished": None, "status": "timeout"}
+    assert request_slices(openai) == [("req 3 (timeout)", 1_000_000, 1_200_000),
+                                      ("router wait", 1_000_000, 1_002_000),
+                                      ("to first token", 1_002_000, 1_060_000), ("decode", 1_060_000, 1_200_000)]
+    assert request_slices({**rec, "t_finish": None}) == []
+    assert assign_lanes([(0, 10), (5, 8), (10, 20), (6, 12), (8, 9)]) == [1, 2, 1, 3, 2]

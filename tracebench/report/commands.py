@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
-FORMATS = ("table", "md", "csv", "json", "html")
-_SUFFIX_FORMATS = {".txt": "table", ".md": "md", ".csv": "csv", ".json": "json", ".html": "html", ".htm": "html"}
+FORMATS = ("table", "md", "csv", "json", "html", "perfetto")
+_SUFFIX_FORMATS = {".txt": "table", ".md": "md", ".csv": "csv", ".json": "json", ".html": "html", ".htm": "html",
+                   ".trace": "perfetto"}
 
 
 def _resolve_format(fmt: str | None, output: Path | None) -> str:
@@ -52,9 +53,12 @@ def _write_files(files: dict[Path, bytes]) -> None:
 @click.option("--baseline", metavar="RUN",
               help="The run the others are compared against (default: the first RUN). Need not be among RUN ...")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
-              help="table (terminal, the default), md, csv (long: run,metric,stat,value,unit), json, or html "
-                   "(one self-contained page with plots, plus its main figure as <FILE>.png). "
-                   "Default: from the -o suffix, else table.")
+              help="table (terminal, the default), md, csv (long: run,metric,stat,value,unit), json, html "
+                   "(one self-contained page with plots, plus its main figure as <FILE>.png), or perfetto (the "
+                   "runs' timeline as Chrome-trace JSON for ui.perfetto.dev: a track per server, each request a "
+                   "slice split into router wait, server queue, prefill and decode, cap changes and server events "
+                   "as markers, telemetry as counters; no comparison, so no --baseline/--slo/--warmup). "
+                   "Default: from the -o suffix (.trace: perfetto), else table.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Write to FILE (atomically) instead of stdout. Needed for html.")
 @click.option("--slo", metavar="SPEC",
@@ -98,12 +102,16 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
       tracebench report demo-round_robin demo-sjf
       tracebench report reports/a reports/b --slo ttft=0.5,total=10,itl=50ms --warmup 5
       tracebench report a b c --baseline b --format html -o reports/abc.html
+      tracebench report a --format perfetto -o a.json.trace     # open in ui.perfetto.dev
     """
     from tracebench.report.load import load_runs, resolve_run_dir
     from tracebench.report.metrics import build_report, parse_slo
     from tracebench.report.render import document
 
     out_format = _resolve_format(fmt, output)
+    if out_format == "perfetto":
+        _perfetto(list(runs), output, reports_dir, baseline=baseline, slo=slo, warmup=warmup)
+        return
     slo_spec = parse_slo(slo) if slo is not None else None
     specs = list(runs)
     base_index = 0
@@ -148,6 +156,24 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     else:
         _write_files({output: text.encode()})
         click.echo(f"wrote {output}", err=True)
+
+
+def _perfetto(specs: list[str], output: Path | None, reports_dir: Path, **unused: object) -> None:
+    """`--format perfetto`: the runs' timelines, no comparison (tracebench/report/render/perfetto.py)."""
+    from tracebench.errors import ConfigError
+    from tracebench.report.load import load_runs
+    from tracebench.report.render.perfetto import render_perfetto
+
+    given = [f"--{name}" for name, value in unused.items() if value not in (None, 0.0)]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: --format perfetto draws the runs' timelines, it compares nothing")
+    data = render_perfetto(load_runs(specs, reports_dir))
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    _write_files({output: data})
+    click.echo(f"wrote {output}: open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing", err=True)
 
 
 @click.command("pack")
