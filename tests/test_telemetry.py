@@ -16,14 +16,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import REPO, free_port, tracebench_cmd
+from conftest import REPO, free_port, run_cli, tracebench_cmd
 from tracebench.errors import ConfigError, ServerProtocolError
 from tracebench.replay.client import SglangClient
 from tracebench.replay.clock import RunClock
 from tracebench.replay.gpu import ENV_COMMAND, GpuSampler, find_command
 from tracebench.replay.run import ReplayConfig
 from tracebench.replay.server_metrics import FIELDS, MetricsScraper, parse_metrics
-from tracebench.report.load import BESIDE_FILES, SERVER_METRIC_FIELDS, read_beside
+from tracebench.report.load import BESIDE_FILES, SERVER_METRIC_FIELDS, load_runs, read_beside
+from tracebench.report.metrics import build_report
+from tracebench.report.render import plots
 from tracebench.report.render.perfetto import assign_lanes, request_slices
 from tracebench.trace.format import format_request_line, write_trace
 
@@ -129,8 +131,11 @@ def test_replay_scrapes_servers_and_samples_gpus(tmp_path: Path, sim_server) -> 
     of the other one is a row, its counters end at its ok records; its whole text kept at start and end; the GPU
     samples in gpu.jsonl; run.json says what was and was not scraped."""
     smi = executable(tmp_path / "fake-smi", FAKE_SMI)
-    trace = small_trace(tmp_path / "t.jsonl")
-    servers = [sim_server("--speed", "10"), sim_server("--speed", "10", "--no-enable-metrics")]
+    trace = tmp_path / "t.jsonl"  # shared prompts: the prefix cache hits, so its counters move
+    made = run_cli("generate", "--workload", "shared-prompt", "--groups", "4", "--prefix-len", "256", "--num-requests",
+                   "40", "--rate", "40", "--input-len", "64", "--output-len", "16", "-o", str(trace))
+    assert made.returncode == 0, made.stderr
+    servers = [sim_server("--speed", "2"), sim_server("--speed", "2", "--no-enable-metrics")]
     attach = [a for s in servers for a in ("--attach", s.url)]
     result = subprocess.run(
         tracebench_cmd("replay", str(trace), *attach, "--policy", "round_robin", "--metrics-interval", "0.2",
@@ -154,6 +159,8 @@ def test_replay_scrapes_servers_and_samples_gpus(tmp_path: Path, sim_server) -> 
     ok0 = sum(r["status"] == "ok" and r["server"] == 0 for r in records)
     assert ok0 > 0 and counts[-1] == ok0
     assert rows[-1]["prompt_tokens_total"] == sum(r["input_len"] for r in records if r["server"] == 0)
+    cached0 = sum(r["cached_tokens"] for r in records if r["server"] == 0)
+    assert cached0 > 0 and rows[-1]["cached_tokens_total"] == cached0
     assert max(r["num_running_reqs"] for r in rows) >= 1  # the load was seen while it ran
     start, end = meta["servers"][0]["start"], meta["servers"][0]["end"]
     assert (start, end) == ("metrics-0-start.txt", "metrics-0-end.txt")
@@ -172,6 +179,22 @@ def test_replay_scrapes_servers_and_samples_gpus(tmp_path: Path, sim_server) -> 
     assert zero["util_pct"] == 37 and zero["mem_used_mib"] == 1024 and zero["power_w"] == 123.45
     assert all(s["power_w"] is None for s in samples if s["gpu"] == 1)  # [N/A]
     assert all(0 <= s["t"] <= run["t_end"] + 0.5 for s in samples)
+
+    # the report: per-server plot series from both files, and the figure on the page and as its own PNG
+    report = build_report(load_runs([str(run_dir)], tmp_path), 0, with_series=True, bootstrap=0)
+    assert report.series is not None
+    scraped, unscraped = report.series[0].servers
+    assert unscraped.metrics is None and not unscraped.gpus  # not scraped; attached: GPUs not known
+    m = scraped.metrics
+    assert m is not None and m.t.size == len(rows) and np.nanmax(m.running) >= 1
+    assert m.hit_rate.size > 0 and np.all((0 <= m.hit_rate) & (m.hit_rate <= 1)) and np.nanmax(m.hit_rate) > 0
+    assert [g.index for g in report.series[0].host_gpus] == [0, 1]
+    assert np.all(report.series[0].host_gpus[0].util_pct == 37) and np.all(np.isnan(report.series[0].host_gpus[1].power_w))
+    assert plots.has_server_telemetry(report)  # the HTML page draws server_telemetry then, and writes its PNG
+    figure = plots.server_telemetry(report)
+    lines = sum(len(ax.get_lines()) for ax in figure.axes)
+    plots.close(figure)
+    assert lines >= 5 + 2 * 3  # server 0: running, queued, KV, hit rate, gen throughput; 2 GPUs: util, memory, power
 
     # packed: the tables as Parquet, the texts as xz, read back the same
     before = {name: read_beside(run_dir, run, name) for name in BESIDE_FILES}

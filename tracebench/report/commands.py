@@ -130,9 +130,12 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
         from tracebench.report.render.html_page import render_html
 
         assert output is not None
-        page, main_png = render_html(result, document(result))
-        _write_files({output: page.encode(), output.with_suffix(".png"): main_png})
-        click.echo(f"wrote {output} and {output.with_suffix('.png')}", err=True)
+        page, main_png, telemetry_png = render_html(result, document(result))
+        files = {output: page.encode(), output.with_suffix(".png"): main_png}
+        if telemetry_png is not None:  # the runs' /metrics scrapes and GPU samples, per server
+            files[output.with_suffix(".telemetry.png")] = telemetry_png
+        _write_files(files)
+        click.echo(f"wrote {', '.join(map(str, files))}", err=True)
         return
     if out_format == "table":
         from tracebench.report.render.table import render_table
