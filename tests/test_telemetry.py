@@ -308,9 +308,10 @@ def check_trace_event_format(doc: dict[str, Any]) -> dict[tuple[int, int], list[
     return tracks
 
 
-def test_perfetto_timeline(tmp_path: Path) -> None:
-    """`report RUN --format perfetto` on a run with a cap change: valid Trace Event Format, every ok request a slice
-    on its server's process with its parts inside it, in µs; the cap change a marker; the telemetry as counters."""
+@pytest.fixture(scope="module")
+def capped_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two launched simulators at --speed 5, a cap change at 0.5 s, /metrics every 0.2 s."""
+    tmp_path = tmp_path_factory.mktemp("capped")
     trace = small_trace(tmp_path / "t.jsonl", n=60, rate=60.0)
     done = subprocess.run(
         tracebench_cmd("replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", "5", "--policy",
@@ -318,6 +319,13 @@ def test_perfetto_timeline(tmp_path: Path) -> None:
                        "--port-base", str(free_port(2)), "--metrics-interval", "0.2", "--run-name", "r",
                        "--out-dir", str(tmp_path), "--quiet"), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    return tmp_path
+
+
+def test_perfetto_timeline(capped_run: Path) -> None:
+    """`report RUN --format perfetto` on a run with a cap change: valid Trace Event Format, every ok request a slice
+    on its server's process with its parts inside it, in µs; the cap change a marker; the telemetry as counters."""
+    tmp_path = capped_run
     out = tmp_path / "r.json.trace"
     done = subprocess.run(tracebench_cmd("report", str(tmp_path / "r"), "-o", str(out)), capture_output=True,
                           text=True, timeout=60)
@@ -366,3 +374,37 @@ def test_request_slices_and_lanes() -> None:
                                       ("to first token", 1_002_000, 1_060_000), ("decode", 1_060_000, 1_200_000)]
     assert request_slices({**rec, "t_finish": None}) == []
     assert assign_lanes([(0, 10), (5, 8), (10, 20), (6, 12), (8, 9)]) == [1, 2, 1, 3, 2]
+
+
+# ---- the CI gate ------------------------------------------------------------------------------------------------
+
+def test_fail_on_slo_exit_codes(capped_run: Path) -> None:
+    """--fail-on-slo: the report is written, then exit 3 naming the run and the limit it missed when fewer than
+    --slo-percentile % of the kept requests meet every limit; 0 when they do; 2 for a gate without an SLO."""
+    from click.testing import CliRunner
+
+    from tracebench.cli import main
+
+    run = str(capped_run / "r")
+    loaded = load_runs([run], capped_run).pop().requests  # in simulated seconds, as the report converts them
+    ttft = sorted((loaded["t_first_token"] - loaded["t_arrival"]).to_list())
+    limit = ttft[len(ttft) // 2]  # about half meet it
+    share = sum(v <= limit for v in ttft) / len(ttft)
+    out = capped_run / "gate.md"
+
+    def report(*args: str):
+        return CliRunner().invoke(main, ["report", run, "--bootstrap", "0", *args])
+
+    missed = report("--slo", f"ttft={limit!r},total=100", "--fail-on-slo", "-o", str(out))
+    assert missed.exit_code == 3, missed.output
+    assert out.is_file()  # the report first, then the verdict
+    assert f"run 'r': {share * 100:.1f}% of 60 kept requests meet every limit (needed 99%)" in missed.output
+    assert f"ttft <= {limit:g} s met by {share * 100:.1f}%" in missed.output and "total <=" not in missed.output
+    assert "fraction meeting ttft" in out.read_text()  # each limit alone in the SLO table
+    met = report("--slo", f"ttft={limit!r}", "--fail-on-slo", "--slo-percentile", f"{share * 100 - 1:g}")
+    assert met.exit_code == 0 and "SLO met by every run" in met.output, met.output
+    assert report("--slo", "ttft=100,total=100", "--fail-on-slo").exit_code == 0
+    no_slo = report("--fail-on-slo")
+    assert no_slo.exit_code == 2 and "--fail-on-slo needs --slo" in no_slo.output
+    alone = report("--slo", "ttft=1", "--slo-percentile", "90")
+    assert alone.exit_code == 2 and "give --fail-on-slo too" in alone.output
