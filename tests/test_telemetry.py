@@ -172,6 +172,7 @@ def test_replay_scrapes_servers_and_samples_gpus(tmp_path: Path, sim_server) -> 
     gpu = run["gpu_telemetry"]
     samples = jsonl(run_dir / "gpu.jsonl")
     assert gpu["error"] is None and gpu["file"] == "gpu.jsonl" and gpu["rows"] == len(samples)
+    assert gpu["command"][0] == "…/fake-smi"  # no path of the machine in run.json
     assert [g["uuid"] for g in gpu["gpus"]] == ["GPU-aaaa", "GPU-bbbb"]
     assert all(g["server"] is None for g in gpu["gpus"])  # attached: which GPU a server uses is not known
     assert {s["gpu"] for s in samples} == {0, 1} and len(samples) >= 4

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from tracebench.paths import portable_words, shareable_text
 from tracebench.replay.clock import RunClock
 from tracebench.replay.servers import _pdeathsig_preexec as pdeathsig_preexec
 
@@ -150,5 +151,7 @@ class GpuSampler:
             await proc.wait()
 
     def describe(self) -> dict[str, Any]:
-        return {"command": self.command, "file": self.path.name, "period_s": PERIOD_MS / 1000, "rows": self.rows,
-                "gpus": [self.gpus[i] for i in sorted(self.gpus)], "error": self.error}
+        # a run folder names no path of the machine (docs/run-format.md, "Paths"): nvidia-smi as `…/nvidia-smi`
+        return {"command": portable_words(self.command), "file": self.path.name, "period_s": PERIOD_MS / 1000,
+                "rows": self.rows, "gpus": [self.gpus[i] for i in sorted(self.gpus)],
+                "error": None if self.error is None else shareable_text(self.error, everywhere=True)}
