@@ -16,7 +16,7 @@ given is validated as `tracebench report` reads it, each packed file is written 
 and compared with the original record by record (the JSONL parsed again by orjson, not by the reader that wrote the
 Parquet), and only when every run passed are the packed files renamed into place and the originals removed.
 
-`shareable`: run.json and the logs also lose the machine's paths (tracebench/paths.py); an already packed run then
+`shareable`: run.json, the logs and the /metrics texts also lose the machine's paths (tracebench/paths.py); an already packed run then
 has only those files rewritten, in place, with the same checks.
 """
 
@@ -132,18 +132,20 @@ def prepare(run: PreparedRun, log_tail: int | None, shareable: bool = False) -> 
         _write_verified(run, log, _xz(kept), lambda data, kept=kept: lzma.decompress(data) == kept)
     for text_path in sorted(folder.glob(METRICS_TEXT_PATTERN)):  # whole: --log-tail is for logs
         text = text_path.read_bytes()
+        if shareable:  # sglang's model_name label is the model's path
+            text = shareable_log(text, folder, meta)
         _write_verified(run, text_path, _xz(text), lambda data, text=text: lzma.decompress(data) == text)
 
 
 def make_shareable(run: PreparedRun) -> None:
-    """An already packed run: its run.json.xz and logs rewritten in place (the request and telemetry tables are
-    left as recorded, as packing leaves them)."""
+    """An already packed run: its run.json.xz, logs and /metrics texts rewritten in place (the request and telemetry
+    tables are left as recorded, as packing leaves them)."""
     folder = run.folder
     meta_path = run_file(folder, "run.json")
     raw_meta = shareable_run_json(lzma.decompress(meta_path.read_bytes()), folder)
     _write_verified(run, meta_path, _xz(raw_meta), lambda data: lzma.decompress(data) == raw_meta, in_place=True)
     meta = orjson.loads(raw_meta)
-    for log in _logs(folder, ".xz"):
+    for log in [*_logs(folder, ".xz"), *sorted(folder.glob(METRICS_TEXT_PATTERN + ".xz"))]:
         kept = shareable_log(lzma.decompress(log.read_bytes()), folder, meta)
         _write_verified(run, log, _xz(kept), lambda data, kept=kept: lzma.decompress(data) == kept, in_place=True)
 
