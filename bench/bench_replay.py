@@ -4,6 +4,7 @@ under 5 ms (the goal: 1,000 req/s).
 
     .venv/bin/python bench/bench_replay.py [--rates 100,250,500,1000,2000,3000,4000] [--seconds 5] [--servers 2]
     .venv/bin/python bench/bench_replay.py --rates 1000 --prefix     # a shared-prefix trace (block tokens)
+    .venv/bin/python bench/bench_replay.py --rates 1000 --replay-args "--metrics-interval 0"   # without /metrics scrapes
 
 Each rate is one `tracebench replay --attach ...` run (a real process, as a user runs it) of a Poisson trace with
 short requests (input 32-128 tokens, output 1-4), so the servers are not the bottleneck: the simulators run at
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -93,12 +95,16 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--speed", type=float, default=50.0)
     parser.add_argument("--prefix", action="store_true", help="a shared-prefix trace (prompts made of blocks)")
+    parser.add_argument("--replay-args", default="",
+                        help="more `tracebench replay` arguments, split like a shell, e.g. '--metrics-interval 0' "
+                             "(what the /metrics scrape costs: compare with and without)")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-replay-"))
     sims = [start_sim(work / f"sim-{i}.log", "--speed", str(args.speed)) for i in range(args.servers)]
     print(f"machine: {os.cpu_count()} CPUs; {args.servers} sim-server(s) at --speed {args.speed:g}; "
           f"{args.seconds:g} s of Poisson arrivals per rate{' (shared-prefix trace)' if args.prefix else ''}; "
+          f"{'replay ' + args.replay_args + '; ' if args.replay_args else ''}"
           f"run folders in {work}")
     print(f"{'rate':>7} {'requests':>8} {'lag p50 ms':>10} {'lag p99 ms':>10} {'lag max ms':>10} "
           f"{'done/s':>8} {'ok':>6} {'not ok':>6}")
@@ -111,7 +117,8 @@ def main() -> None:
             name = f"rate-{rate:g}"
             result = subprocess.run(
                 [sys.executable, "-m", "tracebench", "replay", str(trace), *attach, "--policy", "round_robin",
-                 "--run-name", name, "--out-dir", str(work), "--quiet", "--poll-interval", "0.5"],
+                 "--run-name", name, "--out-dir", str(work), "--quiet", "--poll-interval", "0.5",
+                 *shlex.split(args.replay_args)],
                 capture_output=True, text=True,
             )
             if result.returncode != 0:

@@ -17,7 +17,9 @@ from conftest import free_port, run_cli
 # machine paths in the samples below are written f"{ROOT}home/...": literally they would be what
 # tests/test_no_machine_paths.py refuses in a committed file
 ROOT = "/"
-PACKED = {"run.json.xz", "requests.parquet", "telemetry.parquet", "server-0.log.xz", "server-1.log.xz"}
+METRICS_TEXTS = {f"metrics-{i}-{when}.txt" for i in (0, 1) for when in ("start", "end")}
+PACKED = {"run.json.xz", "requests.parquet", "telemetry.parquet", "server_metrics.parquet", "server-0.log.xz",
+          "server-1.log.xz", *(f"{name}.xz" for name in METRICS_TEXTS)}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +36,8 @@ def original(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    "--port-base", str(free_port(2)))
     assert done.returncode == 0, done.stderr
     folder = root / "reports" / "run"
-    assert {p.name for p in folder.iterdir()} == {"run.json", "requests.jsonl", "telemetry.jsonl", "server-0.log",
-                                                  "server-1.log"}
+    assert {p.name for p in folder.iterdir()} == {"run.json", "requests.jsonl", "telemetry.jsonl",
+                                                  "server_metrics.jsonl", "server-0.log", "server-1.log", *METRICS_TEXTS}
     return folder
 
 
@@ -199,6 +201,8 @@ def test_shareable_rewrites_machine_paths_and_reports_the_same(original: Path, c
     meta["events"] = [{"t": 1.0, "kind": "server_down", "server": 1, "detail": f"see {ROOT}home/me/reports/run/server-1.log"}]
     (copy / "run.json").write_text(json.dumps(meta, indent=2))
     (copy / "server-1.log").write_bytes(f"{ROOT}opt/sgl-overlay/x.py:56: Warn\n".encode() + b"\xff POST /generate\n")
+    # sglang's /metrics labels name the model by its path
+    (copy / "metrics-0-end.txt").write_text(f'sglang:num_requests_total{{model_name="{ROOT}tmp/A/llama-2-7b-hf"}} 3.0\n')
     done = run_cli("pack", str(copy), "--shareable")
     assert done.returncode == 0, done.stderr
     shared = json.loads(lzma.decompress((copy / "run.json.xz").read_bytes()))
@@ -207,6 +211,8 @@ def test_shareable_rewrites_machine_paths_and_reports_the_same(original: Path, c
     assert shared["trace"]["header"]["args"] == {"dataset": "…/a.csv", "note": "in …/x for /v1/loads"}
     assert shared["events"][0]["detail"] == "see server-1.log"  # inside the run folder where it was written
     assert lzma.decompress((copy / "server-1.log.xz").read_bytes()) == "…/x.py:56: Warn\n".encode() + b"\xff POST /generate\n"
+    assert lzma.decompress((copy / "metrics-0-end.txt.xz").read_bytes()).decode() == (
+        'sglang:num_requests_total{model_name="…/llama-2-7b-hf"} 3.0\n')
     changed = ("options", "policy", "servers", "trace", "events")
     assert {k: v for k, v in shared.items() if k not in changed} == {k: v for k, v in meta.items() if k not in changed}
     before = run_cli("report", str(original), "--format", "csv")

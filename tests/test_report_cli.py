@@ -450,12 +450,13 @@ def test_html_page_with_plots_and_png(runs: Path, tmp_path: Path) -> None:
     parser = _Tags()
     parser.feed(page.read_text())
     parser.close()
-    assert parser.tags.count("svg") == 4 and parser.tags.count("figure") == 4
+    # the runs were scraped (/metrics): a fifth figure, server telemetry (tests/test_telemetry.py checks its data)
+    assert parser.tags.count("svg") == 5 and parser.tags.count("figure") == 5
     assert parser.tags.count("table") >= 5
     text = " ".join(parser.text)
     for words in ("Latency CDFs", "Over time", "Router queue length", "Per-server load", "INTERRUPTED", "significant",
                   "Router wait (arrival", "Time per output token", "by its arrival time", "Per server over time",
-                  "KV cache usage"):
+                  "KV cache usage", "Server telemetry", "prefix-cache hit rate"):
         assert words in text, words
     assert "<script" not in page.read_text() and "http://" not in page.read_text().split("<svg")[0].split("Runs")[0]
     source = page.read_text()
@@ -463,6 +464,7 @@ def test_html_page_with_plots_and_png(runs: Path, tmp_path: Path) -> None:
         ET.fromstring("<svg" + chunk[: chunk.index("</svg>") + len("</svg>")])
     png = page.with_suffix(".png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000
+    assert page.with_suffix(".telemetry.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
     if browser is not None:  # optional: the page renders in a headless browser
         shot = tmp_path / "shot.png"

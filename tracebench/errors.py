@@ -62,5 +62,12 @@ class RunInterrupted(TracebenchError):
     exit_code = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
+class SloMissed(TracebenchError):
+    """`tracebench report --fail-on-slo`: a run missed its service-level objectives (a CI gate's verdict, neither a
+    failure of tracebench, exit 1, nor bad input, exit 2)."""
+
+    exit_code = 3
+
+
 class PolicyLoadError(PolicyError, InputError):
     """`--policy` names no loadable policy (missing file or class, not a Policy subclass, ...): bad input, exit 2."""

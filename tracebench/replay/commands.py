@@ -102,6 +102,12 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 @click.option("--poll-interval", type=float, default=0.5, show_default=True, metavar="S",
               help="Run seconds between /v1/loads polls (telemetry.jsonl; what policies see as the servers' "
                    "reports); not divided by --speed.")
+@click.option("--metrics-interval", type=float, default=1.0, show_default=True, metavar="S",
+              help="Run seconds between two scrapes of each server's /metrics (sglang's Prometheus counters, gauges "
+                   "and histograms) into server_metrics.jsonl, with each server's whole text at the start and end "
+                   "(metrics-<i>-start.txt, -end.txt); 0: no scrape. Behind sglang-router the servers themselves "
+                   "are scraped. Beside it, when nvidia-smi is on PATH (or TRACEBENCH_NVIDIA_SMI names it) and a "
+                   "real server runs on this host, GPU utilisation, memory and power every second into gpu.jsonl.")
 @click.option("--startup-timeout", type=float, default=None, metavar="S",
               help="Seconds a launched server may take to answer /health 200. [default: 600 sglang, 30 sim]")
 @click.option("--flush-cache/--no-flush-cache", default=True, show_default=True,
@@ -131,7 +137,7 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
            max_running_requests: int | None, cap_schedule: str | None, control_port: int | None, model: str | None,
            vocab_size: int | None, server_args: tuple[str, ...], port_base: int | None, speed: float | None,
            run_name: str | None, out_dir: Path, timeout: float | None, stream: bool, api: str, seed: int,
-           sjf_key: str | None, poll_interval: float, startup_timeout: float | None, flush_cache: bool, quiet: bool,
+           sjf_key: str | None, poll_interval: float, metrics_interval: float, startup_timeout: float | None, flush_cache: bool, quiet: bool,
            router: str, router_policy: str | None, router_args: tuple[str, ...]) -> None:
     """Replay TRACE against sglang servers (launched or attached) and record every request.
 
@@ -139,7 +145,8 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
     Each request is released at its arrival time (an absolute schedule) into tracebench's router; the policy
     sends it to a server under the per-server cap; its three moments are recorded (t_released, t_dispatch,
     t_finish, plus t_first_token and sglang's own stamps). The run folder <out-dir>/<run-name>/ holds
-    run.json, requests.jsonl, telemetry.jsonl and the servers' logs (docs/run-format.md).
+    run.json, requests.jsonl, telemetry.jsonl, server_metrics.jsonl (and gpu.jsonl on a GPU host) and the servers'
+    logs (docs/run-format.md).
     --speed K (simulator) compresses the whole run K times: every trace time is divided by K, and
     `tracebench report` shows the run in simulated seconds (the simulators' time x K, the host's as measured).
     \b
@@ -162,7 +169,7 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
         max_running_requests=max_running_requests, cap_schedule=cap_schedule, control_port=control_port,
         model=model, vocab_size=vocab_size, server_args=server_args, port_base=port_base, speed=speed,
         run_name=run_name, out_dir=out_dir, timeout=timeout, stream=stream, api=api, seed=seed, sjf_key=sjf_key,
-        poll_interval=poll_interval, startup_timeout=startup_timeout, flush_cache=flush_cache, quiet=quiet, router=router,
+        poll_interval=poll_interval, metrics_interval=metrics_interval, startup_timeout=startup_timeout, flush_cache=flush_cache, quiet=quiet, router=router,
         router_policy=router_policy, router_args=router_args,
     )
     click.echo(run_replay(config))

@@ -28,6 +28,7 @@ from tracebench.errors import ConfigError, RunInterrupted, ServerStartError
 from tracebench.paths import portable_path, portable_words
 from tracebench.policies.base import Policy
 from tracebench.policies.registry import load_policy
+from tracebench.replay.beside import BesideTelemetry
 from tracebench.replay.caps import (
     CapChange, ControlServer, bind_control_socket, launch_cap, parse_cap_schedule, run_cap_schedule,
 )
@@ -78,6 +79,7 @@ class ReplayConfig:
     seed: int = 0
     sjf_key: str | None = None
     poll_interval: float = 0.5
+    metrics_interval: float = 1.0  # run seconds between /metrics scrapes (server_metrics.jsonl); 0: none
     startup_timeout: float | None = None
     flush_cache: bool = True
     quiet: bool = False
@@ -115,6 +117,8 @@ class ReplayConfig:
         ):
             if value is not None and not value > 0:
                 refuse(f"{name} must be > 0, got {value}")
+        if not self.metrics_interval >= 0:
+            refuse(f"--metrics-interval must be >= 0 (0: no scrape), got {self.metrics_interval}")
         for name, value in (("--port-base", self.port_base), ("--control-port", self.control_port)):
             if value is not None and not 0 < value < 65536:
                 refuse(f"{name} must be a port in 1..65535, got {value}")
@@ -300,6 +304,7 @@ class Replay:
         self.status = "running"
         self.failure: BaseException | None = None
         self.t_end: float | None = None
+        self.beside = BesideTelemetry(run_dir, cfg.metrics_interval)  # /metrics scrapes, GPU samples
 
     # ---- the run folder ----------------------------------------------------------------------------------------
 
@@ -350,6 +355,7 @@ class Replay:
                 "changes": router.cap_changes if router is not None else [],
             },
             "events": self._events(),
+            **self.beside.describe(),
             "status": self.status,
             "error": None if self.failure is None else f"{type(self.failure).__name__}: {self.failure}",
             "t_end": self.t_end,
@@ -471,6 +477,7 @@ class Replay:
             await self._server_facts(client)
             if cfg.flush_cache:
                 await self._flush_caches(client)
+            await self.beside.start(client, self._beside_servers())
             input_ids = InputIds(self.trace_sha, self.vocab, self.header.block_size)  # type: ignore[arg-type]
             if self.external is None:
                 states = [
@@ -515,6 +522,7 @@ class Replay:
             side = [engine.run()]
             if self.external is None:  # the poller asks each destination for /v1/loads: sglang-router has none
                 side.append(poll_loads(client, router, clock, cfg.poll_interval, self.run_dir / "telemetry.jsonl"))
+            side.extend(self.beside.coroutines(clock))
             if self.cap_changes:
                 side.append(run_cap_schedule(self.cap_changes, clock, router.set_cap))
             if not cfg.quiet:
@@ -541,12 +549,21 @@ class Replay:
                 await control.stop()
             if self.external is not None:
                 await self.external.finish(client)  # the servers' counters after the run
-            await client.close()
+            try:
+                await self.beside.finish()
+            finally:
+                await client.close()
             if not cfg.quiet and self.router is not None and self.t_end:
                 # the last state, whatever the period of the progress line (its rate: over the whole run)
                 tty = self.stderr.isatty()
                 line = progress_line(self.router, self.t_end, self.router.finished / self.t_end, cfg.speed)
                 self.stderr.write(("\r" if tty else "") + line + "\n")
+
+    def _beside_servers(self) -> list[dict[str, Any]]:
+        # what BesideTelemetry needs of each server (behind sglang-router too: it asks the servers themselves)
+        return [{**self.fleet.describe(p.index), "enable_metrics": self.enable_metrics[p.index],
+                 "simulated": isinstance(self.server_info[p.index].get("tracebench_sim"), dict)}
+                for p in self.fleet.plans]
 
     async def _flush_caches(self, client: SglangClient) -> None:
         """Empty every server's prefix cache before the clock starts, so runs of one trace start from the same cache

@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-FORMATS = ("table", "md", "csv", "json", "html")
-_SUFFIX_FORMATS = {".txt": "table", ".md": "md", ".csv": "csv", ".json": "json", ".html": "html", ".htm": "html"}
+if TYPE_CHECKING:
+    from tracebench.report.metrics import Report
+
+FORMATS = ("table", "md", "csv", "json", "html", "perfetto")
+_SUFFIX_FORMATS = {".txt": "table", ".md": "md", ".csv": "csv", ".json": "json", ".html": "html", ".htm": "html",
+                   ".trace": "perfetto"}
 
 
 def _resolve_format(fmt: str | None, output: Path | None) -> str:
@@ -52,9 +57,12 @@ def _write_files(files: dict[Path, bytes]) -> None:
 @click.option("--baseline", metavar="RUN",
               help="The run the others are compared against (default: the first RUN). Need not be among RUN ...")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
-              help="table (terminal, the default), md, csv (long: run,metric,stat,value,unit), json, or html "
-                   "(one self-contained page with plots, plus its main figure as <FILE>.png). "
-                   "Default: from the -o suffix, else table.")
+              help="table (terminal, the default), md, csv (long: run,metric,stat,value,unit), json, html "
+                   "(one self-contained page with plots, plus its main figure as <FILE>.png), or perfetto (the "
+                   "runs' timeline as Chrome-trace JSON for ui.perfetto.dev: a track per server, each request a "
+                   "slice split into router wait, server queue, prefill and decode, cap changes and server events "
+                   "as markers, telemetry as counters; no comparison, so no --baseline/--slo/--warmup). "
+                   "Default: from the -o suffix (.trace: perfetto), else table.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Write to FILE (atomically) instead of stdout. Needed for html.")
 @click.option("--slo", metavar="SPEC",
@@ -63,6 +71,14 @@ def _write_files(files: dict[Path, bytes]) -> None:
                    "server (dispatch to finish), wait (router wait: arrival to dispatch), itl (every gap between a "
                    "streamed answer's chunks, i.e. its largest inter-token latency). Reports the fraction of "
                    "requests meeting all of them and the goodput (those requests per second).")
+@click.option("--fail-on-slo", is_flag=True,
+              help="A CI gate: after writing the report, exit 3 (not 1, a failure, nor 2, bad input) when a RUN "
+                   "misses --slo: fewer than --slo-percentile % of its kept requests meet every limit (a request "
+                   "not ok meets none). Prints each run that missed, with the limits it missed, on stderr. Every "
+                   "RUN is checked, the baseline too.")
+@click.option("--slo-percentile", type=float, default=None, metavar="P",
+              help="--fail-on-slo: the share of kept requests (percent) that must meet every limit, i.e. each "
+                   "limit holds at the P-th percentile. [default: 99]")
 @click.option("--warmup", type=float, default=0.0, show_default=True, metavar="S",
               help="Leave out requests that arrive in the first S seconds of the trace.")
 @click.option("--allow-different-traces", is_flag=True,
@@ -73,7 +89,8 @@ def _write_files(files: dict[Path, bytes]) -> None:
 @click.option("--reports-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"),
               show_default=True, help="Where a RUN given by name is looked up.")
 def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output: Path | None, slo: str | None,
-           warmup: float, allow_different_traces: bool, bootstrap: int, seed: int, reports_dir: Path) -> None:
+           fail_on_slo: bool, slo_percentile: float | None, warmup: float, allow_different_traces: bool, bootstrap: int,
+           seed: int, reports_dir: Path) -> None:
     """Compare runs of the same trace, side by side, against a baseline.
 
     A RUN is a run folder written by `tracebench replay`, or its name in reports/
@@ -98,12 +115,26 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
       tracebench report demo-round_robin demo-sjf
       tracebench report reports/a reports/b --slo ttft=0.5,total=10,itl=50ms --warmup 5
       tracebench report a b c --baseline b --format html -o reports/abc.html
+      tracebench report a --format perfetto -o a.json.trace     # open in ui.perfetto.dev
+      tracebench report new --slo ttft=500ms,total=10 --fail-on-slo   # CI: exit 3 if < 99% meet both
     """
     from tracebench.report.load import load_runs, resolve_run_dir
     from tracebench.report.metrics import build_report, parse_slo
     from tracebench.report.render import document
 
+    from tracebench.errors import ConfigError
+
     out_format = _resolve_format(fmt, output)
+    if fail_on_slo and slo is None:
+        raise ConfigError("--fail-on-slo needs --slo KEY=LIMIT,... (the objectives to check)")
+    if slo_percentile is not None and not fail_on_slo:
+        raise ConfigError("--slo-percentile is the --fail-on-slo gate's: give --fail-on-slo too")
+    percentile = 99.0 if slo_percentile is None else slo_percentile
+    if not 0 < percentile <= 100:
+        raise ConfigError(f"--slo-percentile must be in (0, 100], got {percentile:g}")
+    if out_format == "perfetto":
+        _perfetto(list(runs), output, reports_dir, baseline=baseline, slo=slo, warmup=warmup)
+        return
     slo_spec = parse_slo(slo) if slo is not None else None
     specs = list(runs)
     base_index = 0
@@ -122,9 +153,13 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
         from tracebench.report.render.html_page import render_html
 
         assert output is not None
-        page, main_png = render_html(result, document(result))
-        _write_files({output: page.encode(), output.with_suffix(".png"): main_png})
-        click.echo(f"wrote {output} and {output.with_suffix('.png')}", err=True)
+        page, main_png, telemetry_png = render_html(result, document(result))
+        files = {output: page.encode(), output.with_suffix(".png"): main_png}
+        if telemetry_png is not None:  # the runs' /metrics scrapes and GPU samples, per server
+            files[output.with_suffix(".telemetry.png")] = telemetry_png
+        _write_files(files)
+        click.echo(f"wrote {', '.join(map(str, files))}", err=True)
+        _gate(result, fail_on_slo, percentile)
         return
     if out_format == "table":
         from tracebench.report.render.table import render_table
@@ -148,6 +183,38 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     else:
         _write_files({output: text.encode()})
         click.echo(f"wrote {output}", err=True)
+    _gate(result, fail_on_slo, percentile)
+
+
+def _gate(result: Report, fail_on_slo: bool, percentile: float) -> None:
+    """--fail-on-slo, once the report is out: SloMissed (exit 3) naming each run that missed, and what it missed."""
+    if not fail_on_slo:
+        return
+    from tracebench.errors import SloMissed
+    from tracebench.report.metrics.gate import slo_misses
+
+    misses = slo_misses(result, percentile)
+    if misses:
+        raise SloMissed(f"SLO missed by {len(misses)} run(s) (--fail-on-slo, exit 3):\n  " + "\n  ".join(misses))
+    click.echo(f"SLO met by every run: at least {percentile:g}% of each run's kept requests meet every limit", err=True)
+
+
+def _perfetto(specs: list[str], output: Path | None, reports_dir: Path, **unused: object) -> None:
+    """`--format perfetto`: the runs' timelines, no comparison (tracebench/report/render/perfetto.py)."""
+    from tracebench.errors import ConfigError
+    from tracebench.report.load import load_runs
+    from tracebench.report.render.perfetto import render_perfetto
+
+    given = [f"--{name}" for name, value in unused.items() if value not in (None, 0.0)]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: --format perfetto draws the runs' timelines, it compares nothing")
+    data = render_perfetto(load_runs(specs, reports_dir))
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    _write_files({output: data})
+    click.echo(f"wrote {output}: open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing", err=True)
 
 
 @click.command("pack")

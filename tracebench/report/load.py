@@ -60,7 +60,22 @@ ROW = "_row"  # 0-based index of the record among the file's records
 
 
 # a plain file of the run folder -> its packed form (`tracebench pack`)
-PACKED_NAMES = {"run.json": "run.json.xz", "requests.jsonl": "requests.parquet", "telemetry.jsonl": "telemetry.parquet"}
+PACKED_NAMES = {"run.json": "run.json.xz", "requests.jsonl": "requests.parquet", "telemetry.jsonl": "telemetry.parquet",
+                "server_metrics.jsonl": "server_metrics.parquet", "gpu.jsonl": "gpu.parquet"}
+# the whole /metrics text of each server at the start and end of the run (packed: .xz)
+METRICS_TEXT_PATTERN = "metrics-*-*.txt"
+
+# server_metrics.jsonl's sglang families (tracebench/replay/server_metrics.py FIELDS; tests/test_telemetry.py checks
+# that both lists agree): gauges, counters, histograms' _sum and _count, each folded over its label sets
+SERVER_METRIC_FIELDS = (
+    "num_running_reqs", "num_queue_reqs", "num_used_tokens", "token_usage", "gen_throughput", "cache_hit_rate",
+    "num_requests_total", "prompt_tokens_total", "generation_tokens_total", "cached_tokens_total",
+    "num_aborted_requests_total",
+    *(f"{h}_{part}" for h in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "queue_time_seconds",
+                              "inter_token_latency_seconds") for part in ("sum", "count")),
+)
+# the files beside the load and the run.json key that says whether the run wrote one
+BESIDE_FILES = {"server_metrics.jsonl": "server_metrics", "gpu.jsonl": "gpu_telemetry"}
 
 
 def request_schema() -> dict[str, Any]:
@@ -74,6 +89,23 @@ def telemetry_schema() -> dict[str, Any]:
     return {"t": pl.Float64, "server": pl.Int64, "healthy": pl.Boolean, "in_flight": pl.Int64, "cap": pl.Int64,
             "router_queue": pl.Int64, "num_running_reqs": pl.Int64, "num_waiting_reqs": pl.Int64,
             "token_usage": pl.Float64, "gen_throughput": pl.Float64, "error": pl.String}
+
+
+def server_metrics_schema() -> dict[str, Any]:
+    """server_metrics.jsonl (tracebench/replay/server_metrics.py): one row per scrape per server; a failed scrape has
+    only t, server, scrape_s and `error`."""
+    return {"t": pl.Float64, "server": pl.Int64, "scrape_s": pl.Float64,
+            **dict.fromkeys(SERVER_METRIC_FIELDS, pl.Float64), "error": pl.String}
+
+
+def gpu_schema() -> dict[str, Any]:
+    """gpu.jsonl (tracebench/replay/gpu.py): one row per GPU per nvidia-smi sample; a value the GPU does not report
+    is null."""
+    return {"t": pl.Float64, "gpu": pl.Int64, "server": pl.Int64, "util_pct": pl.Float64, "mem_util_pct": pl.Float64,
+            "mem_used_mib": pl.Float64, "mem_total_mib": pl.Float64, "power_w": pl.Float64}
+
+
+BESIDE_SCHEMAS = {"server_metrics.jsonl": server_metrics_schema, "gpu.jsonl": gpu_schema}
 
 
 def run_file(folder: Path, name: str) -> Path:
@@ -94,7 +126,8 @@ def is_run_folder(folder: Path) -> bool:
 def is_packed(folder: Path) -> bool:
     """True when any file of `folder` is in its packed form (a run is packed whole: see tracebench.report.pack)."""
     return any((folder / packed).exists() for packed in PACKED_NAMES.values()) or any(
-        folder.glob("server-*.log.xz")) or (folder / "router.log.xz").exists()
+        folder.glob("server-*.log.xz")) or (folder / "router.log.xz").exists() or any(
+        folder.glob(METRICS_TEXT_PATTERN + ".xz"))
 
 
 @dataclass
@@ -371,6 +404,23 @@ def read_telemetry(folder: Path) -> pl.DataFrame:
     if path.suffix == ".parquet":
         return read_parquet_table(path, telemetry_schema())
     return read_jsonl_table(path, telemetry_schema(), row_index=False)
+
+
+def read_beside(folder: Path, meta: dict[str, Any], name: str) -> pl.DataFrame | None:
+    """server_metrics.jsonl or gpu.jsonl (or their Parquet) of `folder`, on the run clock as written (not converted by
+    speed). None when run.json says the run wrote none (`server_metrics.file` / `gpu_telemetry.file` null: not
+    scraped, no GPU; a run recorded before tracebench wrote them has neither key)."""
+    key = BESIDE_FILES[name]
+    info = meta.get(key)
+    if info is None or info.get("file") is None:
+        return None
+    path = run_file(folder, name)
+    if not path.is_file():
+        raise RunFolderError(path, None, None, f"missing, though run.json {key}.file names it")
+    schema = BESIDE_SCHEMAS[name]()
+    if path.suffix == ".parquet":
+        return read_parquet_table(path, schema)
+    return read_jsonl_table(path, schema, row_index=False)
 
 
 def read_jsonl_table(path: Path, schema: dict[str, Any], row_index: bool) -> pl.DataFrame:

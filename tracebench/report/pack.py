@@ -3,7 +3,9 @@
     run.json         -> run.json.xz         xz, the same bytes inside
     requests.jsonl   -> requests.parquet    zstd Parquet, one row per line, the run format's columns and types
     telemetry.jsonl  -> telemetry.parquet   likewise (a field absent from a line is a null)
+    server_metrics.jsonl, gpu.jsonl -> .parquet   likewise
     server-<i>.log   -> server-<i>.log.xz   xz (--log-tail N: only its last N lines)
+    metrics-<i>-start.txt, -end.txt -> .txt.xz   xz, whole
     router.log       -> router.log.xz       likewise (a run through --router sglang-router)
 
 xz rather than gzip for the text files: run.json holds each server's /server_info, near-identical and ~33 kB apart,
@@ -14,7 +16,7 @@ given is validated as `tracebench report` reads it, each packed file is written 
 and compared with the original record by record (the JSONL parsed again by orjson, not by the reader that wrote the
 Parquet), and only when every run passed are the packed files renamed into place and the originals removed.
 
-`shareable`: run.json and the logs also lose the machine's paths (tracebench/paths.py); an already packed run then
+`shareable`: run.json, the logs and the /metrics texts also lose the machine's paths (tracebench/paths.py); an already packed run then
 has only those files rewritten, in place, with the same checks.
 """
 
@@ -33,8 +35,8 @@ import polars as pl
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.paths import shareable_json, shareable_text
 from tracebench.report.load import (
-    PACKED_NAMES, ROW, is_packed, read_parquet_table, read_requests, read_run_json, read_telemetry, request_schema,
-    run_file, telemetry_schema,
+    BESIDE_FILES, BESIDE_SCHEMAS, METRICS_TEXT_PATTERN, PACKED_NAMES, ROW, is_packed, read_beside, read_parquet_table,
+    read_requests, read_run_json, read_telemetry, request_schema, run_file, telemetry_schema,
 )
 
 ZSTD_LEVEL = 19  # packing happens once per run and small files travel (git, the GPU call): the strongest level
@@ -119,22 +121,31 @@ def prepare(run: PreparedRun, log_tail: int | None, shareable: bool = False) -> 
     telemetry_path = folder / "telemetry.jsonl"
     if telemetry_path.exists():  # a run whose servers never started polled nothing
         _pack_table(run, telemetry_path, read_telemetry(folder), telemetry_schema())
+    for name in BESIDE_FILES:  # /metrics scrapes, GPU samples (when the run wrote them)
+        frame = read_beside(folder, meta, name)
+        if frame is not None:
+            _pack_table(run, folder / name, frame, BESIDE_SCHEMAS[name]())
     for log in _logs(folder, ""):
         kept = _tail(log, log_tail)
         if shareable:
             kept = shareable_log(kept, folder, meta)
         _write_verified(run, log, _xz(kept), lambda data, kept=kept: lzma.decompress(data) == kept)
+    for text_path in sorted(folder.glob(METRICS_TEXT_PATTERN)):  # whole: --log-tail is for logs
+        text = text_path.read_bytes()
+        if shareable:  # sglang's model_name label is the model's path
+            text = shareable_log(text, folder, meta)
+        _write_verified(run, text_path, _xz(text), lambda data, text=text: lzma.decompress(data) == text)
 
 
 def make_shareable(run: PreparedRun) -> None:
-    """An already packed run: its run.json.xz and logs rewritten in place (the request and telemetry tables are
-    left as recorded, as packing leaves them)."""
+    """An already packed run: its run.json.xz, logs and /metrics texts rewritten in place (the request and telemetry
+    tables are left as recorded, as packing leaves them)."""
     folder = run.folder
     meta_path = run_file(folder, "run.json")
     raw_meta = shareable_run_json(lzma.decompress(meta_path.read_bytes()), folder)
     _write_verified(run, meta_path, _xz(raw_meta), lambda data: lzma.decompress(data) == raw_meta, in_place=True)
     meta = orjson.loads(raw_meta)
-    for log in _logs(folder, ".xz"):
+    for log in [*_logs(folder, ".xz"), *sorted(folder.glob(METRICS_TEXT_PATTERN + ".xz"))]:
         kept = shareable_log(lzma.decompress(log.read_bytes()), folder, meta)
         _write_verified(run, log, _xz(kept), lambda data, kept=kept: lzma.decompress(data) == kept, in_place=True)
 
@@ -175,7 +186,8 @@ def discard(run: PreparedRun) -> None:
 
 
 def _packed_files(folder: Path) -> list[Path]:
-    return [p for p in (folder / name for name in PACKED_NAMES.values()) if p.exists()] + _logs(folder, ".xz")
+    return ([p for p in (folder / name for name in PACKED_NAMES.values()) if p.exists()] + _logs(folder, ".xz")
+            + sorted(folder.glob(METRICS_TEXT_PATTERN + ".xz")))
 
 
 def _logs(folder: Path, suffix: str) -> list[Path]:

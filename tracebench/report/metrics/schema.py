@@ -93,6 +93,32 @@ class ConfigDiff:
 
 
 @dataclass
+class GpuSeries:
+    """One GPU's nvidia-smi samples (gpu.jsonl), HTML only; times in simulated seconds for sped-up runs."""
+
+    index: int  # nvidia-smi's GPU index
+    name: str
+    t: np.ndarray
+    util_pct: np.ndarray  # utilization.gpu: % of the sample period a kernel ran (nan: not reported)
+    mem_pct: np.ndarray  # memory.used / memory.total, %
+    power_w: np.ndarray
+
+
+@dataclass
+class MetricsSeries:
+    """One server's sglang /metrics over the run (server_metrics.jsonl), HTML only; good scrapes only, times in
+    simulated seconds and rates per simulated second for sped-up runs (nan: the family was absent)."""
+
+    t: np.ndarray
+    running: np.ndarray  # sglang:num_running_reqs
+    queued: np.ndarray  # sglang:num_queue_reqs
+    token_usage: np.ndarray  # sglang:token_usage, fraction of the KV cache
+    gen_throughput: np.ndarray  # sglang:gen_throughput, tok/s
+    hit_t: np.ndarray  # end of each window of HIT_WINDOW scrapes (fewer in a short run) that counted prompt tokens
+    hit_rate: np.ndarray  # Δcached_tokens_total / Δprompt_tokens_total over that window
+
+
+@dataclass
 class ServerSeries:
     """One server's time series (HTML only): the router's in-flight count against its cap, and what the server
     itself reported in /v1/loads (telemetry.jsonl): its waiting queue and KV cache usage."""
@@ -103,6 +129,8 @@ class ServerSeries:
     telemetry_t: np.ndarray  # poll times (simulated seconds for sped-up runs); empty when the run has no telemetry
     waiting: np.ndarray  # sglang num_waiting_reqs (nan where the poll failed)
     kv_usage: np.ndarray  # sglang token_usage, fraction of the KV cache
+    metrics: MetricsSeries | None = None  # its /metrics scrapes; None when the run has none for it
+    gpus: list[GpuSeries] = field(default_factory=list)  # the GPU(s) tracebench launched it on, when sampled
 
 
 @dataclass
@@ -118,6 +146,7 @@ class RunSeries:
     cap_changes: list[tuple[float, str]]  # (time, "server1=2" / "all=8")
     by_arrival: tuple[np.ndarray, np.ndarray] = (np.empty(0), np.empty(0))  # ok requests: t_arrival, total latency
     servers: list[ServerSeries] = field(default_factory=list)
+    host_gpus: list[GpuSeries] = field(default_factory=list)  # sampled GPUs of no known server (attached servers)
 
 
 @dataclass

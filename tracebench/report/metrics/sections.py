@@ -152,6 +152,8 @@ def slo_section(inp: _Inputs) -> Section | None:
         _row("slo", "fraction", "fraction meeting all", "value", "fraction", "higher",
              [st.slo["fraction"] for st in stats], baseline),
         _row("slo", "goodput", "goodput", "value", "req/s", "higher", [st.slo["goodput"] for st in stats], baseline),
+        *(_row("slo", f"fraction_{key}", f"fraction meeting {key} <= {limit:g} s", "value", "fraction", "higher",
+               [st.slo[f"fraction_{key}"] for st in stats], baseline) for key, limit in inp.slo.items()),
     ])
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tracebench.report.load import Run
-from tracebench.report.metrics.schema import RunSeries, ServerSeries
+from tracebench.report.load import Run, read_beside
+from tracebench.report.metrics.schema import GpuSeries, MetricsSeries, RunSeries, ServerSeries
 from tracebench.report.metrics.stats import _RunStats
 
 
@@ -161,3 +161,52 @@ def _common_time_axis(series: list[RunSeries], runs: list[Run], stats: list[_Run
         integral = _integral_of_count(queued["t_released"].to_numpy(), queued["left"].to_numpy(), edges)
         ser.queue = np.diff(integral) / step
         ser.servers = _server_series(run, edges)
+        ser.host_gpus = _beside_series(run, ser.servers)
+
+
+HIT_WINDOW = 5  # scrapes per prefix-cache hit-rate point: one interval holds few finished requests
+
+
+def _beside_series(run: Run, servers: list[ServerSeries]) -> list[GpuSeries]:
+    """Each server's /metrics scrapes and GPU samples into its ServerSeries (times ×speed; a sped-up simulator's
+    gen_throughput is per run second, so ÷speed); returns the GPUs of no known server."""
+    k = run.speed or 1.0
+    c = pl.col
+    metrics = read_beside(run.path, run.meta, "server_metrics.jsonl")
+    if metrics is not None:
+        good = metrics.filter(c("error").is_null()).sort("t")
+        for (index,), rows in good.group_by("server"):
+            prompt = rows["prompt_tokens_total"].to_numpy().astype(float)
+            # sglang creates cached_tokens_total at the first cached token (docs/run-format.md): absent means 0
+            # while prompt tokens are being counted
+            cached = rows["cached_tokens_total"].fill_null(0.0).to_numpy().astype(float)
+            w = max(1, min(HIT_WINDOW, rows.height - 1))  # a short run: over what it has
+            d_prompt = prompt[w:] - prompt[:-w]
+            d_cached = cached[w:] - cached[:-w]
+            counted = np.nan_to_num(d_prompt) > 0
+            t = rows["t"].to_numpy() * k
+            servers[index].metrics = MetricsSeries(
+                t=t, running=_floats(rows, "num_running_reqs"), queued=_floats(rows, "num_queue_reqs"),
+                token_usage=_floats(rows, "token_usage"), gen_throughput=_floats(rows, "gen_throughput") / k,
+                hit_t=t[w:][counted], hit_rate=d_cached[counted] / d_prompt[counted],
+            )
+    gpus = read_beside(run.path, run.meta, "gpu.jsonl")
+    unmapped: list[GpuSeries] = []
+    if gpus is None:
+        return unmapped
+    names = {g["index"]: g["name"] for g in run.meta["gpu_telemetry"]["gpus"]}
+    for (index,), rows in gpus.sort("t").group_by("gpu", maintain_order=True):
+        series = GpuSeries(index=index, name=names.get(index, "?"), t=rows["t"].to_numpy() * k,
+                           util_pct=_floats(rows, "util_pct"),
+                           mem_pct=(rows["mem_used_mib"] / rows["mem_total_mib"] * 100.0).fill_null(np.nan).to_numpy(),
+                           power_w=_floats(rows, "power_w"))
+        server = rows["server"][0]
+        if server is None or server >= len(servers):
+            unmapped.append(series)
+        else:
+            servers[server].gpus.append(series)
+    return sorted(unmapped, key=lambda g: g.index)
+
+
+def _floats(frame: pl.DataFrame, name: str) -> np.ndarray:
+    return frame[name].cast(pl.Float64).fill_null(np.nan).to_numpy()

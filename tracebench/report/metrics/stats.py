@@ -232,7 +232,8 @@ def _latency(ok: pl.DataFrame, speed: float | None
 
 def _slo(run: Run, kept: pl.DataFrame, ok: pl.DataFrame, counts: dict[str, int], latency_n: dict[str, int],
          duration: float | None, slo: dict[str, float] | None) -> dict[str, float | None]:
-    """Requests meeting every objective (met, fraction of the kept ones, goodput); {} without --slo."""
+    """Requests meeting every objective (met, fraction of the kept ones, goodput), and each objective alone
+    (`fraction_<key>`: which one a run misses); {} without --slo. A kept request not ok meets none."""
     c = pl.col
     if slo is None:
         return {}
@@ -242,6 +243,7 @@ def _slo(run: Run, kept: pl.DataFrame, ok: pl.DataFrame, counts: dict[str, int],
         if key == "itl" and ok.select(pl.col("t_first_token").is_not_null().sum()).item() == 0 and counts["ok"] > 0:
             raise ConfigError(f"--slo itl: run '{run.label}' has no streamed answers (replayed without streaming?)")
     met_expr = c("status") == "ok"
+    alone: dict[str, float | None] = {}
     for key, limit in slo.items():
         value = latency_expr(SLO_KEYS[key])
         within = value <= limit
@@ -250,8 +252,10 @@ def _slo(run: Run, kept: pl.DataFrame, ok: pl.DataFrame, counts: dict[str, int],
         if key == "itl":  # a streamed answer in one chunk: no gap to miss
             within = within | (c("itl_max").is_null() & c("t_first_token").is_not_null())
         met_expr = met_expr & within.fill_null(False)
+        alone[f"fraction_{key}"] = kept.select(((c("status") == "ok") & within.fill_null(False)).sum()).item() / kept.height
     met = int(kept.select(met_expr.sum()).item())
-    return {"met": float(met), "fraction": met / kept.height, "goodput": met / duration if duration else None}
+    return {"met": float(met), "fraction": met / kept.height, "goodput": met / duration if duration else None,
+            **alone}
 
 
 def _summary(run: Run, kept: pl.DataFrame, start: float | None, end: float | None, duration: float | None

@@ -38,8 +38,9 @@ def _table(table: Table) -> str:
     return "\n".join(parts)
 
 
-def render_html(report: Report, doc: Document) -> tuple[str, bytes]:
-    """The page, and the main figure (latency CDFs) as PNG bytes."""
+def render_html(report: Report, doc: Document) -> tuple[str, bytes, bytes | None]:
+    """The page, the main figure (latency CDFs) as PNG bytes, and the server telemetry figure as PNG bytes (None when
+    no run has /metrics scrapes or GPU samples)."""
     from tracebench.report.render import plots
 
     main = plots.latency_cdfs(report)
@@ -49,6 +50,11 @@ def render_html(report: Report, doc: Document) -> tuple[str, bytes]:
     for make in (plots.over_time, plots.server_load, plots.per_server_over_time):
         fig = make(report)
         figures.append(plots.to_svg(fig))
+        plots.close(fig)
+    telemetry_svg = telemetry_png = None
+    if plots.has_server_telemetry(report):
+        fig = plots.server_telemetry(report)
+        telemetry_svg, telemetry_png = plots.to_svg(fig), plots.to_png(fig)
         plots.close(fig)
 
     tables = {t.title: t for t in doc.tables}
@@ -62,6 +68,8 @@ def render_html(report: Report, doc: Document) -> tuple[str, bytes]:
     body.append(_table(tables["Per server"]))
     body.append(f'<figure id="server-load">{figures[1]}</figure>')
     body.append(f'<figure id="per-server-over-time">{figures[2]}</figure>')
+    if telemetry_svg is not None:
+        body.append(f'<figure id="server-telemetry">{telemetry_svg}</figure>')
     body.append("<h2>Definitions</h2><dl>")
     body += [f"<dt>{escape(label)}</dt><dd>{escape(definition)}, over ok requests (seconds)</dd>"
              for _, label, definition in LATENCY_METRICS]
@@ -71,4 +79,4 @@ def render_html(report: Report, doc: Document) -> tuple[str, bytes]:
     page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(doc.title)}</title><style>{_CSS}</style></head>\n<body>\n"
             + "\n".join(body) + "\n</body></html>\n")
-    return page, main_png
+    return page, main_png, telemetry_png

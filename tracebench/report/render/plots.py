@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import re
 
 import matplotlib
@@ -210,6 +211,104 @@ def per_server_over_time(report: Report) -> Figure:
     fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), frameon=False, fontsize=9)
     more = max(len(ser.servers) for ser in report.series) - rows
     fig.suptitle("Per server over time" + (f" (first {rows} servers; {more} more not drawn)" if more > 0 else ""),
+                 fontsize=14, fontweight="bold")
+    return fig
+
+
+def has_server_telemetry(report: Report) -> bool:
+    """Whether any run has /metrics scrapes or GPU samples to draw (runs recorded before them have neither)."""
+    assert report.series is not None
+    return any(ser.host_gpus or any(srv.metrics is not None or srv.gpus for srv in ser.servers)
+               for ser in report.series)
+
+
+def _gpu_lines(ax, power_ax, gpus: list, colour) -> None:
+    for gpu in gpus:
+        ax.plot(gpu.t, gpu.util_pct, color=colour, linewidth=1.3)
+        ax.plot(gpu.t, gpu.mem_pct, color=colour, linewidth=1.1, linestyle="--")
+        power_ax.plot(gpu.t, gpu.power_w, color=colour, linewidth=1.0, linestyle=":")
+
+
+def _gpu_axes(ax, power_ax, title: str, drawn: bool) -> None:
+    """A GPU panel, once its lines are drawn (a limit set before would stop the autoscale): util and memory in % on
+    the left, power in W on the right axis."""
+    ax.set_title(f"{title}: util %, mem % (dashed), W (dotted)", fontsize=9, loc="left")
+    ax.set_ylabel("%")
+    ax.set_ylim(0, 105)
+    _style(ax)
+    power_ax.spines["top"].set_visible(False)
+    power_ax.set_ylim(bottom=0)
+    if not drawn:
+        power_ax.set_yticks([])
+        ax.text(0.5, 0.5, "no GPU samples (simulated, attached\nor no nvidia-smi: run.json gpu_telemetry)",
+                ha="center", va="center", transform=ax.transAxes, fontsize=8)
+
+
+def server_telemetry(report: Report) -> Figure:
+    """One row per server: what sglang's /metrics said (running and queued requests; KV usage and the prefix-cache
+    hit rate; generation throughput) and its GPU (utilisation, memory, power), all runs overlaid; then the sampled
+    GPUs of no known server (attached servers), four to a row."""
+    assert report.series is not None
+    servers = min(max(len(ser.servers) for ser in report.series), MAX_SERVER_ROWS)
+    host = sorted({g.index for ser in report.series for g in ser.host_gpus})[:4 * MAX_SERVER_ROWS]
+    host_rows = math.ceil(len(host) / 4)
+    fig, grid = plt.subplots(servers + host_rows, 4, figsize=(17, 2.7 * (servers + host_rows) + 1.4), sharex=True,
+                             squeeze=False, layout="constrained")
+    for row in range(servers):
+        requests_ax, cache_ax, gen_ax, gpu_ax = grid[row]
+        power_ax = gpu_ax.twinx()
+        drawn_metrics = drawn_gpu = False
+        for i, ser in enumerate(report.series):
+            if row >= len(ser.servers):
+                continue
+            colour, name, srv = _colour(i), _run_name(report, i), ser.servers[row]
+            m = srv.metrics
+            if m is not None:
+                drawn_metrics = True
+                requests_ax.plot(m.t, m.running, color=colour, linewidth=1.4, label=f"{name}: running")
+                requests_ax.plot(m.t, m.queued, color=colour, linewidth=1.1, linestyle="--", label=f"{name}: queued")
+                cache_ax.plot(m.t, m.token_usage * 100.0, color=colour, linewidth=1.4)
+                cache_ax.plot(m.hit_t, m.hit_rate * 100.0, color=colour, linewidth=1.1, linestyle=":", marker=".",
+                              markersize=3)
+                gen_ax.plot(m.t, m.gen_throughput, color=colour, linewidth=1.3)
+            if srv.gpus:
+                drawn_gpu = True
+                _gpu_lines(gpu_ax, power_ax, srv.gpus, colour)
+        for ax, what, ylabel in (
+            (requests_ax, "sglang requests: running (solid), queued (dashed)", "requests"),
+            (cache_ax, "KV usage (solid), prefix-cache hit rate (dotted)", "%"),
+            (gen_ax, "generation throughput (sglang)", "tokens/s"),
+        ):
+            ax.set_title(f"server {row}: {what}", fontsize=9, loc="left")
+            ax.set_ylabel(ylabel)
+            _style(ax)
+            if not drawn_metrics:
+                ax.text(0.5, 0.5, "no /metrics scrapes", ha="center", va="center", transform=ax.transAxes)
+        requests_ax.set_ylim(bottom=0)
+        gen_ax.set_ylim(bottom=0)
+        cache_ax.set_ylim(0, 105)
+        _gpu_axes(gpu_ax, power_ax, f"server {row}: GPU", drawn_gpu)
+    for k, index in enumerate(host):
+        ax = grid[servers + k // 4][k % 4]
+        power_ax = ax.twinx()
+        for i, ser in enumerate(report.series):
+            _gpu_lines(ax, power_ax, [g for g in ser.host_gpus if g.index == index], _colour(i))
+        _gpu_axes(ax, power_ax, f"GPU {index} (server unknown)", True)
+    for k in range(len(host), 4 * host_rows):
+        grid[servers + k // 4][k % 4].set_visible(False)
+    clock = "run clock (s)" + (", simulated seconds for sped-up runs" if any(r.speed for r in report.runs) else "")
+    for ax in grid.flatten():
+        if ax.get_visible():
+            ax.tick_params(labelbottom=True)
+            ax.set_xlim(left=0)
+    for ax in grid[-1]:
+        ax.set_xlabel(clock)
+    handles, labels = grid[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), frameon=False, fontsize=9)
+    more = max(len(ser.servers) for ser in report.series) - servers
+    fig.suptitle("Server telemetry: sglang's /metrics and the GPUs" +
+                 (f" (first {servers} servers; {more} more not drawn)" if more > 0 else ""),
                  fontsize=14, fontweight="bold")
     return fig
 

@@ -1,0 +1,146 @@
+"""Server telemetry beside the load: every server's `/metrics` (sglang's Prometheus text) scraped every
+`--metrics-interval` run seconds into server_metrics.jsonl (one row per scrape per server, the families the report
+plots), and each server's whole text at the start and the end of the run (`metrics-<i>-start.txt`, `-end.txt`:
+every family, every histogram bucket). docs/run-format.md describes the files.
+
+The scraper is not the load poller (telemetry.py `poll_loads`): it feeds no routing decision and marks no server
+suspect; a failed scrape is a row with `error`. Behind sglang-router it asks the servers themselves (sglang-router
+has its own, different /metrics).
+
+Cost on the event loop: one GET per server per period, and one pass over the body's lines with a prefix check
+(real sglang's body is ~74 kB, 630 lines: ~0.15 ms on this machine), in per-server steps, so no request release
+waits for more than one server's parse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tracebench.errors import ServerProtocolError
+from tracebench.replay.client import SglangClient
+from tracebench.replay.clock import RunClock
+
+DEFAULT_INTERVAL_S = 1.0
+
+# The families kept per scrape (.DUCUMENT/endpoints.md "/metrics"; all in the 0.5.17 capture metricsA.txt). Each is
+# folded over its label sets as /v1/loads is (telemetry.py parse_loads): summed, except the ratios, averaged. A
+# family the body lacks is null: sglang creates a labelled series at its first update (counters at the first
+# finished request, cached_tokens_total at the first cached token: metrics_collector.py L1724-1752 of 0.5.17).
+GAUGES = ("num_running_reqs", "num_queue_reqs", "num_used_tokens", "token_usage", "gen_throughput", "cache_hit_rate")
+COUNTERS = ("num_requests_total", "prompt_tokens_total", "generation_tokens_total", "cached_tokens_total",
+            "num_aborted_requests_total")
+# histograms: only their _sum and _count per scrape (the mean over any interval); buckets are in the start/end texts
+HISTOGRAMS = ("time_to_first_token_seconds", "e2e_request_latency_seconds", "queue_time_seconds",
+              "inter_token_latency_seconds")
+FIELDS = (*GAUGES, *COUNTERS, *(f"{h}_{part}" for h in HISTOGRAMS for part in ("sum", "count")))
+FIELDS_SET = frozenset(FIELDS)
+AVERAGED = frozenset({"token_usage", "cache_hit_rate"})
+_PREFIX = "sglang:"
+_PREFIXES = tuple(_PREFIX + f for f in FIELDS)
+
+
+def parse_metrics(url: str, text: str) -> dict[str, float | None]:
+    """The FIELDS from a Prometheus text body (sglang's), each folded over its label sets; None where absent. A line
+    of a kept family whose value is not a number is a ServerProtocolError naming it."""
+    values: dict[str, list[float]] = {}
+    for line in text.split("\n"):
+        if not line.startswith(_PREFIXES):
+            continue
+        brace = line.find("{")
+        end = line.find(" ") if brace < 0 else line.rfind("}") + 1
+        name = line[len(_PREFIX):brace if brace >= 0 else end]
+        if name not in FIELDS_SET:
+            continue  # a longer name that starts like a kept one (sglang:token_usage_x)
+        parts = line[end:].split()
+        try:
+            value = float(parts[0])  # a sample may carry a timestamp after its value: ignored
+        except (IndexError, ValueError):
+            raise ServerProtocolError(f"{url}: /metrics line {line[:200]!r}: no number after the labels") from None
+        values.setdefault(name, []).append(value)
+    out: dict[str, float | None] = {}
+    for name in FIELDS:
+        got = values.get(name)
+        if got is None:
+            out[name] = None
+        else:
+            total = math.fsum(got)
+            out[name] = total / len(got) if name in AVERAGED else total
+    return out
+
+
+class MetricsScraper:
+    """Scrapes `urls` (server index -> base URL) every `interval` run seconds, each server on its own absolute ticks
+    (a slow server skips ticks rather than drifting, and does not hold the others back)."""
+
+    def __init__(self, client: SglangClient, urls: dict[int, str], clock: RunClock, interval: float,
+                 run_dir: Path) -> None:
+        self.client = client
+        self.urls = urls
+        self.clock = clock
+        self.interval = interval
+        self.timeout = max(2.0, 4 * interval)
+        self.run_dir = run_dir
+        self.path = run_dir / "server_metrics.jsonl"
+        self.fh = self.path.open("ab")
+        self.rows = 0
+        self.failed = 0
+        # per server: where its whole text was kept, at start and end, and why one is missing
+        self.kept: dict[int, dict[str, Any]] = {
+            i: {"start": None, "t_start": None, "end": None, "t_end": None, "end_error": None} for i in urls
+        }
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self._loop(i) for i in self.urls))
+
+    async def _loop(self, index: int) -> None:
+        tick = 0
+        interval, clock = self.interval, self.clock
+        while True:
+            while (delay := tick * interval - clock.now()) > 0:
+                await asyncio.sleep(delay)
+            await self.scrape(index)
+            tick = max(tick + 1, math.floor(clock.now() / interval) + 1)
+
+    async def scrape(self, index: int, moment: str | None = None) -> str | None:
+        """One scrape of server `index`: a row, and its whole text when it is the first good one (the start) or
+        `moment` is "end". Returns why it failed, or None."""
+        t_sent = self.clock.now()
+        got = await self.client.get_text(f"{self.urls[index]}/metrics", self.timeout)
+        t = self.clock.now()
+        row: dict[str, Any] = {"t": t, "server": index, "scrape_s": t - t_sent}
+        if got.error is not None:
+            row["error"] = got.error
+            self.failed += 1
+        else:
+            text: str = got.obj
+            row.update(parse_metrics(f"{self.urls[index]}/metrics", text))
+            kept = self.kept[index]
+            which = moment or ("start" if kept["start"] is None else None)
+            if which is not None:
+                name = f"metrics-{index}-{which}.txt"
+                (self.run_dir / name).write_text(text)
+                kept[which], kept[f"t_{which}"] = name, t
+        self.fh.write(orjson.dumps(row) + b"\n")
+        self.fh.flush()
+        self.rows += 1
+        return row.get("error")
+
+    async def finish(self) -> None:
+        """The last scrape of every server, after the run (its text kept as the end), then the file closed."""
+        try:
+            errors = await asyncio.gather(*(self.scrape(i, "end") for i in self.urls))
+            for i, why in zip(self.urls, errors):
+                self.kept[i]["end_error"] = why
+        finally:
+            self.fh.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "file": self.path.name, "interval_s": self.interval, "rows": self.rows, "failed": self.failed,
+            "servers": [{"server": i, "url": url, **self.kept[i]} for i, url in self.urls.items()],
+        }
