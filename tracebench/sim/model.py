@@ -292,7 +292,8 @@ class BatchModel:
         """Abort a request (client went away). A waiting one leaves the queue now; an admitted one frees its slot and
         KV at the next step boundary, like sglang's abort. Returns False when it had already finished."""
         if req.state is ReqState.WAITING:
-            self.waiting.remove(req)
+            if req in self.waiting:  # a PD request may not have reached the model yet (bootstrap, pre-allocation)
+                self.waiting.remove(req)
             req.state = ReqState.ABORTED
             return True
         if req.state is ReqState.PREALLOCATED:
