@@ -237,8 +237,11 @@ class PdRole:
     def server_info(self) -> dict[str, Any]:
         args = self.args
         backend = "mooncake" if args.disaggregation_transfer_backend == "mooncake_tcp" else args.disaggregation_transfer_backend
-        return {"disaggregation_mode": self.mode, "disaggregation_transfer_backend": backend,
+        info = {"disaggregation_mode": self.mode, "disaggregation_transfer_backend": backend,
                 "disaggregation_bootstrap_port": args.disaggregation_bootstrap_port}
+        if self.mode == "prefill":   # --load-balance-method auto on a prefill server (server_args.py L3849-3864)
+            info["load_balance_method"] = "follow_bootstrap_room"
+        return info
 
     def gauges(self) -> dict[str, int]:
         raise NotImplementedError
