@@ -42,6 +42,17 @@ class RequestRecord:
     # the answer came in one chunk or was not streamed
     itl_max: float | None = None  # the largest gap, seconds
     itl_hist: str | None = None  # "bucket:count,..." the gaps' 2% log buckets, ascending
+    # PD disaggregation (--pd, --attach-prefill/--attach-decode; null in a plain run): `server` and the server_*
+    # stamps are the decode server's (its stream is the answer); these are the prefill server's side
+    prefill_server: int | None = None  # index into run.json "servers"
+    bootstrap_room: int | None = None  # the room both servers were sent
+    t_prefill_answer: float | None = None  # the prefill server's answer complete (run clock)
+    prefill_received: float | None = None  # its meta_info stamps on the run clock: request_received_ts,
+    prefill_forward_entry: float | None = None  # forward_entry_time,
+    prefill_done: float | None = None  # prefill_finished_time,
+    prefill_finished: float | None = None  # request_finished_ts (its answer: after the KV reached the decode server)
+    prefill_queue_time: float | None = None  # its queue_time (the waiting queue, after the bootstrap), seconds
+    prefill_e2e_latency: float | None = None  # its e2e_latency, seconds
 
 
 class RecordWriter:
