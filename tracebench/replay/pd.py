@@ -17,6 +17,7 @@ no --pd: a plain run's hot path is unchanged.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ import orjson
 from tracebench.errors import ConfigError, PolicyError, ServerStartError
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 from tracebench.replay.client import Answer, SglangClient
+from tracebench.replay.servers import free_ports
 
 ROLES = ("prefill", "decode")
 MAX_ROOM = 2**63 - 1   # sglang-router's generate_room_id: a random u64 masked to [0, 2^63 - 1] (pd_types.rs L58-62)
@@ -56,6 +58,61 @@ def launch_args(role: str, bootstrap_port: int | None) -> list[str]:
 
 # flags tracebench sets itself on a PD server: --server-arg must not repeat them
 OWNED_FLAGS = ("--disaggregation-mode", "--disaggregation-bootstrap-port")
+
+
+def check_pd_config(cfg: Any, given: set[str]) -> Any:
+    """Refuse what a PD run cannot do (ConfigError); fill each pool's policy (default: --policy). `cfg` is a
+    ReplayConfig, `given` the fields the user set."""
+    if cfg.pd is not None and (cfg.attach_prefill or cfg.attach_decode):
+        raise ConfigError("--pd P:D launches the servers, --attach-prefill/--attach-decode use running ones: give one")
+    if bool(cfg.attach_prefill) != bool(cfg.attach_decode):
+        raise ConfigError("a PD run needs both --attach-prefill URL and --attach-decode URL (each repeatable)")
+    urls = [*cfg.attach_prefill, *cfg.attach_decode]
+    if len(set(urls)) != len(urls):
+        raise ConfigError("--attach-prefill/--attach-decode: the same URL twice (each server once, in one pool)")
+    if cfg.pd is not None:
+        parse_ratio(cfg.pd)
+    for flag, key, why in (
+        ("--attach", "attach", "a PD run names its servers with --attach-prefill and --attach-decode"),
+        ("--gpus", "gpus", "--pd P:D says how many servers are launched (one GPU each)"),
+        ("--batch-size", "batch_size", "static batching is not for PD runs"),
+    ):
+        if key in given:
+            raise ConfigError(f"{flag} cannot be used with PD servers: {why}")
+    if cfg.mode != "continuous":
+        raise ConfigError("--mode static cannot be used with PD servers (a pair is sent as a request arrives)")
+    if cfg.api != "generate":
+        raise ConfigError(f"--api {cfg.api}: PD runs speak sglang's /generate (the bootstrap fields are its own)")
+    for word in (w for value in cfg.server_args for w in value.split()):
+        if word.split("=", 1)[0] in OWNED_FLAGS:
+            raise ConfigError(f"--server-arg {word}: tracebench sets it itself on PD servers (--pd)")
+    pool_keys = ("prefill_policy", "decode_policy", "prefill_policy_options", "decode_policy_options")
+    if cfg.router != "tracebench":
+        for key in pool_keys:
+            if key in given:
+                flag = "--" + key.replace("_options", "-opt").replace("_", "-")
+                raise ConfigError(f"{flag} is for tracebench's router; sglang-router's PD mode takes "
+                                  "--router-policy, or --router-arg \"--prefill-policy P --decode-policy D\"")
+        return cfg
+    if "policy_options" in given:
+        raise ConfigError("--policy-opt with PD servers: give each pool's options with --prefill-policy-opt and "
+                          "--decode-policy-opt")
+    return dataclasses.replace(cfg, prefill_policy=cfg.prefill_policy or cfg.policy,
+                               decode_policy=cfg.decode_policy or cfg.policy)
+
+
+def add_pd_launch_args(plans: list[Any], n_prefill: int, port_base: int | None) -> None:
+    """Launched PD servers: the first `n_prefill` plans become prefill servers (each with its own bootstrap port:
+    port_base + servers + i, or free ports), the others decode servers."""
+    if port_base is not None:
+        ports = [port_base + len(plans) + i for i in range(n_prefill)]
+    else:
+        taken = {p.port for p in plans}
+        ports = [p for p in free_ports(n_prefill + len(taken)) if p not in taken][:n_prefill]
+    for i, plan in enumerate(plans):
+        role = "prefill" if i < n_prefill else "decode"
+        plan.command += launch_args(role, ports[i] if role == "prefill" else None)
+        plan.role = role
 
 
 def check_role(index: int, url: str, info: dict[str, Any], role: str) -> int | None:
@@ -101,6 +158,31 @@ def with_bootstrap(body: bytes, host: str, port: int, room: int) -> bytes:
 
 
 # ---- the pools ----------------------------------------------------------------------------------------------------
+
+class PdPolicies(Policy):
+    """The two pools' policies of a PD run through tracebench's router, each loaded like --policy with its own
+    seeded generator; this object only names them in run.json (`policy`) and the run's name. PdRouter asks each."""
+
+    name = "pd"
+    description = "PD disaggregation: a policy per pool (--prefill-policy, --decode-policy)"
+
+    def __init__(self, cfg: Any) -> None:
+        from tracebench.policies.registry import load_policy
+
+        super().__init__(np.random.default_rng(cfg.seed))
+        self.prefill = load_policy(cfg.prefill_policy, np.random.default_rng([cfg.seed, 1]),
+                                   dict(cfg.prefill_policy_options))
+        self.decode = load_policy(cfg.decode_policy, np.random.default_rng([cfg.seed, 2]),
+                                  dict(cfg.decode_policy_options))
+        self.name = f"{self.prefill.name}-{self.decode.name}"  # type: ignore[misc]
+
+    def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
+        raise RuntimeError("PdRouter asks each pool's policy, never PdPolicies")
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": f"prefill {self.prefill.name}, decode {self.decode.name}", "class": "PdPolicies",
+                "options": {}, "settings": {}, "prefill": self.prefill.describe(), "decode": self.decode.describe()}
+
 
 def check_picks(policy: Policy, picks: Any, queued: dict[int, QueuedRequest], views: Sequence[ServerView],
                 pool: str) -> list[Assignment]:

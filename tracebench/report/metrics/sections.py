@@ -208,7 +208,8 @@ def pd_section(inp: _Inputs) -> Section | None:
         ms = sum((r.kv_ms_mean or 0.0) * (r.kv_transfers or 0) for r in p.servers if r.role == "prefill")
         return (mb / 1024) / (ms / 1000) if mb and ms else None
 
-    rows.append(_row("pd", "kv_gib_s", "KV transfer rate (prefill servers' counters)", "value", "GiB/s", "higher",
+    rows.append(_row("pd", "kv_gib_s", "KV MiB / transfer latency (sglang's counters; link queueing included)",
+                     "value", "GiB/s", "higher",
                      [None if p is None else pool_rate(p) for p in pds], baseline))
     return Section("pd", "PD disaggregation: TTFT by stage (ms), KV transfer", rows)
 

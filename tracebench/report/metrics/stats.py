@@ -196,10 +196,16 @@ def _pd_loads(run: Run, kept: pl.DataFrame, start: float | None, end: float | No
 def _server_loads(run: Run, kept: pl.DataFrame, start: float | None, end: float | None) -> tuple[list[ServerLoad], Balance]:
     if run.via_router:
         loads, balance = _counter_loads(run)
-        if run.meta.get("pd"):
-            roles = {i: role for role, pool in run.meta["pd"]["pools"].items() for i in pool}
-            for load in loads:
-                load.role = roles.get(load.server)
+        if run.meta.get("pd"):   # shares within each pool; the prefix cache is the prefill servers' own
+            pools = run.meta["pd"]["pools"]
+            for role, pool in pools.items():
+                mine = [load for load in loads if load.server in pool]
+                total = sum(load.requests or 0 for load in mine) if all(load.requests is not None for load in mine) else None
+                for load in mine:
+                    load.role = role
+                    load.share = load.requests / total if total else None
+                    if role == "decode":
+                        load.cache_hit_rate = load.prefill_tokens = None
         return loads, balance
     if run.meta.get("pd"):
         return _pd_loads(run, kept, start, end)
