@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
 
 from tests.conftest import free_port
@@ -156,7 +157,7 @@ def test_decode_never_starts_a_request_before_its_kv_arrived(sim_server) -> None
     async def main() -> tuple:
         async with aiohttp.ClientSession() as session:
             d = asyncio.ensure_future(_post(session, decode.url, _body(512, 11, boot, out=4)))
-            await asyncio.sleep(1.0)   # no prefill request yet: the KV cannot come
+            await asyncio.sleep(0.5)   # no prefill request yet: the KV cannot come
             metrics = await asyncio.to_thread(_get, f"{decode.url}/metrics")
             assert not d.done()
             p = asyncio.ensure_future(_post(session, prefill.url, _body(512, 11, boot, out=4)))
@@ -178,3 +179,131 @@ def test_a_pd_server_refuses_a_request_without_bootstrap_fields(sim_server) -> N
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=5)
     assert err.value.code == 400 and "bootstrap_room" in err.value.read().decode()
+
+
+# ---- replays through PD servers ---------------------------------------------------------------------------------
+
+from importlib import metadata  # noqa: E402
+
+import orjson  # noqa: E402
+
+from tests.conftest import run_cli  # noqa: E402
+from tracebench.errors import ConfigError, PolicyError  # noqa: E402
+from tracebench.policies.base import QueuedRequest, ServerView  # noqa: E402
+from tracebench.policies.registry import load_policy  # noqa: E402
+from tracebench.replay.pd import assign_pairs, parse_ratio, with_bootstrap  # noqa: E402
+from tracebench.replay.run import ReplayConfig  # noqa: E402
+
+
+def test_body_gets_the_bootstrap_fields_after_its_own() -> None:
+    body = orjson.dumps({"input_ids": [1, 2], "stream": True})
+    out = with_bootstrap(body, "127.0.0.1", 8998, 2**63 - 1)
+    assert list(orjson.loads(out)) == ["input_ids", "stream", "bootstrap_host", "bootstrap_port", "bootstrap_room"]
+    assert orjson.loads(out)["bootstrap_room"] == 2**63 - 1
+    assert parse_ratio("2:1") == (2, 1)
+    with pytest.raises(ConfigError):
+        parse_ratio("0:1")
+
+
+def _view(index: int, cap: int = 10**9, in_flight: int = 0) -> ServerView:
+    return ServerView(index, f"http://s{index}", True, in_flight, cap, 0.0, None, None, None, None)
+
+
+def test_each_pool_has_its_own_policy_and_only_its_servers() -> None:
+    rng = np.random.default_rng(0)
+    queue = [QueuedRequest(i, 10, 5, 0.0, 0.0) for i in range(4)]
+    prefill, decode = load_policy("round_robin", rng, {}), load_policy("round_robin", rng, {})
+    # decode server 3 has one free slot: one request gets a pair, the rest wait in the router queue
+    triples = assign_pairs(queue, prefill, decode, [_view(0), _view(1)], [_view(2), _view(3, cap=1)])
+    assert [(q.id, p.index, d.index) for q, p, d in triples] == [(0, 0, 2), (1, 1, 3), (2, 0, 2), (3, 1, 2)]
+
+    class Wrong(type(prefill)):  # picks a decode server for the prefill pool
+        def assign(self, queue, servers):
+            return [(queue[0], _view(2))]
+
+    with pytest.raises(PolicyError, match="prefill pool"):
+        assign_pairs(queue, Wrong(rng, {}), decode, [_view(0)], [_view(2)])
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(pd="1:1", attach=("http://a:1",)), "--attach cannot be used with PD servers"),
+    (dict(attach_prefill=("http://a:1",)), "needs both --attach-prefill URL and --attach-decode URL"),
+    (dict(pd="1:1", mode="static", batch_size=2), "cannot be used with PD servers"),
+    (dict(pd="1:1", api="chat"), "PD runs speak sglang's /generate"),
+    (dict(pd="1:1", policy_options=(("key", "input"),)), "--prefill-policy-opt"),
+    (dict(pd="1:1", server_args=("--disaggregation-mode decode",)), "tracebench sets it itself"),
+])
+def test_pd_options_refused(options: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ReplayConfig(trace=Path("t.jsonl"), backend="sim", **options).resolve()
+
+
+@pytest.fixture(scope="module")
+def pd_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    trace = tmp_path_factory.mktemp("pd") / "t.jsonl"
+    result = run_cli("generate", "--rate", "20", "--num-requests", "24", "--input-len", "600", "--output-len", "24",
+                     "--seed", "1", "-o", str(trace))
+    assert result.returncode == 0, result.stderr
+    return trace
+
+
+def test_replay_sim_1p1d_through_tracebenchs_router(tmp_path: Path, pd_trace: Path) -> None:
+    trace = pd_trace
+    result = run_cli("replay", str(trace), "--backend", "sim", "--pd", "1:1", "--speed", "8", "--prefill-policy",
+                     "round_robin", "--decode-policy", "cache_aware", "--out-dir", str(tmp_path), "--run-name", "pd",
+                     "--quiet")
+    assert result.returncode == 0, result.stderr
+    run = json.loads((tmp_path / "pd" / "run.json").read_text())
+    assert [s["role"] for s in run["servers"]] == ["prefill", "decode"]
+    assert "--disaggregation-mode" in run["servers"][0]["launch_command"]
+    assert run["pd"]["pools"] == {"prefill": [0], "decode": [1]}
+    assert run["pd"]["policies"]["decode"]["name"] == "cache_aware"
+    boot = run["pd"]["bootstrap"][0]
+    assert boot["port"] == run["servers"][0]["server_info"]["disaggregation_bootstrap_port"]
+    prefill_delta = run["pd"]["server_metrics"][0]["delta"]
+    assert prefill_delta["kv_transfer_latency_ms_count"] == 24
+    records = [json.loads(line) for line in (tmp_path / "pd" / "requests.jsonl").read_text().splitlines()]
+    assert all(r["status"] == "ok" and r["server"] == 1 and r["prefill_server"] == 0 for r in records)
+    assert len({r["bootstrap_room"] for r in records}) == 24 and all(0 <= r["bootstrap_room"] < 2**63 for r in records)
+    for r in records:
+        kv_arrival = r["server_forward_entry"] - r["server_queue_time"]
+        assert r["prefill_done"] <= kv_arrival <= r["t_first_token"] + 0.01   # KV came before the first token
+        assert r["t_prefill_answer"] <= r["t_finish"]
+    report = run_cli("report", str(tmp_path / "pd"), "--format", "json")
+    assert report.returncode == 0, report.stderr
+    doc = json.loads(report.stdout)["runs"][0]
+    stages = doc["pd"]
+    total = sum(stages[k]["mean"] for k in ("prefill_queue", "prefill", "kv_transfer", "decode_first"))
+    assert total == pytest.approx(doc["latency"]["ttft_dispatch"]["mean"], rel=1e-6)   # the split adds up
+    assert [s["role"] for s in doc["pd_detail"]["servers"]] == ["prefill", "decode"]
+
+
+def test_attached_servers_must_be_of_their_pool(sim_server, tmp_path: Path, pd_trace: Path) -> None:
+    prefill, decode, _ = _pair(sim_server)
+    result = run_cli("replay", str(pd_trace), "--attach-prefill", decode.url, "--attach-decode", prefill.url,
+                     "--out-dir", str(tmp_path), "--quiet")
+    assert result.returncode != 0
+    assert "was given as a prefill server but its /server_info says disaggregation_mode 'decode'" in result.stderr
+
+
+def _router_version() -> str | None:
+    try:
+        return metadata.version("sglang-router")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@pytest.mark.skipif(_router_version() != "0.3.2", reason="sglang-router 0.3.2 is not installed: pip install -e '.[router]'")
+def test_replay_sim_1p1d_through_sglang_routers_pd_mode(tmp_path: Path, pd_trace: Path) -> None:
+    result = run_cli("replay", str(pd_trace), "--backend", "sim", "--pd", "1:1", "--speed", "8", "--router",
+                     "sglang-router", "--router-policy", "round_robin", "--out-dir", str(tmp_path), "--run-name", "r",
+                     "--quiet")
+    assert result.returncode == 0, result.stderr
+    run = json.loads((tmp_path / "r" / "run.json").read_text())
+    ext = run["external_router"]
+    assert ext["mode"] == "pd-disaggregation" and "PrefillDecode" in ext["startup_line"]
+    port = run["pd"]["bootstrap"][0]["port"]
+    assert ext["command"][-5:] == ["--prefill", run["servers"][0]["url"], str(port), "--decode", run["servers"][1]["url"]]
+    records = [json.loads(line) for line in (tmp_path / "r" / "requests.jsonl").read_text().splitlines()]
+    assert all(r["status"] == "ok" and r["completion_tokens"] == r["output_len"] for r in records)
+    assert run["pd"]["server_metrics"][0]["delta"]["kv_transfer_latency_ms_count"] == 24   # every KV went P -> D
