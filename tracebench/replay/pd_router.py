@@ -18,7 +18,7 @@ from tracebench.itl import ItlGaps
 from tracebench.policies.base import Policy
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer
 from tracebench.replay.pd import PairClient, PrefillAnswer, Rooms, assign_pairs, with_bootstrap
-from tracebench.replay.records import RequestRecord
+from tracebench.replay.records import PdRecord, RequestRecord
 from tracebench.replay.router import Router, ServerState
 
 # the decode server's meta_info stamps that must come with --enable-metrics (a decode server sends no
@@ -74,13 +74,14 @@ class PdRouter(Router):
             self._dispatch_pair(self._pending[req.id], self.servers[prefill_view.index], self.servers[decode_view.index])
 
     def _dispatch_pair(self, rec: RequestRecord, prefill: ServerState, decode: ServerState) -> None:
+        rec = self._pending[rec.id] = PdRecord.of(rec)   # a plain run's records stay without the prefill fields
         prefill.in_flight += 1
         decode.in_flight += 1
         task = self._loop.create_task(self._serve_pair(rec, prefill, decode))
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
-    async def _serve_pair(self, rec: RequestRecord, prefill: ServerState, decode: ServerState) -> None:
+    async def _serve_pair(self, rec: PdRecord, prefill: ServerState, decode: ServerState) -> None:
         """Like Router._serve, for a pair: t_dispatch when both POSTs go, the decode stream's first token and chunks,
         the prefill answer's moment, t_finish at the decode answer's end."""
         now = self.clock.now
@@ -129,7 +130,7 @@ class PdRouter(Router):
                 self.pools.prefill_policy.on_complete(rec.id, prefill.index, rec.status == "ok")
             self._finish(rec, decode)
 
-    def _take_prefill(self, rec: RequestRecord, prefill: ServerState, answer: Answer) -> None:
+    def _take_prefill(self, rec: PdRecord, prefill: ServerState, answer: Answer) -> None:
         meta = answer.meta
         url = prefill.generate_url
         if meta is None:
