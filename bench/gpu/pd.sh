@@ -34,13 +34,13 @@ pack() {
 trap 'pack; ls -la "$PACK_TO"' EXIT
 if [ "${SIM:-0}" != 1 ]; then
   # staging from the call before (bench/gpu/stage.sh); a fresh machine has none
-  if [ ! -f /opt/pd-staged ] || [ ! -e /opt/mooncake/mooncake/engine.so ] || [ ! -d /opt/router/sglang_router ]; then
-    echo "pd.sh: /opt has no staged mooncake / sglang-router: run 'bash bench/gpu/stage.sh' (carry .stage) in the"
-    echo "call just before this one (the machine keeps /opt only while warm, 30 s). Nothing ran."
+  if [ ! -f /opt/pd/staged ] || [ ! -e /opt/pd/mooncake/mooncake/engine.so ] || [ ! -d /opt/pd/router/sglang_router ]; then
+    echo "pd.sh: /opt/pd has no staged mooncake / sglang-router: run 'bash bench/gpu/stage.sh' (carry .stage) in the"
+    echo "call just before this one (the machine keeps /opt/pd only while warm, 30 s). Nothing ran."
     trap - EXIT; exit 3
   fi
-  export PYTHONPATH=/opt/mooncake:/opt/router:$PYTHONPATH
-  echo "staged mooncake: $(cat /opt/pd-staged)" | tee "$RES/staging.txt"
+  export PYTHONPATH=/opt/pd/mooncake:/opt/pd/router:$PYTHONPATH
+  echo "staged mooncake: $(cat /opt/pd/staged)" | tee "$RES/staging.txt"
 fi
 
 $TB generate --workload shared-prompt --groups "$GROUPS_N" --prefix-len "$PREFIX_LEN" --group-dist uniform \
