@@ -26,6 +26,7 @@ ALLOWED = {
     "/opt/sgl-overlay": "bench/gpu/device/setup-on-device.sh unpacks sglang there; sglang's warnings in the captures "
                         "name its files there",
     "/opt/router": "bench/gpu/README.md installs the sglang-router wheel there (two-call recipe)",
+    "/opt/pd": "bench/gpu/stage.sh stages PD's mooncake and sglang-router there for bench/gpu/pd.sh (issue 21)",
     "/tmp/sglang_weight_cache_rank{global_rank}.sock": "sglang's own --weight-cache-socket default (server_args.py "
                                                        "L3406 of 0.5.17), in its captured --help",
 }

@@ -131,14 +131,35 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    '--router-arg "--cache-threshold 0.5 --balance-abs-threshold 32". tracebench sets --host, --port, '
                    "--worker-urls, --policy, --prometheus-host/--prometheus-port, --log-level, --disable-retries "
                    "and --disable-circuit-breaker itself.")
+@click.option("--pd", default=None, metavar="P:D",
+              help="PD disaggregation: launch P prefill and D decode servers, one GPU each (sglang's "
+                   "--disaggregation-mode prefill|decode, each prefill server with its own "
+                   "--disaggregation-bootstrap-port; the transfer backend is sglang's default, mooncake, unless "
+                   "--server-arg \"--disaggregation-transfer-backend mooncake_tcp\"). With --backend sim, simulated "
+                   "PD servers. Each request goes to one prefill and one decode server (--prefill-policy, "
+                   "--decode-policy), both sent the same body with bootstrap_host/port/room as sglang-router's PD "
+                   "mode sends it; the answer is the decode server's stream (docs/pd.md).")
+@click.option("--attach-prefill", multiple=True, metavar="URL",
+              help="PD: a running prefill server (repeatable); its bootstrap port is read from its /server_info.")
+@click.option("--attach-decode", multiple=True, metavar="URL", help="PD: a running decode server (repeatable).")
+@click.option("--prefill-policy", default=None,
+              help="PD: the prefill pool's policy (any --policy value; it sees only prefill servers). [default: --policy]")
+@click.option("--decode-policy", default=None,
+              help="PD: the decode pool's policy (it sees only decode servers). [default: --policy]")
+@click.option("--prefill-policy-opt", "prefill_policy_opts", multiple=True, metavar="KEY=VALUE",
+              help="PD: an option of the prefill pool's policy (repeatable).")
+@click.option("--decode-policy-opt", "decode_policy_opts", multiple=True, metavar="KEY=VALUE",
+              help="PD: an option of the decode pool's policy (repeatable).")
 @click.pass_context
 def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str, ...], gpus: int | None,
            backend: str | None, attach: tuple[str, ...], mode: str, batch_size: int | None, batch_timeout: float | None,
            max_running_requests: int | None, cap_schedule: str | None, control_port: int | None, model: str | None,
            vocab_size: int | None, server_args: tuple[str, ...], port_base: int | None, speed: float | None,
            run_name: str | None, out_dir: Path, timeout: float | None, stream: bool, api: str, seed: int,
-           sjf_key: str | None, poll_interval: float, metrics_interval: float, startup_timeout: float | None, flush_cache: bool, quiet: bool,
-           router: str, router_policy: str | None, router_args: tuple[str, ...]) -> None:
+           sjf_key: str | None, poll_interval: float, metrics_interval: float, startup_timeout: float | None,
+           flush_cache: bool, quiet: bool, router: str, router_policy: str | None, router_args: tuple[str, ...],
+           pd: str | None, attach_prefill: tuple[str, ...], attach_decode: tuple[str, ...], prefill_policy: str | None,
+           decode_policy: str | None, prefill_policy_opts: tuple[str, ...], decode_policy_opts: tuple[str, ...]) -> None:
     """Replay TRACE against sglang servers (launched or attached) and record every request.
 
     \b
@@ -156,6 +177,9 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
     tracebench replay t.jsonl --backend sim --mode static --batch-size 8
     tracebench replay t.jsonl --attach http://127.0.0.1:30000 --model models/llama-2-7b-hf
     tracebench replay t.jsonl --backend sim --gpus 4 --speed 4 --router sglang-router --router-policy cache_aware
+    tracebench replay t.jsonl --backend sim --pd 1:1 --speed 4 --prefill-policy cache_aware
+    tracebench replay t.jsonl --attach-prefill http://127.0.0.1:30000 --attach-decode http://127.0.0.1:30001 \\
+        --model models/llama-2-7b-hf --router sglang-router --router-policy round_robin
     \b
     Ctrl-C stops the run: requests in flight are cancelled and recorded, servers are stopped, exit code 130.
     """
@@ -169,8 +193,11 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
         max_running_requests=max_running_requests, cap_schedule=cap_schedule, control_port=control_port,
         model=model, vocab_size=vocab_size, server_args=server_args, port_base=port_base, speed=speed,
         run_name=run_name, out_dir=out_dir, timeout=timeout, stream=stream, api=api, seed=seed, sjf_key=sjf_key,
-        poll_interval=poll_interval, metrics_interval=metrics_interval, startup_timeout=startup_timeout, flush_cache=flush_cache, quiet=quiet, router=router,
-        router_policy=router_policy, router_args=router_args,
+        poll_interval=poll_interval, metrics_interval=metrics_interval, startup_timeout=startup_timeout,
+        flush_cache=flush_cache, quiet=quiet, router=router, router_policy=router_policy, router_args=router_args,
+        pd=pd, attach_prefill=attach_prefill, attach_decode=attach_decode, prefill_policy=prefill_policy,
+        decode_policy=decode_policy, prefill_policy_options=_policy_opts(prefill_policy_opts),
+        decode_policy_options=_policy_opts(decode_policy_opts),
     )
     click.echo(run_replay(config))
 

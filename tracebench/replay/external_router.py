@@ -15,6 +15,11 @@ tracebench's own router does not), `--log-level info` (the start-up line with th
 looks up a tokenizer per worker at start-up (by the served model name, on the Hugging Face hub when that is not a
 local path); it never uses it for HTTP `/generate`. HF_ENDPOINT points that lookup at a local port that refuses
 connections, so it never leaves the machine.
+
+With PD servers (`--pd`, `--attach-prefill/--attach-decode`) it runs in its `--pd-disaggregation` mode: `--prefill URL
+BOOTSTRAP_PORT` for each prefill server (the port read from the server's /server_info; without it sglang-router sends
+`"bootstrap_port": null`) and `--decode URL` for each decode server; `--router-policy` is its `--policy`, used by both
+pools unless `--router-arg "--prefill-policy P --decode-policy D"` says otherwise (.DUCUMENT/pd-disaggregation.md 7).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 OWNED_FLAGS = (
     "--host", "--port", "--worker-urls", "--policy", "--prometheus-host", "--prometheus-port", "--log-level",
     "--disable-retries", "--retry-max-retries", "--disable-circuit-breaker", "--cb-failure-threshold",
+    "--pd-disaggregation", "--prefill", "--decode",
 )
 READY_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 30.0
@@ -170,11 +176,14 @@ def parse_counters(text: str) -> dict[str, float | None]:
 class SglangRouter:
     """One sglang-router process in front of the run's servers: launched, watched and stopped like a server."""
 
-    def __init__(self, policy: str, router_args: tuple[str, ...], worker_urls: list[str], run_dir: Path) -> None:
+    def __init__(self, policy: str, router_args: tuple[str, ...], worker_urls: list[str], run_dir: Path,
+                 roles: list[str] | None = None) -> None:
+        """`roles`: with PD servers, "prefill" or "decode" for each of `worker_urls` (None: plain servers)."""
         self.version = installed_version()
         self.policy = policy
         self.user_args = split_server_args(router_args)
         self.worker_urls = worker_urls
+        self.roles = roles
         self.run_dir = run_dir
         self.plan: ServerPlan | None = None
         self.fleet: Fleet | None = None
@@ -197,8 +206,22 @@ class SglangRouter:
             return None
         return f"sglang-router exited with code {proc.returncode}"
 
-    async def start(self, client: SglangClient, timeout: float = READY_TIMEOUT_S) -> None:
-        """Launch it, wait until it lists every server as a healthy worker, read the servers' counters."""
+    def worker_args(self, bootstrap_ports: dict[str, int] | None) -> list[str]:
+        """How the servers are named on its command line: `--worker-urls ...`, or in PD mode `--pd-disaggregation`
+        with `--prefill URL PORT` and `--decode URL` per server."""
+        if self.roles is None:
+            return ["--worker-urls", *self.worker_urls]
+        if bootstrap_ports is None:
+            raise ValueError("PD servers need their bootstrap ports")
+        args = ["--pd-disaggregation"]
+        for url, role in zip(self.worker_urls, self.roles):
+            args += ["--prefill", url, str(bootstrap_ports[url])] if role == "prefill" else ["--decode", url]
+        return args
+
+    async def start(self, client: SglangClient, timeout: float = READY_TIMEOUT_S,
+                    bootstrap_ports: dict[str, int] | None = None) -> None:
+        """Launch it, wait until it lists every server as a healthy worker, read the servers' counters.
+        `bootstrap_ports`: each prefill server's bootstrap port (PD servers)."""
         port, prom_port = _free_ports(2)
         # bound, never listening: a connection to it is refused at once (the tokenizer lookup stays local)
         self._hub_sock = socket.socket()
@@ -209,7 +232,7 @@ class SglangRouter:
             sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom_port), "--policy", self.policy,
             "--disable-retries", "--disable-circuit-breaker", "--log-level", "info", *self.user_args,
-            "--worker-urls", *self.worker_urls,
+            *self.worker_args(bootstrap_ports),
         ]
         env = {"PYTHONUNBUFFERED": "1", "HF_ENDPOINT": self.hub_endpoint}
         self.plan = ServerPlan(index=0, url=f"http://127.0.0.1:{port}", command=command, env=env,
@@ -303,6 +326,7 @@ class SglangRouter:
             "name": PACKAGE,
             "version": self.version,
             "policy": self.policy,
+            "mode": "pd-disaggregation" if self.roles is not None else "regular",
             "args": self.user_args,
             "command": portable_words(self.plan.command) if self.plan is not None else None,  # tracebench/paths.py
             "env": {"HF_ENDPOINT": self.hub_endpoint} if self.hub_endpoint else None,

@@ -44,6 +44,27 @@ class RequestRecord:
     itl_hist: str | None = None  # "bucket:count,..." the gaps' 2% log buckets, ascending
 
 
+@dataclass(slots=True)
+class PdRecord(RequestRecord):
+    """A dispatched request of a PD run (--pd, --attach-prefill/--attach-decode): `server` and the server_* stamps
+    are the decode server's (its stream is the answer); these fields, written after the others, are the prefill
+    server's side. A plain run writes RequestRecord, without them (the report reads them as null)."""
+
+    prefill_server: int | None = None  # index into run.json "servers"
+    bootstrap_room: int | None = None  # the room both servers were sent
+    t_prefill_answer: float | None = None  # the prefill server's answer complete (run clock)
+    prefill_received: float | None = None  # its meta_info stamps on the run clock: request_received_ts,
+    prefill_forward_entry: float | None = None  # forward_entry_time,
+    prefill_done: float | None = None  # prefill_finished_time,
+    prefill_finished: float | None = None  # request_finished_ts (its answer: after the KV reached the decode server)
+    prefill_queue_time: float | None = None  # its queue_time (the waiting queue, after the bootstrap), seconds
+    prefill_e2e_latency: float | None = None  # its e2e_latency, seconds
+
+    @classmethod
+    def of(cls, rec: RequestRecord) -> PdRecord:
+        return cls(**{name: getattr(rec, name) for name in RequestRecord.__dataclass_fields__})
+
+
 class RecordWriter:
     """Appends records to requests.jsonl as requests finish. Flushes every `flush_every` records and on close."""
 

@@ -35,6 +35,11 @@ from tracebench.replay.caps import (
 from tracebench.replay.client import APIS, SglangClient
 from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.engine import Engine
+from tracebench.replay.pd import (
+    PdPolicies, add_pd_launch_args, bootstrap_host, check_pd_config, check_role, metrics_delta, parse_ratio,
+    read_pd_metrics,
+)
+from tracebench.replay.pd_router import PdPools, PdRouter, pool_states
 from tracebench.replay.external_router import (
     SglangRouter, SglangRouterPolicy, ViaRouterWriter, check_options, installed_version,
 )
@@ -86,9 +91,31 @@ class ReplayConfig:
     router: str = "tracebench"  # or "sglang-router": sglang's own router picks the server (external_router.py)
     router_policy: str | None = None
     router_args: tuple[str, ...] = ()
+    # PD disaggregation (pd.py): launch P prefill + D decode servers, or attach them; one policy per pool
+    pd: str | None = None  # "P:D"
+    attach_prefill: tuple[str, ...] = ()
+    attach_decode: tuple[str, ...] = ()
+    prefill_policy: str | None = None  # default: --policy
+    decode_policy: str | None = None
+    prefill_policy_options: tuple[tuple[str, str], ...] = ()
+    decode_policy_options: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def is_pd(self) -> bool:
+        return self.pd is not None or bool(self.attach_prefill or self.attach_decode)
+
+    @property
+    def pd_sizes(self) -> tuple[int, int]:
+        """(prefill servers, decode servers) of a PD run."""
+        if self.attach_prefill or self.attach_decode:
+            return len(self.attach_prefill), len(self.attach_decode)
+        assert self.pd is not None
+        return parse_ratio(self.pd)
 
     @property
     def num_servers(self) -> int:
+        if self.is_pd:
+            return sum(self.pd_sizes)
         return len(self.attach) if self.attach else (self.gpus or 1)
 
     @property
@@ -135,6 +162,8 @@ class ReplayConfig:
         router_policy = check_options(self.router, self.router_policy, self.router_args, given, bool(self.attach))
         if router_policy is not None:
             cfg = dataclasses.replace(cfg, router_policy=router_policy)
+        if self.is_pd:
+            cfg = check_pd_config(cfg, given)
         keys = [k for k, _ in self.policy_options]
         if len(set(keys)) != len(keys):
             refuse(f"--policy-opt: a key is given twice ({', '.join(sorted({k for k in keys if keys.count(k) > 1}))})")
@@ -144,6 +173,14 @@ class ReplayConfig:
             if "key" in keys:
                 refuse("--sjf-key and --policy-opt key=... say the same thing: give one")
             cfg = dataclasses.replace(cfg, policy_options=(*self.policy_options, ("key", self.sjf_key)))
+        if self.attach_prefill:   # PD servers attached (check_pd_config checked the lists)
+            for name, key in (("--backend", "backend"), ("--port-base", "port_base"), ("--speed", "speed"),
+                              ("--server-arg", "server_args"), ("--startup-timeout", "startup_timeout")):
+                if key in given:
+                    refuse(f"{name} is for servers tracebench launches; --attach-prefill/--attach-decode use running servers")
+            if self.model is not None and self.vocab_size is not None:
+                refuse("--model and --vocab-size both give the vocabulary size: give one")
+            return dataclasses.replace(cfg, backend="attach", gpus=cfg.num_servers)
         if self.attach:
             if len(set(self.attach)) != len(self.attach):
                 refuse("--attach: the same URL twice (each server once)")
@@ -181,7 +218,7 @@ class ReplayConfig:
             backend=backend,
             model=model,
             server_args=server_args,
-            gpus=self.gpus or 1,
+            gpus=cfg.num_servers if self.is_pd else (self.gpus or 1),
             startup_timeout=self.startup_timeout or STARTUP_TIMEOUT_S[backend],
         )
 
@@ -193,6 +230,8 @@ class ReplayConfig:
         out["server_args"] = portable_words(self.server_args)
         out["router_args"] = portable_words(self.router_args)
         out["policy_options"] = dict(self.policy_options)
+        out["prefill_policy_options"] = dict(self.prefill_policy_options)
+        out["decode_policy_options"] = dict(self.decode_policy_options)
         return out
 
 
@@ -215,6 +254,9 @@ def one_line(err: BaseException) -> str:
 
 
 def default_run_name(cfg: ReplayConfig, policy: Policy) -> str:
+    if cfg.is_pd:
+        p, d = cfg.pd_sizes
+        return f"{cfg.trace.stem}-pd{p}x{d}-{policy.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     # one server without a cap: every request goes straight to it, the policy decides nothing, so it is not named
     no_choice = cfg.num_servers == 1 and cfg.mode == "continuous" and cfg.max_running_requests is None and not cfg.cap_schedule
     routed = "" if no_choice else f"{policy.name}-"
@@ -225,14 +267,23 @@ def plan_servers(cfg: ReplayConfig, run_dir: Path, vocab: int | None, cap_change
     """The servers of a resolved config: the --attach URLs, or the commands that launch them (each launched server
     gets the largest cap the run can use as its --max-running-requests: `launch_cap`)."""
     if cfg.backend == "attach":
-        return plan_attached(cfg.attach)
+        if not cfg.is_pd:
+            return plan_attached(cfg.attach)
+        # PD: the prefill servers first, then the decode servers (their indices in run.json servers)
+        plans = plan_attached(cfg.attach_prefill + cfg.attach_decode)
+        for plan in plans:
+            plan.role = "prefill" if plan.index < len(cfg.attach_prefill) else "decode"
+        return plans
     sim_args = ["--vocab-size", str(vocab)] if cfg.backend == "sim" and vocab is not None else []
-    return plan_launched(
+    plans = plan_launched(
         cfg.backend, cfg.num_servers, cfg.port_base, run_dir, model=cfg.model,  # type: ignore[arg-type]
         max_running_requests=launch_cap(cfg.max_running_requests, cap_changes),
         server_args=[*split_server_args(cfg.server_args), *sim_args], speed=cfg.speed,
         skip_tokenizer_init=cfg.api == "generate",
     )
+    if cfg.is_pd:
+        add_pd_launch_args(plans, cfg.pd_sizes[0], cfg.port_base)
+    return plans
 
 
 def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
@@ -250,6 +301,8 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
     if cfg.router_policy is not None:
         installed_version()  # sglang-router missing (or not the pinned version): refused before anything starts
         policy: Policy = SglangRouterPolicy(cfg.router_policy, np.random.default_rng(cfg.seed))
+    elif cfg.is_pd:
+        policy = PdPolicies(cfg)
     else:
         policy = load_policy(cfg.policy, np.random.default_rng(cfg.seed), dict(cfg.policy_options))
     cap_changes = parse_cap_schedule(cfg.cap_schedule, cfg.num_servers, cfg.time_speed) if cfg.cap_schedule else []
@@ -288,7 +341,12 @@ class Replay:
         self.policy = policy
         self.fleet = Fleet(cfg.backend, plans)  # type: ignore[arg-type]
         self.external = (None if cfg.router_policy is None else
-                         SglangRouter(cfg.router_policy, cfg.router_args, [p.url for p in plans], run_dir))
+                         SglangRouter(cfg.router_policy, cfg.router_args, [p.url for p in plans], run_dir,
+                                      roles=[p.role for p in plans] if cfg.is_pd else None))  # type: ignore[misc]
+        # PD: each prefill server's bootstrap address, and every server's PD counters before the run
+        self.pd_bootstrap: dict[int, tuple[str, int]] = {}
+        self.pd_metrics_before: list[Any] | None = None
+        self.pd_metrics: list[dict[str, Any]] | None = None
         self.cap_changes = cap_changes
         self.control_sock = control_sock
         self.control_url = f"http://127.0.0.1:{control_sock.getsockname()[1]}"
@@ -350,6 +408,7 @@ class Replay:
             "control_url": self.control_url if self.external is None else None,
             # behind sglang-router there is no router cap (--max-running-requests is then the servers' own)
             "external_router": self.external.describe() if self.external is not None else None,
+            "pd": self._pd_json(),
             "caps": {
                 "initial": [None if self.external else self.cfg.max_running_requests] * len(servers),
                 "changes": router.cap_changes if router is not None else [],
@@ -479,6 +538,9 @@ class Replay:
                 await self._flush_caches(client)
             await self.beside.start(client, self._beside_servers())
             input_ids = InputIds(self.trace_sha, self.vocab, self.header.block_size)  # type: ignore[arg-type]
+            if cfg.is_pd:
+                self.pd_metrics_before = await read_pd_metrics(client, [p.url for p in self.fleet.plans],
+                                                                PROBE_TIMEOUT_S)
             if self.external is None:
                 states = [
                     # OpenAI answers carry no meta_info stamps (.DUCUMENT/openai-api.md): nothing to require then
@@ -488,11 +550,16 @@ class Replay:
                     for p in self.fleet.plans
                 ]
                 health_check = self._health_check(client)
+                if cfg.is_pd:
+                    pool_states(states)   # PdRouter checks the stamps of each side itself
             else:  # one destination, sglang-router, without a cap; it passes each server's meta_info on unchanged
-                await self.external.start(client)
+                ports = {self.fleet.plans[i].url: port for i, (_, port) in self.pd_bootstrap.items()}
+                await self.external.start(client, bootstrap_ports=ports if cfg.is_pd else None)
                 self._write_run_json()
-                states = [ServerState(0, self.external.url, None, require_stamps=all(self.enable_metrics) and api.server_meta,
-                                      api_path=api.path)]
+                # PD: the answer is a decode server's, which has no prefill_finished_time: its stamps are taken as
+                # they come (pd_router.py checks them through tracebench's own router)
+                states = [ServerState(0, self.external.url, None, api_path=api.path,
+                                      require_stamps=all(self.enable_metrics) and api.server_meta and not cfg.is_pd)]
                 health_check = self.external.health_check(client)
             # The trace, modules and server facts live for the whole run: out of the collector's sight, a full
             # collection (a pause of the loop, so release lag) does not walk them again and again.
@@ -500,13 +567,23 @@ class Replay:
             gc.freeze()
             self.writer = (RecordWriter if self.external is None else ViaRouterWriter)(self.run_dir / "requests.jsonl")
             self.clock = clock = RunClock()
-            self.router = router = Router(
-                clock=clock, servers=states, policy=self.policy, client=client, writer=self.writer,
+            common: dict[str, Any] = dict(
+                clock=clock, servers=states, client=client, writer=self.writer,
                 input_ids=input_ids, total=len(self.requests), health_check=health_check,
                 batch_size=cfg.batch_size if cfg.mode == "static" else None,
                 batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, speed), speed=speed,
                 block_size=self.header.block_size,
             )
+            if cfg.is_pd and self.external is None:
+                assert isinstance(self.policy, PdPolicies)
+                plans = self.fleet.plans
+                pools = PdPools([p.index for p in plans if p.role == "prefill"],
+                                [p.index for p in plans if p.role == "decode"], self.policy.prefill,
+                                self.policy.decode, self.pd_bootstrap,
+                                {p.index: self.enable_metrics[p.index] for p in plans})
+                self.router = router = PdRouter(pools=pools, seed=cfg.seed, **common)
+            else:
+                self.router = router = Router(policy=self.policy, **common)
             if self.external is None:  # behind sglang-router there are no tracebench caps to change
                 control = ControlServer(self.control_sock, len(states), router.set_cap, router.caps)
                 await control.start()
@@ -550,6 +627,8 @@ class Replay:
             if self.external is not None:
                 await self.external.finish(client)  # the servers' counters after the run
             try:
+                if self.pd_metrics_before is not None:
+                    await self._pd_metrics_after(client)
                 await self.beside.finish()
             finally:
                 await client.close()
@@ -564,6 +643,35 @@ class Replay:
         return [{**self.fleet.describe(p.index), "enable_metrics": self.enable_metrics[p.index],
                  "simulated": isinstance(self.server_info[p.index].get("tracebench_sim"), dict)}
                 for p in self.fleet.plans]
+
+    async def _pd_metrics_after(self, client: SglangClient) -> None:
+        """Every PD server's counters after the run, as deltas over it (run.json pd.server_metrics)."""
+        plans = self.fleet.plans
+        after = await read_pd_metrics(client, [p.url for p in plans], PROBE_TIMEOUT_S)
+        assert self.pd_metrics_before is not None
+        self.pd_metrics = [
+            {"server": p.index, "role": p.role, "delta": metrics_delta(old, new), "error": old_err or new_err}
+            for p, (old, old_err), (new, new_err) in zip(plans, self.pd_metrics_before, after)
+        ]
+
+    def _pd_json(self) -> dict[str, Any] | None:
+        """run.json `pd` (docs/run-format.md): the pools, their policies, the bootstrap addresses, the servers' PD
+        counters over the run."""
+        if not self.cfg.is_pd:
+            return None
+        plans = self.fleet.plans
+        policies = None
+        if isinstance(self.policy, PdPolicies):
+            policies = {"prefill": self.policy.prefill.describe(), "decode": self.policy.decode.describe()}
+        return {
+            "ratio": "{}:{}".format(*self.cfg.pd_sizes),
+            "pools": {role: [p.index for p in plans if p.role == role] for role in ("prefill", "decode")},
+            "policies": policies,
+            "bootstrap": [{"server": i, "host": host, "port": port} for i, (host, port) in sorted(self.pd_bootstrap.items())],
+            "rooms": "uniform in [0, 2^63 - 1] (as sglang-router), drawn from the run's seed"
+                     if self.external is None else "sglang-router's own (random)",
+            "server_metrics": self.pd_metrics,
+        }
 
     async def _flush_caches(self, client: SglangClient) -> None:
         """Empty every server's prefix cache before the clock starts, so runs of one trace start from the same cache
@@ -608,6 +716,10 @@ class Replay:
             # with --enable-metrics every meta_info stamp must come (a missing one is an error); without it (an
             # attached server started so) sglang sends only e2e_latency, and the server_* fields stay null
             self.enable_metrics[plan.index] = metrics
+            if plan.role is not None:   # PD: the server must be what it was given as; a prefill's bootstrap port
+                port = check_role(plan.index, plan.url, info.obj, plan.role)
+                if port is not None:
+                    self.pd_bootstrap[plan.index] = (bootstrap_host(plan.url), port)
         # the simulator says its vocabulary size in /server_info (tracebench_sim.vocab_size); sglang does not
         reported = {i.obj["tracebench_sim"].get("vocab_size") for i in infos if isinstance(i.obj.get("tracebench_sim"), dict)}
         all_sims = all(isinstance(i.obj.get("tracebench_sim"), dict) for i in infos)

@@ -48,6 +48,7 @@ class ServerPlan:
     env: dict[str, str] = field(default_factory=dict)
     log: Path | None = None
     port: int | None = None
+    role: str | None = None  # PD: "prefill" or "decode" (replay/pd.py); None: a plain server
 
     @property
     def launched(self) -> bool:
@@ -279,6 +280,7 @@ class Fleet:
             "pid": proc.pid if proc is not None else None,
             "same_host": plan.same_host,
             "log": plan.log.name if plan.log is not None else None,
+            "role": plan.role,
         }
 
 

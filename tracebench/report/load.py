@@ -33,19 +33,25 @@ RUN_FORMAT_VERSION = 1
 RUN_STATUSES = ("running", "completed", "interrupted", "failed", "not_started")
 REQUEST_STATUSES = ("ok", "error", "timeout", "cancelled")
 
+# PD runs' prefill side (records.py); null in a plain run
+PD_FLOAT_FIELDS = ("t_prefill_answer", "prefill_received", "prefill_forward_entry", "prefill_done", "prefill_finished",
+                   "prefill_queue_time", "prefill_e2e_latency")
+PD_COLUMNS = ("prefill_server", "bootstrap_room", *PD_FLOAT_FIELDS)
 # the columns of requests.jsonl, in the order replay writes them (tracebench/replay/records.py RequestRecord)
 REQUEST_COLUMNS = (
     "id", "input_len", "output_len", "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server",
     "batch", "status", "error", "completion_tokens", "prompt_tokens", "cached_tokens", "server_e2e_latency", "server_queue_time",
     "server_received", "server_forward_entry", "server_prefill_finished", "server_finished", "itl_max", "itl_hist",
+    *PD_COLUMNS,
 )
-INT_FIELDS = ("id", "input_len", "output_len", "server", "batch", "completion_tokens", "prompt_tokens", "cached_tokens")
+INT_FIELDS = ("id", "input_len", "output_len", "server", "batch", "completion_tokens", "prompt_tokens", "cached_tokens",
+              "prefill_server", "bootstrap_room")
 # columns the run format gained after its first runs: a run recorded before has none (read as null: not recorded)
-LATER_COLUMNS = frozenset({"cached_tokens", "itl_max", "itl_hist"})
+LATER_COLUMNS = frozenset({"cached_tokens", "itl_max", "itl_hist", *PD_COLUMNS})
 FLOAT_FIELDS = (
     "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
     "server_e2e_latency", "server_queue_time", "server_received", "server_forward_entry",
-    "server_prefill_finished", "server_finished", "itl_max",
+    "server_prefill_finished", "server_finished", "itl_max", *PD_FLOAT_FIELDS,
 )
 STR_FIELDS = ("status", "error", "itl_hist")  # itl_hist: inter-token gaps, "bucket:count,..." (tracebench/itl.py)
 TIME_FIELDS = FLOAT_FIELDS  # every float field is a time (a run-clock stamp or a duration, seconds)

@@ -35,8 +35,8 @@ import polars as pl
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.paths import shareable_json, shareable_text
 from tracebench.report.load import (
-    BESIDE_FILES, BESIDE_SCHEMAS, METRICS_TEXT_PATTERN, PACKED_NAMES, ROW, is_packed, read_beside, read_parquet_table,
-    read_requests, read_run_json, read_telemetry, request_schema, run_file, telemetry_schema,
+    BESIDE_FILES, BESIDE_SCHEMAS, METRICS_TEXT_PATTERN, PACKED_NAMES, PD_COLUMNS, ROW, is_packed, read_beside,
+    read_parquet_table, read_requests, read_run_json, read_telemetry, request_schema, run_file, telemetry_schema,
 )
 
 ZSTD_LEVEL = 19  # packing happens once per run and small files travel (git, the GPU call): the strongest level
@@ -117,7 +117,10 @@ def prepare(run: PreparedRun, log_tail: int | None, shareable: bool = False) -> 
     if shareable:
         raw_meta = shareable_run_json(raw_meta, folder)
     _write_verified(run, meta_path, _xz(raw_meta), lambda data: lzma.decompress(data) == raw_meta)
-    _pack_table(run, folder / "requests.jsonl", requests, request_schema())
+    schema = request_schema()
+    if not meta.get("pd"):  # a plain run's records have no prefill side (replay/records.py PdRecord)
+        schema = {name: dtype for name, dtype in schema.items() if name not in PD_COLUMNS}
+    _pack_table(run, folder / "requests.jsonl", requests, schema)
     telemetry_path = folder / "telemetry.jsonl"
     if telemetry_path.exists():  # a run whose servers never started polled nothing
         _pack_table(run, telemetry_path, read_telemetry(folder), telemetry_schema())

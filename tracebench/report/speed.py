@@ -17,6 +17,9 @@ speed 4). So each request's stamps are rebuilt on the simulated timeline, part b
 - the first token leaves the simulator `output_s` (its profile, in run.json `tracebench_sim.output_s`) after the
   prefill step; from then to `t_first_token`, and from `request_finished_ts` to `t_finish`: host time.
 
+A PD run (two servers per request, run.json `pd`) is converted the simple way, every time x K (its prefill side
+too): the decode server's stamps depend on the prefill server's, which this per-part rebuild does not follow.
+
 A record without the simulator's stamps (refused, timed out or cancelled before an answer) falls back to
 `K * t` for the stamps that depend on them, as does every stamp of a run whose simulators did not report
 `output_s` (recorded before this existed); `speed_conversion` says which applies.
@@ -29,6 +32,9 @@ from typing import Any
 import polars as pl
 
 SERVER_SPAN = ("server_forward_entry", "server_prefill_finished", "server_finished")
+# a PD run's prefill side (records.py): stamps, then the two durations
+PD_STAMPS = ("t_prefill_answer", "prefill_received", "prefill_forward_entry", "prefill_done", "prefill_finished")
+PD_DURATIONS = ("prefill_queue_time", "prefill_e2e_latency")
 
 
 def output_delays(meta: dict[str, Any]) -> list[float] | None:
@@ -57,11 +63,12 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     # the simulator's own durations, and the inter-token gaps (decode steps; their histogram is scaled in metrics)
     durations = [pl.col("server_e2e_latency") * k, pl.col("server_queue_time") * k, pl.col("itl_max") * k]
     delays = output_delays(meta)
-    if delays is None:
+    if delays is None or meta.get("pd"):
         scaled = [c(name) * k for name in ("t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
-                                           "server_received", *SERVER_SPAN)]
+                                           "server_received", *SERVER_SPAN, *PD_STAMPS, *PD_DURATIONS)]
+        why = "a PD run" if meta.get("pd") else "the simulators did not report output_s"
         return requests.with_columns(scaled + durations), (
-            f"every time x{k:g} (the simulators did not report output_s: host overheads are multiplied too)")
+            f"every time x{k:g} ({why}: host overheads are multiplied too)")
     host_wait = uncapped(meta)  # the router wait is host time (else: waiting for a slot, simulated time)
     arrival = c("t_arrival") * k
     released = arrival + (c("t_released") - c("t_arrival"))

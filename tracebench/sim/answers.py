@@ -48,7 +48,8 @@ class Answers:
                       "weight_version": "default", "num_retractions": 0}
         if self.args.enable_metrics:
             meta["forward_entry_time"] = self.wall(sim.t_forward_entry)
-            meta["prefill_finished_time"] = self.wall(sim.t_prefill_finished)
+            if sim.t_prefill_finished is not None:   # a PD decode server has none (req_time_stats.py L1150-1165)
+                meta["prefill_finished_time"] = self.wall(sim.t_prefill_finished)
             meta["queue_time"] = sim.t_forward_entry - sim.t_ready
         else:
             meta["queue_time"] = 0.0

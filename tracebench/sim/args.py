@@ -8,6 +8,13 @@ from dataclasses import dataclass
 from tracebench.sim.model import Profile, resolve_max_running_requests
 
 MODEL_NAME = "llama-2-7b-hf"
+# PD disaggregation (pd.py): sglang's choices and default port (server_args.py L230-237, L2983-3000), and the
+# simulated link's bandwidth. PROVISIONAL: 2 GiB/s is a guess for mooncake_tcp between two GPUs of one host, not a
+# measurement yet (bench/gpu/pd.sh measures it from the real prefill server's sglang:kv_transfer_speed_gb_s).
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
+TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
+DEFAULT_BOOTSTRAP_PORT = 8998
+DEFAULT_KV_BANDWIDTH_GIB_S = 2.0
 SGLANG_VERSION = "0.5.17"
 
 
@@ -31,6 +38,12 @@ class SimArgs:
     disable_overlap_schedule: bool
     skip_tokenizer_init: bool
     disable_radix_cache: bool = False
+    # PD disaggregation (pd.py): sglang's --disaggregation-mode/-transfer-backend/-bootstrap-port, and the simulated
+    # link's bandwidth (GiB/s)
+    disaggregation_mode: str = "null"
+    disaggregation_transfer_backend: str = "mooncake"
+    disaggregation_bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT
+    kv_transfer_bandwidth: float = DEFAULT_KV_BANDWIDTH_GIB_S
 
     @property
     def effective_max_running_requests(self) -> int:

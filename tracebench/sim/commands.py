@@ -5,6 +5,9 @@ from __future__ import annotations
 import click
 
 from tracebench.errors import ConfigError
+from tracebench.sim.args import (
+    DEFAULT_BOOTSTRAP_PORT, DEFAULT_KV_BANDWIDTH_GIB_S, DISAGGREGATION_MODES, TRANSFER_BACKENDS,
+)
 
 
 @click.command("sim-server")
@@ -41,10 +44,32 @@ from tracebench.errors import ConfigError
 @click.option("--skip-tokenizer-init", is_flag=True, default=False,
               help="sglang's flag: answers carry no 'text' and text prompts are refused (tracebench launches real "
                    "sglang with it). Default: a word-level tokenizer (one token per word, output text ' w<id>').")
+@click.option("--disaggregation-mode", type=click.Choice(DISAGGREGATION_MODES), default="null",
+              show_default=True,
+              help="sglang's PD disaggregation: a prefill-only or decode-only server (.DUCUMENT/pd-disaggregation.md). "
+                   "Requests must carry bootstrap_host, bootstrap_port and bootstrap_room (tracebench replay --pd and "
+                   "sglang-router's PD mode add them). A prefill server serves sglang's bootstrap server on "
+                   "--disaggregation-bootstrap-port and answers (one token) when its KV reached the decode server; "
+                   "a decode server takes a request into its batch only when its KV arrived.")
+@click.option("--disaggregation-bootstrap-port", type=int, default=DEFAULT_BOOTSTRAP_PORT, show_default=True,
+              help="sglang's flag: the prefill server's bootstrap server port.")
+@click.option("--disaggregation-transfer-backend",
+              type=click.Choice(TRANSFER_BACKENDS), default="mooncake",
+              show_default=True,
+              help="sglang's flag, recorded in /server_info (mooncake_tcp shows as mooncake, as in sglang); the "
+                   "simulated transfer is the same for all. A prefill server refuses fake, as sglang 0.5.17 does.")
+@click.option("--kv-transfer-bandwidth", type=float, default=DEFAULT_KV_BANDWIDTH_GIB_S, show_default=True,
+              metavar="GIB_S",
+              help="PD: the prefill server's KV link in GiB/s. A request's KV (524,288 bytes per prompt token for "
+                   "llama-2-7b: 32 layers x 32 KV heads x 128 x K,V x 2 bytes) goes over it in "
+                   "bytes / bandwidth (divided by --speed), one transfer at a time. PROVISIONAL default, not "
+                   "measured yet (bench/gpu/pd.sh measures it on two GPUs).")
 def sim_server(port: int, host: str, profile_name: str, speed: float, max_running_requests: int | None,
                max_total_tokens: int | None, context_length: int, chunked_prefill_size: int, startup_delay: float,
                seed: int, vocab_size: int, crash_on_bad_token: bool, enable_metrics: bool,
-               disable_overlap_schedule: bool, disable_radix_cache: bool, skip_tokenizer_init: bool) -> None:
+               disable_overlap_schedule: bool, disable_radix_cache: bool, skip_tokenizer_init: bool,
+               disaggregation_mode: str, disaggregation_bootstrap_port: int, disaggregation_transfer_backend: str,
+               kv_transfer_bandwidth: float) -> None:
     """A simulated sglang 0.5.17 server (llama-2-7b-hf): sglang's HTTP API, timed like a continuous-batching GPU.
 
     \b
@@ -70,10 +95,22 @@ def sim_server(port: int, host: str, profile_name: str, speed: float, max_runnin
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     if startup_delay < 0:
         raise ConfigError(f"--startup-delay must be >= 0, got {startup_delay}")
+    if not 0 < disaggregation_bootstrap_port < 65536:
+        raise ConfigError(f"--disaggregation-bootstrap-port must be in 1..65535, got {disaggregation_bootstrap_port}")
+    if not kv_transfer_bandwidth > 0:
+        raise ConfigError(f"--kv-transfer-bandwidth must be > 0, got {kv_transfer_bandwidth}")
+    if disaggregation_mode == "prefill" and disaggregation_transfer_backend == "fake":
+        # pd_disaggregation_hook.py L100-103
+        raise ConfigError("Prefill server does not support 'fake' as the transfer backend")
+    if disaggregation_mode == "prefill" and disaggregation_bootstrap_port == port:
+        raise ConfigError(f"--disaggregation-bootstrap-port {port} is the server's own --port: give another")
     profile = load_profile(profile_name)
     serve(SimArgs(host=host, port=port, profile=profile, speed=speed, max_running_requests=max_running_requests,
                   max_total_tokens=max_total_tokens, context_length=context_length,
                   chunked_prefill_size=chunked_prefill_size, startup_delay=startup_delay, seed=seed,
                   vocab_size=vocab_size, crash_on_bad_token=crash_on_bad_token, enable_metrics=enable_metrics,
                   disable_overlap_schedule=disable_overlap_schedule, skip_tokenizer_init=skip_tokenizer_init,
-                  disable_radix_cache=disable_radix_cache))
+                  disable_radix_cache=disable_radix_cache, disaggregation_mode=disaggregation_mode,
+                  disaggregation_transfer_backend=disaggregation_transfer_backend,
+                  disaggregation_bootstrap_port=disaggregation_bootstrap_port,
+                  kv_transfer_bandwidth=kv_transfer_bandwidth))

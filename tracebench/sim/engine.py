@@ -81,16 +81,18 @@ class LiveEngine:
         """Make the loop look at the model again (new work, or a changed admission cap)."""
         self.wake.set()
 
-    def submit(self, items: list[tuple[int, int, Sequence]], rids: list[str], stream: bool, t_received: float
-               ) -> list[Pending]:
-        """Hand validated requests (`validate.parse_generate`'s items and rids) to the model."""
+    def submit(self, items: list[tuple[int, int, Sequence]], rids: list[str], stream: bool, t_received: float,
+               to_model: bool = True) -> list[Pending]:
+        """Hand validated requests (`validate.parse_generate`'s items and rids) to the model. `to_model` False: the
+        requests are registered but the caller hands them to the model later (a PD role, `pd.py`)."""
         pendings: list[Pending] = []
         t_ready = t_received + self.queue_entry_delay
         for (input_len, max_new, tokens), rid in zip(items, rids):
             sim = SimRequest(rid=rid, input_len=input_len, max_new_tokens=max_new, t_ready=t_ready, input_ids=tokens)
             pend = Pending(sim=sim, rid=rid, stream=stream, ids_seed=self.rng.getrandbits(64),
                            t_received=t_received, t_dispatched=t_received + self.dispatch_delay)
-            self.model.submit(sim)
+            if to_model:
+                self.model.submit(sim)
             self.pending[sim] = pend
             self.rids_in_flight.add(rid)
             pendings.append(pend)
@@ -144,7 +146,7 @@ class LiveEngine:
             t_free = step.t_end
             if step.kind == "decode":
                 self.stats.on_decode(step.t_end, len(result.produced))
-            else:
+            elif step.kind == "prefill":   # a PD decode server's "prebuilt" step computes nothing
                 self.stats.on_prefill(step)
             if result.produced or result.finished:
                 produced = [(req, req.output_len) for req in result.produced]

@@ -20,6 +20,12 @@ is not reserved again (the request locks it). A prefill step's tokens enter the 
 (prompt and output) stays there, when the step's result is processed: with the overlap scheduler that is after the
 next step was planned, so requests prefilled in one step, or in two back-to-back steps, do not hit each other. When a
 request does not fit in KV, unlocked cache entries are evicted, least recently used first.
+
+PD disaggregation (`pd.py` holds the roles and the handshake): a prefill server is this model with max_new_tokens 1.
+A decode server's requests never prefill here: `prealloc` reserves a request's KV before its prefill ran (sglang's
+DecodePreallocQueue), `arrive` says its KV came, and a zero-length "prebuilt" step admits arrived requests into the
+running batch with their first token (sampled by the prefill server) already there (sglang's prebuilt batch,
+.DUCUMENT/pd-disaggregation.md section 3); then they decode as usual.
 """
 
 from __future__ import annotations
@@ -134,6 +140,7 @@ class Limits:
 
 class ReqState(Enum):
     WAITING = "waiting"
+    PREALLOCATED = "preallocated"  # PD decode: KV reserved, its KV not here yet (or here, not yet admitted)
     RUNNING = "running"      # admitted: prefilling (possibly chunked) or decoding
     FINISHED = "finished"
     ABORTED = "aborted"
@@ -159,6 +166,7 @@ class SimRequest:
     t_prefill_finished: float | None = None
     t_finished: float | None = None     # the step end that sampled its last token
     abort_requested: bool = False
+    t_arrived: float | None = None      # PD decode: when its KV arrived from the prefill server
 
     @property
     def kv_needed(self) -> int:
@@ -173,7 +181,7 @@ class SimRequest:
 
 @dataclass(eq=False)
 class Step:
-    kind: str                            # "prefill" or "decode"
+    kind: str                            # "prefill", "decode" or "prebuilt" (PD decode: admits arrived KV, no GPU time)
     t_start: float
     t_end: float
     requests: list[SimRequest]           # prefill: the requests with a chunk in it; decode: the batch
@@ -203,6 +211,9 @@ class BatchModel:
         self.running: list[SimRequest] = []       # decoding
         self.chunked: SimRequest | None = None    # admitted, input partly prefilled
         self.admitted: set[SimRequest] = set()   # every RUNNING request
+        # PD decode: requests whose KV is reserved, before it came (preallocated) and after (arrived, FIFO)
+        self.preallocated: set[SimRequest] = set()
+        self.arrived: deque[SimRequest] = deque()
         # sglang's run-time admission cap (/set_internal_state pp_max_micro_batch_size), within [1, max_running]
         self.admission_cap = limits.max_running_requests
         self.kv_reserved = 0                      # slots reserved by requests, outside the cache
@@ -243,15 +254,21 @@ class BatchModel:
             raise ValueError(f"admission cap {cap} outside [1, {self.limits.max_running_requests}]")
         self.admission_cap = cap
 
+    @property
+    def num_preallocated(self) -> int:
+        """PD decode: requests with KV reserved whose KV has not arrived (sglang's transfer queue)."""
+        return len(self.preallocated) - len(self.arrived)
+
     def kv_used_tokens(self) -> int:
         """KV slots holding tokens now, the cache's locked entries included (sglang's num_used_tokens)."""
         used = sum(r.kv_used - r.cache_owned for r in self.admitted)
+        used += sum(r.input_len for r in self.preallocated)  # PD decode: pages allocated for the KV on its way
         if self.cache is not None:
             used += self.cache.total_tokens - self.cache.evictable_tokens
         return used
 
     def is_idle(self) -> bool:
-        return not self.admitted and not self.waiting and self.current is None
+        return not self.admitted and not self.waiting and not self.preallocated and self.current is None
 
     def flush_cache(self) -> bool:
         """sglang's /flush_cache: empty the prefix cache, only when nothing runs or waits. Returns whether it did."""
@@ -275,7 +292,16 @@ class BatchModel:
         """Abort a request (client went away). A waiting one leaves the queue now; an admitted one frees its slot and
         KV at the next step boundary, like sglang's abort. Returns False when it had already finished."""
         if req.state is ReqState.WAITING:
-            self.waiting.remove(req)
+            if req in self.waiting:  # a PD request may not have reached the model yet (bootstrap, pre-allocation)
+                self.waiting.remove(req)
+            req.state = ReqState.ABORTED
+            return True
+        if req.state is ReqState.PREALLOCATED:
+            self.preallocated.discard(req)
+            if req in self.arrived:
+                self.arrived.remove(req)
+            self.kv_reserved -= req.kv_private
+            req.kv_private = 0
             req.state = ReqState.ABORTED
             return True
         if req.state is ReqState.RUNNING:
@@ -331,14 +357,47 @@ class BatchModel:
             req.cache_owned = req.prefilled
         self.unprocessed.clear()
 
+    # ---- PD decode ----
+    def prealloc(self, req: SimRequest) -> bool:
+        """PD decode: reserve `req`'s KV (input + max_new_tokens) before its prefill ran, as sglang's
+        pop_preallocated does when a request slot and KV are free (decode.py L894-1308; no prefix cache on a decode
+        server). False: it does not fit now (the caller keeps FIFO order and tries again when something frees)."""
+        if req.state is not ReqState.WAITING or req in self.waiting:
+            raise ValueError("prealloc takes a request that was not submitted")
+        if req.kv_needed > self.limits.max_total_num_tokens:
+            raise ValueError(f"request needs {req.kv_needed} KV tokens, capacity is {self.limits.max_total_num_tokens}")
+        if len(self.admitted) + len(self.preallocated) >= self.limits.max_running_requests:
+            return False  # sglang's req_to_token_pool: running + pre-allocated requests
+        held, evictable = (0, 0) if self.cache is None else (self.cache.total_tokens, self.cache.evictable_tokens)
+        if self.kv_reserved + held - evictable + req.kv_needed > self.limits.max_total_num_tokens:
+            return False
+        over = self.kv_reserved + held + req.kv_needed - self.limits.max_total_num_tokens
+        if over > 0 and self.cache is not None and self.cache.evict(over) < over:
+            raise RuntimeError(f"prefix cache evicted less than the {over} evictable tokens it was asked for")
+        req.kv_private = req.kv_needed
+        self.kv_reserved += req.kv_needed
+        req.state = ReqState.PREALLOCATED
+        self.preallocated.add(req)
+        return True
+
+    def arrive(self, req: SimRequest, t_arrived: float) -> None:
+        """PD decode: `req`'s KV (and first token) arrived at `t_arrived`; a prebuilt step admits it from then on."""
+        if req.state is not ReqState.PREALLOCATED or req in self.arrived:
+            raise ValueError(f"KV arrived for request {req.rid}, which is not pre-allocated and waiting for it")
+        if self.arrived and t_arrived < self.arrived[-1].t_arrived:  # type: ignore[operator]
+            raise ValueError("KV arrivals must come in time order")
+        req.t_arrived = req.t_ready = t_arrived
+        self.arrived.append(req)
+
     # ---- the loop ----
     def next_start(self, t_free: float) -> float | None:
         """When the next step can start, given the GPU is free from `t_free`: `t_free` itself when something can run
         then, the head-of-queue's ready time when the GPU would idle until it arrives, None when there is no work."""
         if self.running or self.chunked is not None:
             return t_free
-        if self.waiting:
-            return max(t_free, self.waiting[0].t_ready)
+        heads = [q[0].t_ready for q in (self.waiting, self.arrived) if q]
+        if heads:
+            return max(t_free, min(heads))
         return None
 
     def start_step(self, t_start: float) -> Step | None:
@@ -355,7 +414,7 @@ class BatchModel:
         else:
             self.process_results()
         from_idle = self.last_end != t_start   # the GPU idled before this step (or it is the first)
-        step = self._plan_prefill(t_start, cutoff)
+        step = self._plan_prebuilt(t_start, cutoff) or self._plan_prefill(t_start, cutoff)
         if step is None and self.running:
             kv = sum(r.kv_used for r in self.running)
             duration = self.profile.decode_duration(len(self.running), kv) / self.speed
@@ -363,7 +422,7 @@ class BatchModel:
         if step is None and (cutoff < t_start or self.unprocessed):
             # the GPU would idle: the next loop turn has processed the last result and picks up the new arrivals
             self.process_results()
-            step = self._plan_prefill(t_start, t_start)
+            step = self._plan_prebuilt(t_start, t_start) or self._plan_prefill(t_start, t_start)
         if step is not None:
             self.current = step
             self.num_steps += 1
@@ -371,6 +430,23 @@ class BatchModel:
             self.last_from_idle = from_idle
         self.process_results()
         return step
+
+    def _plan_prebuilt(self, t_start: float, cutoff: float) -> Step | None:
+        """PD decode: arrived requests join the running batch (sglang's get_new_prebuilt_batch: up to the free
+        running slots, FIFO), taking no GPU time; their first token goes out at the step's end."""
+        reqs: list[SimRequest] = []
+        slots = self.admission_cap - len(self.admitted)
+        while slots > 0 and self.arrived and self.arrived[0].t_ready <= cutoff:
+            req = self.arrived.popleft()
+            self.preallocated.discard(req)
+            req.state = ReqState.RUNNING
+            self.admitted.add(req)
+            req.t_forward_entry = t_start
+            reqs.append(req)
+            slots -= 1
+        if not reqs:
+            return None
+        return Step("prebuilt", t_start, t_start, reqs)
 
     def _plan_prefill(self, t_start: float, cutoff: float) -> Step | None:
         budget = self.limits.chunked_prefill_size
@@ -446,7 +522,22 @@ class BatchModel:
         produced: list[SimRequest] = []
         finished: list[SimRequest] = []
         aborted: list[SimRequest] = []
-        if step.kind == "prefill":
+        if step.kind == "prebuilt":
+            for req in step.requests:
+                req.prefilled = req.input_len
+                if req.abort_requested:
+                    self._release(req, ReqState.ABORTED)
+                    aborted.append(req)
+                    continue
+                if req.max_new_tokens > 0:
+                    req.output_len = 1   # the prefill server's token, handed out now (no forward pass)
+                    produced.append(req)
+                if req.output_len >= req.max_new_tokens:
+                    self._finish(req, t_end)
+                    finished.append(req)
+                else:
+                    self.running.append(req)
+        elif step.kind == "prefill":
             self.total_prefill_tokens += step.batch_tokens
             self.total_prefill_busy_s += t_end - step.t_start
             for req, take in zip(step.requests, step.chunk_tokens):

@@ -65,7 +65,8 @@ def _with_le(labels: str, le: str) -> str:
 class SimStats:
     """The counters, histograms and gauges sglang keeps that the model's state does not hold."""
 
-    def __init__(self) -> None:
+    def __init__(self, observe_ttft: bool = True) -> None:
+        self.observe_ttft = observe_ttft   # False on a PD prefill server (tokenizer_manager.py L2844-2853)
         self.gen_throughput = 0.0
         self._decode_steps_since_log = 0
         self._tokens_since_log = 0
@@ -106,7 +107,7 @@ class SimStats:
         self.cached_tokens_total += sim.cached_tokens
         self.generation_tokens_total[stream] += sim.output_len
         self.e2e_hist[stream].observe(e2e)
-        if ttft is not None:
+        if ttft is not None and self.observe_ttft:
             self.ttft_hist[stream].observe(ttft)
         self.queue_hist.observe(sim.t_forward_entry - sim.t_ready)
 
@@ -180,8 +181,11 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
-def metrics_text(stats: SimStats, model: BatchModel) -> str:
-    """The /metrics page (prometheus_client's text format, as sglang 0.5.17 with --enable-metrics prints it)."""
+def metrics_text(stats: SimStats, model: BatchModel, engine_type: str = "unified",
+                 pd_lines: Callable[[str], list[str]] | None = None) -> str:
+    """The /metrics page (prometheus_client's text format, as sglang 0.5.17 with --enable-metrics prints it).
+    `engine_type`: prefill or decode on a PD server (disaggregation/utils.py L105-111); `pd_lines` renders the PD
+    families with the scheduler's labels (pd.py)."""
     lines: list[str] = []
     for fam in FAMILIES:
         lines += [f"# HELP {fam.name} {fam.doc}", f"# TYPE {fam.name} {fam.kind}"]
@@ -197,4 +201,8 @@ def metrics_text(stats: SimStats, model: BatchModel) -> str:
                 lines += v.render(fam.name, labels)
             else:
                 lines.append(f"{fam.name}{{{labels}}} {float(v)!r}")  # type: ignore[arg-type]
-    return "\n".join(lines) + "\n"
+    if pd_lines is not None:
+        lines += pd_lines(_LABELS["scheduler"])
+    text = "\n".join(lines) + "\n"
+    # every family carries the server's engine_type (tokenizer_manager.py L676-684, metrics_collector.py L1079-1084)
+    return text if engine_type == "unified" else text.replace('engine_type="unified"', f'engine_type="{engine_type}"')

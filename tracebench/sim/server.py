@@ -25,6 +25,7 @@ from tracebench.sim.args import MODEL_NAME, SGLANG_VERSION, SimArgs
 from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash
 from tracebench.sim.model import BatchModel, Limits, token_ids
 from tracebench.sim.openai_routes import ROUTES
+from tracebench.sim.pd import KV_BYTES_PER_TOKEN, PdFace, make_role
 from tracebench.sim.prom import SimStats, metrics_text
 from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, parse_generate
 
@@ -52,13 +53,18 @@ class SimServer:
             max_total_num_tokens=args.effective_max_total_num_tokens,
             chunked_prefill_size=args.chunked_prefill_size,
             overlap_schedule=not args.disable_overlap_schedule,
-            radix_cache=not args.disable_radix_cache,
+            # a PD decode server's KV is a chunk cache (pd_disaggregation_hook.py L55-84)
+            radix_cache=not args.disable_radix_cache and args.disaggregation_mode != "decode",
         )
         self.model = BatchModel(args.profile, self.limits, args.speed)
-        self.stats = SimStats()
+        self.stats = SimStats(observe_ttft=args.disaggregation_mode != "prefill")
         self.engine = LiveEngine(self.model, self.stats, args.profile, args.speed, args.seed)
         self.engine_task: asyncio.Task[None] | None = None
         self.answers = Answers(args, self.engine.wall)
+        # PD disaggregation (pd.py): the role's queues and handshake; /generate goes through its face
+        self.pd = make_role(args, self.engine, self.answers)
+        self.pd_face = None if self.pd is None else PdFace(self.pd, self.engine, self.answers, self._stream,
+                                                           self._final_out)
         self.t_ready_at = 0.0           # loop time when /health turns 200
         self.created = int(time.time())
         self.flush_pending = False       # a /flush_cache?timeout=S is waiting for the server to idle
@@ -84,6 +90,8 @@ class SimServer:
         for route_class in ROUTES:   # /v1/completions, /v1/chat/completions
             route = route_class(self.args, self.engine, self.answers)
             app.router.add_post(route.path, route.handle)
+        if self.pd is not None:
+            self.pd.routes(app)
         return app
 
     def start_engine(self) -> None:
@@ -111,6 +119,7 @@ class SimServer:
         stream = bool(obj.get("stream", False))
         try:
             single, items, rids = parse_generate(obj, stream, self.args, self.engine.rids_in_flight)
+            boot = None if self.pd_face is None else self.pd_face.bootstrap(obj, items)
         except FatalInput as err:
             crash(err)
         except BadRequest as err:
@@ -122,6 +131,9 @@ class SimServer:
                 return await self._stream_abort(request, obj, str(err), t_received)
             return json_response({"error": {"message": str(err)}}, 400)
 
+        if boot is not None:
+            assert self.pd_face is not None
+            return await self.pd_face.generate(request, boot, items, rids, stream, t_received)
         pendings = self.engine.submit(items, rids, stream, t_received)
         done = False
         try:
@@ -208,6 +220,8 @@ class SimServer:
             "skip_tokenizer_init": args.skip_tokenizer_init,
             "disable_radix_cache": args.disable_radix_cache,
         }
+        if self.pd is not None:
+            overrides.update(self.pd.server_info())
         info.update(overrides)
         info["status"] = "ready" if self.ready() else "starting"
         info["max_total_num_tokens"] = self.limits.max_total_num_tokens
@@ -227,6 +241,9 @@ class SimServer:
                                   # the report's --speed conversion: a token leaves the simulator output_s after
                                   # its step (simulated seconds)
                                   "output_s": args.profile.output_s}
+        if self.pd is not None:   # the simulated KV transfer (pd.py)
+            info["tracebench_sim"].update({"kv_transfer_bandwidth_gib_s": args.kv_transfer_bandwidth,
+                                           "kv_bytes_per_token": KV_BYTES_PER_TOKEN})
         return info
 
     async def handle_server_info(self, request: web.Request) -> web.Response:
@@ -262,10 +279,10 @@ class SimServer:
             "decode_moments": model.decode_moments,
             "memory": {"weight_gb": 12.57, "kv_cache_gb": round(cap * _KV_BYTES_PER_TOKEN / 2**30, 3),
                        "graph_gb": 0.895, "token_capacity": cap},
-            "disaggregation": {"mode": "null", "prefill_bootstrap_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
-                               "decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": 0,
-                               "decode_retracted_queue_reqs": 0, "kv_transfer_speed_gb_s": 0.0,
-                               "kv_transfer_latency_ms": 0.0},
+            "disaggregation": self.pd.loads() if self.pd is not None else {
+                "mode": "null", "prefill_bootstrap_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
+                "decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
+                "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0},
             "queues": {"waiting": model.num_waiting, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0},
         }
 
@@ -305,7 +322,11 @@ class SimServer:
     async def handle_metrics(self, request: web.Request) -> web.Response:
         if not self.args.enable_metrics:
             return web.Response(text="", content_type="text/plain", charset="utf-8")
-        return web.Response(text=metrics_text(self.stats, self.model), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        if self.pd is None:
+            text = metrics_text(self.stats, self.model)
+        else:
+            text = metrics_text(self.stats, self.model, self.pd.mode, self.pd.metrics_lines)
+        return web.Response(text=text, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def handle_flush_cache(self, request: web.Request) -> web.Response:
         """sglang's /flush_cache[?timeout=S]: empties the prefix cache when nothing runs or waits; otherwise 400, or
@@ -344,13 +365,18 @@ async def _serve(args: SimArgs) -> None:
     # A short grace: in-flight requests are cut on SIGTERM (the replay stops servers with SIGTERM, then SIGKILL).
     site = web.TCPSite(runner, args.host, args.port, backlog=1024, reuse_address=True, shutdown_timeout=0.1)
     server.start_engine()
+    if server.pd is not None:
+        await server.pd.start()   # a prefill server's bootstrap server listens before /generate does
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    pd = "" if server.pd is None else f", PD {server.pd.mode}"
+    if args.disaggregation_mode == "prefill":
+        pd += f" (bootstrap port {args.disaggregation_bootstrap_port})"
     sys.stdout.write(f"sim-server listening on http://{args.host}:{args.port} (profile {args.profile.name}, "
-                     f"speed {args.speed:g})\n")
+                     f"speed {args.speed:g}{pd})\n")
     sys.stdout.flush()
     engine = server.engine_task
     assert engine is not None
@@ -361,6 +387,8 @@ async def _serve(args: SimArgs) -> None:
     engine.cancel()
     await runner.shutdown()
     await runner.cleanup()
+    if server.pd is not None:
+        await server.pd.stop()
 
 
 def serve(args: SimArgs) -> None:

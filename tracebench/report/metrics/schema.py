@@ -5,6 +5,7 @@ report/render/."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -77,6 +78,7 @@ class ServerLoad:
     mean_in_flight: float | None
     cache_hit_rate: float | None = None  # sum(cached_tokens) / sum(prompt_tokens) of its kept ok requests
     prefill_tokens: int | None = None  # sum(prompt_tokens - cached_tokens): prompt tokens it computed
+    role: str | None = None  # a PD run's pool: "prefill" or "decode" (None: a plain server)
 
 
 @dataclass
@@ -163,3 +165,4 @@ class Report:
     seed: int
     warnings: list[str]
     series: list[RunSeries] | None = field(default=None, repr=False)
+    pd: list[Any] = field(default_factory=list)  # per run: report/pd.py PdRunStats, None for a plain run

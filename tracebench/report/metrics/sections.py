@@ -13,6 +13,7 @@ from tracebench.report.metrics.ci import bootstrap_ci, ratio_ci
 from tracebench.report.metrics.config import _show, attached_sim_speeds, diff_config, speed_warning
 from tracebench.report.metrics.definitions import LATENCY, LATENCY_STATS, PERCENTILES
 from tracebench.report.metrics.schema import Delta, Report, Row, Section
+from tracebench.report.pd import STAGES
 from tracebench.report.metrics.series import _common_time_axis, _series
 from tracebench.report.metrics.stats import _run_stats, _RunStats
 
@@ -189,7 +190,33 @@ def cache_section(inp: _Inputs) -> Section | None:
     return Section("cache", "Prefix cache", rows)
 
 
-SECTIONS = (requests_section, throughput_section, latency_section, slo_section, cache_section)
+def pd_section(inp: _Inputs) -> Section | None:
+    """PD runs (report/pd.py): TTFT split into its stages, KV per request and the prefill servers' transfer rate.
+    A plain run's cells are empty: its TTFT is compared in the latency section."""
+    pds = [st.pd for st in inp.stats]
+    if not any(p is not None for p in pds):
+        return None
+    baseline = inp.baseline
+    rows: list[Row] = []
+    for index, (key, label) in enumerate(STAGES):
+        for stat in ("p50", "mean"):
+            values = [None if p is None or not p.stages else getattr(p.stages[index], stat) for p in pds]
+            rows.append(_row("pd", key, label, stat, "s", "lower", values, baseline))
+    rows.append(_row("pd", "kv_mib", "KV per request", "mean", "MiB", None,
+                     [None if p is None else p.kv_mib_per_request for p in pds], baseline))
+
+    def pool_rate(p: Any) -> float | None:
+        mb = sum(r.kv_mib or 0.0 for r in p.servers if r.role == "prefill")
+        ms = sum((r.kv_ms_mean or 0.0) * (r.kv_transfers or 0) for r in p.servers if r.role == "prefill")
+        return (mb / 1024) / (ms / 1000) if mb and ms else None
+
+    rows.append(_row("pd", "kv_gib_s", "KV MiB / transfer latency (sglang's counters; link queueing included)",
+                     "value", "GiB/s", "higher",
+                     [None if p is None else pool_rate(p) for p in pds], baseline))
+    return Section("pd", "PD disaggregation: TTFT by stage (ms), KV transfer", rows)
+
+
+SECTIONS = (requests_section, throughput_section, latency_section, slo_section, cache_section, pd_section)
 
 
 def build_report(
@@ -211,5 +238,5 @@ def build_report(
     return Report(
         runs=[st.summary for st in stats], baseline=baseline, config=diff_config([run.meta for run in runs]),
         sections=sections, servers=[st.servers for st in stats], balance=[st.balance for st in stats], slo=slo,
-        warmup_s=warmup, bootstrap=bootstrap, seed=seed, warnings=warnings, series=series,
+        warmup_s=warmup, bootstrap=bootstrap, seed=seed, warnings=warnings, series=series, pd=[st.pd for st in stats],
     )

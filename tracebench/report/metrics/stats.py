@@ -12,6 +12,7 @@ import polars as pl
 from tracebench.errors import ConfigError
 from tracebench.itl import bucket_value
 from tracebench.report.load import Run
+from tracebench.report.pd import PdRunStats, pd_stats
 from tracebench.report.metrics.config import backend_text
 from tracebench.report.metrics.definitions import (BALANCE_CV_MAX, LATENCY, LATENCY_STATS, PERCENTILES, SLO_KEYS,
                                                    latency_expr)
@@ -94,6 +95,7 @@ class _RunStats:
     balance: Balance
     cache: CacheStats | None
     zero_gaps: float = 0.0  # fraction of the ITL gaps under 10 us (chunks read together)
+    pd: PdRunStats | None = None  # a PD run's stages, transfers and pools (report/pd.py)
 
 
 def _mark(status: str) -> str | None:
@@ -149,9 +151,64 @@ def _counter_loads(run: Run) -> tuple[list[ServerLoad], Balance]:
     return loads, balance
 
 
+def _pd_loads(run: Run, kept: pl.DataFrame, start: float | None, end: float | None) -> tuple[list[ServerLoad], Balance]:
+    """A PD run through tracebench's router: each pool apart. A prefill server is busy from dispatch to its answer
+    (after the KV transfer), a decode server from dispatch to the finish; each server's share is of its pool; the
+    prefix cache is the prefill server's (the decode server only reports the prefill's hit); balance per pool."""
+    pools = run.meta["pd"]["pools"]
+    loads: list[ServerLoad | None] = [None] * run.num_servers
+    verdicts = []
+    for role, column, until in (("prefill", "prefill_server", "t_prefill_answer"), ("decode", "server", "t_finish")):
+        sub = kept.filter(pl.col(column).is_not_null() & pl.col("t_dispatch").is_not_null())
+        ids = sub[column].to_numpy()
+        counts = np.array([int((ids == i).sum()) for i in pools[role]])
+        total = int(counts.sum())
+        duration = None if start is None or end is None or end <= start else end - start
+        t0 = sub["t_dispatch"].to_numpy()
+        t1 = sub[until].fill_null(sub["t_finish"]).to_numpy()
+        for n, index in zip(counts, pools[role]):
+            busy = fraction = in_flight = None
+            if duration is not None:
+                mine = ids == index
+                lo, hi = np.clip(t0[mine], start, end), np.clip(t1[mine], start, end)
+                busy = _busy_time(lo, hi)
+                fraction, in_flight = busy / duration, float((hi - lo).sum()) / duration
+            load = ServerLoad(server=index, url=run.meta["servers"][index]["url"], requests=int(n),
+                              share=float(n / total) if total else None, busy_s=busy, busy_fraction=fraction,
+                              mean_in_flight=in_flight, role=role)
+            if role == "prefill":
+                ok = sub.filter((pl.col("status") == "ok") & (pl.col(column) == index) & pl.col("cached_tokens").is_not_null())
+                prompt = int(ok["prompt_tokens"].sum()) if ok.height else 0
+                if prompt:
+                    load.cache_hit_rate = float(ok["cached_tokens"].sum()) / prompt
+                    load.prefill_tokens = prompt - int(ok["cached_tokens"].sum())
+            loads[index] = load
+        if total == 0:
+            verdicts.append(f"{role} pool: no dispatched request")
+        elif len(pools[role]) == 1:
+            verdicts.append(f"{role} pool: single server")
+        else:
+            cv = float(counts.std() / counts.mean())
+            verdicts.append(f"{role} pool: {'balanced' if cv <= BALANCE_CV_MAX else 'imbalanced'} (CV {cv:.3f})")
+    return [load for load in loads if load is not None], Balance("; ".join(verdicts), None, None)
+
+
 def _server_loads(run: Run, kept: pl.DataFrame, start: float | None, end: float | None) -> tuple[list[ServerLoad], Balance]:
     if run.via_router:
-        return _counter_loads(run)
+        loads, balance = _counter_loads(run)
+        if run.meta.get("pd"):   # shares within each pool; the prefix cache is the prefill servers' own
+            pools = run.meta["pd"]["pools"]
+            for role, pool in pools.items():
+                mine = [load for load in loads if load.server in pool]
+                total = sum(load.requests or 0 for load in mine) if all(load.requests is not None for load in mine) else None
+                for load in mine:
+                    load.role = role
+                    load.share = load.requests / total if total else None
+                    if role == "decode":
+                        load.cache_hit_rate = load.prefill_tokens = None
+        return loads, balance
+    if run.meta.get("pd"):
+        return _pd_loads(run, kept, start, end)
     dispatched = kept.filter(pl.col("t_dispatch").is_not_null()).select("server", "t_dispatch", "t_finish")
     server_ids = dispatched["server"].to_numpy()
     counts = np.bincount(server_ids, minlength=run.num_servers) if server_ids.size else np.zeros(run.num_servers, int)
@@ -283,4 +340,4 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
     loads, balance = _server_loads(run, kept, start, end)
     summary = _summary(run, kept, start, end, duration)
     return _RunStats(summary, kept, ok, counts, throughput, latency, latency_n, sorted_latency, slo_out, loads, balance,
-                     _cache_stats(run, ok), zero_gaps)
+                     _cache_stats(run, ok), zero_gaps, pd_stats(run.meta, ok))

@@ -65,7 +65,7 @@ def fmt_value(unit: str, value: float | None) -> str:
 
 def unit_shown(row: Row) -> str:
     """Latencies are shown in ms (they are stored in seconds); everything else in its own unit."""
-    return "ms" if row.unit == "s" and row.section == "latency" else row.unit
+    return "ms" if row.unit == "s" and row.section in ("latency", "pd") else row.unit
 
 
 def fmt_signed(unit: str, value: float) -> str:
@@ -212,7 +212,7 @@ def _servers_table(report: Report) -> Table:
     for i, loads in enumerate(report.servers):
         for j, load in enumerate(loads):
             rows.append([
-                Cell(shorts[i] if j == 0 else ""), Cell(f"{load.server} {load.url}"),
+                Cell(shorts[i] if j == 0 else ""), Cell(f"{load.server} {load.role + ' ' if load.role else ''}{load.url}"),
                 Cell("-" if load.requests is None else f"{load.requests:,}"), Cell(fmt_value("fraction", load.share)),
                 Cell("-" if load.busy_s is None else f"{load.busy_s:,.2f}"), Cell(fmt_value("fraction", load.busy_fraction)),
                 Cell("-" if load.mean_in_flight is None else f"{load.mean_in_flight:.2f}"),
@@ -228,6 +228,30 @@ def _servers_table(report: Report) -> Table:
             detail = f" (CV of request counts {bal.cv:.3f} {'<=' if bal.cv <= BALANCE_CV_MAX else '>'} {BALANCE_CV_MAX:.2f}; max/min {ratio})"
         notes.append(f"{report.runs[i].label}: {bal.verdict}{detail}")
     return Table("Per server", header, rows, ["l", "l"] + ["r"] * (len(header) - 2), notes)
+
+
+def _pd_servers_table(report: Report) -> Table:
+    """Each PD run's servers by pool: requests, KV transfers (the prefill servers' counters) and sglang's own
+    per-stage means over the run."""
+    header = ["run", "pool", "server", "requests", "KV transfers", "KV (MiB)", "transfer (ms, mean)", "GiB/s",
+              "sglang stage means (ms)"]
+    rows: list[list[Cell]] = []
+    shorts = short_labels([run.label for run in report.runs])
+    notes = []
+    for i, pd in enumerate(report.pd):
+        if pd is None:
+            continue
+        notes.append(f"{report.runs[i].label}: {pd.ratio}, {pd.routing}")
+        for j, row in enumerate(pd.servers):
+            stages = ", ".join(f"{k} {fmt_value('ms', v)}" for k, v in row.stages.items() if v is not None)
+            rows.append([
+                Cell(shorts[i] if j == 0 else ""), Cell(row.role), Cell(f"{row.server} {row.url}"),
+                Cell("-" if row.requests is None else f"{row.requests:,}"),
+                Cell("-" if row.kv_transfers is None else f"{row.kv_transfers:,}"),
+                Cell(fmt_value("MiB", row.kv_mib)), Cell(fmt_value("", row.kv_ms_mean)),
+                Cell(fmt_value("GiB/s", row.kv_gib_s)), Cell(stages or ("-" if row.error is None else row.error)),
+            ])
+    return Table("PD servers", header, rows, ["l", "l", "l"] + ["r"] * 5 + ["l"], notes)
 
 
 def document(report: Report) -> Document:
@@ -253,6 +277,15 @@ def document(report: Report) -> Document:
         tables.append(_section_table(report, by_key["slo"].title, by_key["slo"].rows, with_stat=False))
     if "cache" in by_key:
         tables.append(_section_table(report, by_key["cache"].title, by_key["cache"].rows, with_stat=False))
+    if "pd" in by_key:
+        table = _section_table(report, by_key["pd"].title, by_key["pd"].rows, with_stat=True)
+        table.notes.append("stages from both servers' sglang stamps (prefill queue = dispatch -> prefill forward; "
+                           "KV transfer = prefill done -> KV at the decode server; they add up to TTFT from "
+                           "dispatch); '-' for a plain run (its TTFT is in the latency table) and for a run through "
+                           "sglang-router, whose records have no prefill stamps (its servers' own stage means are "
+                           "in the PD servers table)")
+        tables.append(table)
+        tables.append(_pd_servers_table(report))
     tables.append(_servers_table(report))
     title = "tracebench report: " + " vs ".join(run.label for run in report.runs)
     return Document(title, lines, report.warnings, tables)

@@ -34,7 +34,7 @@ def report_dict(report: Report) -> dict[str, Any]:
             values: dict[str, Any] = {}
             section_deltas: dict[str, Any] = {}
             for row in section.rows:
-                if section.key == "latency":
+                if section.key in ("latency", "pd"):
                     values.setdefault(row.metric, {})[row.stat] = row.values[i]
                 else:
                     values[row.metric] = _value(row.unit, row.values[i])
@@ -44,7 +44,7 @@ def report_dict(report: Report) -> dict[str, Any]:
                 d = {"abs": _value(row.unit, delta.abs), "pct": delta.pct}
                 if delta.ci_low is not None:
                     d |= {"ci95_low": delta.ci_low, "ci95_high": delta.ci_high, "significant": delta.significant}
-                if section.key == "latency":
+                if section.key in ("latency", "pd"):
                     section_deltas.setdefault(row.metric, {})[row.stat] = d
                 else:
                     section_deltas[row.metric] = d
@@ -53,6 +53,8 @@ def report_dict(report: Report) -> dict[str, Any]:
                 deltas[section.key] = section_deltas
         entry["servers"] = [asdict(load) for load in report.servers[i]]
         entry["balance"] = asdict(report.balance[i])
+        if report.pd and report.pd[i] is not None:   # a PD run: stages, KV transfers, pools (report/pd.py)
+            entry["pd_detail"] = asdict(report.pd[i])
         if i != report.baseline:
             entry["delta"] = deltas
         runs.append(entry)

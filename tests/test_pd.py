@@ -1,0 +1,309 @@
+"""PD disaggregation (issue 21): the simulator's prefill and decode roles (two real sim-server processes doing the
+bootstrap handshake over 127.0.0.1), the transfer model, the decode admission rule, and replays through them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from tests.conftest import free_port
+from tracebench.sim.model import BatchModel, Limits, ReqState, SimRequest, load_profile
+from tracebench.sim.pd import KV_BYTES_PER_TOKEN, KvLink, transfer_seconds
+
+SPEED = 4.0
+BANDWIDTH = 0.5   # GiB/s: a 1024-token prompt (0.5 GiB of KV) takes 1 simulated second, 0.25 s at --speed 4
+
+
+def test_kv_bytes_and_transfer_time_from_bandwidth() -> None:
+    assert KV_BYTES_PER_TOKEN == 32 * 32 * 128 * 2 * 2 == 524_288   # llama-2-7b: layers x KV heads x dim x K,V x fp16
+    assert transfer_seconds(1024, 0.5) == pytest.approx(1.0)
+    assert transfer_seconds(2048, 2.0) == pytest.approx(0.5)
+    link = KvLink(0.5, speed=4.0)   # one transfer at a time, first come first served
+    assert link.book(10.0, 1024) == pytest.approx((10.0, 10.25))
+    assert link.book(10.1, 512) == pytest.approx((10.25, 10.375))   # waits for the first
+    assert link.book(11.0, 1024) == pytest.approx((11.0, 11.25))
+
+
+def _decode_model(max_total: int = 10_000, max_running: int = 8) -> BatchModel:
+    limits = Limits(max_running_requests=max_running, max_total_num_tokens=max_total, chunked_prefill_size=8192,
+                    radix_cache=False)
+    return BatchModel(load_profile("llama-2-7b-h200-triton"), limits)
+
+
+def test_decode_model_admits_only_arrived_kv_with_the_first_token_given() -> None:
+    model = _decode_model()
+    req = SimRequest(rid="a", input_len=1000, max_new_tokens=4, t_ready=0.0)
+    assert model.prealloc(req) and req.state is ReqState.PREALLOCATED
+    assert model.kv_used_tokens() == 1000        # pages allocated for the KV on its way
+    assert model.next_start(0.0) is None          # pre-allocated, KV not here: nothing to run
+    model.arrive(req, 2.0)
+    assert model.next_start(0.0) == 2.0           # not before the KV arrived
+    step = model.start_step(2.0)
+    assert step is not None and step.kind == "prebuilt" and step.t_end == step.t_start == 2.0   # no GPU time
+    result = model.finish_step(step)
+    assert result.produced == [req] and req.output_len == 1 and req.t_forward_entry == 2.0
+    assert req.t_prefill_finished is None         # a decode server never prefills
+    while req.state is not ReqState.FINISHED:
+        t = model.next_start(step.t_end)
+        step = model.start_step(t)
+        assert step.kind == "decode"
+        model.finish_step(step)
+    assert req.output_len == 4
+
+
+def test_decode_prealloc_waits_for_kv_room_fifo() -> None:
+    model = _decode_model(max_total=3000)
+    a = SimRequest(rid="a", input_len=2000, max_new_tokens=10, t_ready=0.0)
+    b = SimRequest(rid="b", input_len=1500, max_new_tokens=10, t_ready=0.0)
+    assert model.prealloc(a)
+    assert not model.prealloc(b)                   # 2010 + 1510 > 3000: b waits
+    assert model.abort(a) and model.kv_reserved == 0
+    assert model.prealloc(b)
+
+
+# ---- two sim-server processes ---------------------------------------------------------------------------------
+
+def _pair(sim_server, *extra: str) -> tuple[Any, Any, int]:
+    boot = free_port()
+    common = ("--speed", str(SPEED), "--skip-tokenizer-init", "--kv-transfer-bandwidth", str(BANDWIDTH), *extra)
+    prefill = sim_server("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot), *common)
+    decode = sim_server("--disaggregation-mode", "decode", *common)
+    return prefill, decode, boot
+
+
+def _body(n: int, room: int, boot: int, out: int = 8, stream: bool = True) -> dict[str, Any]:
+    return {"input_ids": [100 + i % 30000 for i in range(n)], "stream": stream,
+            "sampling_params": {"max_new_tokens": out, "ignore_eos": True},
+            "bootstrap_host": "127.0.0.1", "bootstrap_port": boot, "bootstrap_room": room}
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, list[dict]]:
+    async with session.post(f"{url}/generate", json=body) as resp:
+        if not body["stream"]:
+            return resp.status, [json.loads(await resp.read())]
+        events = []
+        async for line in resp.content:
+            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                events.append(json.loads(line[6:]))
+        return resp.status, events
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def test_bootstrap_server_answers_like_sglangs(sim_server) -> None:
+    prefill, decode, boot = _pair(sim_server)
+    info = json.loads(_get(f"http://127.0.0.1:{boot}/route?prefill_dp_rank=-1&prefill_cp_rank=-1"
+                           "&target_tp_rank=-1&target_pp_rank=-1"))
+    assert info["dp_size"] == 1 and info["page_size"] == 1 and info["prefill_http_port"] == prefill.port
+    assert _get(f"http://127.0.0.1:{boot}/health") == "OK"
+    with pytest.raises(urllib.error.HTTPError) as err:
+        _get(f"http://127.0.0.1:{boot}/route?prefill_dp_rank=0")
+    assert err.value.code == 400
+    p_info, d_info = json.loads(_get(f"{prefill.url}/server_info")), json.loads(_get(f"{decode.url}/server_info"))
+    assert p_info["disaggregation_mode"] == "prefill" and p_info["disaggregation_bootstrap_port"] == boot
+    assert d_info["disaggregation_mode"] == "decode" and d_info["disable_radix_cache"] is True
+
+
+def test_a_pair_request_goes_through_the_handshake_and_the_transfer(sim_server) -> None:
+    prefill, decode, boot = _pair(sim_server)
+
+    async def main() -> tuple:
+        async with aiohttp.ClientSession() as session:
+            # the decode request first: its KV destination reaches the prefill before the prefill's own request
+            d = asyncio.ensure_future(_post(session, decode.url, _body(1024, 7, boot)))
+            await asyncio.sleep(0.2)
+            p = asyncio.ensure_future(_post(session, prefill.url, _body(1024, 7, boot)))
+            return await p, await d
+
+    (p_status, p_events), (d_status, d_events) = asyncio.run(main())
+    assert p_status == d_status == 200
+    (p_out,) = p_events   # the prefill server sends one chunk: its one token, after the transfer
+    p_meta, d_meta = p_out["meta_info"], d_events[-1]["meta_info"]
+    assert p_meta["finish_reason"] == {"type": "length", "length": 0} and p_meta["completion_tokens"] == 1
+    assert d_meta["completion_tokens"] == 8 and len(d_events) > 1   # the decode server streams
+    assert d_events[-1]["output_ids"][0] == p_out["output_ids"][0]   # the first token is the prefill's
+    assert "prefill_finished_time" not in d_meta and "prefill_finished_time" in p_meta
+    # the decode took the request in (forward_entry_time) only after the KV went over the link
+    transfer = transfer_seconds(1024, BANDWIDTH) / SPEED
+    kv_arrival = d_meta["forward_entry_time"] - d_meta["queue_time"]
+    assert kv_arrival >= p_meta["prefill_finished_time"] + transfer - 0.005
+    assert p_meta["request_finished_ts"] >= p_meta["prefill_finished_time"] + transfer
+    metrics = _get(f"{prefill.url}/metrics")
+    assert 'sglang:kv_transfer_total_mb_sum{engine_type="prefill"' in metrics
+    total_mb = next(float(line.split()[-1]) for line in metrics.splitlines()
+                    if line.startswith("sglang:kv_transfer_total_mb_sum"))
+    assert total_mb == 1024 * KV_BYTES_PER_TOKEN / 2**20 == 512.0
+    assert 'stage="prefill_transfer_kv_cache"' in metrics
+    assert "sglang:time_to_first_token_seconds_count" in metrics and \
+        'sglang:time_to_first_token_seconds_count{engine_type="prefill",is_streaming="true"' in metrics
+    ttft_count = [ln for ln in metrics.splitlines()
+                  if ln.startswith('sglang:time_to_first_token_seconds_count{engine_type="prefill",is_streaming="true"')]
+    assert ttft_count[0].endswith(" 0.0")   # not observed on a prefill server, as sglang
+
+
+def test_decode_never_starts_a_request_before_its_kv_arrived(sim_server) -> None:
+    prefill, decode, boot = _pair(sim_server)
+
+    async def main() -> tuple:
+        async with aiohttp.ClientSession() as session:
+            d = asyncio.ensure_future(_post(session, decode.url, _body(512, 11, boot, out=4)))
+            await asyncio.sleep(0.5)   # no prefill request yet: the KV cannot come
+            metrics = await asyncio.to_thread(_get, f"{decode.url}/metrics")
+            assert not d.done()
+            p = asyncio.ensure_future(_post(session, prefill.url, _body(512, 11, boot, out=4)))
+            return metrics, await p, await d
+
+    metrics, _, (status, events) = asyncio.run(main())
+    assert 'sglang:num_decode_transfer_queue_reqs{engine_type="decode"' in metrics
+    waiting = next(ln for ln in metrics.splitlines() if ln.startswith("sglang:num_decode_transfer_queue_reqs"))
+    assert waiting.endswith(" 1.0")   # pre-allocated, waiting for its KV
+    assert status == 200 and events[-1]["meta_info"]["completion_tokens"] == 4
+
+
+def test_a_pd_server_refuses_a_request_without_bootstrap_fields(sim_server) -> None:
+    _, decode, boot = _pair(sim_server)
+    body = _body(16, 1, boot, stream=False)
+    del body["bootstrap_room"]
+    req = urllib.request.Request(f"{decode.url}/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=5)
+    assert err.value.code == 400 and "bootstrap_room" in err.value.read().decode()
+
+
+# ---- replays through PD servers ---------------------------------------------------------------------------------
+
+from importlib import metadata  # noqa: E402
+
+import orjson  # noqa: E402
+
+from tests.conftest import run_cli  # noqa: E402
+from tracebench.errors import ConfigError, PolicyError  # noqa: E402
+from tracebench.policies.base import QueuedRequest, ServerView  # noqa: E402
+from tracebench.policies.registry import load_policy  # noqa: E402
+from tracebench.replay.pd import assign_pairs, parse_ratio, with_bootstrap  # noqa: E402
+from tracebench.replay.run import ReplayConfig  # noqa: E402
+
+
+def test_body_gets_the_bootstrap_fields_after_its_own() -> None:
+    body = orjson.dumps({"input_ids": [1, 2], "stream": True})
+    out = with_bootstrap(body, "127.0.0.1", 8998, 2**63 - 1)
+    assert list(orjson.loads(out)) == ["input_ids", "stream", "bootstrap_host", "bootstrap_port", "bootstrap_room"]
+    assert orjson.loads(out)["bootstrap_room"] == 2**63 - 1
+    assert parse_ratio("2:1") == (2, 1)
+    with pytest.raises(ConfigError):
+        parse_ratio("0:1")
+
+
+def _view(index: int, cap: int = 10**9, in_flight: int = 0) -> ServerView:
+    return ServerView(index, f"http://s{index}", True, in_flight, cap, 0.0, None, None, None, None)
+
+
+def test_each_pool_has_its_own_policy_and_only_its_servers() -> None:
+    rng = np.random.default_rng(0)
+    queue = [QueuedRequest(i, 10, 5, 0.0, 0.0) for i in range(4)]
+    prefill, decode = load_policy("round_robin", rng, {}), load_policy("round_robin", rng, {})
+    # decode server 3 has one free slot: one request gets a pair, the rest wait in the router queue
+    triples = assign_pairs(queue, prefill, decode, [_view(0), _view(1)], [_view(2), _view(3, cap=1)])
+    assert [(q.id, p.index, d.index) for q, p, d in triples] == [(0, 0, 2), (1, 1, 3), (2, 0, 2), (3, 1, 2)]
+
+    class Wrong(type(prefill)):  # picks a decode server for the prefill pool
+        def assign(self, queue, servers):
+            return [(queue[0], _view(2))]
+
+    with pytest.raises(PolicyError, match="prefill pool"):
+        assign_pairs(queue, Wrong(rng, {}), decode, [_view(0)], [_view(2)])
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(pd="1:1", attach=("http://a:1",)), "--attach cannot be used with PD servers"),
+    (dict(attach_prefill=("http://a:1",)), "needs both --attach-prefill URL and --attach-decode URL"),
+    (dict(pd="1:1", mode="static", batch_size=2), "cannot be used with PD servers"),
+    (dict(pd="1:1", api="chat"), "PD runs speak sglang's /generate"),
+    (dict(pd="1:1", policy_options=(("key", "input"),)), "--prefill-policy-opt"),
+    (dict(pd="1:1", server_args=("--disaggregation-mode decode",)), "tracebench sets it itself"),
+])
+def test_pd_options_refused(options: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ReplayConfig(trace=Path("t.jsonl"), backend="sim", **options).resolve()
+
+
+@pytest.fixture(scope="module")
+def pd_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    trace = tmp_path_factory.mktemp("pd") / "t.jsonl"
+    result = run_cli("generate", "--rate", "20", "--num-requests", "24", "--input-len", "600", "--output-len", "24",
+                     "--seed", "1", "-o", str(trace))
+    assert result.returncode == 0, result.stderr
+    return trace
+
+
+def test_replay_sim_1p1d_through_tracebenchs_router(tmp_path: Path, pd_trace: Path) -> None:
+    trace = pd_trace
+    result = run_cli("replay", str(trace), "--backend", "sim", "--pd", "1:1", "--speed", "8", "--prefill-policy",
+                     "round_robin", "--decode-policy", "cache_aware", "--out-dir", str(tmp_path), "--run-name", "pd",
+                     "--quiet")
+    assert result.returncode == 0, result.stderr
+    run = json.loads((tmp_path / "pd" / "run.json").read_text())
+    assert [s["role"] for s in run["servers"]] == ["prefill", "decode"]
+    assert "--disaggregation-mode" in run["servers"][0]["launch_command"]
+    assert run["pd"]["pools"] == {"prefill": [0], "decode": [1]}
+    assert run["pd"]["policies"]["decode"]["name"] == "cache_aware"
+    boot = run["pd"]["bootstrap"][0]
+    assert boot["port"] == run["servers"][0]["server_info"]["disaggregation_bootstrap_port"]
+    prefill_delta = run["pd"]["server_metrics"][0]["delta"]
+    assert prefill_delta["kv_transfer_latency_ms_count"] == 24
+    records = [json.loads(line) for line in (tmp_path / "pd" / "requests.jsonl").read_text().splitlines()]
+    assert all(r["status"] == "ok" and r["server"] == 1 and r["prefill_server"] == 0 for r in records)
+    assert len({r["bootstrap_room"] for r in records}) == 24 and all(0 <= r["bootstrap_room"] < 2**63 for r in records)
+    for r in records:
+        kv_arrival = r["server_forward_entry"] - r["server_queue_time"]
+        assert r["prefill_done"] <= kv_arrival <= r["t_first_token"] + 0.01   # KV came before the first token
+        assert r["t_prefill_answer"] <= r["t_finish"]
+    report = run_cli("report", str(tmp_path / "pd"), "--format", "json")
+    assert report.returncode == 0, report.stderr
+    doc = json.loads(report.stdout)["runs"][0]
+    stages = doc["pd"]
+    total = sum(stages[k]["mean"] for k in ("prefill_queue", "prefill", "kv_transfer", "decode_first"))
+    assert total == pytest.approx(doc["latency"]["ttft_dispatch"]["mean"], rel=1e-6)   # the split adds up
+    assert [s["role"] for s in doc["pd_detail"]["servers"]] == ["prefill", "decode"]
+
+
+def test_attached_servers_must_be_of_their_pool(sim_server, tmp_path: Path, pd_trace: Path) -> None:
+    prefill, decode, _ = _pair(sim_server)
+    result = run_cli("replay", str(pd_trace), "--attach-prefill", decode.url, "--attach-decode", prefill.url,
+                     "--out-dir", str(tmp_path), "--quiet")
+    assert result.returncode != 0
+    assert "was given as a prefill server but its /server_info says disaggregation_mode 'decode'" in result.stderr
+
+
+def _router_version() -> str | None:
+    try:
+        return metadata.version("sglang-router")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@pytest.mark.skipif(_router_version() != "0.3.2", reason="sglang-router 0.3.2 is not installed: pip install -e '.[router]'")
+def test_replay_sim_1p1d_through_sglang_routers_pd_mode(tmp_path: Path, pd_trace: Path) -> None:
+    result = run_cli("replay", str(pd_trace), "--backend", "sim", "--pd", "1:1", "--speed", "8", "--router",
+                     "sglang-router", "--router-policy", "round_robin", "--out-dir", str(tmp_path), "--run-name", "r",
+                     "--quiet")
+    assert result.returncode == 0, result.stderr
+    run = json.loads((tmp_path / "r" / "run.json").read_text())
+    ext = run["external_router"]
+    assert ext["mode"] == "pd-disaggregation" and "PrefillDecode" in ext["startup_line"]
+    port = run["pd"]["bootstrap"][0]["port"]
+    assert ext["command"][-5:] == ["--prefill", run["servers"][0]["url"], str(port), "--decode", run["servers"][1]["url"]]
+    records = [json.loads(line) for line in (tmp_path / "r" / "requests.jsonl").read_text().splitlines()]
+    assert all(r["status"] == "ok" and r["completion_tokens"] == r["output_len"] for r in records)
+    assert run["pd"]["server_metrics"][0]["delta"]["kv_transfer_latency_ms_count"] == 24   # every KV went P -> D

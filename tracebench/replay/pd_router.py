@@ -1,0 +1,163 @@
+"""The router of a PD run: the same queue, caps, health checks and records as `router.Router`, with the servers in
+two pools and each request sent to a (prefill, decode) pair (pd.py has the pieces: pairing, body, client).
+
+Only assignment and serving differ from a plain run; a plain run never imports this module. `server` of a record is
+the decode server (its stream is the answer) and the server_* stamps are its own; the prefill side goes to the
+prefill_* fields (records.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tracebench.errors import ServerProtocolError
+from tracebench.itl import ItlGaps
+from tracebench.policies.base import Policy
+from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer
+from tracebench.replay.pd import PairClient, PrefillAnswer, Rooms, assign_pairs, with_bootstrap
+from tracebench.replay.records import PdRecord, RequestRecord
+from tracebench.replay.router import Router, ServerState
+
+# the decode server's meta_info stamps that must come with --enable-metrics (a decode server sends no
+# prefill_finished_time: .DUCUMENT/pd-disaggregation.md section 3, "Stamps")
+_DECODE_STAMPS = ("server_received", "server_forward_entry", "server_finished", "server_queue_time")
+# the prefill answer's meta_info -> record field (run clock for the *_ts / *_time stamps)
+_PREFILL_STAMPS = (("request_received_ts", "prefill_received"), ("forward_entry_time", "prefill_forward_entry"),
+                   ("prefill_finished_time", "prefill_done"), ("request_finished_ts", "prefill_finished"))
+
+
+@dataclass
+class PdPools:
+    """The run's two pools (indices into the run's servers), their policies and each prefill server's bootstrap
+    address (its URL's host, the port from its /server_info)."""
+
+    prefill: list[int]
+    decode: list[int]
+    prefill_policy: Policy
+    decode_policy: Policy
+    bootstrap: dict[int, tuple[str, int]]
+    require_stamps: dict[int, bool]   # the server runs with --enable-metrics
+
+
+class PdRouter(Router):
+    """`policy` (the base class's) is the decode pool's; the prefill pool's is `pools.prefill_policy`."""
+
+    def __init__(self, *, pools: PdPools, seed: int, **kwargs: Any) -> None:
+        super().__init__(policy=pools.decode_policy, **kwargs)
+        if self.static:
+            raise ValueError("PD runs are continuous (--mode static is refused with --pd)")
+        self.pools = pools
+        self.rooms = Rooms(seed)
+        self.pair_client = PairClient(self.client)
+
+    def _assign_round(self) -> None:
+        self._assign_scheduled = False
+        if self._closing or not self._queue:
+            return
+        now = self.clock.now()
+        views = self._views(now)
+        prefill_views = [views[i] for i in self.pools.prefill]
+        decode_views = [views[i] for i in self.pools.decode]
+        if not any(v.free_slots for v in prefill_views) or not any(v.free_slots for v in decode_views):
+            return  # nothing can be paired: the policies are not asked
+        self.pools.prefill_policy.now = self.policy.now = now
+        triples = assign_pairs(self._queue, self.pools.prefill_policy, self.policy, prefill_views, decode_views)
+        if not triples:
+            return
+        chosen = {req.id for req, _, _ in triples}
+        self._queue = [q for q in self._queue if q.id not in chosen]
+        for req, prefill_view, decode_view in triples:
+            del self._queued[req.id]
+            self._dispatch_pair(self._pending[req.id], self.servers[prefill_view.index], self.servers[decode_view.index])
+
+    def _dispatch_pair(self, rec: RequestRecord, prefill: ServerState, decode: ServerState) -> None:
+        rec = self._pending[rec.id] = PdRecord.of(rec)   # a plain run's records stay without the prefill fields
+        prefill.in_flight += 1
+        decode.in_flight += 1
+        task = self._loop.create_task(self._serve_pair(rec, prefill, decode))
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    async def _serve_pair(self, rec: PdRecord, prefill: ServerState, decode: ServerState) -> None:
+        """Like Router._serve, for a pair: t_dispatch when both POSTs go, the decode stream's first token and chunks,
+        the prefill answer's moment, t_finish at the decode answer's end."""
+        now = self.clock.now
+        host, port = self.pools.bootstrap[prefill.index]
+        room = self.rooms.next()
+        body = with_bootstrap(self._body(rec), host, port, room)
+        rec.server, rec.prefill_server, rec.bootstrap_room = decode.index, prefill.index, room
+        answer: Answer | None = None
+        prefill_answer: Answer | None = None
+        gaps = ItlGaps()
+        t_chunk = 0.0
+        try:
+            rec.t_dispatch = now()
+            async for item in self.pair_client.generate(prefill.generate_url, decode.generate_url, body):
+                if item is CHUNK:
+                    t = now()
+                    gaps.add(t - t_chunk)
+                    t_chunk = t
+                elif item is FIRST_TOKEN:
+                    rec.t_first_token = t_chunk = now()
+                elif isinstance(item, PrefillAnswer):
+                    rec.t_prefill_answer = now()
+                    prefill_answer = item.answer
+                else:
+                    rec.t_finish = now()
+                    answer = item
+            assert answer is not None and prefill_answer is not None  # PairClient ends with both
+            rec.itl_max, rec.itl_hist = gaps.fields()
+            if prefill_answer.connection_lost:
+                self.suspect(prefill.index, f"request {rec.id} (prefill): {prefill_answer.error}")
+            self._take_answer(rec, decode, answer)
+            if rec.status == "ok":
+                self._take_prefill(rec, prefill, prefill_answer)
+                self._check_decode_stamps(rec, decode)
+        except BaseException as err:  # recorded, then re-raised: the run stops on anything but a measurement
+            if rec.t_finish is None:
+                rec.t_finish = now()
+            if isinstance(err, asyncio.CancelledError):
+                rec.status, rec.error = self._cancel_status, self._cancel_reason  # type: ignore[assignment]
+            else:
+                rec.status, rec.error = "error", f"{type(err).__name__}: {err}"
+            raise
+        finally:
+            prefill.in_flight -= 1
+            if not self._closing:
+                self.pools.prefill_policy.on_complete(rec.id, prefill.index, rec.status == "ok")
+            self._finish(rec, decode)
+
+    def _take_prefill(self, rec: PdRecord, prefill: ServerState, answer: Answer) -> None:
+        meta = answer.meta
+        url = prefill.generate_url
+        if meta is None:
+            raise ServerProtocolError(f"{url}: the prefill answer has no meta_info, request {rec.id}")
+        from_wall = self.clock.from_wall
+        required = self.pools.require_stamps[prefill.index]
+        for key, field in _PREFILL_STAMPS:
+            stamp = meta.get(key)
+            if stamp is None:
+                if required:
+                    raise ServerProtocolError(f"{url}: prefill meta_info.{key} missing (the server runs with "
+                                              f"--enable-metrics), request {rec.id}")
+                continue
+            setattr(rec, field, from_wall(stamp))
+        rec.prefill_queue_time = meta.get("queue_time")
+        rec.prefill_e2e_latency = meta.get("e2e_latency")
+
+    def _check_decode_stamps(self, rec: RequestRecord, decode: ServerState) -> None:
+        if not self.pools.require_stamps[decode.index]:
+            return
+        for field in _DECODE_STAMPS:
+            if getattr(rec, field) is None:
+                raise ServerProtocolError(f"{decode.generate_url}: decode meta_info has no {field.removeprefix('server_')} "
+                                          f"stamp (the server runs with --enable-metrics), request {rec.id}")
+
+
+def pool_states(states: Sequence[ServerState]) -> None:
+    """The decode servers' stamps are checked by PdRouter (they lack prefill_finished_time), not by Router."""
+    for state in states:
+        state.require_stamps = False
