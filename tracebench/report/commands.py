@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
 
 import click
+
+from tracebench.options import FINITE, INT64_MAX, SEED, BoundedInt
+
+COUNT = BoundedInt(0, INT64_MAX, "an integer >= 0")
 
 FORMATS = ("table", "md", "csv", "json", "html")
 _SUFFIX_FORMATS = {".txt": "table", ".md": "md", ".csv": "csv", ".json": "json", ".html": "html", ".htm": "html"}
@@ -63,13 +68,13 @@ def _write_files(files: dict[Path, bytes]) -> None:
                    "server (dispatch to finish), wait (router wait: arrival to dispatch), itl (every gap between a "
                    "streamed answer's chunks, i.e. its largest inter-token latency). Reports the fraction of "
                    "requests meeting all of them and the goodput (those requests per second).")
-@click.option("--warmup", type=float, default=0.0, show_default=True, metavar="S",
+@click.option("--warmup", type=FINITE, default=0.0, show_default=True, metavar="S",
               help="Leave out requests that arrive in the first S seconds of the trace.")
 @click.option("--allow-different-traces", is_flag=True,
               help="Compare runs of different traces (refused otherwise: run.json trace sha256 must match).")
-@click.option("--bootstrap", type=int, default=1000, show_default=True, metavar="N",
+@click.option("--bootstrap", type=COUNT, default=1000, show_default=True, metavar="N",
               help="Bootstrap resamples for the 95% interval of each latency-percentile difference (0: none).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap.")
 @click.option("--reports-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"),
               show_default=True, help="Where a RUN given by name is looked up.")
 def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output: Path | None, slo: str | None,
@@ -99,12 +104,18 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
       tracebench report reports/a reports/b --slo ttft=0.5,total=10,itl=50ms --warmup 5
       tracebench report a b c --baseline b --format html -o reports/abc.html
     """
+    from tracebench.errors import ConfigError
     from tracebench.report.load import load_runs, resolve_run_dir
     from tracebench.report.metrics import build_report, parse_slo
     from tracebench.report.render import document
 
     out_format = _resolve_format(fmt, output)
+    if warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {warmup:g}")
     slo_spec = parse_slo(slo) if slo is not None else None
+    for key, seconds in (slo_spec or {}).items():
+        if not math.isfinite(seconds):  # '1e400' parses as inf: an objective every request meets
+            raise ConfigError(f"--slo: {key} must be a finite number of seconds, got {seconds}")
     specs = list(runs)
     base_index = 0
     if baseline is not None:
@@ -152,7 +163,7 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
 
 @click.command("pack")
 @click.argument("runs", nargs=-1, required=True, metavar="RUN [RUN ...]")
-@click.option("--log-tail", type=click.IntRange(min=1), default=None, metavar="LINES",
+@click.option("--log-tail", type=BoundedInt(1, INT64_MAX, "an integer >= 1"), default=None, metavar="LINES",
               help="Keep only the last LINES lines of each server-<i>.log, dropping the rest (default: the whole "
                    "log, compressed).")
 @click.option("--shareable", is_flag=True, default=False,

@@ -5,27 +5,29 @@ from __future__ import annotations
 import click
 
 from tracebench.errors import ConfigError
+from tracebench.options import FINITE, INT, SEED, SPEED_RANGE
 
 
 @click.command("sim-server")
-@click.option("--port", type=int, required=True, help="TCP port to listen on.")
+@click.option("--port", type=INT, required=True, help="TCP port to listen on.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--profile", "profile_name", default="llama-2-7b-h200-triton", show_default=True,
               help="Timing profile: a name in tracebench/sim/profiles/ or a path to a profile JSON file.")
-@click.option("--speed", type=float, default=1.0, show_default=True,
-              help="Run K times faster than the GPU would: every duration is divided by K (stamps stay wall-clock).")
-@click.option("--max-running-requests", type=int, default=None,
+@click.option("--speed", type=FINITE, default=1.0, show_default=True,
+              help="Run K times faster than the GPU would: every duration is divided by K (stamps stay wall-clock); "
+                   "0.001 <= K <= 1000000.")
+@click.option("--max-running-requests", type=INT, default=None,
               help="At most N requests run at once (sglang's flag). Default: the profile's (sglang: 4096).")
-@click.option("--max-total-tokens", type=int, default=None,
+@click.option("--max-total-tokens", type=INT, default=None,
               help="KV cache capacity in tokens (sglang's flag). Default: the profile's GPU capacity.")
-@click.option("--context-length", type=int, default=4096, show_default=True, help="Model context length.")
-@click.option("--chunked-prefill-size", type=int, default=8192, show_default=True,
+@click.option("--context-length", type=INT, default=4096, show_default=True, help="Model context length.")
+@click.option("--chunked-prefill-size", type=INT, default=8192, show_default=True,
               help="At most this many new input tokens per prefill step; longer inputs are prefilled in chunks.")
-@click.option("--startup-delay", type=float, default=0.0, show_default=True,
+@click.option("--startup-delay", type=FINITE, default=0.0, show_default=True,
               help="Seconds during which /health answers 503 (sglang loading), before 200.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seed of the output ids (same seed and request order: same ids).")
-@click.option("--vocab-size", type=int, default=32000, show_default=True, help="Input ids must be below this.")
+@click.option("--vocab-size", type=INT, default=32000, show_default=True, help="Input ids must be below this.")
 @click.option("--crash-on-bad-token", is_flag=True, default=False,
               help="An input id >= vocab size kills the process (exit 134, connections drop), like real sglang. "
                    "Default: answer 400.")
@@ -59,8 +61,8 @@ def sim_server(port: int, host: str, profile_name: str, speed: float, max_runnin
 
     if not 0 < port < 65536:
         raise ConfigError(f"--port must be in 1..65535, got {port}")
-    if speed <= 0:
-        raise ConfigError(f"--speed must be > 0, got {speed}")
+    if not SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]:  # (FINITE already refused nan and inf)
+        raise ConfigError(f"--speed must be between {SPEED_RANGE[0]:g} and {SPEED_RANGE[1]:g}, got {speed:g}")
     for flag, value in (("--max-running-requests", max_running_requests), ("--max-total-tokens", max_total_tokens)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
