@@ -37,16 +37,27 @@ def _resolve_format(fmt: str | None, output: Path | None) -> str:
 
 
 def _write_files(files: dict[Path, bytes]) -> None:
-    """Write every file to a temporary name first, then rename them all: a failure leaves nothing half-written."""
+    """Write every file to a temporary name first, then rename them all: a failure leaves nothing half-written. A
+    folder that cannot be written (read-only, full, not a folder) is a ConfigError naming the file (exit 2)."""
+    from tracebench.errors import ConfigError
+
     temps: list[tuple[Path, Path]] = []
+    placed: list[str] = []
+    current = None
     try:
         for path, data in files.items():
+            current = path
             path.parent.mkdir(parents=True, exist_ok=True)
             temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            temp.write_bytes(data)
             temps.append((temp, path))
+            temp.write_bytes(data)
         for temp, path in temps:
+            current = path
             os.replace(temp, path)
+            placed.append(str(path))
+    except OSError as err:
+        written = f"only {', '.join(placed)} was written" if placed else "nothing was written"
+        raise ConfigError(f"-o {current}: cannot write it ({err.strerror}); {written}") from None
     finally:
         for temp, _ in temps:
             temp.unlink(missing_ok=True)
@@ -202,11 +213,19 @@ def pack(runs: tuple[str, ...], log_tail: int | None, shareable: bool, reports_d
       tracebench pack demo-round_robin demo-sjf
       tracebench pack reports/gpu-runs/*/ --log-tail 100 --shareable
     """
+    from tracebench.cleanup import StopSignals
     from tracebench.report.load import resolve_run_dir
     from tracebench.report.pack import pack_runs
 
+    def stale(path: Path, pid: int) -> None:
+        click.echo(f"tracebench: removed {path}, left by a pack (pid {pid}, no longer running) killed before it "
+                   f"finished", err=True)
+
     folders = [resolve_run_dir(spec, reports_dir) for spec in runs]
-    for run in pack_runs(folders, log_tail, shareable):
-        done = "made shareable" if all(final == original for _, final, original in run.moves) else "packed"
-        click.echo(f"{done} {run.folder}: {run.bytes_before / 1e6:.2f} MB -> {run.bytes_after / 1e6:.2f} MB "
-                   f"({', '.join(final.name for _, final, _ in run.moves)})", err=True)
+    with StopSignals("pack stopped by {signal}: nothing was packed (its temporary files removed, every run as it "
+                     "was)") as stop:
+        for run in pack_runs(folders, log_tail, shareable, stop, stale):
+            done = "made shareable" if all(final == original for _, final, original in run.moves) else "packed"
+            click.echo(f"{done} {run.folder}: {run.bytes_before / 1e6:.2f} MB -> {run.bytes_after / 1e6:.2f} MB "
+                       f"({', '.join(final.name for _, final, _ in run.moves)})", err=True)
+        stop.check("the packed files were being put in place: that was finished, every run given is packed")

@@ -8,6 +8,26 @@ from tracebench.errors import ConfigError
 from tracebench.options import FINITE, INT, SEED, SPEED_RANGE
 
 
+def check_can_listen(host: str, port: int) -> None:
+    """A ConfigError (one line, exit 2) naming the address when the server could not listen there: a --host that is
+    no address of this machine, a --port taken. Bound as the server binds it (every address of the host,
+    SO_REUSEADDR), then let go at once; the server binds it a moment later."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise ConfigError(f"--host {host!r}: not an address to listen on ({err.strerror})") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(address)
+                sock.listen(1)
+            except OSError as err:
+                raise ConfigError(f"--host {host} --port {port}: cannot listen there ({err.strerror})") from None
+
+
 @click.command("sim-server")
 @click.option("--port", type=INT, required=True, help="TCP port to listen on.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
@@ -53,7 +73,8 @@ def sim_server(port: int, host: str, profile_name: str, speed: float, max_runnin
     POST /generate (input_ids or text, batch, stream), /health, /health_generate, /server_info, /get_server_info,
     /model_info, /v1/models, /v1/loads, /get_load, /metrics, /flush_cache, /set_internal_state.
     There is no EOS: every request gets exactly max_new_tokens output tokens (as with ignore_eos).
-    Serves until SIGINT or SIGTERM.
+    Serves until SIGINT or SIGTERM. Exit 2: bad input, including a --port taken and a --host that is not an
+    address of this machine (said before anything starts).
     """
     from tracebench.sim.args import SimArgs
     from tracebench.sim.model import load_profile
@@ -73,6 +94,7 @@ def sim_server(port: int, host: str, profile_name: str, speed: float, max_runnin
     if startup_delay < 0:
         raise ConfigError(f"--startup-delay must be >= 0, got {startup_delay}")
     profile = load_profile(profile_name)
+    check_can_listen(host, port)
     serve(SimArgs(host=host, port=port, profile=profile, speed=speed, max_running_requests=max_running_requests,
                   max_total_tokens=max_total_tokens, context_length=context_length,
                   chunked_prefill_size=chunked_prefill_size, startup_delay=startup_delay, seed=seed,

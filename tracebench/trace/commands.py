@@ -3,9 +3,14 @@ module): numpy and the generators are imported inside the commands."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from tracebench.options import FINITE, INT, SEED
+
+if TYPE_CHECKING:
+    from tracebench.trace.generate import GeneratedTrace
 
 # The same tuples as arrivals.ARRIVAL_KINDS, lengths.LENGTH_DISTS, datasets.DATASET_FORMATS (a test checks), repeated
 # here so that building the CLI does not import numpy.
@@ -145,11 +150,25 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
 @click.option("-o", "--output", type=str, default=None, metavar="PATH",
               help="Where to write the trace (replaced atomically).  [default: traces/<name from the arguments>.jsonl]")
 def generate(**options: object) -> None:
+    from tracebench.cleanup import StopSignals
     from tracebench.trace.generate import GenerateArgs, generate_trace
 
     output = options.pop("output")
     default_context = options["max_context"] is None
-    result = generate_trace(GenerateArgs(**options), output)  # type: ignore[arg-type]
+    # SIGINT/SIGTERM while generating: the temporary file is removed, nothing written, exit 130/143
+    with StopSignals("generate stopped by {signal}: nothing was written (no temporary file left)") as stop:
+        result = generate_trace(GenerateArgs(**options), output, stop)  # type: ignore[arg-type]
+        _report_generated(result, default_context)
+        stop.check(f"{result.path} was being put in place: it is complete")
+
+
+def _report_generated(result: GeneratedTrace, default_context: bool) -> None:
+    for path, pid in result.stale_removed:
+        click.echo(f"tracebench: removed {path}, the temporary file of an earlier generate (pid {pid}, no longer "
+                   f"running: killed) of the same trace", err=True)
+    for path, pid in result.temps_of_running:
+        click.echo(f"tracebench: left {path} alone: its writer (pid {pid}) is running (another generate of the same "
+                   f"trace?)", err=True)
     header = result.header
     clamped = header["clamped_requests"]
     if clamped:  # said only when it happened; the default suits llama-2 only, so say when it was the default

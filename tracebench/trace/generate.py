@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from tracebench import __version__
+from tracebench.cleanup import StopSignals, remove_stale, temp_files
 from tracebench.errors import ConfigError
 from tracebench.trace import arrivals as arrival_mod
 from tracebench.trace import workloads
@@ -91,12 +92,15 @@ class GenerateArgs:
 
 @dataclass(frozen=True)
 class GeneratedTrace:
-    """What generate_trace wrote: the path, the header (as written) and the numbers the CLI prints."""
+    """What generate_trace wrote: the path, the header (as written) and the numbers the CLI prints; temporary files
+    of earlier writers of this path found beside it: removed (their process had ended: killed) or left (running)."""
 
     path: Path
     header: dict[str, Any]
     input_mean: float
     output_mean: float
+    stale_removed: list[tuple[Path, int]] = field(default_factory=list)
+    temps_of_running: list[tuple[Path, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -325,9 +329,11 @@ def default_output_path(p: _Plan) -> Path:
     return DEFAULT_TRACE_DIR / ("-".join(parts) + ".jsonl")
 
 
-def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> GeneratedTrace:
+def generate_trace(args: GenerateArgs, output: str | Path | None = None,
+                   stop: StopSignals | None = None) -> GeneratedTrace:
     """Make the trace the arguments describe and write it (atomically) to `output`, or to `default_output_path`.
-    Raises ConfigError (arguments), DatasetError / TraceError (the dataset); nothing is written then."""
+    Raises ConfigError (arguments), DatasetError / TraceError (the dataset); nothing is written then. `stop`: the
+    command's stop signals, deferred from the moment the last line is written (the trace is then complete)."""
     p = plan(args)
     # spawn(4)'s first three children are spawn(3)'s: traces without a workload are what they were
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(p.seed or 0).spawn(4)]
@@ -399,11 +405,19 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
     else:
         lines = _lines_with_extras(arrivals, clamp.input_len, clamp.output_len, extras)
     try:
-        write_trace(path, header, lines)
+        # a generate killed (SIGKILL) while writing this path left its temporary file: never reused, removed here
+        stale, running = remove_stale(temp_files(path.parent, f".{path.name}", "tmp"))
+        write_trace(path, header, _then(lines, stop.defer) if stop is not None else lines)
     except OSError as err:  # write_trace removed its temporary file; the message names the path
         raise ConfigError(f"-o {path}: cannot write: {err.strerror or err}") from None
     return GeneratedTrace(path=path, header=header, input_mean=float(clamp.input_len.mean()),
-                          output_mean=float(clamp.output_len.mean()))
+                          output_mean=float(clamp.output_len.mean()), stale_removed=stale, temps_of_running=running)
+
+
+def _then(lines: Iterator[bytes], done: Callable[[], None]) -> Iterator[bytes]:
+    """The lines, then `done()` once the last one is written."""
+    yield from lines
+    done()
 
 
 def _check_span(p: _Plan, last_arrival: float) -> None:
