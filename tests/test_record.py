@@ -438,3 +438,23 @@ def test_an_upstream_that_breaks_off_breaks_the_client_off(tmp_path: Path, sim_s
     rec.stop()
     [status] = rec.statuses()
     assert status["status"] == "error" and "broke off the stream" in status["error"], status
+
+
+def test_a_trace_that_cannot_be_written_at_the_end_keeps_every_request(tmp_path: Path, sim_server, recordings) -> None:
+    """A file put at the trace's name during the recording is not overwritten, and the requests are not lost."""
+    sim = sim_server("--speed", "50")
+    rec = recordings(sim.url, tmp_path / "b.jsonl")
+    assert _post(f"{rec.url}/generate", json.dumps({"input_ids": [1001] * 8, "sampling_params": {
+        "max_new_tokens": 2}}).encode())[0] == 200
+    (tmp_path / "b.jsonl").write_text("someone else's\n")
+    rec.proc.send_signal(signal.SIGINT)
+    assert rec.proc.wait(timeout=20) == 2
+    out = rec.log.read_text()
+    assert f"tracebench: error: {tmp_path / 'b.jsonl'}: exists already" in out
+    assert f"every request of the recording is kept in {tmp_path / '.b.jsonl.part'}" in out
+    assert (tmp_path / "b.jsonl").read_text() == "someone else's\n" and not (tmp_path / "b.status.jsonl").exists()
+    (tmp_path / "b.jsonl").unlink()
+    done = run_cli("record", "--recover", "-o", str(tmp_path / "b.jsonl"), timeout=30)
+    assert done.returncode == 0, done.stderr
+    _, reqs = load_trace(tmp_path / "b.jsonl")
+    assert [(r.input_len, r.output_len) for r in reqs] == [(8, 2)]

@@ -262,7 +262,8 @@ def _write_new(files: dict[Path, list[bytes]]) -> None:
         raise ConfigError(f"{current}: {why}") from None
     finally:
         for temp, _ in temps:
-            temp.unlink(missing_ok=True)
+            if temp.exists():  # (unlink of a missing file in a read-only folder fails with EROFS, not ENOENT)
+                temp.unlink()
 
 
 def recover(output: Path) -> tuple[int, dict[str, int], int]:
@@ -280,8 +281,8 @@ def recover(output: Path) -> tuple[int, dict[str, int], int]:
             raise ConfigError(f"--recover -o {output}: {part} is locked: its recording is still running (stop it with "
                               f"Ctrl-C: it writes the trace itself)") from None
         meta, recs, lost = read_part(part)
-        extra = {"recovered": f"from {part.name}: the recorder (pid {meta['pid']}) stopped without finishing; {lost} "
-                              f"request(s) then in flight are recorded as cancelled"}
+        extra = {"recovered": f"from {part.name}, left by the recording of pid {meta['pid']}: {lost} request(s) that "
+                              f"had not ended are recorded as cancelled"}
         count, counts = write_outputs(output, meta, recs, extra)
         part.unlink()
     return count, counts, lost

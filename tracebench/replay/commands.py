@@ -74,7 +74,8 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
               help="Launched server i listens on 127.0.0.1:PORT+i. [default: free ports, drawn at random from "
                    "20000-32000, so runs at the same time do not collide; run.json servers[].url says which]")
 @click.option("--speed", type=FINITE, default=None, metavar="K",
-              help="--backend sim: compress the whole run K times. The simulated GPUs run K times faster, request i "
+              help="--backend sim: compress the whole run K times (0.001 <= K <= 1000000). The simulated GPUs run K "
+                   "times faster, request i "
                    "is released at arrival_s/K run seconds, and the other trace-time options (--cap-schedule times, "
                    "--batch-timeout, --timeout) are divided by K (--poll-interval and --startup-timeout stay run "
                    "seconds). requests.jsonl stays on the run clock (t_arrival = arrival_s/K); run.json records "

@@ -60,7 +60,8 @@ def _write_files(files: dict[Path, bytes]) -> None:
         raise ConfigError(f"-o {current}: cannot write it ({err.strerror}); {written}") from None
     finally:
         for temp, _ in temps:
-            temp.unlink(missing_ok=True)
+            if temp.exists():  # (unlink of a missing file in a read-only folder fails with EROFS, not ENOENT)
+                temp.unlink()
 
 
 @click.command("report")
