@@ -44,8 +44,8 @@ def _number_options() -> list[tuple[str, click.Option]]:
     for name in sorted(_COMMANDS):
         command = main.get_command(ctx, name)
         assert command is not None
-        found += [(name, p) for p in command.params if isinstance(p, click.Option)
-                  and isinstance(p.type, (click.types.FloatParamType, click.types.IntParamType, FiniteFloat, BoundedInt))]
+        numbers = (click.types.FloatParamType, click.types.IntParamType, FiniteFloat, BoundedInt)
+        found += [(name, p) for p in command.params if isinstance(p, click.Option) and isinstance(p.type, numbers)]
     return found
 
 
@@ -59,13 +59,15 @@ def test_every_number_option_is_checked_by_the_parser() -> None:
     """click's FLOAT takes nan and inf, its INT any size: no option of any command uses them."""
     options = _number_options()
     assert len(options) > 30
-    plain = [f"{name} {max(p.opts, key=len)}" for name, p in options if not isinstance(p.type, (FiniteFloat, BoundedInt))]
+    plain = [f"{name} {max(p.opts, key=len)}" for name, p in options
+             if not isinstance(p.type, (FiniteFloat, BoundedInt))]
     assert not plain, f"options read with click's own number types: {plain}"
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_no_float_option_takes_a_value_that_is_not_a_finite_number(tmp_path: Path, value: str) -> None:
-    floats = [(name, p) for name, p in _number_options() if isinstance(p.type, (click.types.FloatParamType, FiniteFloat))]
+    floats = [(name, p) for name, p in _number_options()
+              if isinstance(p.type, (click.types.FloatParamType, FiniteFloat))]
     assert {name for name, _ in floats} >= {"generate", "replay", "sim-server", "report"}
     for name, option in floats:
         flag = max(option.opts, key=len)
@@ -198,3 +200,19 @@ def test_sim_server_on_a_taken_port_or_a_bad_host(tmp_path: Path) -> None:
     done = run_cli("sim-server", "--port", str(free_port()), "--host", "no-such-host.invalid", timeout=30)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("tracebench: error: --host 'no-such-host.invalid': not an address to listen on")
+
+
+def test_report_refuses_an_objective_that_is_not_finite(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "none"), "--slo", "ttft=1e400"])
+    assert result.exit_code == 2 and "--slo: ttft must be a finite number of seconds, got inf" in result.output
+
+
+def test_record_options_without_a_recording(tmp_path: Path) -> None:
+    """--listen and --upstream are required to record; --recover takes neither."""
+    result = CliRunner().invoke(main, ["record", "-o", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 2 and result.output.startswith("tracebench: error: --listen is required (or --recover")
+    result = CliRunner().invoke(main, ["record", "--recover", "--listen", "127.0.0.1:1", "-o", str(tmp_path / "t")])
+    assert result.exit_code == 2 and "--listen does not apply" in result.output
+    result = CliRunner().invoke(main, ["record", "--recover", "-o", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 2 and f"there is no part file {tmp_path / '.t.jsonl.part'}" in result.output
+    assert not list(tmp_path.iterdir())

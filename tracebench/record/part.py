@@ -29,7 +29,8 @@ from tracebench.trace.format import HEADER_KEY, TRACE_VERSION, format_request_li
 
 PART_KEY = "tracebench_record_part"
 PART_VERSION = 1
-KILLED = "the recorder stopped without finishing (killed?) while the request was in flight; recovered from the part file"
+KILLED = ("the recorder stopped without finishing (killed?) while the request was in flight; recovered from the part "
+          "file")
 
 
 def part_path(output: Path) -> Path:
@@ -135,8 +136,8 @@ def describe_existing(part: Path, output: Path) -> str:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 meta = _first_line(fh)
-                return (f"-o {output}: another tracebench record (pid {meta.get('pid', '?')}) is recording to this name "
-                        f"(its part file {part} is locked); two recordings never share a file: give another -o")
+                return (f"-o {output}: another tracebench record (pid {meta.get('pid', '?')}) is recording to this "
+                        f"name (its part file {part} is locked); two recordings never share a file: give another -o")
             meta = _first_line(fh)
             lines = sum(1 for _ in fh)
     except FileNotFoundError:  # the other recording finished between our attempt and this look

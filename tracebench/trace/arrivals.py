@@ -76,7 +76,8 @@ def arrivals_by_duration(kind: str, rate: float, duration_s: float, rng: np.rand
     duration is passed."""
     check_arrival(kind, rate, burstiness)
     if not (math.isfinite(duration_s) and 0 < duration_s <= MAX_ARRIVAL_S):
-        raise ConfigError(f"--duration must be a number of seconds > 0 and at most {MAX_ARRIVAL_S:,.0f}, got {duration_s!r}")
+        raise ConfigError(f"--duration must be a number of seconds > 0 and at most {MAX_ARRIVAL_S:,.0f}, "
+                          f"got {duration_s!r}")
     expected = rate * duration_s
     if expected > MAX_REQUESTS:
         raise ConfigError(f"--rate {rate:g} for --duration {duration_s:g} s makes about {expected:.3g} requests; "

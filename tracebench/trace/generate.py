@@ -173,7 +173,8 @@ def plan(args: GenerateArgs) -> _Plan:
 
     if args.num_requests is not None and not 1 <= args.num_requests <= arrival_mod.MAX_REQUESTS:
         raise ConfigError(f"--num-requests must be between 1 and {arrival_mod.MAX_REQUESTS}, got {args.num_requests}")
-    if args.duration is not None and not (math.isfinite(args.duration) and 0 < args.duration <= arrival_mod.MAX_ARRIVAL_S):
+    if args.duration is not None and \
+            not (math.isfinite(args.duration) and 0 < args.duration <= arrival_mod.MAX_ARRIVAL_S):
         raise ConfigError(f"--duration must be a number of seconds > 0 and at most {arrival_mod.MAX_ARRIVAL_S:,.0f}, "
                           f"got {args.duration}")
     if args.seed is not None and args.seed < 0:
@@ -428,7 +429,8 @@ def _check_span(p: _Plan, last_arrival: float) -> None:
     if p.keep_timestamps:
         cause = f"the dataset's timestamps divided by --time-scale {_num(p.time_scale)}"  # type: ignore[arg-type]
     elif p.workload == "multi-turn":
-        cause = f"--rate {_num(p.rate)} session starts/s and --think-time {_num(p.think_time)} s"  # type: ignore[arg-type]
+        cause = (f"--rate {_num(p.rate)} session starts/s and "  # type: ignore[arg-type]
+                 f"--think-time {_num(p.think_time)} s")  # type: ignore[arg-type]
     else:
         cause = f"--rate {_num(p.rate)} req/s"  # type: ignore[arg-type]
     raise ConfigError(f"{cause} put the last arrival at {last_arrival:.3g} s: a trace's arrivals must lie within "
