@@ -40,6 +40,7 @@ class StopSignals:
         if self.deferring:
             self.pending = signum
             return
+        self.deferring = True  # a second Ctrl-C must not cut short the clean-up the first one starts
         raise Interrupted(signum, self.message.format(signal=signal.Signals(signum).name))
 
     def defer(self) -> None:
