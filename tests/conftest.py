@@ -108,3 +108,34 @@ def sim_server(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def read_only() -> Iterator[Callable[[Path], Path]]:
+    """`read_only(folder)` makes `folder` read-only for the processes a test starts: chmod 555, or, where that does
+    not stop the test's user (root), a read-only bind mount over it (needs CAP_SYS_ADMIN: skipped without). Undone at
+    the end of the test."""
+    mounted: list[Path] = []
+    changed: list[Path] = []
+
+    def make(folder: Path) -> Path:
+        folder.chmod(0o555)
+        changed.append(folder)
+        probe = folder / ".probe-writable"
+        try:
+            probe.touch()
+        except OSError:
+            return folder
+        probe.unlink()
+        if subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True).returncode != 0:
+            pytest.skip("cannot make a read-only folder here (root, and no bind mount allowed)")
+        mounted.append(folder)
+        if subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], capture_output=True).returncode != 0:
+            pytest.skip("cannot make a read-only folder here (root, and no read-only remount allowed)")
+        return folder
+
+    yield make
+    for folder in reversed(mounted):
+        subprocess.run(["umount", str(folder)], check=True)
+    for folder in changed:
+        folder.chmod(0o755)

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import lzma
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import polars as pl
 import pytest
 
-from conftest import free_port, run_cli
+from conftest import free_port, run_cli, tracebench_cmd
 
 # machine paths in the samples below are written f"{ROOT}home/...": literally they would be what
 # tests/test_no_machine_paths.py refuses in a committed file
@@ -230,3 +234,58 @@ def test_shareable_on_a_packed_run_rewrites_only_its_run_json_and_logs(copy: Pat
     assert {p.name for p in copy.iterdir()} == PACKED  # in place, no temporary left
     assert lzma.decompress((copy / "server-0.log.xz").read_bytes()) == "loaded …/llama\n".encode()
     assert {name: (copy / name).read_bytes() for name in tables} == tables  # run.json had no path: the same bytes
+
+
+# ---- stop signals, killed packs, a read-only folder (issue 20 items 8, 13) ----------------------------------------
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temporary_files_of_a_killed_pack_are_removed_and_said(copy: Path) -> None:
+    stale = copy / f".requests.parquet.packing-{_dead_pid()}"
+    stale.write_bytes(b"half a parquet file")
+    done = run_cli("pack", str(copy))
+    assert done.returncode == 0, done.stderr
+    assert f"removed {stale}, left by a pack (pid " in done.stderr and "no longer running" in done.stderr
+    assert {p.name for p in copy.iterdir()} == PACKED
+
+
+def test_a_pack_still_running_on_the_folder_stops_the_call(copy: Path) -> None:
+    (copy / ".run.json.xz.packing-1").write_bytes(b"")  # pid 1 always runs
+    before = _snapshot(copy)
+    done = run_cli("pack", str(copy))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert ".run.json.xz.packing-1 belongs to pid 1, which is running: another tracebench pack" in done.stderr
+    assert _snapshot(copy) == before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_leaves_the_run_as_it_was_or_packed_and_no_temporary_file(copy: Path, sig: int) -> None:
+    before = _snapshot(copy)
+    proc = subprocess.Popen(tracebench_cmd("pack", str(copy)), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(copy.glob(".*.packing-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.001)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, err
+    assert not list(copy.glob(".*")), "no temporary file left"
+    if err.startswith(f"tracebench: error: pack stopped by {signal.Signals(sig).name}: nothing was packed"):
+        assert _snapshot(copy) == before
+    else:  # the signal came while the packed files were being put in place: that is finished first
+        assert f"{signal.Signals(sig).name} came while the packed files were being put in place" in err
+        assert {p.name for p in copy.iterdir()} == PACKED
+
+
+def test_a_read_only_run_folder_is_one_line_and_left_as_it_was(copy: Path, read_only) -> None:
+    before = _snapshot(copy)
+    read_only(copy)
+    done = run_cli("pack", str(copy))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"tracebench: error: {copy}/.run.json.xz.packing-")
+    assert "(nothing was packed; every run is as it was)" in done.stderr
+    assert _snapshot(copy) == before

@@ -355,3 +355,111 @@ def test_text_without_tokenizer_and_batches(tmp_path: Path, sim_server, recordin
     assert "text prompt and no --tokenizer was given" in out
     batch = rec.statuses()[1]
     assert batch["status"] == "ok" and not batch["in_trace"] and batch["not_in_trace"].startswith("batch request")
+
+
+# ---- one recording per name, nothing lost however it stops (issue 20 item 7) --------------------------------------
+
+def _open_stream(port: int, input_ids: list[int], max_new_tokens: int) -> socket.socket:
+    """A streamed /generate on a raw connection, its response headers read (the answer runs on)."""
+    body = json.dumps({"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens},
+                       "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                 % len(body) + body)
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def test_a_second_recorder_to_the_same_name_is_refused(tmp_path: Path, sim_server, recordings) -> None:
+    sim = sim_server("--speed", "50")
+    first = recordings(sim.url, tmp_path / "b.jsonl")
+    second = run_cli("record", "--listen", f"127.0.0.1:{free_port()}", "--upstream", sim.url, "-o",
+                     str(tmp_path / "b.jsonl"), timeout=30)
+    assert second.returncode == 2, second.stderr
+    assert second.stderr.count("\n") == 1 and f"another tracebench record (pid {first.proc.pid})" in second.stderr
+    assert str(tmp_path / ".b.jsonl.part") in second.stderr
+    # the first recording is untouched: its requests end up in its trace
+    assert _post(f"{first.url}/generate", json.dumps({"input_ids": [1001] * 8, "sampling_params": {
+        "max_new_tokens": 2}}).encode())[0] == 200
+    first.stop()
+    _, reqs = load_trace(tmp_path / "b.jsonl")
+    assert [(r.input_len, r.output_len) for r in reqs] == [(8, 2)]
+
+
+def test_a_killed_recording_is_kept_refused_and_recovered(tmp_path: Path, sim_server, recordings) -> None:
+    sim = sim_server("--speed", "0.2")
+    rec = recordings(sim.url, tmp_path / "b.jsonl")
+    assert _post(f"{rec.url}/generate", json.dumps({"input_ids": [1001] * 40, "sampling_params": {
+        "max_new_tokens": 2}}).encode())[0] == 200
+    sock = _open_stream(rec.port, [1002] * 40, 500)  # in flight when the recorder dies
+    rec.proc.kill()
+    rec.proc.wait()
+    sock.close()
+    part = tmp_path / ".b.jsonl.part"
+    kept = part.read_bytes()
+    again = run_cli("record", "--listen", f"127.0.0.1:{free_port()}", "--upstream", sim.url, "-o",
+                    str(tmp_path / "b.jsonl"), timeout=30)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+    assert str(part) in again.stderr and f"tracebench record --recover -o {tmp_path / 'b.jsonl'}" in again.stderr
+    assert part.read_bytes() == kept, "the part file of the killed recording is left as it was"
+    assert not (tmp_path / "b.jsonl").exists()
+
+    done = run_cli("record", "--recover", "-o", str(tmp_path / "b.jsonl"), timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "ok 1, error 0, cancelled 1, of which 1 in flight" in done.stderr
+    header, reqs = load_trace(tmp_path / "b.jsonl")
+    assert [(r.input_len, r.output_len) for r in reqs] == [(40, 2)]
+    assert header.fields["counts"] == {"ok": 1, "error": 0, "cancelled": 1} and "recovered" in header.fields
+    statuses = rec.statuses()
+    assert [s["status"] for s in statuses] == ["ok", "cancelled"]
+    assert statuses[1]["error"].startswith("the recorder stopped without finishing")
+    assert not part.exists()
+
+
+def test_an_existing_status_file_is_never_overwritten(tmp_path: Path, sim_server) -> None:
+    sim = sim_server("--speed", "50")
+    status = tmp_path / "b.status.jsonl"
+    status.write_text("mine\n")
+    done = run_cli("record", "--listen", f"127.0.0.1:{free_port()}", "--upstream", sim.url, "-o",
+                   str(tmp_path / "b.jsonl"), timeout=30)
+    assert done.returncode == 2 and f"{status} exists already" in done.stderr, done.stderr
+    assert status.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir() if "sim" not in p.name) == \
+        ["b.status.jsonl"]
+
+
+def test_an_upstream_that_breaks_off_breaks_the_client_off(tmp_path: Path, sim_server, recordings) -> None:
+    """Without the proxy the client sees a chunked answer without its end (curl: exit 18); through it, the same."""
+    sim = sim_server("--speed", "0.2")
+    rec = recordings(sim.url, tmp_path / "b.jsonl")
+    sock = _open_stream(rec.port, [1002] * 40, 500)
+    sock.settimeout(20)
+    time.sleep(0.5)
+    sim.proc.kill()
+    received = b""
+    while not received.endswith(b"0\r\n\r\n") and (piece := sock.recv(65536)):  # a clean end, or the connection's
+        received += piece
+    sock.close()
+    assert not received.endswith(b"0\r\n\r\n"), "the client must not see a clean end of the answer"
+    rec.stop()
+    [status] = rec.statuses()
+    assert status["status"] == "error" and "broke off the stream" in status["error"], status
+
+
+def test_a_trace_that_cannot_be_written_at_the_end_keeps_every_request(tmp_path: Path, sim_server, recordings) -> None:
+    """A file put at the trace's name during the recording is not overwritten, and the requests are not lost."""
+    sim = sim_server("--speed", "50")
+    rec = recordings(sim.url, tmp_path / "b.jsonl")
+    assert _post(f"{rec.url}/generate", json.dumps({"input_ids": [1001] * 8, "sampling_params": {
+        "max_new_tokens": 2}}).encode())[0] == 200
+    (tmp_path / "b.jsonl").write_text("someone else's\n")
+    rec.proc.send_signal(signal.SIGINT)
+    assert rec.proc.wait(timeout=20) == 2
+    out = rec.log.read_text()
+    assert f"tracebench: error: {tmp_path / 'b.jsonl'}: exists already" in out
+    assert f"every request of the recording is kept in {tmp_path / '.b.jsonl.part'}" in out
+    assert (tmp_path / "b.jsonl").read_text() == "someone else's\n" and not (tmp_path / "b.status.jsonl").exists()
+    (tmp_path / "b.jsonl").unlink()
+    done = run_cli("record", "--recover", "-o", str(tmp_path / "b.jsonl"), timeout=30)
+    assert done.returncode == 0, done.stderr
+    _, reqs = load_trace(tmp_path / "b.jsonl")
+    assert [(r.input_len, r.output_len) for r in reqs] == [(8, 2)]

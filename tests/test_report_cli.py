@@ -735,3 +735,12 @@ def test_cap_change_labels() -> None:
 
     changes = [{"t": 3.0, "server": 0, "cap": 8}, {"t": 3.0, "server": 1, "cap": 8}, {"t": 6.0, "server": 1, "cap": 2}]
     assert _cap_labels(changes, 2) == [(3.0, "all=8"), (6.0, "server1=2")]
+
+
+def test_output_into_a_read_only_folder_is_one_line(runs: Path, tmp_path: Path, read_only) -> None:
+    (tmp_path / "ro").mkdir()
+    folder = read_only(tmp_path / "ro")
+    done = _report(runs, "wide", "-o", str(folder / "r.md"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"tracebench: error: -o {folder / 'r.md'}: cannot write it (")
+    assert done.stderr.endswith("; nothing was written\n") and not list(folder.iterdir())

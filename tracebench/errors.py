@@ -71,3 +71,12 @@ class SloMissed(TracebenchError):
 
 class PolicyLoadError(PolicyError, InputError):
     """`--policy` names no loadable policy (missing file or class, not a Policy subclass, ...): bad input, exit 2."""
+
+
+class Interrupted(TracebenchError):
+    """A command (not replay: RunInterrupted) stopped by SIGINT or SIGTERM, after removing what it had half-written.
+    The CLI exits 128 + the signal's number, what a shell reports for a process the signal killed (130, 143)."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum

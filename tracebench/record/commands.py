@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 import click
 
 from tracebench.errors import ConfigError
+from tracebench.options import INT
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -25,15 +26,20 @@ def _upstream(value: str) -> str:
 
 
 @click.command("record")
-@click.option("--listen", required=True, metavar="HOST:PORT",
-              help="Where the proxy listens; point your clients here instead of at the server.")
-@click.option("--upstream", required=True, metavar="URL",
+@click.option("--listen", default=None, metavar="HOST:PORT",
+              help="Where the proxy listens; point your clients here instead of at the server.  [required]")
+@click.option("--upstream", default=None, metavar="URL",
               help="The sglang server or router the traffic goes to, e.g. http://127.0.0.1:30000. It must answer "
-                   "when the recording starts.")
+                   "when the recording starts.  [required]")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=Path("traces/recorded.jsonl"),
               show_default=True,
-              help="The trace to write (never overwritten). Next to it: NAME.status.jsonl, every request's status.")
-@click.option("--block-size", type=int, default=64, show_default=True, metavar="B",
+              help="The trace to write (never overwritten). Next to it: NAME.status.jsonl, every request's status, "
+                   "and while recording .NAME.part (one recording per name: a second one is refused).")
+@click.option("--recover", is_flag=True, default=False,
+              help="Instead of recording: turn the part file .NAME.part that a recording killed before it finished "
+                   "(SIGKILL, a crash, a full disk) left beside -o NAME into the trace and the status file (requests "
+                   "it had not finished: cancelled), then remove it.")
+@click.option("--block-size", type=INT, default=64, show_default=True, metavar="B",
               help="Tokens per prefix block (the trace header's block_size).")
 @click.option("--tokenizer", type=click.Path(path_type=Path), default=None, metavar="PATH",
               help="tokenizer.json (or its folder) of the served model, or 'wordlevel' (the word-level tokenizer of the "
@@ -42,7 +48,8 @@ def _upstream(value: str) -> str:
                    "other needs the optional 'tokenizers' package (pip install 'tracebench[record]'). [default: "
                    "only requests that send token ids get prefix blocks]")
 @click.option("--quiet", is_flag=True, default=False, help="Print nothing but errors.")
-def record(listen: str, upstream: str, output: Path, block_size: int, tokenizer: Path | None, quiet: bool) -> None:
+def record(listen: str | None, upstream: str | None, output: Path, recover: bool, block_size: int,
+           tokenizer: Path | None, quiet: bool) -> None:
     """Record live traffic as a trace: a proxy in front of an sglang server or router.
 
     \b
@@ -60,10 +67,37 @@ def record(listen: str, upstream: str, output: Path, block_size: int, tokenizer:
     Ctrl-C (or SIGTERM) stops it: requests in flight are recorded as cancelled, the trace (ok requests, in
     arrival order, trace format v1) and NAME.status.jsonl (every request: ok / error / cancelled, HTTP status,
     error) are written atomically. Replay the trace with `tracebench replay` (--api to pick the API).
+    Every request's arrival and end go to .NAME.part as they happen: a recording killed before it finished
+    leaves that file, and a later recording to NAME is refused until `--recover -o NAME` turned it into the
+    trace (or it is moved away). An upstream that breaks off an answer gets the client's connection broken
+    off too, and the request recorded as error. Exit 2: bad input, including an -o that is taken or cannot be
+    written and a --listen address that cannot be bound.
     \b
     tracebench record --listen 127.0.0.1:31000 --upstream http://127.0.0.1:30000 -o traces/prod.jsonl
     tracebench record --listen 0.0.0.0:8000 --upstream http://gpu1:30000 --tokenizer models/llama/tokenizer.json
+    tracebench record --recover -o traces/prod.jsonl
     """
+    if recover:
+        given = [flag for flag, value in (("--listen", listen), ("--upstream", upstream), ("--tokenizer", tokenizer))
+                 if value is not None]
+        if given:
+            verb = "does" if len(given) == 1 else "do"
+            raise ConfigError(f"--recover writes the trace a stopped recording left: {', '.join(given)} {verb} not "
+                              f"apply")
+        from tracebench.record.part import recover as recover_part, status_path
+
+        count, counts, lost = recover_part(output)
+        if not quiet:
+            click.echo(f"{output}: {count} request(s) recovered (ok {counts['ok']}, error {counts['error']}, cancelled "
+                       f"{counts['cancelled']}, of which {lost} in flight when the recording stopped); every "
+                       f"request's status: {status_path(output)}", err=True)
+        click.echo(str(output))
+        return
+    for flag, value in (("--listen", listen), ("--upstream", upstream)):
+        if value is None:
+            raise ConfigError(f"{flag} is required (or --recover -o NAME, to turn a stopped recording's part file "
+                              f"into its trace)")
+    assert listen is not None and upstream is not None
     from tracebench.record.blocks import load_tokenizer
     from tracebench.record.proxy import RecordConfig, run_record
 

@@ -7,8 +7,10 @@ the arrival moment (when its headers arrived), the input and output lengths as t
 (`meta_info.prompt_tokens` / `completion_tokens`, or OpenAI `usage`), salted chained prefix block ids (blocks.py)
 and how it ended (ok / error / cancelled). Nothing of the prompt or the answer is stored.
 
-Each finished request is appended to a part file at once; when the recording stops (Ctrl-C, SIGTERM) the part file
-becomes, atomically, the trace (ok requests, in arrival order, trace format v1) and the status file (every request).
+Each request's arrival and end are appended to the recording's part file at once (part.py: it is also the lock that
+keeps a second recorder off the name); when the recording stops (Ctrl-C, SIGTERM) the part file becomes the trace (ok
+requests, in arrival order, trace format v1) and the status file (every request), neither written over an existing
+file. An upstream that breaks off an answer mid-stream gets the client's connection broken off too (no clean end).
 One exception to "unchanged": an OpenAI stream whose client did not ask for usage gets `stream_options.include_usage`
 added (the only place the server reports the lengths of a stream); the usage-only chunk this adds is held back, so
 the client receives exactly what it would have received without the proxy.
@@ -33,7 +35,7 @@ from aiohttp import web
 
 from tracebench.errors import ConfigError
 from tracebench.record.blocks import Tokenize, prefix_blocks
-from tracebench.trace.format import format_request_line, write_trace
+from tracebench.record.part import PartFile, Recorded, claim, read_part, status_path, write_outputs
 
 RECORDED_PATHS = {"/generate": "generate", "/v1/completions": "completions", "/v1/chat/completions": "chat"}
 # hop-by-hop and framing headers: aiohttp sets its own on each side
@@ -42,25 +44,6 @@ _SKIP_HEADERS = frozenset(("host", "content-length", "transfer-encoding", "conne
 _DATA = b"data: "
 UPSTREAM_CHECK_TIMEOUT_S = 10.0
 STOPPED = "the recording stopped while the request was in flight"
-
-
-@dataclass(slots=True)
-class Recorded:
-    """One request as the status file keeps it. `t_arrival`: perf_counter() when its headers arrived."""
-
-    id: int
-    t_arrival: float
-    path: str
-    stream: bool
-    status: str = "ok"  # ok | error | cancelled
-    http_status: int | None = None
-    error: str | None = None
-    input_len: int | None = None
-    output_len: int | None = None
-    hashed_tokens: int | None = None  # prompt tokens the proxy saw, when not equal to input_len
-    prefix_blocks: tuple[int, ...] | None = None
-    not_in_trace: str | None = None  # why an ok request is not a trace line
-    delivered: bool = False  # its end was seen ([DONE], or the whole body): a disconnect from now on is no cancel
 
 
 @dataclass(frozen=True)
@@ -79,99 +62,48 @@ class RecordConfig:
         return status_path(self.output)
 
 
-def status_path(output: Path) -> Path:
-    """traces/x.jsonl -> traces/x.status.jsonl"""
-    return output.with_name(f"{output.stem}.status.jsonl")
-
-
 class Recorder:
-    """Collects finished requests: one line each in the part file at once, the trace and status file at the end."""
+    """Collects the requests: each one's arrival and end in the part file at once (part.py), the trace and the
+    status file when the recording stops."""
 
-    def __init__(self, cfg: RecordConfig) -> None:
+    def __init__(self, cfg: RecordConfig, part: PartFile) -> None:
         self.cfg = cfg
         self.salt = os.urandom(16)  # per recording, never written: block ids mean nothing outside this file
-        self.part = cfg.output.with_name(f".{cfg.output.name}.part")
-        self._fh: IO[bytes] = self.part.open("wb")
+        self.part = part
         self.next_id = 0
         self.in_flight: dict[int, Recorded] = {}
         self.stopping = False  # set when the recording stops: handlers cancelled from then on were not the client's doing
         self.counts = {"ok": 0, "error": 0, "cancelled": 0}
-        self.started_wall = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     def arrive(self, path: str, t_arrival: float) -> Recorded:
         rec = Recorded(self.next_id, t_arrival, path, stream=False)
         self.next_id += 1
         self.in_flight[rec.id] = rec
+        self.part.arrived(rec.id, t_arrival, path)
         return rec
 
     def finish(self, rec: Recorded) -> None:
         del self.in_flight[rec.id]
         self.counts[rec.status] += 1
-        self._fh.write(orjson.dumps(rec) + b"\n")
-        self._fh.flush()  # a crash keeps what finished (the part file), Ctrl-C turns it into the trace
-
-    def discard(self) -> None:
-        """The recording never started (the port was taken): leave nothing behind."""
-        self._fh.close()
-        self.part.unlink()
+        self.part.ended(rec)  # a crash keeps what finished (the part file), Ctrl-C turns it into the trace
 
     def close(self) -> tuple[int, Path, Path]:
-        """Record what is still in flight as cancelled, then write the trace and the status file atomically.
-        Returns (trace lines, trace path, status path)."""
+        """Record what is still in flight as cancelled, then write the trace and the status file (never over a
+        file, never half-written) and remove the part file. Returns (trace lines, trace path, status path). When
+        they cannot be written, the part file stays, with every request: the error says how to recover it."""
         for rec in list(self.in_flight.values()):
             rec.status, rec.error = "cancelled", STOPPED
             self.finish(rec)
-        self._fh.close()
-        recs = sorted((Recorded(**orjson.loads(line)) for line in self.part.read_bytes().splitlines()),
-                      key=lambda r: r.id)
-        t0 = recs[0].t_arrival if recs else 0.0
-        lines: list[bytes] = []
-        last_arrival = 0.0
-        for rec in recs:
-            if rec.status != "ok" or rec.not_in_trace is not None:
-                continue
-            last_arrival = float("%.6f" % (rec.t_arrival - t0))
-            extra = None if rec.prefix_blocks is None else {"prefix_blocks": list(rec.prefix_blocks)}
-            lines.append(format_request_line(rec.id, last_arrival, rec.input_len, rec.output_len, extra))  # type: ignore[arg-type]
-        cfg = self.cfg
-        header = {
-            "num_requests": len(lines),
-            "duration_s": last_arrival,
-            "block_size": cfg.block_size,
-            "source": "tracebench record",
-            "recorded_at": self.started_wall,
-            "upstream": cfg.upstream,
-            "prefix_blocks": "salted chained BLAKE2b of each block's token ids (docs/record.md); the salt is not kept",
-            "tokenizer": cfg.tokenizer_desc,
-            "counts": self.counts,
-            "status_file": cfg.status_path.name,
-        }
-        write_trace(cfg.output, header, lines)
-        status_lines = []
-        for rec in recs:
-            row = {"id": rec.id, "arrival_s": round(rec.t_arrival - t0, 6), "path": rec.path, "stream": rec.stream,
-                   "status": rec.status, "http_status": rec.http_status, "error": rec.error,
-                   "input_len": rec.input_len, "output_len": rec.output_len,
-                   "in_trace": rec.status == "ok" and rec.not_in_trace is None}
-            if rec.not_in_trace is not None:
-                row["not_in_trace"] = rec.not_in_trace
-            if rec.hashed_tokens is not None:
-                row["hashed_tokens"] = rec.hashed_tokens
-            status_lines.append(orjson.dumps(row) + b"\n")
-        _write_atomic(cfg.status_path, status_lines)
-        self.part.unlink()
-        return len(lines), cfg.output, cfg.status_path
-
-
-def _write_atomic(path: Path, lines: list[bytes]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("wb") as fh:
-            fh.writelines(lines)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+        _, recs, lost = read_part(self.part.path)
+        assert lost == 0, f"{lost} request(s) of the part file have no end"
+        try:
+            count, _ = write_outputs(self.cfg.output, self.part.meta, recs)
+        except ConfigError as err:
+            self.part.release(remove=False)
+            raise ConfigError(f"{err}; every request of the recording is kept in {self.part.path}: move the "
+                              f"file in the way, then: tracebench record --recover -o {self.cfg.output}") from None
+        self.part.release(remove=True)
+        return count, self.cfg.output, self.cfg.status_path
 
 
 # ---- what a request and its answer say ----------------------------------------------------------------------------
@@ -260,6 +192,14 @@ async def _send(resp: web.StreamResponse, data: bytes) -> None:
         raise _ClientGone(type(err).__name__) from None
 
 
+def _break_off(request: web.Request) -> None:
+    """End the client's connection without the answer's end (no terminating chunk): the upstream broke off, and a
+    client must see that (curl: exit 18, aiohttp: ClientPayloadError) as it would without the proxy, not a clean end.
+    What was written is flushed first; aiohttp's own end-of-answer write then finds the connection closing and stops."""
+    if request.transport is not None:
+        request.transport.close()
+
+
 def _response_headers(up: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: v for k, v in up.headers.items() if k.lower() not in _SKIP_HEADERS}
 
@@ -306,8 +246,12 @@ class Proxy:
                                             headers=self._headers(request)) as up:
                 resp = web.StreamResponse(status=up.status, reason=up.reason, headers=_response_headers(up))
                 await resp.prepare(request)
-                async for piece in up.content.iter_any():
-                    await resp.write(piece)
+                try:
+                    async for piece in up.content.iter_any():
+                        await resp.write(piece)
+                except aiohttp.ClientPayloadError:  # the upstream broke off its answer: so does the proxy
+                    _break_off(request)
+                    return resp
                 await resp.write_eof()
                 return resp
         except aiohttp.ClientConnectorError as err:
@@ -370,6 +314,7 @@ class Proxy:
         usage: bytes | None = None
         error: str | None = None
         done = False
+        broken = False
         buf = b""
         pieces = up.content.iter_any()
         while True:
@@ -377,8 +322,9 @@ class Proxy:
                 piece = await pieces.__anext__()
             except StopAsyncIteration:
                 break
-            except aiohttp.ClientError as err:  # the upstream broke off mid-stream: the client sees the same
+            except aiohttp.ClientError as err:  # the upstream broke off mid-stream: the client must see the same
                 error = error or f"upstream {self.upstream} broke off the stream: {type(err).__name__}: {err}"
+                broken = True
                 break
             buf += piece
             out = []
@@ -406,6 +352,9 @@ class Proxy:
             await _send(resp, buf)
         if not done:
             self._take(rec, api, b"", error or "the stream ended before data: [DONE] (upstream closed it)")
+        if broken:
+            _break_off(request)
+            return resp
         try:
             await resp.write_eof()
         except ConnectionResetError:
@@ -460,12 +409,12 @@ async def check_upstream(session: aiohttp.ClientSession, upstream: str) -> None:
         raise ConfigError(f"--upstream {upstream}: no answer ({type(err).__name__}: {err}); is the server up?") from None
 
 
-async def _record(cfg: RecordConfig, out: IO[str]) -> tuple[int, Path, Path, dict[str, int]]:
+async def _record(cfg: RecordConfig, part: PartFile, out: IO[str]) -> tuple[int, Path, Path, dict[str, int]]:
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None),
                                     auto_decompress=False)
+    recorder = Recorder(cfg, part)
     try:
         await check_upstream(session, cfg.upstream)
-        recorder = Recorder(cfg)
         proxy = Proxy(cfg, recorder, session)
         runner = web.AppRunner(proxy.make_app(), handle_signals=False, access_log=None, handler_cancellation=True)
         await runner.setup()
@@ -474,7 +423,6 @@ async def _record(cfg: RecordConfig, out: IO[str]) -> tuple[int, Path, Path, dic
             try:
                 await site.start()
             except OSError as err:
-                recorder.discard()
                 raise ConfigError(f"--listen {cfg.host}:{cfg.port}: cannot listen there ({err.strerror})") from None
             await _warm_up(session, cfg)
             # what start-up made lives as long as the proxy: out of the collector's sight, a full collection (a
@@ -497,6 +445,8 @@ async def _record(cfg: RecordConfig, out: IO[str]) -> tuple[int, Path, Path, dic
         count, trace, status = recorder.close()
         return count, trace, status, recorder.counts
     finally:
+        # a recording that never saw a request leaves nothing; one that did keeps its part file (--recover)
+        part.release(remove=recorder.next_id == 0)
         await session.close()
 
 
@@ -510,8 +460,9 @@ async def _warm_up(session: aiohttp.ClientSession, cfg: RecordConfig) -> None:
 
 
 def run_record(cfg: RecordConfig, out: IO[str] = sys.stderr) -> tuple[int, Path, Path, dict[str, int]]:
-    """Record until SIGINT or SIGTERM. Returns (trace lines, trace path, status path, counts by status)."""
-    if cfg.output.exists():
-        raise ConfigError(f"-o {cfg.output}: exists already (a recording never overwrites a file: pick another name)")
-    cfg.output.parent.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(_record(cfg, out))
+    """Record until SIGINT or SIGTERM. Returns (trace lines, trace path, status path, counts by status). The name is
+    claimed first (part.claim: refused when taken, or when a stopped recording left its part file there)."""
+    part = claim(cfg.output, {"trace": cfg.output.name, "upstream": cfg.upstream, "block_size": cfg.block_size,
+                              "tokenizer": cfg.tokenizer_desc,
+                              "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    return asyncio.run(_record(cfg, part, out))

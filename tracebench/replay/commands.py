@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from tracebench.errors import ConfigError
+from tracebench.options import FINITE, INT, SEED
 
 
 def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -27,7 +28,7 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "policies/NAME.py.")
 @click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
               help="An option of the policy (repeatable); `tracebench policies` lists what each accepts.")
-@click.option("--gpus", type=int, default=None,
+@click.option("--gpus", type=INT, default=None,
               help="Launch N servers, one per GPU (CUDA_VISIBLE_DEVICES=i, port base+i). [default: 1]")
 @click.option("--backend", type=click.Choice(["sglang", "sim"]), default=None,
               help="What to launch: real sglang (`python -m sglang.launch_server`, needs --model) or tracebench's "
@@ -39,12 +40,12 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 @click.option("--mode", type=click.Choice(["continuous", "static"]), default="continuous", show_default=True,
               help="continuous: each request is sent at its arrival time. static: static batching, a server gets "
                    "its next batch of --batch-size only after every request of the previous one finished.")
-@click.option("--batch-size", type=int, default=None, help="Static mode: requests per batch.")
-@click.option("--batch-timeout", type=float, default=None, metavar="S",
+@click.option("--batch-size", type=INT, default=None, help="Static mode: requests per batch.")
+@click.option("--batch-timeout", type=FINITE, default=None, metavar="S",
               help="Static mode: a partial batch goes S seconds after its first request arrived (trace seconds: "
                    "S/K run seconds at --speed K). [default: it waits until full, or until the trace has nothing "
                    "more to release]")
-@click.option("--max-running-requests", type=int, default=None, metavar="N",
+@click.option("--max-running-requests", type=INT, default=None, metavar="N",
               help="Per-server cap at tracebench's router (at most N in flight per server). The servers "
                    "tracebench launches get --max-running-requests max(N, every cap of --cap-schedule): sglang "
                    "cannot raise it after launch. A cap raised through the control endpoint above that launch value "
@@ -57,23 +58,24 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "them by K; all=N means every server). With "
                    "--max-running-requests, launched servers get the largest of these caps at launch; a raise "
                    "through the control endpoint above it is recorded as a cap_above_launch event.")
-@click.option("--control-port", type=int, default=None, metavar="P",
+@click.option("--control-port", type=INT, default=None, metavar="P",
               help='Port of the localhost control endpoint: POST /cap {"server": i|"all", "max_running_requests": n}, '
                    "GET /caps. Printed at start. [default: a free port]")
 @click.option("--model", default=None, metavar="PATH",
               help="Model folder for --backend sglang (--model-path); its config.json gives the vocabulary size of "
                    "the input ids (also usable with --attach). [default for --backend sglang: $TRACEBENCH_MODEL]")
-@click.option("--vocab-size", type=int, default=None, metavar="V",
+@click.option("--vocab-size", type=INT, default=None, metavar="V",
               help="Vocabulary size for --attach (input ids stay below it), or for the simulator (passed to it).")
 @click.option("--server-arg", "server_args", multiple=True, metavar="ARG",
               help='Extra argument(s) for each launched server, split like a shell (repeatable), e.g. '
                    '--server-arg "--load-format dummy --attention-backend triton". [default for --backend sglang: '
                    '$TRACEBENCH_SERVER_ARGS]')
-@click.option("--port-base", type=int, default=None, metavar="PORT",
+@click.option("--port-base", type=INT, default=None, metavar="PORT",
               help="Launched server i listens on 127.0.0.1:PORT+i. [default: free ports, drawn at random from "
                    "20000-32000, so runs at the same time do not collide; run.json servers[].url says which]")
-@click.option("--speed", type=float, default=None, metavar="K",
-              help="--backend sim: compress the whole run K times. The simulated GPUs run K times faster, request i "
+@click.option("--speed", type=FINITE, default=None, metavar="K",
+              help="--backend sim: compress the whole run K times (0.001 <= K <= 1000000). The simulated GPUs run K "
+                   "times faster, request i "
                    "is released at arrival_s/K run seconds, and the other trace-time options (--cap-schedule times, "
                    "--batch-timeout, --timeout) are divided by K (--poll-interval and --startup-timeout stay run "
                    "seconds). requests.jsonl stays on the run clock (t_arrival = arrival_s/K); run.json records "
@@ -84,7 +86,7 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "server without a cap, where it decides nothing]")
 @click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("reports"),
               show_default=True, help="Where run folders go.")
-@click.option("--timeout", type=float, default=None, metavar="S",
+@click.option("--timeout", type=FINITE, default=None, metavar="S",
               help="A request without a complete answer S seconds after dispatch is recorded as timeout (trace "
                    "seconds: S/K run seconds at --speed K). [default: no limit]")
 @click.option("--stream/--no-stream", default=True, show_default=True,
@@ -96,19 +98,19 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "tokenizer: one word one token; records' prompt_tokens show any difference). The OpenAI APIs "
                    "need a server with a tokenizer: launched sglang gets no --skip-tokenizer-init then (put a "
                    "tokenizer in the model folder); their answers carry no meta_info, so server_* stamps stay null.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the policy's random choices.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the policy's random choices.")
 @click.option("--sjf-key", type=click.Choice(["output", "input"]), default=None,
               help="--policy sjf: order by output_len (its default) or input_len.")
-@click.option("--poll-interval", type=float, default=0.5, show_default=True, metavar="S",
+@click.option("--poll-interval", type=FINITE, default=0.5, show_default=True, metavar="S",
               help="Run seconds between /v1/loads polls (telemetry.jsonl; what policies see as the servers' "
                    "reports); not divided by --speed.")
-@click.option("--metrics-interval", type=float, default=1.0, show_default=True, metavar="S",
+@click.option("--metrics-interval", type=FINITE, default=1.0, show_default=True, metavar="S",
               help="Run seconds between two scrapes of each server's /metrics (sglang's Prometheus counters, gauges "
                    "and histograms) into server_metrics.jsonl, with each server's whole text at the start and end "
                    "(metrics-<i>-start.txt, -end.txt); 0: no scrape. Behind sglang-router the servers themselves "
                    "are scraped. Beside it, when nvidia-smi is on PATH (or TRACEBENCH_NVIDIA_SMI names it) and a "
                    "real server runs on this host, GPU utilisation, memory and power every second into gpu.jsonl.")
-@click.option("--startup-timeout", type=float, default=None, metavar="S",
+@click.option("--startup-timeout", type=FINITE, default=None, metavar="S",
               help="Seconds a launched server may take to answer /health 200. [default: 600 sglang, 30 sim]")
 @click.option("--flush-cache/--no-flush-cache", default=True, show_default=True,
               help="Empty every server's prefix (radix) cache before the run starts (POST /flush_cache), so runs of "

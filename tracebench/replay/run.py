@@ -126,6 +126,10 @@ class ReplayConfig:
 
     def resolve(self) -> ReplayConfig:
         """Refuse contradictions and bad values (ConfigError); fill the defaults that depend on other options."""
+        import math  # (here, not at the top: the option checks are this method's alone)
+
+        from tracebench.options import INT64_MAX, SPEED_RANGE
+
         cfg = self
         given = {f.name for f in dataclasses.fields(self) if getattr(self, f.name) not in (None, ())}
 
@@ -142,8 +146,12 @@ class ReplayConfig:
             ("--batch-timeout", self.batch_timeout), ("--timeout", self.timeout), ("--speed", self.speed),
             ("--poll-interval", self.poll_interval), ("--startup-timeout", self.startup_timeout),
         ):
-            if value is not None and not value > 0:
-                refuse(f"{name} must be > 0, got {value}")
+            if value is not None and not (math.isfinite(value) and value > 0):  # inf: a run that never ends
+                refuse(f"{name} must be > 0 and finite, got {value}")
+        if self.speed is not None and not SPEED_RANGE[0] <= self.speed <= SPEED_RANGE[1]:
+            refuse(f"--speed must be between {SPEED_RANGE[0]:g} and {SPEED_RANGE[1]:g}, got {self.speed:g}")
+        if not 0 <= self.seed <= INT64_MAX:
+            refuse(f"--seed must be an integer from 0 to 2^63-1, got {self.seed}")
         if not self.metrics_interval >= 0:
             refuse(f"--metrics-interval must be >= 0 (0: no scrape), got {self.metrics_interval}")
         for name, value in (("--port-base", self.port_base), ("--control-port", self.control_port)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -9,8 +10,12 @@ from typing import TYPE_CHECKING
 
 import click
 
+from tracebench.options import FINITE, INT64_MAX, SEED, BoundedInt
+
 if TYPE_CHECKING:
     from tracebench.report.metrics import Report
+
+COUNT = BoundedInt(0, INT64_MAX, "an integer >= 0")
 
 FORMATS = ("table", "md", "csv", "json", "html", "perfetto")
 _SUFFIX_FORMATS = {".txt": "table", ".md": "md", ".csv": "csv", ".json": "json", ".html": "html", ".htm": "html",
@@ -37,19 +42,31 @@ def _resolve_format(fmt: str | None, output: Path | None) -> str:
 
 
 def _write_files(files: dict[Path, bytes]) -> None:
-    """Write every file to a temporary name first, then rename them all: a failure leaves nothing half-written."""
+    """Write every file to a temporary name first, then rename them all: a failure leaves nothing half-written. A
+    folder that cannot be written (read-only, full, not a folder) is a ConfigError naming the file (exit 2)."""
+    from tracebench.errors import ConfigError
+
     temps: list[tuple[Path, Path]] = []
+    placed: list[str] = []
+    current = None
     try:
         for path, data in files.items():
+            current = path
             path.parent.mkdir(parents=True, exist_ok=True)
             temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            temp.write_bytes(data)
             temps.append((temp, path))
+            temp.write_bytes(data)
         for temp, path in temps:
+            current = path
             os.replace(temp, path)
+            placed.append(str(path))
+    except OSError as err:
+        written = f"only {', '.join(placed)} was written" if placed else "nothing was written"
+        raise ConfigError(f"-o {current}: cannot write it ({err.strerror}); {written}") from None
     finally:
         for temp, _ in temps:
-            temp.unlink(missing_ok=True)
+            if temp.exists():  # (unlink of a missing file in a read-only folder fails with EROFS, not ENOENT)
+                temp.unlink()
 
 
 @click.command("report")
@@ -76,16 +93,16 @@ def _write_files(files: dict[Path, bytes]) -> None:
                    "misses --slo: fewer than --slo-percentile % of its kept requests meet every limit (a request "
                    "not ok meets none). Prints each run that missed, with the limits it missed, on stderr. Every "
                    "RUN is checked, the baseline too.")
-@click.option("--slo-percentile", type=float, default=None, metavar="P",
+@click.option("--slo-percentile", type=FINITE, default=None, metavar="P",
               help="--fail-on-slo: the share of kept requests (percent) that must meet every limit, i.e. each "
                    "limit holds at the P-th percentile. [default: 99]")
-@click.option("--warmup", type=float, default=0.0, show_default=True, metavar="S",
+@click.option("--warmup", type=FINITE, default=0.0, show_default=True, metavar="S",
               help="Leave out requests that arrive in the first S seconds of the trace.")
 @click.option("--allow-different-traces", is_flag=True,
               help="Compare runs of different traces (refused otherwise: run.json trace sha256 must match).")
-@click.option("--bootstrap", type=int, default=1000, show_default=True, metavar="N",
+@click.option("--bootstrap", type=COUNT, default=1000, show_default=True, metavar="N",
               help="Bootstrap resamples for the 95% interval of each latency-percentile difference (0: none).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap.")
 @click.option("--reports-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"),
               show_default=True, help="Where a RUN given by name is looked up.")
 def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output: Path | None, slo: str | None,
@@ -118,11 +135,10 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
       tracebench report a --format perfetto -o a.json.trace     # open in ui.perfetto.dev
       tracebench report new --slo ttft=500ms,total=10 --fail-on-slo   # CI: exit 3 if < 99% meet both
     """
+    from tracebench.errors import ConfigError
     from tracebench.report.load import load_runs, resolve_run_dir
     from tracebench.report.metrics import build_report, parse_slo
     from tracebench.report.render import document
-
-    from tracebench.errors import ConfigError
 
     out_format = _resolve_format(fmt, output)
     if fail_on_slo and slo is None:
@@ -132,10 +148,15 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     percentile = 99.0 if slo_percentile is None else slo_percentile
     if not 0 < percentile <= 100:
         raise ConfigError(f"--slo-percentile must be in (0, 100], got {percentile:g}")
+    if warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {warmup:g}")
     if out_format == "perfetto":
         _perfetto(list(runs), output, reports_dir, baseline=baseline, slo=slo, warmup=warmup)
         return
     slo_spec = parse_slo(slo) if slo is not None else None
+    for key, seconds in (slo_spec or {}).items():
+        if not math.isfinite(seconds):  # '1e400' parses as inf: an objective every request meets
+            raise ConfigError(f"--slo: {key} must be a finite number of seconds, got {seconds}")
     specs = list(runs)
     base_index = 0
     if baseline is not None:
@@ -219,7 +240,7 @@ def _perfetto(specs: list[str], output: Path | None, reports_dir: Path, **unused
 
 @click.command("pack")
 @click.argument("runs", nargs=-1, required=True, metavar="RUN [RUN ...]")
-@click.option("--log-tail", type=click.IntRange(min=1), default=None, metavar="LINES",
+@click.option("--log-tail", type=BoundedInt(1, INT64_MAX, "an integer >= 1"), default=None, metavar="LINES",
               help="Keep only the last LINES lines of each server-<i>.log, dropping the rest (default: the whole "
                    "log, compressed).")
 @click.option("--shareable", is_flag=True, default=False,
@@ -258,11 +279,19 @@ def pack(runs: tuple[str, ...], log_tail: int | None, shareable: bool, reports_d
       tracebench pack demo-round_robin demo-sjf
       tracebench pack reports/gpu-runs/*/ --log-tail 100 --shareable
     """
+    from tracebench.cleanup import StopSignals
     from tracebench.report.load import resolve_run_dir
     from tracebench.report.pack import pack_runs
 
+    def stale(path: Path, pid: int) -> None:
+        click.echo(f"tracebench: removed {path}, left by a pack (pid {pid}, no longer running) killed before it "
+                   f"finished", err=True)
+
     folders = [resolve_run_dir(spec, reports_dir) for spec in runs]
-    for run in pack_runs(folders, log_tail, shareable):
-        done = "made shareable" if all(final == original for _, final, original in run.moves) else "packed"
-        click.echo(f"{done} {run.folder}: {run.bytes_before / 1e6:.2f} MB -> {run.bytes_after / 1e6:.2f} MB "
-                   f"({', '.join(final.name for _, final, _ in run.moves)})", err=True)
+    with StopSignals("pack stopped by {signal}: nothing was packed (its temporary files removed, every run as it "
+                     "was)") as stop:
+        for run in pack_runs(folders, log_tail, shareable, stop, stale):
+            done = "made shareable" if all(final == original for _, final, original in run.moves) else "packed"
+            click.echo(f"{done} {run.folder}: {run.bytes_before / 1e6:.2f} MB -> {run.bytes_after / 1e6:.2f} MB "
+                       f"({', '.join(final.name for _, final, _ in run.moves)})", err=True)
+        stop.check("the packed files were being put in place: that was finished, every run given is packed")

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import orjson
 import polars as pl
 
+from tracebench.cleanup import StopSignals, remove_stale, temp_files
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.paths import shareable_json, shareable_text
 from tracebench.report.load import (
@@ -39,6 +40,7 @@ from tracebench.report.load import (
     read_parquet_table, read_requests, read_run_json, read_telemetry, request_schema, run_file, telemetry_schema,
 )
 
+TEMP_TAG = "packing"  # a packed file is written as .<name>.packing-<pid> first
 ZSTD_LEVEL = 19  # packing happens once per run and small files travel (git, the GPU call): the strongest level
 LOG_PATTERNS = ("server-*.log", "router.log")  # the servers' logs, sglang-router's (--router sglang-router)
 
@@ -56,7 +58,7 @@ class PreparedRun:
         """Register `original` for packing (`in_place`: an already packed file rewritten); returns the temporary path
         its packed form is written to."""
         final = original if in_place else original.with_name(PACKED_NAMES.get(original.name, original.name + ".xz"))
-        temp = final.with_name(f".{final.name}.packing-{os.getpid()}")
+        temp = final.with_name(f".{final.name}.{TEMP_TAG}-{os.getpid()}")
         self.moves.append((temp, final, original))
         return temp
 
@@ -65,14 +67,31 @@ class PreparedRun:
         self.bytes_after += temp.stat().st_size
 
 
-def pack_runs(folders: list[Path], log_tail: int | None, shareable: bool = False) -> list[PreparedRun]:
-    """Pack every folder, or none: a run that cannot be packed (or whose packed form does not read back equal) stops
-    the whole call before any original is removed. `shareable`: see the module's docstring."""
+def pack_runs(folders: list[Path], log_tail: int | None, shareable: bool = False, stop: StopSignals | None = None,
+              stale: Callable[[Path, int], None] | None = None) -> list[PreparedRun]:
+    """Pack every folder, or none: a run that cannot be packed (or whose packed form does not read back equal), or a
+    stop signal (`stop`: they raise Interrupted until the renames start, then wait), stops the whole call before any
+    original is removed, and removes every temporary file it wrote. Temporary files that an earlier pack killed
+    (SIGKILL) left are removed first, each reported to `stale`; those of a pack still running stop the call.
+    `shareable`: see the module's docstring."""
     seen: dict[Path, Path] = {}
     for folder in folders:
         if folder.resolve() in seen:
             raise ConfigError(f"run '{folder}' is given twice (also as '{seen[folder.resolve()]}')")
         seen[folder.resolve()] = folder
+    for folder in folders:
+        try:
+            removed, running = remove_stale(temp_files(folder, ".", TEMP_TAG))
+        except OSError as err:
+            raise ConfigError(f"run '{folder}': cannot remove {err.filename} ({err.strerror}): nothing was packed") \
+                from None
+        for path, pid in removed:
+            if stale is not None:
+                stale(path, pid)
+        if running:
+            path, pid = running[0]
+            raise ConfigError(f"run '{folder}': {path.name} belongs to pid {pid}, which is running: another tracebench "
+                              f"pack of this run? (if pid {pid} is no pack, remove the file)")
     prepared: list[PreparedRun] = []
     try:
         for folder in folders:
@@ -83,9 +102,13 @@ def pack_runs(folders: list[Path], log_tail: int | None, shareable: bool = False
                 make_shareable(prepared[-1])
             else:
                 prepare(prepared[-1], log_tail, shareable)
-    except BaseException:
+        if stop is not None:
+            stop.defer()  # from here the renames: all of them, then the originals out, not interrupted halfway
+    except BaseException as err:
         for run in prepared:
             discard(run)
+        if isinstance(err, OSError):  # a read-only run folder, a full disk: the path and why, not a traceback
+            raise ConfigError(f"{err.filename}: {err.strerror} (nothing was packed; every run is as it was)") from None
         raise
     for run in prepared:
         commit(run)
@@ -185,7 +208,8 @@ def commit(run: PreparedRun) -> None:
 
 def discard(run: PreparedRun) -> None:
     for temp, _, _ in run.moves:
-        temp.unlink(missing_ok=True)
+        if temp.exists():  # (unlink of a missing file in a read-only folder fails with EROFS, not ENOENT)
+            temp.unlink()
 
 
 def _packed_files(folder: Path) -> list[Path]:

@@ -8,27 +8,49 @@ from tracebench.errors import ConfigError
 from tracebench.sim.args import (
     DEFAULT_BOOTSTRAP_PORT, DEFAULT_KV_BANDWIDTH_GIB_S, DISAGGREGATION_MODES, TRANSFER_BACKENDS,
 )
+from tracebench.options import FINITE, INT, SEED, SPEED_RANGE
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """A ConfigError (one line, exit 2) naming the address when the server could not listen there: a --host that is
+    no address of this machine, a --port taken. Bound as the server binds it (every address of the host,
+    SO_REUSEADDR), then let go at once; the server binds it a moment later."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise ConfigError(f"--host {host!r}: not an address to listen on ({err.strerror})") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(address)
+                sock.listen(1)
+            except OSError as err:
+                raise ConfigError(f"--host {host} --port {port}: cannot listen there ({err.strerror})") from None
 
 
 @click.command("sim-server")
-@click.option("--port", type=int, required=True, help="TCP port to listen on.")
+@click.option("--port", type=INT, required=True, help="TCP port to listen on.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--profile", "profile_name", default="llama-2-7b-h200-triton", show_default=True,
               help="Timing profile: a name in tracebench/sim/profiles/ or a path to a profile JSON file.")
-@click.option("--speed", type=float, default=1.0, show_default=True,
-              help="Run K times faster than the GPU would: every duration is divided by K (stamps stay wall-clock).")
-@click.option("--max-running-requests", type=int, default=None,
+@click.option("--speed", type=FINITE, default=1.0, show_default=True,
+              help="Run K times faster than the GPU would: every duration is divided by K (stamps stay wall-clock); "
+                   "0.001 <= K <= 1000000.")
+@click.option("--max-running-requests", type=INT, default=None,
               help="At most N requests run at once (sglang's flag). Default: the profile's (sglang: 4096).")
-@click.option("--max-total-tokens", type=int, default=None,
+@click.option("--max-total-tokens", type=INT, default=None,
               help="KV cache capacity in tokens (sglang's flag). Default: the profile's GPU capacity.")
-@click.option("--context-length", type=int, default=4096, show_default=True, help="Model context length.")
-@click.option("--chunked-prefill-size", type=int, default=8192, show_default=True,
+@click.option("--context-length", type=INT, default=4096, show_default=True, help="Model context length.")
+@click.option("--chunked-prefill-size", type=INT, default=8192, show_default=True,
               help="At most this many new input tokens per prefill step; longer inputs are prefilled in chunks.")
-@click.option("--startup-delay", type=float, default=0.0, show_default=True,
+@click.option("--startup-delay", type=FINITE, default=0.0, show_default=True,
               help="Seconds during which /health answers 503 (sglang loading), before 200.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seed of the output ids (same seed and request order: same ids).")
-@click.option("--vocab-size", type=int, default=32000, show_default=True, help="Input ids must be below this.")
+@click.option("--vocab-size", type=INT, default=32000, show_default=True, help="Input ids must be below this.")
 @click.option("--crash-on-bad-token", is_flag=True, default=False,
               help="An input id >= vocab size kills the process (exit 134, connections drop), like real sglang. "
                    "Default: answer 400.")
@@ -51,14 +73,14 @@ from tracebench.sim.args import (
                    "sglang-router's PD mode add them). A prefill server serves sglang's bootstrap server on "
                    "--disaggregation-bootstrap-port and answers (one token) when its KV reached the decode server; "
                    "a decode server takes a request into its batch only when its KV arrived.")
-@click.option("--disaggregation-bootstrap-port", type=int, default=DEFAULT_BOOTSTRAP_PORT, show_default=True,
+@click.option("--disaggregation-bootstrap-port", type=INT, default=DEFAULT_BOOTSTRAP_PORT, show_default=True,
               help="sglang's flag: the prefill server's bootstrap server port.")
 @click.option("--disaggregation-transfer-backend",
               type=click.Choice(TRANSFER_BACKENDS), default="mooncake",
               show_default=True,
               help="sglang's flag, recorded in /server_info (mooncake_tcp shows as mooncake, as in sglang); the "
                    "simulated transfer is the same for all. A prefill server refuses fake, as sglang 0.5.17 does.")
-@click.option("--kv-transfer-bandwidth", type=float, default=DEFAULT_KV_BANDWIDTH_GIB_S, show_default=True,
+@click.option("--kv-transfer-bandwidth", type=FINITE, default=DEFAULT_KV_BANDWIDTH_GIB_S, show_default=True,
               metavar="GIB_S",
               help="PD: the prefill server's KV link in GiB/s. A request's KV (524,288 bytes per prompt token for "
                    "llama-2-7b: 32 layers x 32 KV heads x 128 x K,V x 2 bytes) goes over it in "
@@ -76,7 +98,8 @@ def sim_server(port: int, host: str, profile_name: str, speed: float, max_runnin
     POST /generate (input_ids or text, batch, stream), /health, /health_generate, /server_info, /get_server_info,
     /model_info, /v1/models, /v1/loads, /get_load, /metrics, /flush_cache, /set_internal_state.
     There is no EOS: every request gets exactly max_new_tokens output tokens (as with ignore_eos).
-    Serves until SIGINT or SIGTERM.
+    Serves until SIGINT or SIGTERM. Exit 2: bad input, including a --port taken and a --host that is not an
+    address of this machine (said before anything starts).
     """
     from tracebench.sim.args import SimArgs
     from tracebench.sim.model import load_profile
@@ -84,8 +107,8 @@ def sim_server(port: int, host: str, profile_name: str, speed: float, max_runnin
 
     if not 0 < port < 65536:
         raise ConfigError(f"--port must be in 1..65535, got {port}")
-    if speed <= 0:
-        raise ConfigError(f"--speed must be > 0, got {speed}")
+    if not SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]:  # (FINITE already refused nan and inf)
+        raise ConfigError(f"--speed must be between {SPEED_RANGE[0]:g} and {SPEED_RANGE[1]:g}, got {speed:g}")
     for flag, value in (("--max-running-requests", max_running_requests), ("--max-total-tokens", max_total_tokens)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
@@ -105,6 +128,7 @@ def sim_server(port: int, host: str, profile_name: str, speed: float, max_runnin
     if disaggregation_mode == "prefill" and disaggregation_bootstrap_port == port:
         raise ConfigError(f"--disaggregation-bootstrap-port {port} is the server's own --port: give another")
     profile = load_profile(profile_name)
+    check_can_listen(host, port)
     serve(SimArgs(host=host, port=port, profile=profile, speed=speed, max_running_requests=max_running_requests,
                   max_total_tokens=max_total_tokens, context_length=context_length,
                   chunked_prefill_size=chunked_prefill_size, startup_delay=startup_delay, seed=seed,

@@ -22,6 +22,11 @@ ARRIVAL_KINDS = ("poisson", "gamma", "constant")
 
 # A trace this long is a typo, not a benchmark (and would not fit in memory).
 MAX_REQUESTS = 50_000_000
+# The latest arrival a generated trace may have (31.7 years). Arrivals are written to the microsecond (%.6f); a float64
+# holds microseconds exactly only below 2^53 us (285 years), and `--rate 1e-300` used to write 300-digit times.
+MAX_ARRIVAL_S = 1e9
+# Gamma gaps have shape k = 1/B^2: beyond B = 1000 (k = 1e-6) almost every gap is 0.0 and B^2 overflows near 1e154.
+MAX_BURSTINESS = 1000.0
 
 
 def check_arrival(kind: str, rate: float, burstiness: float | None) -> None:
@@ -33,8 +38,8 @@ def check_arrival(kind: str, rate: float, burstiness: float | None) -> None:
     if kind == "gamma":
         if burstiness is None:
             raise ConfigError("--arrival gamma needs --burstiness (the CV of the gaps: 1 is Poisson, 4 is very bursty)")
-        if not (math.isfinite(burstiness) and burstiness > 0):
-            raise ConfigError(f"--burstiness must be a number > 0, got {burstiness!r}")
+        if not (math.isfinite(burstiness) and 0 < burstiness <= MAX_BURSTINESS):
+            raise ConfigError(f"--burstiness must be a number > 0 and at most {MAX_BURSTINESS:g}, got {burstiness!r}")
     elif burstiness is not None:
         raise ConfigError(f"--burstiness only applies to --arrival gamma (got --arrival {kind})")
 
@@ -70,8 +75,9 @@ def arrivals_by_duration(kind: str, rate: float, duration_s: float, rng: np.rand
     """Arrival times (s) of every request arriving in [0, duration_s): the first at 0, then gaps drawn until the
     duration is passed."""
     check_arrival(kind, rate, burstiness)
-    if not (math.isfinite(duration_s) and duration_s > 0):
-        raise ConfigError(f"--duration must be a number of seconds > 0, got {duration_s!r}")
+    if not (math.isfinite(duration_s) and 0 < duration_s <= MAX_ARRIVAL_S):
+        raise ConfigError(f"--duration must be a number of seconds > 0 and at most {MAX_ARRIVAL_S:,.0f}, "
+                          f"got {duration_s!r}")
     expected = rate * duration_s
     if expected > MAX_REQUESTS:
         raise ConfigError(f"--rate {rate:g} for --duration {duration_s:g} s makes about {expected:.3g} requests; "

@@ -3,7 +3,14 @@ module): numpy and the generators are imported inside the commands."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
+
+from tracebench.options import FINITE, INT, SEED
+
+if TYPE_CHECKING:
+    from tracebench.trace.generate import GeneratedTrace
 
 # The same tuples as arrivals.ARRIVAL_KINDS, lengths.LENGTH_DISTS, datasets.DATASET_FORMATS (a test checks), repeated
 # here so that building the CLI does not import numpy.
@@ -77,34 +84,34 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
 
 
 @click.command("generate", help=_GENERATE_HELP, context_settings={"max_content_width": 110})
-@click.option("--rate", type=float, default=None, metavar="R",
+@click.option("--rate", type=FINITE, default=None, metavar="R",
               help="Mean arrival rate in requests/s (--workload multi-turn: session starts/s).  [default: 8; not with "
                    "--keep-timestamps]")
-@click.option("--num-requests", type=int, default=None, metavar="N",
+@click.option("--num-requests", type=INT, default=None, metavar="N",
               help="Number of requests (excludes --duration).  [default: 1000; with --keep-timestamps or --in-order: "
                    "every dataset row]")
-@click.option("--duration", type=float, default=None, metavar="S",
+@click.option("--duration", type=FINITE, default=None, metavar="S",
               help="Instead of a count: every request arriving in the first S seconds (excludes --num-requests).")
-@click.option("--seed", type=int, default=None, metavar="SEED",
+@click.option("--seed", type=SEED, default=None, metavar="SEED",
               help="Seed of every random draw (arrivals, lengths, dataset rows).  [default: 0; not with "
                    "--keep-timestamps]")
 @click.option("--arrival", type=click.Choice(_ARRIVALS), default=None,
               help="Arrival process: poisson (exponential gaps), gamma (gaps with CV = --burstiness), constant "
                    "(every gap 1/R).  [default: poisson]")
-@click.option("--burstiness", type=float, default=None, metavar="B",
+@click.option("--burstiness", type=FINITE, default=None, metavar="B",
               help="With --arrival gamma (required there): the coefficient of variation of the inter-arrival gaps; "
                    "1 is Poisson, 4 is very bursty, < 1 more regular (gamma shape k = 1/B^2).")
-@click.option("--input-len", type=int, default=None, metavar="TOKENS",
+@click.option("--input-len", type=INT, default=None, metavar="TOKENS",
               help="Mean prompt length in tokens (shared-prompt: of the question after the system prompt; "
                    "multi-turn: of each turn's new user tokens).  [default: 512; not with --dataset]")
-@click.option("--output-len", type=int, default=None, metavar="TOKENS",
+@click.option("--output-len", type=INT, default=None, metavar="TOKENS",
               help="Mean answer length in tokens.  [default: 128; not with --dataset]")
 @click.option("--length-dist", type=click.Choice(_LENGTH_DISTS), default=None,
               help="Distribution of both lengths (see above).  [default: lognormal; not with --dataset]")
-@click.option("--length-spread", type=float, default=None, metavar="X",
+@click.option("--length-spread", type=FINITE, default=None, metavar="X",
               help="Width of --length-dist; its meaning depends on the distribution (see above).  "
                    "[default: 0.5 (uniform, normal, lognormal), 8 (zipf)]")
-@click.option("--max-context", type=int, default=None, metavar="C",
+@click.option("--max-context", type=INT, default=None, metavar="C",
               help="No request has input_len + output_len > C; longer ones are clamped (see above). Set it to your "
                    "model's context length (its config.json max_position_embeddings).  [default: 4096, llama-2's]")
 @click.option("--dataset", type=str, default=None, metavar="PATH",
@@ -113,27 +120,27 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
               help="Format of --dataset.  [default: auto (detected from the content)]")
 @click.option("--keep-timestamps", is_flag=True, default=False,
               help="Replay the dataset's own arrival times (shifted to start at 0).")
-@click.option("--time-scale", type=float, default=None, metavar="K",
+@click.option("--time-scale", type=FINITE, default=None, metavar="K",
               help="With --keep-timestamps: divide the dataset's gaps by K (2 = twice as fast).  [default: 1]")
 @click.option("--in-order", is_flag=True, default=False,
               help="Take the dataset's rows in file order, each once, instead of sampling them with the seed.")
 @click.option("--workload", type=click.Choice(_WORKLOADS), default=None,
               help="Requests with shared prompt prefixes (see above).  [default: none: independent prompts]")
-@click.option("--block-size", type=int, default=None, metavar="TOKENS",
+@click.option("--block-size", type=INT, default=None, metavar="TOKENS",
               help="With --workload: tokens per prefix block (the sharing granularity).  [default: 64]")
-@click.option("--groups", type=int, default=None, metavar="G",
+@click.option("--groups", type=INT, default=None, metavar="G",
               help="shared-prompt: number of system prompts.  [default: 64]")
-@click.option("--prefix-len", type=int, default=None, metavar="TOKENS",
+@click.option("--prefix-len", type=INT, default=None, metavar="TOKENS",
               help="shared-prompt: tokens of each system prompt.  [default: 2048]")
 @click.option("--group-dist", type=click.Choice(_GROUP_DISTS), default=None,
               help="shared-prompt: how a request picks its group.  [default: uniform]")
-@click.option("--group-zipf", type=float, default=None, metavar="A",
+@click.option("--group-zipf", type=FINITE, default=None, metavar="A",
               help="With --group-dist zipf: the exponent A, P(group g) ~ (g+1)^-A.  [default: 1]")
-@click.option("--sessions", type=int, default=None, metavar="S",
+@click.option("--sessions", type=INT, default=None, metavar="S",
               help="multi-turn: number of sessions (replaces --num-requests / --duration).  [default: 100]")
-@click.option("--turns", type=int, default=None, metavar="T",
+@click.option("--turns", type=INT, default=None, metavar="T",
               help="multi-turn: turns per session.  [default: 5]")
-@click.option("--think-time", type=float, default=None, metavar="SECONDS",
+@click.option("--think-time", type=FINITE, default=None, metavar="SECONDS",
               help="multi-turn: mean time between a turn and the next.  [default: 5]")
 @click.option("--think-dist", type=click.Choice(_THINK_DISTS), default=None,
               help="multi-turn: distribution of the think time; uniform is on [0, 2 x mean].  [default: exponential]")
@@ -143,11 +150,25 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
 @click.option("-o", "--output", type=str, default=None, metavar="PATH",
               help="Where to write the trace (replaced atomically).  [default: traces/<name from the arguments>.jsonl]")
 def generate(**options: object) -> None:
+    from tracebench.cleanup import StopSignals
     from tracebench.trace.generate import GenerateArgs, generate_trace
 
     output = options.pop("output")
     default_context = options["max_context"] is None
-    result = generate_trace(GenerateArgs(**options), output)  # type: ignore[arg-type]
+    # SIGINT/SIGTERM while generating: the temporary file is removed, nothing written, exit 130/143
+    with StopSignals("generate stopped by {signal}: nothing was written (no temporary file left)") as stop:
+        result = generate_trace(GenerateArgs(**options), output, stop)  # type: ignore[arg-type]
+        _report_generated(result, default_context)
+        stop.check(f"{result.path} was being put in place: it is complete")
+
+
+def _report_generated(result: GeneratedTrace, default_context: bool) -> None:
+    for path, pid in result.stale_removed:
+        click.echo(f"tracebench: removed {path}, the temporary file of an earlier generate (pid {pid}, no longer "
+                   f"running: killed) of the same trace", err=True)
+    for path, pid in result.temps_of_running:
+        click.echo(f"tracebench: left {path} alone: its writer (pid {pid}) is running (another generate of the same "
+                   f"trace?)", err=True)
     header = result.header
     clamped = header["clamped_requests"]
     if clamped:  # said only when it happened; the default suits llama-2 only, so say when it was the default

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from tracebench import __version__
+from tracebench.cleanup import StopSignals, remove_stale, temp_files
 from tracebench.errors import ConfigError
 from tracebench.trace import arrivals as arrival_mod
 from tracebench.trace import workloads
@@ -37,6 +38,10 @@ DEFAULT_LENGTH_DIST = "lognormal"
 DEFAULT_MAX_CONTEXT = 4096
 DEFAULT_DATASET_FORMAT = "auto"
 DEFAULT_TRACE_DIR = Path("traces")
+# Upper bounds where a larger value would exhaust memory rather than describe a trace: a context of 2^24 tokens
+# (16.8M; requests' prefix blocks are lists of that order), groups as many as a zipf length table may have entries.
+MAX_CONTEXT = 1 << 24
+MAX_GROUPS = 1 << 22
 # --workload defaults. shared-prompt: sglang bench_serving's generated-shared-prefix (64 groups, 2,048-token prompts).
 DEFAULT_BLOCK_SIZE = 64
 DEFAULT_GROUPS = 64
@@ -87,12 +92,15 @@ class GenerateArgs:
 
 @dataclass(frozen=True)
 class GeneratedTrace:
-    """What generate_trace wrote: the path, the header (as written) and the numbers the CLI prints."""
+    """What generate_trace wrote: the path, the header (as written) and the numbers the CLI prints; temporary files
+    of earlier writers of this path found beside it: removed (their process had ended: killed) or left (running)."""
 
     path: Path
     header: dict[str, Any]
     input_mean: float
     output_mean: float
+    stale_removed: list[tuple[Path, int]] = field(default_factory=list)
+    temps_of_running: list[tuple[Path, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -165,8 +173,10 @@ def plan(args: GenerateArgs) -> _Plan:
 
     if args.num_requests is not None and not 1 <= args.num_requests <= arrival_mod.MAX_REQUESTS:
         raise ConfigError(f"--num-requests must be between 1 and {arrival_mod.MAX_REQUESTS}, got {args.num_requests}")
-    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
-        raise ConfigError(f"--duration must be a number of seconds > 0, got {args.duration}")
+    if args.duration is not None and \
+            not (math.isfinite(args.duration) and 0 < args.duration <= arrival_mod.MAX_ARRIVAL_S):
+        raise ConfigError(f"--duration must be a number of seconds > 0 and at most {arrival_mod.MAX_ARRIVAL_S:,.0f}, "
+                          f"got {args.duration}")
     if args.seed is not None and args.seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {args.seed}")
     if args.time_scale is not None and not (math.isfinite(args.time_scale) and args.time_scale > 0):
@@ -174,8 +184,9 @@ def plan(args: GenerateArgs) -> _Plan:
     if args.dataset_format is not None and args.dataset_format not in DATASET_FORMATS:
         raise ConfigError(f"--dataset-format must be one of {', '.join(DATASET_FORMATS)}, got {args.dataset_format!r}")
     max_context = DEFAULT_MAX_CONTEXT if args.max_context is None else args.max_context
-    if max_context < 2:
-        raise ConfigError(f"--max-context must be at least 2 (one input and one output token), got {max_context}")
+    if not 2 <= max_context <= MAX_CONTEXT:
+        raise ConfigError(f"--max-context must be at least 2 (one input and one output token) and at most "
+                          f"{MAX_CONTEXT} (2^24), got {max_context}")
 
     synthetic_arrivals = not args.keep_timestamps
     rate = (DEFAULT_RATE if args.rate is None else args.rate) if synthetic_arrivals else None
@@ -244,8 +255,8 @@ def _check_workload(args: GenerateArgs) -> None:
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError(f"--block-size must be an integer >= 1 (tokens per prefix block), got {args.block_size}")
     if args.workload == "shared-prompt":
-        if args.groups is not None and args.groups < 1:
-            raise ConfigError(f"--groups must be an integer >= 1, got {args.groups}")
+        if args.groups is not None and not 1 <= args.groups <= MAX_GROUPS:
+            raise ConfigError(f"--groups must be an integer >= 1 and at most {MAX_GROUPS} (2^22), got {args.groups}")
         if args.prefix_len is not None and args.prefix_len < 1:
             raise ConfigError(f"--prefix-len must be an integer >= 1 (tokens), got {args.prefix_len}")
         prefix_len = DEFAULT_PREFIX_LEN if args.prefix_len is None else args.prefix_len
@@ -319,9 +330,11 @@ def default_output_path(p: _Plan) -> Path:
     return DEFAULT_TRACE_DIR / ("-".join(parts) + ".jsonl")
 
 
-def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> GeneratedTrace:
+def generate_trace(args: GenerateArgs, output: str | Path | None = None,
+                   stop: StopSignals | None = None) -> GeneratedTrace:
     """Make the trace the arguments describe and write it (atomically) to `output`, or to `default_output_path`.
-    Raises ConfigError (arguments), DatasetError / TraceError (the dataset); nothing is written then."""
+    Raises ConfigError (arguments), DatasetError / TraceError (the dataset); nothing is written then. `stop`: the
+    command's stop signals, deferred from the moment the last line is written (the trace is then complete)."""
     p = plan(args)
     # spawn(4)'s first three children are spawn(3)'s: traces without a workload are what they were
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(p.seed or 0).spawn(4)]
@@ -361,6 +374,7 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
         extras = _cut_prefix_blocks(extras, clamp.input_cut_mask, clamp.input_len, dataset.block_size)  # type: ignore[union-attr,arg-type]
 
     count = len(arrivals)
+    _check_span(p, float(arrivals[-1]))
     duration_s = float("%.6f" % arrivals[-1])  # as written in the last line
     header: dict[str, Any] = {
         "num_requests": count,
@@ -392,11 +406,35 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None) -> Gene
     else:
         lines = _lines_with_extras(arrivals, clamp.input_len, clamp.output_len, extras)
     try:
-        write_trace(path, header, lines)
+        # a generate killed (SIGKILL) while writing this path left its temporary file: never reused, removed here
+        stale, running = remove_stale(temp_files(path.parent, f".{path.name}", "tmp"))
+        write_trace(path, header, _then(lines, stop.defer) if stop is not None else lines)
     except OSError as err:  # write_trace removed its temporary file; the message names the path
         raise ConfigError(f"-o {path}: cannot write: {err.strerror or err}") from None
     return GeneratedTrace(path=path, header=header, input_mean=float(clamp.input_len.mean()),
-                          output_mean=float(clamp.output_len.mean()))
+                          output_mean=float(clamp.output_len.mean()), stale_removed=stale, temps_of_running=running)
+
+
+def _then(lines: Iterator[bytes], done: Callable[[], None]) -> Iterator[bytes]:
+    """The lines, then `done()` once the last one is written."""
+    yield from lines
+    done()
+
+
+def _check_span(p: _Plan, last_arrival: float) -> None:
+    """Refuse a trace whose last arrival cannot be written sensibly (arrival_mod.MAX_ARRIVAL_S): a tiny --rate,
+    --time-scale or a huge --think-time would otherwise write times of hundreds of digits."""
+    if last_arrival <= arrival_mod.MAX_ARRIVAL_S:
+        return
+    if p.keep_timestamps:
+        cause = f"the dataset's timestamps divided by --time-scale {_num(p.time_scale)}"  # type: ignore[arg-type]
+    elif p.workload == "multi-turn":
+        cause = (f"--rate {_num(p.rate)} session starts/s and "  # type: ignore[arg-type]
+                 f"--think-time {_num(p.think_time)} s")  # type: ignore[arg-type]
+    else:
+        cause = f"--rate {_num(p.rate)} req/s"  # type: ignore[arg-type]
+    raise ConfigError(f"{cause} put the last arrival at {last_arrival:.3g} s: a trace's arrivals must lie within "
+                      f"{arrival_mod.MAX_ARRIVAL_S:,.0f} s (31.7 years; they are written to the microsecond)")
 
 
 def _workload_requests(p: _Plan, arrival_rng: np.random.Generator, input_rng: np.random.Generator,

@@ -31,6 +31,8 @@ LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "zipf")
 DEFAULT_SPREAD: dict[str, float] = {"uniform": 0.5, "normal": 0.5, "lognormal": 0.5, "zipf": 8.0}
 # Zipf samples by inverse CDF over its whole support: keep the table a few tens of MB at most.
 MAX_ZIPF_SUPPORT = 1 << 22
+# The widest lognormal (std / mean): far beyond it spread^2 overflows (near 1e154) and the cap below cuts the tail.
+MAX_LOGNORMAL_SPREAD = 100.0
 # Continuous draws are capped here before becoming integers (far above any context; the clamp then applies).
 _LENGTH_CAP = float(1 << 40)
 # Normal draws below this are redrawn: rounded, they would be 0.
@@ -82,6 +84,10 @@ def make_distribution(dist: str, mean: int, spread: float | None, what: str = "l
         return LengthDistribution(dist, mean, spread, {"mu": _solve_truncated_normal_mu(mean, sigma), "sigma": sigma,
                                                        "redrawn_below": _NORMAL_FLOOR})
     if dist == "lognormal":
+        if spread > MAX_LOGNORMAL_SPREAD:
+            raise ConfigError(f"--length-spread {spread:g} is too wide for lognormal lengths (at most "
+                              f"{MAX_LOGNORMAL_SPREAD:g}: the tail would be cut at {_LENGTH_CAP:.0f} tokens, or "
+                              f"overflow, and the mean not kept)")
         sigma_log = math.sqrt(math.log1p(spread * spread))
         return LengthDistribution(dist, mean, spread, {"mu_log": math.log(mean) - sigma_log * sigma_log / 2,
                                                        "sigma_log": sigma_log})
