@@ -40,9 +40,13 @@ Length distributions (--length-dist; --input-len / --output-len are the means, a
              the exponent a solved so that the mean is the asked one
 
 \b
-Context clamp (--max-context C): no request has input_len + output_len > C. The prompt is kept and the
-answer shortened (output_len = C - input_len); a prompt longer than C - 7 is cut to C - 7 (sglang 0.5.17
-refuses longer ones) with output_len at most 7 (its prefix_blocks cut to match). The count is kept in the header, and printed on stderr when not 0.
+Context clamp (--max-context C, the model's context length): no request has input_len + output_len >
+C - 2 (4094 for 4096): sglang 0.5.17 answers up to C but clips max_new_tokens to C - 1 - input_len - 1
+(scheduler.py L2132-2141), so only then does it generate the whole answer. The prompt is kept and the answer
+shortened (output_len = C - 2 - input_len); a prompt longer than C - 7 is cut to C - 7 (sglang 0.5.17
+refuses longer ones) with output_len at most 5 (its prefix_blocks cut to match). Applied to every source
+(synthetic lengths, datasets, workloads). The count is kept in the header, and printed on stderr only when
+the clamp changed a request.
 
 \b
 Datasets (--dataset PATH; --dataset-format auto detects from the content):
@@ -105,8 +109,9 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
               help="Width of --length-dist; its meaning depends on the distribution (see above).  "
                    "[default: 0.5 (uniform, normal, lognormal), 8 (zipf)]")
 @click.option("--max-context", type=int, default=None, metavar="C",
-              help="No request has input_len + output_len > C; longer ones are clamped (see above). Set it to your "
-                   "model's context length (its config.json max_position_embeddings).  [default: 4096, llama-2's]")
+              help="The model's context length: no request has input_len + output_len > C - 2 (sglang's rule: the "
+                   "whole answer only up to context_len - 2); longer ones are clamped (see above). Set it to your "
+                   "model's (its config.json max_position_embeddings).  [default: 4096, llama-2's: at most 4094]")
 @click.option("--dataset", type=str, default=None, metavar="PATH",
               help="Take lengths (and with --keep-timestamps arrivals) from this file.")
 @click.option("--dataset-format", type=click.Choice(_DATASET_FORMATS), default=None,
@@ -144,6 +149,7 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
               help="Where to write the trace (replaced atomically).  [default: traces/<name from the arguments>.jsonl]")
 def generate(**options: object) -> None:
     from tracebench.trace.generate import GenerateArgs, generate_trace
+    from tracebench.trace.lengths import OUTPUT_RESERVE
 
     output = options.pop("output")
     default_context = options["max_context"] is None
@@ -151,10 +157,12 @@ def generate(**options: object) -> None:
     header = result.header
     clamped = header["clamped_requests"]
     if clamped:  # said only when it happened; the default suits llama-2 only, so say when it was the default
-        which = " (the default, llama-2's context length: give your model's with --max-context)" if default_context else ""
+        which = ", the default, llama-2's: give your model's with --max-context" if default_context else ""
         click.echo(
-            f"tracebench: {clamped} of {header['num_requests']} requests clamped to --max-context "
-            f"{header['max_context']}{which}; {header['clamped_input_requests']} of them with the prompt cut", err=True)
+            f"tracebench: {clamped} of {header['num_requests']} requests clamped to input_len + output_len <= "
+            f"{header['max_context'] - OUTPUT_RESERVE}: sglang generates the whole answer only up to its context length "
+            f"- 2 (--max-context {header['max_context']}{which}); {header['clamped_input_requests']} of them with the "
+            f"prompt cut", err=True)
     workload = header.get("workload")
     if workload is not None and workload["kind"] == "shared-prompt" and \
             workload["shared_tokens_per_group"] < workload["prefix_len"]:
