@@ -163,6 +163,18 @@ def test_generate_and_importers_clamp_to_context_minus_two(tmp_path: Path) -> No
     assert "requests clamped to input_len + output_len <= 4094" in proc.stderr
 
 
+def test_inspect_counts_requests_past_the_rule(tmp_path: Path) -> None:
+    trace = write_pairs(tmp_path / "t.jsonl", [*CLIPPED, *FULL, (4093, 2)])
+    proc = run_cli("inspect", str(trace))
+    assert proc.returncode == 0, proc.stderr
+    assert ("context fit       3 requests over input_len + output_len <= 4094 (context 4096, llama-2's; --max-context C "
+            "for another model): sglang answers them short (max_new_tokens clipped to context - 1 - input_len - 1); "
+            "1 prompts over 4089 tokens (refused)") in proc.stdout
+    proc = run_cli("inspect", str(trace), "--json", "--max-context", "8192")
+    assert json.loads(proc.stdout)["context"] == {"max_context": 8192, "source": "--max-context", "over": 0,
+                                                  "prompt_over": 0}
+
+
 # ---- item 4: --max-concurrency ------------------------------------------------------------------------------------
 
 QUEUE_POLICY = '''

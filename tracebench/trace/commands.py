@@ -191,7 +191,10 @@ def generate(**options: object) -> None:
 @click.option("--lru-tokens", type=str, default=None, metavar="N[,N...]",
               help="Sizes in tokens of the LRU caches whose hit rate is reported for a trace with prefix blocks.  "
                    "[default: 65536,231818,927272 (231,818: llama-2-7b's KV pool on one H200 under sglang 0.5.17)]")
-def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None) -> None:
+@click.option("--max-context", type=int, default=None, metavar="C",
+              help="The model's context length the trace is checked against (context fit).  [default: the trace "
+                   "header's max_context, else 4096, llama-2's]")
+def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None, max_context: int | None) -> None:
     """Statistics of a trace: requests, duration, mean rate, CV of the inter-arrival gaps, peak rate over 1 s windows,
     input/output length mean/p50/p90/p99/max and offered tokens/s, and, where requests carry prefix_blocks, the
     prefix structure. The whole trace is validated while it is read: a broken trace is an error naming the line and
@@ -204,6 +207,9 @@ def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None) -> None:
     peak rate (1 s)     the most requests arriving within any 1-second interval
     p50/p90/p99         nearest-rank percentiles (values that occur in the trace)
     offered tokens/s    mean rate x mean length
+    context fit         requests with input_len + output_len > C - 2 (4094 for a 4096 context): sglang
+                        0.5.17 answers them 200 but generates only C - 2 - input_len tokens (replay
+                        records them as mismatch); and prompts over C - 7 tokens (refused)
 
     \b
     Prefix structure (requests taken one after another in trace order, as by one server):
@@ -226,7 +232,10 @@ def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None) -> None:
             raise ConfigError(f"--lru-tokens must be integers separated by commas, got {lru_tokens!r}") from None
         if not sizes or min(sizes) < 1:
             raise ConfigError(f"--lru-tokens must be sizes >= 1 token, got {lru_tokens!r}")
-    stats = trace_stats(trace, sizes)
+    if max_context is not None and max_context <= 7:
+        raise ConfigError(f"--max-context must be more than 7 (sglang keeps 6 positions of the context from the "
+                          f"prompt), got {max_context}")
+    stats = trace_stats(trace, sizes, max_context)
     if as_json:
         import orjson
 
