@@ -514,7 +514,7 @@ def _set_field(field: str, value: object):
         (lambda p: _rewrite_line(p, 7, lambda line: line[: len(line) // 2] + "\n"), "requests.jsonl:7: not JSON"),
         (lambda p: _rewrite_line(p, 12, _set_field("t_finish", "soon")), "requests.jsonl:12: field 't_finish': must be a number"),
         (lambda p: _rewrite_line(p, 20, _set_field("status", "weird")), "requests.jsonl:20: field 'status': must be one of"),
-        (lambda p: _rewrite_line(p, 33, _set_field("t_dispatch", None)), "requests.jsonl:33: field 't_dispatch': null in an ok record"),
+        (lambda p: _rewrite_line(p, 33, _set_field("t_dispatch", None)), "requests.jsonl:33: field 't_dispatch': null in a completed (ok or mismatch) record"),
         (lambda p: _rewrite_line(p, 40, _set_field("server", 5)), "requests.jsonl:40: field 'server': not an index"),
         (lambda p: _rewrite_line(p, 41, _set_field("id", 3)), "requests.jsonl:41: field 'id': this id was already recorded"),
         (lambda p: _rewrite_line(p, 50, _set_field("t_finish", 0.0)), "requests.jsonl:50: field 't_finish': before t_dispatch"),
