@@ -9,6 +9,8 @@ Servers are real sim-server processes (nothing mocked)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import urllib.request
 from collections import Counter
@@ -86,6 +88,65 @@ def test_answers_past_the_context_rule_are_mismatch_records(tmp_path: Path, sim_
     assert run["counts"] == {"ok": 3, "mismatch": 2, "error": 0, "timeout": 0, "cancelled": 0}
     assert "(ok 3, mismatch 2, error 0, timeout 0, cancelled 0)" in result.stderr
     assert "  mismatch 2: completion_tokens != output_len: sglang clips max_new_tokens to context_len - 1" in result.stderr
+
+
+def test_report_counts_mismatches_and_the_client_gate(tmp_path: Path, sim_server) -> None:
+    server = sim_server("--speed", "10")
+    trace = write_pairs(tmp_path / "t.jsonl", [*CLIPPED, *FULL])
+    for name, extra in (("plain", []), ("gated", ["--max-concurrency", "2"])):
+        result = run_cli("replay", str(trace), "--attach", server.url, *extra, "--run-name", name, "--out-dir",
+                         str(tmp_path), "--quiet")
+        assert result.returncode == 0, result.stderr
+    runs = [str(tmp_path / "plain"), str(tmp_path / "gated")]
+    reason = ("completion_tokens != output_len: sglang clips max_new_tokens to context_len - 1 - input_len - 1 "
+              "(context_len 4096: the whole output only when input_len + output_len <= 4094, sglang 0.5.17 "
+              "scheduler.py L2132-2141)")
+    done = run_cli("report", *runs, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    for entry in report["runs"]:
+        assert entry["requests"]["mismatch"] == 2 and entry["requests"]["ok"] == 3
+        assert entry["mismatch_reasons"] == {reason: 2}
+        assert entry["latency"]["total"]["p50"] is not None  # over ok + mismatch: five requests
+    assert [entry["max_concurrency"] for entry in report["runs"]] == [None, 2]
+    assert report["config"]["changed"]["max concurrency"] == {"plain": "-", "gated": "2"}  # "What changed"
+    gated = report["runs"][1]["latency"]
+    assert gated["client_wait"]["max"] > 0 and report["runs"][0]["latency"]["client_wait"]["max"] == 0
+    warning = next(w for w in report["warnings"] if "run 'plain'" in w and "mismatch" in w)
+    assert warning.startswith(f"run 'plain': 2 of 5 requests are mismatch, finished but not as the trace asked (2 x {reason})")
+    assert "TPOT, total latency and output throughput" in warning
+    tidy = list(csv.reader(io.StringIO(run_cli("report", *runs, "--format", "csv").stdout)))
+    assert ["plain", "requests.mismatch", "count", "2", "requests"] in tidy
+    assert ["plain", "mismatch_reason", reason, "2", "requests"] in tidy
+    md = run_cli("report", *runs, "--format", "md").stdout
+    assert "| mismatch |" in md and "2 of 5 requests are mismatch" in md and "max concurrency" in md
+    assert "client wait" in md and "latencies over completed requests (ok + mismatch)" in md
+    page = tmp_path / "r.html"
+    assert run_cli("report", *runs, "--format", "html", "-o", str(page)).returncode == 0
+    assert "2 of 5 requests are mismatch" in page.read_text()
+    # packed, the new columns travel; a run recorded before them (no mismatch, t_admitted, max_concurrency) still reads
+    assert run_cli("pack", runs[1]).returncode == 0
+    old = tmp_path / "old"
+    old.mkdir()
+    meta = json.loads((tmp_path / "plain" / "run.json").read_text())
+    del meta["max_concurrency"], meta["max_concurrency_peak"], meta["options"]["max_concurrency"]
+    meta["counts"] = {"ok": 5, "error": 0, "timeout": 0, "cancelled": 0}
+    (old / "run.json").write_text(json.dumps(meta))
+    lines = []
+    for line in (tmp_path / "plain" / "requests.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        del record["mismatch"], record["t_admitted"]
+        record["status"] = "ok"  # what tracebench recorded before it checked answers
+        lines.append(json.dumps(record) + "\n")
+    (old / "requests.jsonl").write_text("".join(lines))
+    done = run_cli("report", str(old), runs[1], "--allow-different-traces", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    before = json.loads(done.stdout)["runs"][0]
+    assert before["requests"]["ok"] == 5 and before["requests"]["mismatch"] == 0 and before["max_concurrency"] is None
+    records = [json.loads(line) for line in lines]
+    # no t_admitted: the router wait is from the arrival, as it was defined then
+    assert before["latency"]["router_wait"]["max"] == pytest.approx(max(r["t_dispatch"] - r["t_arrival"] for r in records))
+    assert before["latency"]["client_wait"]["max"] is None  # nothing recorded, nothing made up
 
 
 def test_mismatch_reasons_named_or_unknown() -> None:

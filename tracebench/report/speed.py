@@ -11,8 +11,8 @@ speed 4). So each request's stamps are rebuilt on the simulated timeline, part b
   batching (a request is dispatched at once); with a cap, the client gate or static batching it is mostly waiting
   for a slot, which is simulated time, so the dispatch is `K * t_dispatch` (the router wait from arrival x K, its
   host part of ~1 ms included: docs/report.md). Anything finer would let a request start before the slot it waited
-  for was freed. `t_admitted` (the client gate let it into the router queue) likewise: as measured after the release
-  without the gate (it is the release), `K * t_admitted` with it (waiting for a slot);
+  for was freed. `t_admitted` (it entered the router queue): as measured after the release without the client gate
+  (it is the release), `K * t_admitted` with it (waiting for a slot, at least the release);
 - dispatch -> the simulator's `request_received_ts`: the HTTP hop, host time;
 - inside the simulator (received -> forward entry -> prefill finished -> finished): the simulator's own model
   clock, exact simulated time / K, so multiplied by K;
@@ -68,8 +68,9 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     host_wait = uncapped(meta)  # the router wait is host time (else: waiting for a slot, simulated time)
     arrival = c("t_arrival") * k
     released = arrival + (c("t_released") - c("t_arrival"))
-    # admitted into the router queue: at the release without the client gate; after waiting for a slot with it
-    admitted = (released + (c("t_admitted") - c("t_released")) if host_wait
+    # admitted into the router queue: at the release without the client gate (host time); with it, after waiting for
+    # a slot (simulated time, like a capped dispatch)
+    admitted = (released + (c("t_admitted") - c("t_released")) if meta.get("max_concurrency") is None
                 else pl.when(c("t_admitted").is_not_null()).then(pl.max_horizontal(released, c("t_admitted") * k)))
     # with a cap a request is dispatched when another one's slot frees: K x its run-clock dispatch keeps it after
     # that finish on the simulated timeline too (which keeps host time out of the finish, so it only comes earlier)
