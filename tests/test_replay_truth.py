@@ -306,7 +306,7 @@ def test_max_concurrency_bounds_continuous_and_static_runs(tmp_path: Path, sim_s
 def test_max_concurrency_with_closed_loop(tmp_path: Path) -> None:
     trace = tmp_path / "multi.jsonl"
     proc = run_cli("generate", "--workload", "multi-turn", "--sessions", "12", "--turns", "3", "--rate", "50",
-                   "--think-time", "0.05", "--input-len", "64", "--output-len", "16", "--closed-loop", "-o", str(trace))
+                   "--think-time", "0.05", "--input-len", "64", "--output-len", "128", "--closed-loop", "-o", str(trace))
     assert proc.returncode == 0, proc.stderr
     n = read_header(trace).fields["num_requests"]
     result = run_cli("replay", str(trace), "--backend", "sim", "--speed", "10", "--port-base", port_base(1),
