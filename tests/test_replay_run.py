@@ -113,7 +113,7 @@ def test_continuous_two_servers(tmp_path: Path) -> None:
     # round robin over two servers with free slots everywhere: they alternate
     servers = [r["server"] for r in sorted(records, key=lambda r: r["t_dispatch"])]
     assert all(a != b for a, b in zip(servers, servers[1:]))
-    assert run["status"] == "completed" and run["counts"] == {"ok": n, "error": 0, "timeout": 0, "cancelled": 0}
+    assert run["status"] == "completed" and run["counts"] == {"ok": n, "mismatch": 0, "error": 0, "timeout": 0, "cancelled": 0}
     assert run["trace"]["num_requests"] == n and len(run["trace"]["sha256"]) == 64
     assert [s["index"] for s in run["servers"]] == [0, 1] and all(s["same_host"] for s in run["servers"])
     assert all(s["launch_command"][3:5] == ["sim-server", "--host"] for s in run["servers"])
@@ -358,7 +358,7 @@ def test_ctrl_c(tmp_path: Path) -> None:
     check_ok_order(records)
     statuses = Counter(r["status"] for r in records)
     assert set(statuses) == {"ok", "cancelled"} and statuses["ok"] > 20
-    assert run["status"] == "interrupted" and run["counts"] == {**dict.fromkeys(statuses, 0), **statuses, "error": 0, "timeout": 0}
+    assert run["status"] == "interrupted" and run["counts"] == {**dict.fromkeys(statuses, 0), **statuses, "mismatch": 0, "error": 0, "timeout": 0}
     cancelled = [r for r in records if r["status"] == "cancelled"]
     assert any(r["t_dispatch"] is not None for r in cancelled)  # in flight when Ctrl-C came
     assert any(r["t_released"] is None for r in cancelled)  # never released
@@ -388,7 +388,7 @@ def test_server_start_failures(tmp_path: Path) -> None:
     assert "errors" not in result.stderr and "error 5" not in result.stderr
     run = json.loads((tmp_path / "f1" / "run.json").read_text())
     assert run["status"] == "not_started" and "ServerStartError" in run["error"]
-    assert run["counts"] == {"ok": 0, "error": 0, "timeout": 0, "cancelled": 0}
+    assert run["counts"] == {"ok": 0, "mismatch": 0, "error": 0, "timeout": 0, "cancelled": 0}
     assert not (tmp_path / "f1" / "requests.jsonl").exists()
     assert (tmp_path / "f1" / "server-0.log").is_file()  # why it did not start
     report = run_cli("report", str(tmp_path / "f1"))

@@ -109,6 +109,9 @@ def _records(runs: Path, name: str) -> list[dict]:
         r["t_arrival"] = raw["t_arrival"] * k
         if raw["t_released"] is not None:
             r["t_released"] = r["t_arrival"] + raw["t_released"] - raw["t_arrival"]
+        if raw["t_admitted"] is not None:  # without --max-concurrency admitted at the release: host time after it
+            assert meta["max_concurrency"] is None
+            r["t_admitted"] = r["t_released"] + (raw["t_admitted"] - raw["t_released"])
         if raw["t_dispatch"] is not None:  # capped: waiting for a slot, dispatched at K x (after the slot's finish)
             r["t_dispatch"] = (r["t_released"] + raw["t_dispatch"] - raw["t_released"]) if uncapped else raw["t_dispatch"] * k
         for field in ("server_e2e_latency", "server_queue_time", "itl_max"):
@@ -145,7 +148,7 @@ def _latencies(ok: list[dict]) -> dict[str, np.ndarray]:
 
     return {
         "total": arr(r["t_finish"] - r["t_arrival"] for r in ok),
-        "router_wait": arr(r["t_dispatch"] - r["t_arrival"] for r in ok),
+        "router_wait": arr(r["t_dispatch"] - r["t_admitted"] for r in ok),  # the router queue: admitted -> dispatched
         "server_client": arr(r["t_finish"] - r["t_dispatch"] for r in ok),
         "server_sglang": arr(r["server_e2e_latency"] for r in ok),
         "ttft": arr(r["t_first_token"] - r["t_arrival"] if r["t_first_token"] is not None else None for r in ok),
@@ -516,7 +519,7 @@ def _set_field(field: str, value: object):
         (lambda p: _rewrite_line(p, 7, lambda line: line[: len(line) // 2] + "\n"), "requests.jsonl:7: not JSON"),
         (lambda p: _rewrite_line(p, 12, _set_field("t_finish", "soon")), "requests.jsonl:12: field 't_finish': must be a number"),
         (lambda p: _rewrite_line(p, 20, _set_field("status", "weird")), "requests.jsonl:20: field 'status': must be one of"),
-        (lambda p: _rewrite_line(p, 33, _set_field("t_dispatch", None)), "requests.jsonl:33: field 't_dispatch': null in an ok record"),
+        (lambda p: _rewrite_line(p, 33, _set_field("t_dispatch", None)), "requests.jsonl:33: field 't_dispatch': null in a completed (ok or mismatch) record"),
         (lambda p: _rewrite_line(p, 40, _set_field("server", 5)), "requests.jsonl:40: field 'server': not an index"),
         (lambda p: _rewrite_line(p, 41, _set_field("id", 3)), "requests.jsonl:41: field 'id': this id was already recorded"),
         (lambda p: _rewrite_line(p, 50, _set_field("t_finish", 0.0)), "requests.jsonl:50: field 't_finish': before t_dispatch"),

@@ -61,20 +61,22 @@ def test_azure_time_scale_cut_and_default_context_clamp(tmp_path: Path) -> None:
     for req, (t, _, _) in zip(requests, rows):
         assert abs(req.arrival_s - t / 4) < 1.5e-6
     header = read_header(trace).fields
-    expected_clamped = sum(1 for _, c, g in rows[:5000] if c + g > 4096 or c > 4089)
+    # sglang 0.5.17 generates the whole answer only when input + output <= context - 2 (scheduler.py L2132-2141)
+    expected_clamped = sum(1 for _, c, g in rows[:5000] if c + g > 4094 or c > 4089)
     expected_cut = sum(1 for _, c, _ in rows[:5000] if c > 4089)  # sglang 0.5.17 serves at most context - 7
     assert expected_clamped > 0
     assert (header["clamped_requests"], header["clamped_input_requests"]) == (expected_clamped, expected_cut)
-    assert (f"{expected_clamped} of 5000 requests clamped to --max-context 4096 (the default, llama-2's context length: "
-            f"give your model's with --max-context); {expected_cut} of them with the prompt cut") in stderr
-    assert all(r.input_len + r.output_len <= 4096 for r in requests)
+    assert (f"{expected_clamped} of 5000 requests clamped to input_len + output_len <= 4094: sglang generates the whole "
+            f"answer only up to its context length - 2 (--max-context 4096, the default, llama-2's: give your model's "
+            f"with --max-context); {expected_cut} of them with the prompt cut") in stderr
+    assert all(r.input_len + r.output_len <= 4094 for r in requests)
     for req, (_, context, generated) in zip(requests, rows):
-        if context <= 4089 and context + generated <= 4096:
+        if context <= 4089 and context + generated <= 4094:
             assert (req.input_len, req.output_len) == (context, generated)
         elif context <= 4089:
-            assert (req.input_len, req.output_len) == (context, 4096 - context)  # the prompt is kept
-        else:  # sglang 0.5.17 serves prompts of at most context - 7 tokens
-            assert (req.input_len, req.output_len) == (4089, min(generated, 7))
+            assert (req.input_len, req.output_len) == (context, 4094 - context)  # the prompt is kept
+        else:  # sglang 0.5.17 serves prompts of at most context - 7 tokens, and then at most 5 output tokens
+            assert (req.input_len, req.output_len) == (4089, min(generated, 5))
 
 
 def test_azure_lengths_sampled_or_in_order_with_generated_arrivals(tmp_path: Path) -> None:
@@ -112,7 +114,7 @@ def test_mooncake_keep_timestamps_carries_prefix_blocks_and_drops_zero_rows(tmp_
                               "--max-context", "3000", "--time-scale", "2")
     requests = list(iter_requests(trace))
     assert [(r.arrival_s, r.input_len, r.output_len) for r in requests] == [
-        (0.0, 1200, 40), (0.0, 700, 12), (1.526, 2993, 7), (2.0, 300, 30)]
+        (0.0, 1200, 40), (0.0, 700, 12), (1.526, 2993, 5), (2.0, 300, 30)]  # 2993 + 5 = 3000 - 2
     # prefix blocks carried; the cut prompt (3000 - 7 = 2993 tokens) keeps only its ceil(2993 / 512) = 6 blocks
     assert [r.prefix_blocks for r in requests] == [(0, 1, 2), (0, 3), (4, 5, 6, 7, 8, 9), (0,)]
     assert read_header(trace).block_size == 512

@@ -43,10 +43,11 @@ def test_default_output_path_summary_and_clamp_on_stderr(tmp_path: Path) -> None
     assert summary.startswith("400 requests over ") and f"{header['clamped_requests']} clamped" in summary
     # a spread this wide at this context clamps some: counted in the header and said on stderr
     assert header["clamped_requests"] > 0
-    assert f"{header['clamped_requests']} of 400 requests clamped to --max-context 1500" in proc.stderr
+    assert (f"{header['clamped_requests']} of 400 requests clamped to input_len + output_len <= 1498: sglang generates "
+            "the whole answer only up to its context length - 2 (--max-context 1500)") in proc.stderr
     requests = list(iter_requests(trace))
     assert len(requests) == 400 == header["num_requests"]
-    assert all(r.input_len + r.output_len <= 1500 and r.input_len >= 1 and r.output_len >= 1 for r in requests)
+    assert all(r.input_len + r.output_len <= 1498 and r.input_len >= 1 and r.output_len >= 1 for r in requests)
     assert header["duration_s"] == requests[-1].arrival_s and requests[0].arrival_s == 0.0
     assert [r.id for r in requests] == list(range(400))
     assert "the default" not in proc.stderr  # --max-context was given

@@ -52,6 +52,13 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "is recorded as a cap_above_launch event in run.json (the server itself runs at most its launch "
                    "value; the rest wait in its own queue). With --router sglang-router it is only the launched "
                    "servers' own --max-running-requests (there is no router cap). [default: no cap]")
+@click.option("--max-concurrency", type=INT, default=None, metavar="N",
+              help="The benchmark client's own limit (sglang bench_serving's --max-concurrency): at most N requests "
+                   "in flight across the run, every policy, mode and router. A request released while N are "
+                   "unfinished waits at the client, in arrival order, until one finishes; only then does it enter "
+                   "the router queue (the policy never sees it before). Its wait is recorded (t_admitted - "
+                   "t_released) and reported as the client wait. Not the servers' --max-running-requests, which "
+                   "acts after it. [default: no limit]")
 @click.option("--cap-schedule", default=None, metavar="SPEC",
               help='Change caps during the run: "30s:8,60s:server1=2" (at 30 s every server\'s cap becomes 8, at '
                    "60 s server 1's becomes 2; times are trace seconds, i.e. run seconds unless --speed K divides "
@@ -155,7 +162,8 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 @click.pass_context
 def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str, ...], gpus: int | None,
            backend: str | None, attach: tuple[str, ...], mode: str, batch_size: int | None, batch_timeout: float | None,
-           max_running_requests: int | None, cap_schedule: str | None, control_port: int | None, model: str | None,
+           max_running_requests: int | None, max_concurrency: int | None, cap_schedule: str | None,
+           control_port: int | None, model: str | None,
            vocab_size: int | None, server_args: tuple[str, ...], port_base: int | None, speed: float | None,
            run_name: str | None, out_dir: Path, timeout: float | None, stream: bool, api: str, seed: int,
            sjf_key: str | None, poll_interval: float, metrics_interval: float, startup_timeout: float | None,
@@ -172,6 +180,12 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
     logs (docs/run-format.md).
     --speed K (simulator) compresses the whole run K times: every trace time is divided by K, and
     `tracebench report` shows the run in simulated seconds (the simulators' time x K, the host's as measured).
+    \b
+    Every answer is checked against the trace: a request is ok only when the server generated output_len
+    tokens and counted input_len prompt tokens. Otherwise its status is mismatch and its record's mismatch
+    field says what and why, e.g. sglang 0.5.17 clips max_new_tokens to context_len - 1 - input_len - 1, so
+    the whole output comes only when input_len + output_len <= context_len - 2 (4094 for a 4096 context).
+    The final line counts each status, mismatches by reason.
     \b
     tracebench replay t.jsonl --backend sim --gpus 2 --speed 4 --policy sjf --max-running-requests 16
     tracebench replay t.jsonl --model models/llama-2-7b-hf --gpus 4 --policy round_robin \\
@@ -192,7 +206,7 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
     config = ReplayConfig(
         trace=trace, policy=policy, policy_options=_policy_opts(policy_opts), gpus=gpus, backend=backend,
         attach=attach, mode=mode, batch_size=batch_size, batch_timeout=batch_timeout,
-        max_running_requests=max_running_requests, cap_schedule=cap_schedule, control_port=control_port,
+        max_running_requests=max_running_requests, max_concurrency=max_concurrency, cap_schedule=cap_schedule, control_port=control_port,
         model=model, vocab_size=vocab_size, server_args=server_args, port_base=port_base, speed=speed,
         run_name=run_name, out_dir=out_dir, timeout=timeout, stream=stream, api=api, seed=seed, sjf_key=sjf_key,
         poll_interval=poll_interval, metrics_interval=metrics_interval, startup_timeout=startup_timeout,

@@ -18,7 +18,7 @@ from tracebench.itl import ItlGaps
 from tracebench.policies.base import Policy
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer
 from tracebench.replay.pd import PairClient, PrefillAnswer, Rooms, assign_pairs, with_bootstrap
-from tracebench.replay.records import PdRecord, RequestRecord
+from tracebench.replay.records import COMPLETED, PdRecord, RequestRecord
 from tracebench.replay.router import Router, ServerState
 
 # the decode server's meta_info stamps that must come with --enable-metrics (a decode server sends no
@@ -116,6 +116,7 @@ class PdRouter(Router):
             if rec.status == "ok":
                 self._take_prefill(rec, prefill, prefill_answer)
                 self._check_decode_stamps(rec, decode)
+                self._check_answer(rec, decode)   # the decode answer against the trace: ok or mismatch
         except BaseException as err:  # recorded, then re-raised: the run stops on anything but a measurement
             if rec.t_finish is None:
                 rec.t_finish = now()
@@ -127,7 +128,7 @@ class PdRouter(Router):
         finally:
             prefill.in_flight -= 1
             if not self._closing:
-                self.pools.prefill_policy.on_complete(rec.id, prefill.index, rec.status == "ok")
+                self.pools.prefill_policy.on_complete(rec.id, prefill.index, rec.status in COMPLETED)
             self._finish(rec, decode)
 
     def _take_prefill(self, rec: PdRecord, prefill: ServerState, answer: Answer) -> None:

@@ -8,8 +8,11 @@ from typing import IO, Literal
 
 import orjson
 
-Status = Literal["ok", "error", "timeout", "cancelled"]
-STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "cancelled")
+Status = Literal["ok", "mismatch", "error", "timeout", "cancelled"]
+STATUSES: tuple[str, ...] = ("ok", "mismatch", "error", "timeout", "cancelled")
+# answers that finished: `ok` (what the trace asked for) and `mismatch` (finished, but the server generated or
+# counted something else: the record's `mismatch` says what); the report's latencies are over these
+COMPLETED: tuple[str, ...] = ("ok", "mismatch")
 
 
 @dataclass(slots=True)
@@ -42,6 +45,12 @@ class RequestRecord:
     # the answer came in one chunk or was not streamed
     itl_max: float | None = None  # the largest gap, seconds
     itl_hist: str | None = None  # "bucket:count,..." the gaps' 2% log buckets, ascending
+    # status `mismatch`: what the server generated or counted that differs from the trace, and why where known
+    # (replay/answer_check.py); null otherwise
+    mismatch: str | None = None
+    # entered the router queue (admitted by --max-concurrency's client gate, replay/gate.py; without the gate the
+    # moment it was released). Client wait = t_admitted - t_released; router wait = t_dispatch - t_admitted
+    t_admitted: float | None = None
 
 
 @dataclass(slots=True)

@@ -24,9 +24,11 @@ import numpy as np
 from tracebench.errors import PolicyError, RunFailed, ServerProtocolError
 from tracebench.policies.base import UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView
 from tracebench.itl import ItlGaps
+from tracebench.replay.answer_check import ContextLimits, check_answer, mismatch_reason
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, SglangClient
 from tracebench.replay.clock import RunClock, run_seconds
-from tracebench.replay.records import STATUSES, RecordWriter, RequestRecord
+from tracebench.replay.gate import ConcurrencyGate
+from tracebench.replay.records import COMPLETED, STATUSES, RecordWriter, RequestRecord
 from tracebench.replay.tokens import InputIds
 from tracebench.trace.format import TraceRequest
 
@@ -55,11 +57,11 @@ class ServerState:
 
     __slots__ = (
         "index", "url", "generate_url", "require_stamps", "launch_cap", "state", "cap", "in_flight", "forming", "batch_seq",
-        "batch_timer", "recent", "reported", "reported_t", "_observed", "_observed_t",
+        "batch_timer", "recent", "reported", "reported_t", "_observed", "_observed_t", "limits",
     )
 
     def __init__(self, index: int, url: str, cap: int | None, require_stamps: bool, launch_cap: int | None = None,
-                 api_path: str = "/generate") -> None:
+                 api_path: str = "/generate", limits: ContextLimits | None = None) -> None:
         self.index = index
         self.url = url
         self.generate_url = f"{url}{api_path}"  # the request path of the run's --api (client.Api.path)
@@ -76,6 +78,9 @@ class ServerState:
         self.reported_t = 0.0
         self._observed: tuple[float, float | None, float | None, float | None] = (0.0, None, None, None)
         self._observed_t = -OBSERVED_REFRESH_S
+        # sglang's context limits there (/server_info): what its answers are checked against (answer_check.py); None:
+        # not known (behind sglang-router, servers whose limits differ)
+        self.limits = limits
 
     def observed(self, now: float) -> tuple[float, float | None, float | None, float | None]:
         """(completed_per_s, latency_p50, latency_p90, ttft_p50) over the recent window (cached briefly)."""
@@ -115,9 +120,11 @@ class Router:
         batch_timeout: float | None = None,
         speed: float = 1.0,
         block_size: int | None = None,
+        max_concurrency: int | None = None,
     ) -> None:
         """`batch_timeout` is in run seconds; `speed` (--speed K, 1.0 when not sped up) turns the trace's arrival
-        times into run seconds (`run_seconds`); `block_size` is the trace header's (tokens per prefix block)."""
+        times into run seconds (`run_seconds`); `block_size` is the trace header's (tokens per prefix block);
+        `max_concurrency`: --max-concurrency N, the client's gate before the router queue (gate.py)."""
         self.clock = clock
         self.speed = speed
         self.servers = servers
@@ -141,14 +148,19 @@ class Router:
         self._tasks: set[asyncio.Task[None]] = set()  # one _serve per dispatched request
         self._probes: set[asyncio.Task[None]] = set()
         self._assign_scheduled = False
-        self._engine_done = False
+        self._engine_done = False  # nothing more will enter the router queue (every request released and admitted)
+        self._all_released = False  # the engine released every request (some may still wait at the client gate)
+        # --max-concurrency: requests released but not admitted wait here, before the router queue
+        self.gate: ConcurrencyGate[TraceRequest] | None = None if max_concurrency is None else ConcurrencyGate(max_concurrency)
         self._closing = False
         self._cancel_status = "cancelled"
         self._cancel_reason = "cancelled"
         self.released = 0
         self.finished = 0
         self.counts = dict.fromkeys(STATUSES, 0)
-        self.e2e_ok = np.empty(max(total, 1))  # t_finish - t_arrival of ok requests, in finishing order
+        self.completed = 0  # ok + mismatch: answers that finished
+        self.e2e_ok = np.empty(max(total, 1))  # t_finish - t_arrival of completed requests, in finishing order
+        self.mismatch_reasons: dict[str, int] = {}  # a mismatch's reason (answer_check.py) -> how many
         self.cap_changes: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.failure: BaseException | None = None
@@ -169,22 +181,46 @@ class Router:
             return
         t_released = self.clock.now()
         rid = request.id
-        self._pending[rid] = RequestRecord(rid, request.input_len, request.output_len, t_arrival, t_released)
+        rec = self._pending[rid] = RequestRecord(rid, request.input_len, request.output_len, t_arrival, t_released)
         if request.prefix_blocks is not None:
             self._prefix_blocks[rid] = request.prefix_blocks
-        queued = QueuedRequest(rid, request.input_len, request.output_len, t_arrival, t_released,
-                               request.prefix_blocks, self.block_size)
-        self._queued[rid] = queued
-        self._queue.append(queued)
         self.released += 1
+        if self.gate is None or self.gate.offer(request):
+            self._admit(request, rec, t_released)
+
+    def _admit(self, request: TraceRequest, rec: RequestRecord, t_admitted: float) -> None:
+        """The request enters the router queue (the policy sees it from now on)."""
+        rec.t_admitted = t_admitted
+        queued = QueuedRequest(request.id, request.input_len, request.output_len, rec.t_arrival, rec.t_released,  # type: ignore[arg-type]
+                               request.prefix_blocks, self.block_size)
+        self._queued[request.id] = queued
+        self._queue.append(queued)
         self._kick()
+
+    def _gate_slot_freed(self) -> None:
+        """An admitted request's record was written: the next request waiting at the client gate is admitted."""
+        assert self.gate is not None
+        request = self.gate.finished(admit_next=not self._closing)
+        if request is None:
+            return
+        self._admit(request, self._pending[request.id], self.clock.now())
+        if self._all_released and not self.gate.waiting:  # the last one the gate held: the trace is all in
+            self._loop.call_soon(self.guarded, self._after_last_release)
+
+    @property
+    def waiting_at_client(self) -> int:
+        """Released requests held by --max-concurrency's gate (not in the router queue yet)."""
+        return 0 if self.gate is None else self.gate.waiting
 
     def engine_finished(self) -> None:
         """Every request of the trace was released: partial static batches go now, once the assignment round
         already scheduled for the last arrivals has run (call_soon keeps that order)."""
+        self._all_released = True
         self._loop.call_soon(self.guarded, self._after_last_release)
 
     def _after_last_release(self) -> None:
+        if self.gate is not None and self.gate.waiting:
+            return  # some still wait at the client gate: the last one admitted calls this again
         self._engine_done = True
         if self.static:
             for server in self.servers:
@@ -347,15 +383,27 @@ class Router:
                 self._dispatch(rec, server)
         for index in touched:
             self._maybe_send_batch(self.servers[index])
+        self._send_batches_gate_blocks()
+
+    def _gate_blocks_batches(self) -> bool:
+        """Static mode under --max-concurrency: every admitted request waits in a forming batch or the router queue,
+        nothing is in flight, and the gate admits no one until something finishes: no batch can grow any more."""
+        return self.gate is not None and self.gate.full and self.in_flight == 0
+
+    def _send_batches_gate_blocks(self) -> None:
+        if self.static and self._gate_blocks_batches():
+            for server in self.servers:
+                self._maybe_send_batch(server)
 
     def _maybe_send_batch(self, server: ServerState) -> None:
         """Static mode: send the server's forming batch if it is idle and the batch is full, timed out, or last."""
         if not server.forming or server.in_flight:
             return
         now = self.clock.now()
-        deadline = None if self.batch_timeout is None else server.forming[0].t_released + self.batch_timeout  # type: ignore[operator]
+        # a batch's clock starts when its first request reached the router (admitted: released, without a gate)
+        deadline = None if self.batch_timeout is None else server.forming[0].t_admitted + self.batch_timeout  # type: ignore[operator]
         full = len(server.forming) >= min(self.batch_size, server.cap)
-        if full or self._engine_done or (deadline is not None and now >= deadline):
+        if full or self._engine_done or self._gate_blocks_batches() or (deadline is not None and now >= deadline):
             if server.batch_timer is not None:
                 server.batch_timer.cancel()
                 server.batch_timer = None
@@ -409,6 +457,8 @@ class Router:
             assert answer is not None  # generate() always ends with an Answer
             rec.itl_max, rec.itl_hist = gaps.fields()
             self._take_answer(rec, server, answer)
+            if rec.status == "ok":
+                self._check_answer(rec, server)
         except BaseException as err:  # recorded, then re-raised: the run stops on anything but a measurement
             if rec.t_finish is None:
                 rec.t_finish = now()
@@ -460,10 +510,16 @@ class Router:
                 continue  # an attached server without --enable-metrics: the stamp stays null
             setattr(rec, field, from_wall(stamp))
 
+    def _check_answer(self, rec: RequestRecord, server: ServerState) -> None:
+        """A finished answer that differs from the trace (answer_check.py) is recorded as `mismatch`, never `ok`."""
+        mismatch = check_answer(rec, server.limits, self.client.api.name)
+        if mismatch is not None:
+            rec.status, rec.mismatch = "mismatch", mismatch
+
     def _finish(self, rec: RequestRecord, server: ServerState) -> None:
         server.in_flight -= 1
         self._write(rec)
-        if rec.status == "ok":
+        if rec.status in COMPLETED:
             assert rec.t_finish is not None and rec.t_dispatch is not None
             ttft = None if rec.t_first_token is None else rec.t_first_token - rec.t_dispatch
             server.recent.append((rec.t_finish, rec.t_finish - rec.t_dispatch, ttft))
@@ -471,9 +527,10 @@ class Router:
             return
         if self.on_finished is not None:
             self.on_finished(rec.id)
-        self.policy.on_complete(rec.id, server.index, rec.status == "ok")
+        self.policy.on_complete(rec.id, server.index, rec.status in COMPLETED)
         if self.static and not server.in_flight:
             self._maybe_send_batch(server)
+        self._send_batches_gate_blocks()
         self._kick()
 
     def _write(self, rec: RequestRecord) -> None:
@@ -481,9 +538,15 @@ class Router:
         self._prefix_blocks.pop(rec.id, None)
         self.writer.write(rec)
         self.counts[rec.status] += 1
-        if rec.status == "ok":
-            self.e2e_ok[self.counts["ok"] - 1] = rec.t_finish - rec.t_arrival  # type: ignore[operator]
+        if rec.status in COMPLETED:
+            self.e2e_ok[self.completed] = rec.t_finish - rec.t_arrival  # type: ignore[operator]
+            self.completed += 1
+        if rec.mismatch is not None:
+            reason = mismatch_reason(rec.mismatch)
+            self.mismatch_reasons[reason] = self.mismatch_reasons.get(reason, 0) + 1
         self.finished += 1
+        if self.gate is not None and rec.t_admitted is not None:
+            self._gate_slot_freed()
         self._check_ended()
 
     def _check_ended(self) -> None:

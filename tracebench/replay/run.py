@@ -29,6 +29,7 @@ from tracebench.paths import portable_path, portable_words
 from tracebench.policies.base import Policy
 from tracebench.policies.registry import load_policy
 from tracebench.replay.beside import BesideTelemetry
+from tracebench.replay.answer_check import ContextLimits
 from tracebench.replay.caps import (
     CapChange, ControlServer, bind_control_socket, launch_cap, parse_cap_schedule, run_cap_schedule,
 )
@@ -69,6 +70,7 @@ class ReplayConfig:
     batch_size: int | None = None
     batch_timeout: float | None = None
     max_running_requests: int | None = None
+    max_concurrency: int | None = None  # the client's gate: at most N requests in flight across the run (gate.py)
     cap_schedule: str | None = None
     control_port: int | None = None
     model: str | None = None
@@ -139,6 +141,7 @@ class ReplayConfig:
         for name, value, low in (
             ("--gpus", self.gpus, 1), ("--batch-size", self.batch_size, 1),
             ("--max-running-requests", self.max_running_requests, 1), ("--vocab-size", self.vocab_size, 1),
+            ("--max-concurrency", self.max_concurrency, 1),
         ):
             if value is not None and value < low:
                 refuse(f"{name} must be >= {low}, got {value}")
@@ -366,6 +369,7 @@ class Replay:
         self.server_info: list[Any] = [None] * len(plans)
         self.accelerators: list[str | None] = [None] * len(plans)
         self.enable_metrics: list[bool] = [True] * len(plans)
+        self.limits: list[ContextLimits | None] = [None] * len(plans)  # sglang's context limits (/server_info)
         self.signal: str | None = None
         self.status = "running"
         self.failure: BaseException | None = None
@@ -421,6 +425,10 @@ class Replay:
                 "initial": [None if self.external else self.cfg.max_running_requests] * len(servers),
                 "changes": router.cap_changes if router is not None else [],
             },
+            # --max-concurrency: the client's gate before the router queue (null: none); its peak is the most
+            # requests admitted at once (never above it)
+            "max_concurrency": self.cfg.max_concurrency,
+            "max_concurrency_peak": router.gate.peak if router is not None and router.gate is not None else None,
             "events": self._events(),
             **self.beside.describe(),
             "status": self.status,
@@ -503,6 +511,10 @@ class Replay:
         if took and self.cfg.speed is not None:
             took += f" ({self.t_end * self.cfg.speed:.1f} simulated s at --speed {self.cfg.speed:g})"
         self.stderr.write(f"{self.run_dir}: {self.status}{took} ({summary})\n")
+        if counts["mismatch"] and self.router is not None:
+            # what a mismatch is is said once per reason (the records say it per request: requests.jsonl mismatch)
+            for reason, count in sorted(self.router.mismatch_reasons.items(), key=lambda kv: -kv[1]):
+                self.stderr.write(f"  mismatch {count}: {reason}\n")
         self.stderr.flush()
 
     async def _main(self) -> None:
@@ -554,7 +566,8 @@ class Replay:
                     # OpenAI answers carry no meta_info stamps (.DUCUMENT/openai-api.md): nothing to require then
                     ServerState(p.index, p.url, cfg.max_running_requests,
                                 require_stamps=self.enable_metrics[p.index] and api.server_meta,
-                                launch_cap=self.server_info[p.index].get("max_running_requests"), api_path=api.path)
+                                launch_cap=self.server_info[p.index].get("max_running_requests"), api_path=api.path,
+                                limits=self.limits[p.index])
                     for p in self.fleet.plans
                 ]
                 health_check = self._health_check(client)
@@ -565,8 +578,10 @@ class Replay:
                 await self.external.start(client, bootstrap_ports=ports if cfg.is_pd else None)
                 self._write_run_json()
                 # PD: the answer is a decode server's, which has no prefill_finished_time: its stamps are taken as
-                # they come (pd_router.py checks them through tracebench's own router)
-                states = [ServerState(0, self.external.url, None, api_path=api.path,
+                # they come (pd_router.py checks them through tracebench's own router); answers are checked against
+                # the servers' context limits when they all have the same ones
+                limits = self.limits[0] if len(set(self.limits)) == 1 else None
+                states = [ServerState(0, self.external.url, None, api_path=api.path, limits=limits,
                                       require_stamps=all(self.enable_metrics) and api.server_meta and not cfg.is_pd)]
                 health_check = self.external.health_check(client)
             # The trace, modules and server facts live for the whole run: out of the collector's sight, a full
@@ -580,7 +595,7 @@ class Replay:
                 input_ids=input_ids, total=len(self.requests), health_check=health_check,
                 batch_size=cfg.batch_size if cfg.mode == "static" else None,
                 batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, speed), speed=speed,
-                block_size=self.header.block_size,
+                block_size=self.header.block_size, max_concurrency=cfg.max_concurrency,
             )
             if cfg.is_pd and self.external is None:
                 assert isinstance(self.policy, PdPolicies)
@@ -728,6 +743,7 @@ class Replay:
                 port = check_role(plan.index, plan.url, info.obj, plan.role)
                 if port is not None:
                     self.pd_bootstrap[plan.index] = (bootstrap_host(plan.url), port)
+            self.limits[plan.index] = ContextLimits.from_server_info(f"server {plan.index} ({plan.url})", info.obj)
         # the simulator says its vocabulary size in /server_info (tracebench_sim.vocab_size); sglang does not
         reported = {i.obj["tracebench_sim"].get("vocab_size") for i in infos if isinstance(i.obj.get("tracebench_sim"), dict)}
         all_sims = all(isinstance(i.obj.get("tracebench_sim"), dict) for i in infos)

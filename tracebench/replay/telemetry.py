@@ -82,13 +82,16 @@ def progress_line(router: Router, t: float, rate: float, speed: float | None = N
     """`t` and `rate` in run seconds. At --speed K the line shows simulated units (the report's): time x K, rate / K,
     latency x K, and says so (`sim s`, `req/sim-s`)."""
     k = speed or 1.0
-    ok = router.counts["ok"]
-    p50 = f"{float(np.median(router.e2e_ok[:ok])) * k:.3f}s" if ok else "-"
+    completed = router.completed  # ok + mismatch
+    p50 = f"{float(np.median(router.e2e_ok[:completed])) * k:.3f}s" if completed else "-"
     failed = router.counts["error"] + router.counts["timeout"]
+    mismatch = router.counts["mismatch"]
     clock, per = ("sim s", "req/sim-s") if speed is not None else ("s", "req/s")
+    waiting = f"  client-wait {router.waiting_at_client}" if router.gate is not None else ""
     return (
         f"[{t * k:8.1f} {clock}] done {router.finished}/{router.total}  in-flight {router.in_flight}  queued "
-        f"{router.queued}  {rate / k:7.1f} {per}  p50 e2e {p50}" + (f"  errors {failed}" if failed else "")
+        f"{router.queued}{waiting}  {rate / k:7.1f} {per}  p50 e2e {p50}" + (f"  errors {failed}" if failed else "")
+        + (f"  mismatch {mismatch}" if mismatch else "")
     )
 
 

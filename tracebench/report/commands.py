@@ -114,10 +114,13 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     (`tracebench report demo-round_robin demo-sjf`).
 
     \b
-    It shows, per run: what changed between the runs (policy, mode, caps, servers, ...);
-    requests ok/error/timeout/cancelled; duration (first arrival to last ok finish) and
-    throughput (requests/s, input and output tokens/s); latency mean/p50/p90/p99/max of
-    total, router wait, server latency (client-seen and sglang-reported), TTFT from
+    It shows, per run: what changed between the runs (policy, mode, caps, max concurrency,
+    servers, ...); requests ok/mismatch/error/timeout/cancelled (mismatch: finished, but
+    not as the trace asked; counted by reason, with a warning that they distort TPOT, total
+    latency and output throughput); duration (first arrival to last completed finish) and
+    throughput (requests/s, input and output tokens/s); latency mean/p50/p90/p99/max over
+    completed (ok + mismatch) requests of total, router wait, client wait (with
+    --max-concurrency), server latency (client-seen and sglang-reported), TTFT from
     arrival and from dispatch, TPOT, release lag and ITL (inter-token latency: every
     gap of the streams, pooled); per-server share, busy time, mean in-flight and a
     balance verdict; SLO attainment and goodput with --slo.

@@ -31,7 +31,10 @@ from tracebench.report.speed import to_simulated_times
 
 RUN_FORMAT_VERSION = 1
 RUN_STATUSES = ("running", "completed", "interrupted", "failed", "not_started")
-REQUEST_STATUSES = ("ok", "error", "timeout", "cancelled")
+REQUEST_STATUSES = ("ok", "mismatch", "error", "timeout", "cancelled")
+# answers that finished (replay/records.py COMPLETED): `ok`, and `mismatch` (the server generated or counted something
+# else than the trace asked: the record's `mismatch` says what); latencies and throughputs are over these
+COMPLETED_STATUSES = ("ok", "mismatch")
 
 # PD runs' prefill side (records.py); null in a plain run
 PD_FLOAT_FIELDS = ("t_prefill_answer", "prefill_received", "prefill_forward_entry", "prefill_done", "prefill_finished",
@@ -42,25 +45,28 @@ REQUEST_COLUMNS = (
     "id", "input_len", "output_len", "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server",
     "batch", "status", "error", "completion_tokens", "prompt_tokens", "cached_tokens", "server_e2e_latency", "server_queue_time",
     "server_received", "server_forward_entry", "server_prefill_finished", "server_finished", "itl_max", "itl_hist",
+    "mismatch", "t_admitted",
     *PD_COLUMNS,
 )
 INT_FIELDS = ("id", "input_len", "output_len", "server", "batch", "completion_tokens", "prompt_tokens", "cached_tokens",
               "prefill_server", "bootstrap_room")
 # columns the run format gained after its first runs: a run recorded before has none (read as null: not recorded)
-LATER_COLUMNS = frozenset({"cached_tokens", "itl_max", "itl_hist", *PD_COLUMNS})
+LATER_COLUMNS = frozenset({"cached_tokens", "itl_max", "itl_hist", "mismatch", "t_admitted", *PD_COLUMNS})
 FLOAT_FIELDS = (
     "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
     "server_e2e_latency", "server_queue_time", "server_received", "server_forward_entry",
-    "server_prefill_finished", "server_finished", "itl_max", *PD_FLOAT_FIELDS,
+    "server_prefill_finished", "server_finished", "itl_max", "t_admitted", *PD_FLOAT_FIELDS,
 )
-STR_FIELDS = ("status", "error", "itl_hist")  # itl_hist: inter-token gaps, "bucket:count,..." (tracebench/itl.py)
+# itl_hist: inter-token gaps, "bucket:count,..." (tracebench/itl.py); mismatch: what differs from the trace, and why
+STR_FIELDS = ("status", "error", "itl_hist", "mismatch")
 TIME_FIELDS = FLOAT_FIELDS  # every float field is a time (a run-clock stamp or a duration, seconds)
 # never null, whatever the status
 REQUIRED_FIELDS = ("id", "input_len", "output_len", "t_arrival", "status")
-# never null in an `ok` record: an answer that completed went through every step
+# never null in a completed (`ok` or `mismatch`) record: an answer that completed went through every step
 OK_REQUIRED_FIELDS = ("t_released", "t_dispatch", "t_finish", "server", "completion_tokens")
-# the run-format invariant for ok records: each stamp is >= the one before it (t_first_token may be null)
-OK_ORDER = ("t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish")
+# the run-format invariant for completed records: each stamp is >= the one before it (t_first_token may be null, and
+# t_admitted in runs recorded before it)
+OK_ORDER = ("t_arrival", "t_released", "t_admitted", "t_dispatch", "t_first_token", "t_finish")
 
 ROW = "_row"  # 0-based index of the record among the file's records
 
@@ -338,7 +344,7 @@ def via_router(meta: dict[str, Any]) -> bool:
 def _record_rules(num_servers: int, through_router: bool) -> list[tuple[str, pl.Expr, str]]:
     """(field, expression true on a broken record, why). Evaluated vectorised over the whole file."""
     c = pl.col
-    ok = c("status") == "ok"
+    ok = c("status").is_in(list(COMPLETED_STATUSES))
     if through_router:  # sglang-router chose the server and does not say which
         server_rules = [("server", c("server").is_not_null(), "not null although the run went through sglang-router")]
     else:
@@ -361,10 +367,17 @@ def _record_rules(num_servers: int, through_router: bool) -> list[tuple[str, pl.
         ("t_finish", c("t_dispatch").is_not_null() & c("t_finish").is_null(),
          "null although the request was dispatched (a failure also sets it)"),
     ]
-    rules += [(name, ok & c(name).is_null(), "null in an ok record") for name in OK_REQUIRED_FIELDS
+    rules += [(name, ok & c(name).is_null(), "null in a completed (ok or mismatch) record") for name in OK_REQUIRED_FIELDS
               if not (through_router and name == "server")]
-    for earlier, later in zip(OK_ORDER, OK_ORDER[1:]):
-        rules.append((later, ok & (c(later) < c(earlier)), f"before {earlier} in an ok record (run-format invariant)"))
+    rules += [
+        ("mismatch", (c("status") == "mismatch") & c("mismatch").is_null(), "null in a mismatch record (it says what differs)"),
+        ("mismatch", (c("status") != "mismatch") & c("mismatch").is_not_null(), "set in a record whose status is not mismatch"),
+    ]
+    # stamps compared in order, skipping a null one (t_admitted in older runs, t_first_token without streaming)
+    for i, later in enumerate(OK_ORDER[1:], start=1):
+        earlier = pl.coalesce([c(name) for name in reversed(OK_ORDER[:i])])
+        rules.append((later, ok & (c(later) < earlier),
+                      f"before {OK_ORDER[i - 1]} (or an earlier stamp) in a completed record (run-format invariant)"))
     return rules
 
 

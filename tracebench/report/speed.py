@@ -7,10 +7,12 @@ speed 4). So each request's stamps are rebuilt on the simulated timeline, part b
 
 - arrival: `K * t_arrival` (exact: the engine released the trace at `arrival_s / K`);
 - release lag `t_released - t_arrival`: host time, kept as measured;
-- router wait `t_dispatch - t_released`: host time when the run had no cap and continuous batching (a request is
-  dispatched at once); with a cap or static batching it is mostly waiting for a slot, which is simulated time, so
-  the dispatch is `K * t_dispatch` (the router wait from arrival x K, its host part of ~1 ms included:
-  docs/report.md). Anything finer would let a request start before the slot it waited for was freed;
+- router wait `t_dispatch - t_released`: host time when the run had no cap, no --max-concurrency and continuous
+  batching (a request is dispatched at once); with a cap, the client gate or static batching it is mostly waiting
+  for a slot, which is simulated time, so the dispatch is `K * t_dispatch` (the router wait from arrival x K, its
+  host part of ~1 ms included: docs/report.md). Anything finer would let a request start before the slot it waited
+  for was freed. `t_admitted` (it entered the router queue): as measured after the release without the client gate
+  (it is the release), `K * t_admitted` with it (waiting for a slot, at least the release);
 - dispatch -> the simulator's `request_received_ts`: the HTTP hop, host time;
 - inside the simulator (received -> forward entry -> prefill finished -> finished): the simulator's own model
   clock, exact simulated time / K, so multiplied by K;
@@ -50,10 +52,11 @@ def output_delays(meta: dict[str, Any]) -> list[float] | None:
 
 
 def uncapped(meta: dict[str, Any]) -> bool:
-    """No router cap at any time and continuous batching: the router dispatches every request when released."""
+    """No router cap at any time, no client gate (--max-concurrency; absent from runs recorded before it) and
+    continuous batching: the router dispatches every request when released."""
     caps = meta["caps"]
     return (meta["mode"] == "continuous" and all(c is None for c in caps["initial"])
-            and not caps["changes"])
+            and not caps["changes"] and meta.get("max_concurrency") is None)
 
 
 def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: float) -> tuple[pl.DataFrame, str]:
@@ -64,14 +67,18 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     durations = [pl.col("server_e2e_latency") * k, pl.col("server_queue_time") * k, pl.col("itl_max") * k]
     delays = output_delays(meta)
     if delays is None or meta.get("pd"):
-        scaled = [c(name) * k for name in ("t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
-                                           "server_received", *SERVER_SPAN, *PD_STAMPS, *PD_DURATIONS)]
+        scaled = [c(name) * k for name in ("t_arrival", "t_released", "t_admitted", "t_dispatch", "t_first_token",
+                                           "t_finish", "server_received", *SERVER_SPAN, *PD_STAMPS, *PD_DURATIONS)]
         why = "a PD run" if meta.get("pd") else "the simulators did not report output_s"
         return requests.with_columns(scaled + durations), (
             f"every time x{k:g} ({why}: host overheads are multiplied too)")
     host_wait = uncapped(meta)  # the router wait is host time (else: waiting for a slot, simulated time)
     arrival = c("t_arrival") * k
     released = arrival + (c("t_released") - c("t_arrival"))
+    # admitted into the router queue: at the release without the client gate (host time); with it, after waiting for
+    # a slot (simulated time, like a capped dispatch)
+    admitted = (released + (c("t_admitted") - c("t_released")) if meta.get("max_concurrency") is None
+                else pl.when(c("t_admitted").is_not_null()).then(pl.max_horizontal(released, c("t_admitted") * k)))
     # with a cap a request is dispatched when another one's slot frees: K x its run-clock dispatch keeps it after
     # that finish on the simulated timeline too (which keeps host time out of the finish, so it only comes earlier)
     dispatch = released + (c("t_dispatch") - c("t_released")) if host_wait else c("t_dispatch") * k
@@ -91,6 +98,7 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     columns = [
         arrival.alias("t_arrival"),
         released.alias("t_released"),
+        admitted.alias("t_admitted"),
         dispatch.alias("t_dispatch"),
         pl.when(has_stamps & c("server_prefill_finished").is_not_null()).then(first)
         .otherwise(dispatched_k).alias("t_first_token"),

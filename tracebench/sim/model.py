@@ -125,6 +125,18 @@ def resolve_max_running_requests(requested: int | None, max_total_num_tokens: in
     return max(1, min(requested, max_total_num_tokens // 2))
 
 
+def sglang_max_new_tokens(asked: int, input_len: int, context_length: int, max_total_num_tokens: int,
+                          page_size: int = 1) -> int:
+    """The max_new_tokens sglang 0.5.17's scheduler gives a request that asked for `asked` (scheduler.py L2132-2141
+    init_req_max_new_tokens): max(0, min(asked, max_req_len - input_len - 1, max_total_num_tokens -
+    ceil_page(input_len) - page_size - 1)) with max_req_len = min(context_len - 1, max_total_num_tokens - 1)
+    (tp_worker.py L509-513). So a 4096 context generates the whole answer only when input_len + asked <= 4094,
+    although the request is accepted (200) up to 4096."""
+    max_req_len = min(context_length - 1, max_total_num_tokens - 1)
+    paged_input = -(-input_len // page_size) * page_size
+    return max(0, min(asked, max_req_len - input_len - 1, max_total_num_tokens - paged_input - page_size - 1))
+
+
 @dataclass(frozen=True)
 class Limits:
     """The scheduler limits in force (server flags override the profile's)."""

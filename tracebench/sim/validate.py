@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from tracebench.sim.args import SimArgs
+from tracebench.sim.model import sglang_max_new_tokens
 
 DEFAULT_MAX_NEW_TOKENS = 128   # sglang's default when sampling_params has no max_new_tokens
 
@@ -29,6 +30,7 @@ class FatalInput(Exception):
 
 class Parsed(NamedTuple):
     """A valid /generate body: one prompt or a batch, each item (input_len, max_new_tokens, tokens), and their rids.
+    max_new_tokens is what the scheduler lets the request generate (sglang's clip), not always what it asked.
     tokens are what the prefix cache matches: the input ids, or a text prompt's words."""
 
     single: bool
@@ -133,4 +135,8 @@ def parse_generate(obj: dict, stream: bool, args: SimArgs, rids_in_flight: set[s
             raise SchedulerAbort(f"Input length ({input_len} tokens) exceeds the maximum allowed length "
                                  f"({args.max_req_input_len} tokens). Use a shorter input or enable "
                                  "--allow-auto-truncate.")
+    # Accepted as asked; generated as sglang's scheduler clips it on entry (scheduler.py L2132-2141): with context
+    # 4096 the whole output only up to input + max_new_tokens = 4094 (.DUCUMENT/failure-modes.md)
+    items = [(n, sglang_max_new_tokens(m, n, args.context_length, max_total_num_tokens), tokens)
+             for n, m, tokens in items]
     return Parsed(single, items, rids)

@@ -47,9 +47,13 @@ Length distributions (--length-dist; --input-len / --output-len are the means, a
              the exponent a solved so that the mean is the asked one
 
 \b
-Context clamp (--max-context C): no request has input_len + output_len > C. The prompt is kept and the
-answer shortened (output_len = C - input_len); a prompt longer than C - 7 is cut to C - 7 (sglang 0.5.17
-refuses longer ones) with output_len at most 7 (its prefix_blocks cut to match). The count is kept in the header, and printed on stderr when not 0.
+Context clamp (--max-context C, the model's context length): no request has input_len + output_len >
+C - 2 (4094 for 4096): sglang 0.5.17 answers up to C but clips max_new_tokens to C - 1 - input_len - 1
+(scheduler.py L2132-2141), so only then does it generate the whole answer. The prompt is kept and the answer
+shortened (output_len = C - 2 - input_len); a prompt longer than C - 7 is cut to C - 7 (sglang 0.5.17
+refuses longer ones) with output_len at most 5 (its prefix_blocks cut to match). Applied to every source
+(synthetic lengths, datasets, workloads). The count is kept in the header, and printed on stderr only when
+the clamp changed a request.
 
 \b
 Datasets (--dataset PATH; --dataset-format auto detects from the content):
@@ -112,8 +116,9 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
               help="Width of --length-dist; its meaning depends on the distribution (see above).  "
                    "[default: 0.5 (uniform, normal, lognormal), 8 (zipf)]")
 @click.option("--max-context", type=INT, default=None, metavar="C",
-              help="No request has input_len + output_len > C; longer ones are clamped (see above). Set it to your "
-                   "model's context length (its config.json max_position_embeddings).  [default: 4096, llama-2's]")
+              help="The model's context length: no request has input_len + output_len > C - 2 (sglang's rule: the "
+                   "whole answer only up to context_len - 2); longer ones are clamped (see above). Set it to your "
+                   "model's (its config.json max_position_embeddings).  [default: 4096, llama-2's: at most 4094]")
 @click.option("--dataset", type=str, default=None, metavar="PATH",
               help="Take lengths (and with --keep-timestamps arrivals) from this file.")
 @click.option("--dataset-format", type=click.Choice(_DATASET_FORMATS), default=None,
@@ -152,6 +157,7 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
 def generate(**options: object) -> None:
     from tracebench.cleanup import StopSignals
     from tracebench.trace.generate import GenerateArgs, generate_trace
+    from tracebench.trace.lengths import OUTPUT_RESERVE
 
     output = options.pop("output")
     default_context = options["max_context"] is None
@@ -163,6 +169,8 @@ def generate(**options: object) -> None:
 
 
 def _report_generated(result: GeneratedTrace, default_context: bool) -> None:
+    from tracebench.trace.lengths import OUTPUT_RESERVE
+
     for path, pid in result.stale_removed:
         click.echo(f"tracebench: removed {path}, the temporary file of an earlier generate (pid {pid}, no longer "
                    f"running: killed) of the same trace", err=True)
@@ -172,10 +180,12 @@ def _report_generated(result: GeneratedTrace, default_context: bool) -> None:
     header = result.header
     clamped = header["clamped_requests"]
     if clamped:  # said only when it happened; the default suits llama-2 only, so say when it was the default
-        which = " (the default, llama-2's context length: give your model's with --max-context)" if default_context else ""
+        which = ", the default, llama-2's: give your model's with --max-context" if default_context else ""
         click.echo(
-            f"tracebench: {clamped} of {header['num_requests']} requests clamped to --max-context "
-            f"{header['max_context']}{which}; {header['clamped_input_requests']} of them with the prompt cut", err=True)
+            f"tracebench: {clamped} of {header['num_requests']} requests clamped to input_len + output_len <= "
+            f"{header['max_context'] - OUTPUT_RESERVE}: sglang generates the whole answer only up to its context length "
+            f"- 2 (--max-context {header['max_context']}{which}); {header['clamped_input_requests']} of them with the "
+            f"prompt cut", err=True)
     workload = header.get("workload")
     if workload is not None and workload["kind"] == "shared-prompt" and \
             workload["shared_tokens_per_group"] < workload["prefix_len"]:
@@ -204,7 +214,10 @@ def _report_generated(result: GeneratedTrace, default_context: bool) -> None:
 @click.option("--lru-tokens", type=str, default=None, metavar="N[,N...]",
               help="Sizes in tokens of the LRU caches whose hit rate is reported for a trace with prefix blocks.  "
                    "[default: 65536,231818,927272 (231,818: llama-2-7b's KV pool on one H200 under sglang 0.5.17)]")
-def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None) -> None:
+@click.option("--max-context", type=INT, default=None, metavar="C",
+              help="The model's context length the trace is checked against (context fit).  [default: the trace "
+                   "header's max_context, else 4096, llama-2's]")
+def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None, max_context: int | None) -> None:
     """Statistics of a trace: requests, duration, mean rate, CV of the inter-arrival gaps, peak rate over 1 s windows,
     input/output length mean/p50/p90/p99/max and offered tokens/s, and, where requests carry prefix_blocks, the
     prefix structure. The whole trace is validated while it is read: a broken trace is an error naming the line and
@@ -217,6 +230,9 @@ def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None) -> None:
     peak rate (1 s)     the most requests arriving within any 1-second interval
     p50/p90/p99         nearest-rank percentiles (values that occur in the trace)
     offered tokens/s    mean rate x mean length
+    context fit         requests with input_len + output_len > C - 2 (4094 for a 4096 context): sglang
+                        0.5.17 answers them 200 but generates only C - 2 - input_len tokens (replay
+                        records them as mismatch); and prompts over C - 7 tokens (refused)
 
     \b
     Prefix structure (requests taken one after another in trace order, as by one server):
@@ -239,7 +255,10 @@ def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None) -> None:
             raise ConfigError(f"--lru-tokens must be integers separated by commas, got {lru_tokens!r}") from None
         if not sizes or min(sizes) < 1:
             raise ConfigError(f"--lru-tokens must be sizes >= 1 token, got {lru_tokens!r}")
-    stats = trace_stats(trace, sizes)
+    if max_context is not None and max_context <= 7:
+        raise ConfigError(f"--max-context must be more than 7 (sglang keeps 6 positions of the context from the "
+                          f"prompt), got {max_context}")
+    stats = trace_stats(trace, sizes, max_context)
     if as_json:
         import orjson
 

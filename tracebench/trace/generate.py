@@ -25,7 +25,9 @@ from tracebench.trace import arrivals as arrival_mod
 from tracebench.trace import workloads
 from tracebench.trace.datasets import DATASET_FORMATS, Dataset, load_dataset
 from tracebench.trace.format import format_request_line, format_request_lines, write_trace
-from tracebench.trace.lengths import LengthDistribution, clamp_to_context, make_distribution, sample_lengths
+from tracebench.trace.lengths import (
+    OUTPUT_RESERVE, LengthDistribution, clamp_to_context, make_distribution, sample_lengths,
+)
 
 # Defaults of the arguments left out (None in GenerateArgs). They are written into the header as used.
 DEFAULT_RATE = 8.0
@@ -208,10 +210,11 @@ def plan(args: GenerateArgs) -> _Plan:
         make_distribution(length_dist, output_len, args.length_spread, "--output-len")
         shared = (DEFAULT_PREFIX_LEN if args.prefix_len is None else args.prefix_len) \
             if args.workload == "shared-prompt" else 0
-        if shared + input_len + output_len > max_context:
+        if shared + input_len + output_len > max_context - OUTPUT_RESERVE:
             with_prefix = f"--prefix-len {shared} + " if shared else ""
             raise ConfigError(f"{with_prefix}--input-len {input_len} + --output-len {output_len} exceed --max-context "
-                              f"{max_context}: the mean request does not fit in the context")
+                              f"{max_context} - {OUTPUT_RESERVE} = {max_context - OUTPUT_RESERVE} (sglang generates the "
+                              f"whole answer only up to context_len - 2): the mean request does not fit in the context")
     shared_prompt, multi_turn = args.workload == "shared-prompt", args.workload == "multi-turn"
     group_dist = (args.group_dist or DEFAULT_GROUP_DIST) if shared_prompt else None
     return _Plan(

@@ -9,6 +9,9 @@ Definitions (docs/trace-format.md):
 - offered tokens/s: mean rate x mean length (input, output, and both).
 Statistics that need more requests than the trace has (a rate needs 2, a CV 3) are None.
 Prefix structure (`prefix`, None when no request has prefix_blocks): tracebench/trace/prefix.py.
+Context fit (`context`): requests with input_len + output_len > C - 2, which sglang 0.5.17 serves short (it clips
+max_new_tokens to C - 1 - input_len - 1: .DUCUMENT/failure-modes.md); C is --max-context, else the header's
+max_context (a generated trace), else llama-2's 4096.
 """
 
 from __future__ import annotations
@@ -19,8 +22,22 @@ from typing import Any
 
 import numpy as np
 
-from tracebench.trace.format import read_columns
+from tracebench.trace.format import TraceHeader, read_columns
+from tracebench.trace.lengths import OUTPUT_RESERVE, PROMPT_RESERVE
 from tracebench.trace.prefix import DEFAULT_LRU_TOKENS, PrefixStats, prefix_stats
+
+LLAMA2_CONTEXT = 4096  # what a trace is checked against when neither --max-context nor its header says
+
+
+@dataclass(frozen=True)
+class ContextFit:
+    """How many requests sglang would serve short: input_len + output_len > max_context - 2 (`over`; the whole
+    answer comes only up to there), and prompts over max_context - 7 (`prompt_over`: refused)."""
+
+    max_context: int
+    source: str  # "--max-context", "header" (the generator's max_context) or "llama-2 default"
+    over: int
+    prompt_over: int
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,7 @@ class TraceStats:
     offered_output_tokens_per_s: float | None
     offered_tokens_per_s: float | None
     prefix: PrefixStats | None = None
+    context: ContextFit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,11 +102,26 @@ def stats_from_columns(path: str, arrival_s: np.ndarray, input_len: np.ndarray, 
     )
 
 
-def trace_stats(path: str | os.PathLike[str], lru_tokens: tuple[int, ...] = DEFAULT_LRU_TOKENS) -> TraceStats:
+def context_fit(header: TraceHeader, input_len: np.ndarray, output_len: np.ndarray,
+                max_context: int | None) -> ContextFit:
+    if max_context is not None:
+        context, source = max_context, "--max-context"
+    elif isinstance(header.fields.get("max_context"), int):
+        context, source = header.fields["max_context"], "header"
+    else:
+        context, source = LLAMA2_CONTEXT, "llama-2 default"
+    over = int(((input_len + output_len) > context - OUTPUT_RESERVE).sum())
+    return ContextFit(context, source, over, int((input_len > context - PROMPT_RESERVE).sum()))
+
+
+def trace_stats(path: str | os.PathLike[str], lru_tokens: tuple[int, ...] = DEFAULT_LRU_TOKENS,
+                max_context: int | None = None) -> TraceStats:
     """Read (and validate) the trace and compute its statistics, the prefix structure with LRU caches of
-    `lru_tokens` tokens. Raises TraceError for a broken trace."""
+    `lru_tokens` tokens, and how many requests fit the context `max_context` (None: the header's, else 4096).
+    Raises TraceError for a broken trace."""
     header, columns = read_columns(path, with_blocks=True)
     stats = stats_from_columns(str(path), columns.arrival_s, columns.input_len, columns.output_len)
+    stats = replace(stats, context=context_fit(header, columns.input_len, columns.output_len, max_context))
     if columns.blocks.size == 0:
         return stats
     assert header.block_size is not None  # the reader rejects blocks without it
@@ -121,6 +154,18 @@ def format_table(stats: TraceStats) -> str:
         f"offered tokens/s  {_fmt(stats.offered_tokens_per_s, '.1f')} "
         f"(input {_fmt(stats.offered_input_tokens_per_s, '.1f')}, output {_fmt(stats.offered_output_tokens_per_s, '.1f')})",
     ]
+    if stats.context is not None:
+        fit = stats.context
+        limit = fit.max_context - OUTPUT_RESERVE
+        which = {"--max-context": "--max-context", "header": "the trace's max_context",
+                 "llama-2 default": "llama-2's; --max-context C for another model"}[fit.source]
+        line = (f"context fit       {fit.over} requests over input_len + output_len <= {limit} (context "
+                f"{fit.max_context}, {which})")
+        if fit.over:
+            line += ": sglang answers them short (max_new_tokens clipped to context - 1 - input_len - 1)"
+        if fit.prompt_over:
+            line += f"; {fit.prompt_over} prompts over {fit.max_context - PROMPT_RESERVE} tokens (refused)"
+        lines += [line]
     if stats.prefix is not None:
         lines += ["", *_prefix_lines(stats.prefix)]
     return "\n".join(lines)

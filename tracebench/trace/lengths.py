@@ -190,19 +190,25 @@ class Clamped:
 # sglang 0.5.17 refuses a prompt of context_len - 6 tokens or more (its scheduler's max_req_input_len is
 # context_len - 6; a 4096-context model serves prompts of at most 4089 tokens): .DUCUMENT/failure-modes.md.
 PROMPT_RESERVE = 7
+# ...and generates at most context_len - 2 - input_len tokens: it clips max_new_tokens to max_req_len - input_len - 1
+# with max_req_len = context_len - 1 (scheduler.py L2132-2141, tp_worker.py L509-513 of 0.5.17), although it answers
+# 200 up to input_len + max_new_tokens = context_len. A trace asks only for what sglang generates in full.
+OUTPUT_RESERVE = 2
 
 
 def clamp_to_context(input_len: np.ndarray, output_len: np.ndarray, max_context: int) -> Clamped:
-    """Make every request one sglang serves: input_len + output_len <= max_context and input_len <= max_context -
-    PROMPT_RESERVE. The prompt is kept and the answer shortened (output_len = max_context - input_len): the prompt is
-    what the user sent. Only a prompt longer than max_context - PROMPT_RESERVE is cut to that length (its output_len
-    then at most PROMPT_RESERVE)."""
+    """Make every request one sglang serves in full: input_len + output_len <= max_context - OUTPUT_RESERVE (4094
+    for a 4096 context) and input_len <= max_context - PROMPT_RESERVE (4089). The prompt is kept and the answer
+    shortened (output_len = max_context - 2 - input_len): the prompt is what the user sent. Only a prompt longer than
+    max_context - PROMPT_RESERVE is cut to that length (its output_len then at most PROMPT_RESERVE - OUTPUT_RESERVE,
+    5). Only requests this changes are counted as clamped."""
     if max_context <= PROMPT_RESERVE:
         raise ConfigError(f"--max-context must be more than {PROMPT_RESERVE} (sglang keeps {PROMPT_RESERVE - 1} "
                           f"positions of the context from the prompt), got {max_context}")
     longest_prompt = max_context - PROMPT_RESERVE
+    longest_request = max_context - OUTPUT_RESERVE
     input_cut_mask = input_len > longest_prompt
-    over = ((input_len + output_len) > max_context) | input_cut_mask
+    over = ((input_len + output_len) > longest_request) | input_cut_mask
     new_input = np.minimum(input_len, longest_prompt)
-    new_output = np.minimum(output_len, max_context - new_input)
+    new_output = np.minimum(output_len, longest_request - new_input)
     return Clamped(new_input, new_output, int(over.sum()), int(input_cut_mask.sum()), input_cut_mask)

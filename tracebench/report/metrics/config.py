@@ -13,6 +13,7 @@ from tracebench.report.speed import uncapped
 # options already shown through run.json's own fields (or that name the run rather than configure it)
 # and those that change nothing measured (where servers listen, how long they may take to start)
 _CURATED_OPTIONS = {"backend", "mode", "batch_size", "policy", "policy_options", "gpus", "max_running_requests",
+                    "max_concurrency",
                     "cap_schedule", "run_name", "out_dir", "quiet", "trace", "speed",
                     "port_base", "control_port", "startup_timeout"}
 
@@ -117,6 +118,8 @@ def config_of(meta: dict[str, Any]) -> dict[str, str]:
         "gpu model": (", ".join(f"{name} (simulated)" for name in simulated) if simulated
                       else ", ".join(sorted(set(meta["gpu_names"]))) or "-"),
         "caps": _show(initial[0]) if initial and all(c == initial[0] for c in initial) else _show(initial),
+        # --max-concurrency: the client's gate (absent from runs recorded before it: they had none)
+        "max concurrency": _show(meta.get("max_concurrency")),
         "cap changes": "; ".join(
             f"{change['t']:g}s " + (f"server{change['server']}" if change.get("server") is not None else "all")
             + f"={change['cap']}" for change in caps["changes"]

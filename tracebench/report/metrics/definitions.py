@@ -5,11 +5,14 @@
   real-GPU runs compare like with like.
 
 - Requests kept: every record whose `t_arrival >= warmup` (default 0: all). Everything below is over kept requests.
-- Latencies: over kept `ok` requests that have the stamps the metric needs.
+- Completed requests: `ok` and `mismatch` (finished, but the server generated or counted something else than the trace
+  asked: the record's `mismatch` says what). Mismatches are counted apart, by reason, and the report warns what they
+  distort (TPOT, total latency, output throughput).
+- Latencies: over kept completed requests that have the stamps the metric needs.
 - Percentiles: linear interpolation between order statistics (numpy's default `method="linear"`, polars'
   `interpolation="linear"`): with n sorted values x[0..n-1], p_q = x[j] + (h - j)(x[j+1] - x[j]), h = (n-1)q, j = floor(h).
-- Duration (the measurement window): from the first arrival of a kept request to the last finish of a kept `ok`
-  request. Throughput = ok requests (input_len / completion_tokens summed over them) / duration.
+- Duration (the measurement window): from the first arrival of a kept request to the last finish of a kept completed
+  request. Throughput = completed requests (input_len / completion_tokens summed over them) / duration.
 - Per server: share = dispatched requests to that server / all dispatched requests; busy time = length of the union of
   its [t_dispatch, t_finish] intervals inside the window; mean in-flight = the sum of those intervals / duration.
   Balanced when the coefficient of variation (population std / mean) of the per-server request counts <= 0.10.
@@ -17,7 +20,7 @@
   the difference (percentile method, independent resamples of each run's requests, `--bootstrap` resamples); the
   difference is "significant" only when the interval excludes 0.
 - Prefix cache (runs whose records carry sglang's `cached_tokens`): hit rate = sum(cached_tokens) / sum(prompt_tokens)
-  over kept ok requests (token-weighted), per run and per server; prefill tokens computed = sum(prompt_tokens -
+  over kept completed requests (token-weighted), per run and per server; prefill tokens computed = sum(prompt_tokens -
   cached_tokens); a request "hits" when cached_tokens > 0 (TTFT is split by that). The hit-rate delta's 95% interval
   is the delta method's for a ratio of sums (normal approximation, requests independent), fast at any run size. The
   trace's ceiling (the reusable fraction of prompt tokens with one unbounded cache) comes from run.json.
@@ -45,7 +48,7 @@ CI_LEVEL = 0.95
 
 @dataclass(frozen=True)
 class MetricDef:
-    """One latency metric. Values in seconds; over kept ok requests where `expr` is not null."""
+    """One latency metric. Values in seconds; over kept completed requests where `expr` is not null."""
 
     key: str
     label: str
@@ -56,13 +59,19 @@ class MetricDef:
     pooled: bool = False          # over gaps, not one value per request: no bootstrap interval, no CDF
     cache_split: bool = False     # shown only when some run had a prefix hit
     slo_key: str | None = None    # its key in --slo
+    client_gate: bool = False     # shown only when some run had --max-concurrency's client gate
 
 
 _c = pl.col
 LATENCY: tuple[MetricDef, ...] = (
     MetricDef("total", "total", "t_finish - t_arrival", _c("t_finish") - _c("t_arrival"), slo_key="total"),
-    MetricDef("router_wait", "router wait", "t_dispatch - t_arrival", _c("t_dispatch") - _c("t_arrival"),
-              slo_key="wait"),
+    # t_admitted: the request entered the router queue (= t_released without --max-concurrency); runs recorded before
+    # it have none, and their router wait is from the arrival, as it was defined then
+    MetricDef("router_wait", "router wait", "t_dispatch - t_admitted (runs recorded before t_admitted: t_dispatch - "
+              "t_arrival)", _c("t_dispatch") - pl.coalesce(_c("t_admitted"), _c("t_arrival")), slo_key="wait"),
+    MetricDef("client_wait", "client wait", "t_admitted - t_released: held by --max-concurrency's gate at the client "
+              "before the router queue (included in total and TTFT from arrival)",
+              _c("t_admitted") - _c("t_released"), client_gate=True),
     MetricDef("server_client", "server latency, client", "t_finish - t_dispatch", _c("t_finish") - _c("t_dispatch"),
               slo_key="server"),
     MetricDef("server_sglang", "server latency, sglang", "server_e2e_latency (sglang meta_info.e2e_latency)",

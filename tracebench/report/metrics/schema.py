@@ -65,6 +65,9 @@ class RunSummary:
     t_end: float | None
     speed: float | None  # --speed K of the replay: its times are simulated seconds (report/speed.py); None: real time
     speed_conversion: str | None = None  # how a sped-up run's times were converted (report/speed.py), else None
+    # kept mismatch records by reason (the request's own numbers taken out): what the server did otherwise than asked
+    mismatch_reasons: dict[str, int] = field(default_factory=dict)
+    max_concurrency: int | None = None  # --max-concurrency N of the replay (its client gate); None: none
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracebench.errors import ConfigError
-from tracebench.report.load import Run
+from tracebench.report.load import REQUEST_STATUSES, Run
 from tracebench.report.metrics.ci import bootstrap_ci, ratio_ci
 from tracebench.report.metrics.config import _show, attached_sim_speeds, diff_config, speed_warning
 from tracebench.report.metrics.definitions import LATENCY, LATENCY_STATS, PERCENTILES
@@ -72,7 +72,24 @@ def _warnings(runs: list[Run], stats: list[_RunStats]) -> list[str]:
                             "ones cancelled): its numbers cover only what happened before it stopped")
         elif s.missing:
             warnings.append(f"run '{s.label}': {s.missing} requests of the trace have no record")
+    warnings += [w for st in stats if (w := mismatch_warning(st)) is not None]
     return warnings
+
+
+# what completed-but-mismatched answers distort (docs/report.md, "Mismatches")
+MISMATCH_DISTORTS = ("TPOT", "total latency", "output throughput")
+
+
+def mismatch_warning(st: _RunStats) -> str | None:
+    """The warning for a run with mismatch records: how many, why (grouped), and what they distort."""
+    count = st.counts["mismatch"]
+    if not count:
+        return None
+    reasons = "; ".join(f"{n} x {reason}" for reason, n in st.summary.mismatch_reasons.items())
+    return (f"run '{st.summary.label}': {count} of {st.summary.kept} requests are mismatch, finished but not as the "
+            f"trace asked ({reasons}). They count as completed, so {', '.join(MISMATCH_DISTORTS[:-1])} and "
+            f"{MISMATCH_DISTORTS[-1]} include requests of other lengths than the trace's: compare runs without "
+            "mismatches, or replay a trace that fits the servers (tracebench generate clamps to sglang's context rule)")
 
 
 @dataclass
@@ -96,7 +113,7 @@ def requests_section(inp: _Inputs) -> Section:
     rows += [
         _row("requests", status, status, "count", "requests", "higher" if status == "ok" else "lower",
              [float(st.counts[status]) for st in stats], baseline)
-        for status in ("ok", "error", "timeout", "cancelled")
+        for status in REQUEST_STATUSES
     ]
     if any(st.summary.missing for st in stats):
         rows.append(_row("requests", "not_recorded", "not recorded", "count", "requests", "lower",
@@ -128,6 +145,8 @@ def latency_section(inp: _Inputs) -> Section:
             continue  # e.g. no first-token stamps in any run (not streamed): the metric does not exist here
         if metric.cache_split and not any_hit:
             continue  # no request hit the prefix cache anywhere: the split says nothing the TTFT rows do not
+        if metric.client_gate and not any(st.summary.max_concurrency is not None for st in stats):
+            continue  # no run had --max-concurrency: nothing waited at the client
         for s_index, stat in enumerate(LATENCY_STATS):
             row = _row("latency", key, metric.label, stat, metric.unit, metric.better,
                        [st.latency[key][stat] for st in stats], baseline)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tracebench.report.load import Run, read_beside
+from tracebench.report.load import COMPLETED_STATUSES, Run, read_beside
 from tracebench.report.metrics.schema import GpuSeries, MetricsSeries, RunSeries, ServerSeries
 from tracebench.report.metrics.stats import _RunStats
 
@@ -139,11 +139,11 @@ def _common_time_axis(series: list[RunSeries], runs: list[Run], stats: list[_Run
         edges = np.array([0.0, step])
     # Completions are a point process: per-bin counts are mostly noise at low rates, so the throughput curve is a
     # moving average over a window that holds ~COMPLETIONS_PER_WINDOW completions at the runs' mean rate.
-    mean_rate = max(st.counts["ok"] for st in stats) / max(t_max, 1e-9)
+    mean_rate = max(st.counts["completed"] for st in stats) / max(t_max, 1e-9)
     width_bins = int(np.clip(round(COMPLETIONS_PER_WINDOW / max(mean_rate, 1e-9) / step), 1, TIME_BINS // 8))
     for ser, run in zip(series, runs):
         frame = run.requests
-        finish = frame.filter(c("status") == "ok")["t_finish"].to_numpy()
+        finish = frame.filter(c("status").is_in(COMPLETED_STATUSES))["t_finish"].to_numpy()
         ser.time_edges = edges
         counts = np.histogram(finish, edges)[0].astype(float)
         window = np.ones(width_bins)
@@ -153,12 +153,16 @@ def _common_time_axis(series: list[RunSeries], runs: list[Run], stats: list[_Run
         flying = frame.filter(c("t_dispatch").is_not_null())
         integral = _integral_of_count(flying["t_dispatch"].to_numpy(), flying["t_finish"].to_numpy(), edges)
         ser.in_flight = np.diff(integral) / step
-        # in the router queue from release to dispatch; never dispatched: until the failure was seen (or the run end)
-        queued = frame.filter(c("t_released").is_not_null()).select(
-            "t_released",
+        # in the router queue from admission to dispatch; never dispatched: until the failure was seen (or the run
+        # end). Admission is the release without --max-concurrency's gate (and in runs recorded before t_admitted);
+        # with the gate, a request still held at the client when the run ended never entered the queue
+        gated = run.meta.get("max_concurrency") is not None
+        entered = c("t_admitted") if gated else pl.coalesce(c("t_admitted"), c("t_released"))
+        queued = frame.filter(entered.is_not_null()).select(
+            entered.alias("entered"),
             pl.coalesce(c("t_dispatch"), c("t_finish"), pl.lit(t_max)).alias("left"),
         )
-        integral = _integral_of_count(queued["t_released"].to_numpy(), queued["left"].to_numpy(), edges)
+        integral = _integral_of_count(queued["entered"].to_numpy(), queued["left"].to_numpy(), edges)
         ser.queue = np.diff(integral) / step
         ser.servers = _server_series(run, edges)
         ser.host_gpus = _beside_series(run, ser.servers)

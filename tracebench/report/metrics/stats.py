@@ -11,7 +11,7 @@ import polars as pl
 
 from tracebench.errors import ConfigError
 from tracebench.itl import bucket_value
-from tracebench.report.load import Run
+from tracebench.report.load import COMPLETED_STATUSES, REQUEST_STATUSES, Run
 from tracebench.report.pd import PdRunStats, pd_stats
 from tracebench.report.metrics.config import backend_text
 from tracebench.report.metrics.definitions import (BALANCE_CV_MAX, LATENCY, LATENCY_STATS, PERCENTILES, SLO_KEYS,
@@ -50,7 +50,7 @@ def pooled_itl(ok: pl.DataFrame, speed: float | None) -> tuple[dict[str, float |
 
 @dataclass
 class CacheStats:
-    """The prefix cache as sglang reported it (records' cached_tokens), over kept ok requests."""
+    """The prefix cache as sglang reported it (records' cached_tokens), over kept completed requests."""
 
     cached: np.ndarray  # cached_tokens per request
     prompt: np.ndarray  # prompt_tokens per request
@@ -66,7 +66,7 @@ def _cache_stats(run: Run, ok: pl.DataFrame) -> CacheStats | None:
     if have.height == 0:
         return None
     if have.height != ok.height:
-        raise ConfigError(f"run '{run.label}': {ok.height - have.height} of {ok.height} ok records lack cached_tokens "
+        raise ConfigError(f"run '{run.label}': {ok.height - have.height} of {ok.height} completed records lack cached_tokens "
                           "(a run folder mixes record versions?)")
     cached = have["cached_tokens"].to_numpy().astype(np.float64)
     prompt = have["prompt_tokens"].to_numpy().astype(np.float64)
@@ -84,7 +84,7 @@ def _cache_stats(run: Run, ok: pl.DataFrame) -> CacheStats | None:
 class _RunStats:
     summary: RunSummary
     kept: pl.DataFrame
-    ok: pl.DataFrame
+    ok: pl.DataFrame  # the completed records: ok + mismatch (what latencies and throughputs are over)
     counts: dict[str, int]
     throughput: dict[str, float | None]
     latency: dict[str, dict[str, float | None]]  # metric -> stat -> seconds
@@ -231,7 +231,7 @@ def _server_loads(run: Run, kept: pl.DataFrame, start: float | None, end: float 
             share=float(counts[index] / total) if total else None, busy_s=busy, busy_fraction=fraction,
             mean_in_flight=in_flight,
         ))
-    ok = kept.filter((pl.col("status") == "ok") & pl.col("cached_tokens").is_not_null())
+    ok = kept.filter(pl.col("status").is_in(COMPLETED_STATUSES) & pl.col("cached_tokens").is_not_null())
     if ok.height:
         per_server = ok.group_by("server").agg(pl.col("cached_tokens").sum(), pl.col("prompt_tokens").sum())
         for server, cached, prompt in per_server.iter_rows():
@@ -241,25 +241,42 @@ def _server_loads(run: Run, kept: pl.DataFrame, start: float | None, end: float 
 
 
 def _counts(kept: pl.DataFrame) -> dict[str, int]:
+    """Kept records per status, and `completed` (ok + mismatch)."""
     c = pl.col
-    row = kept.select([(c("status") == s).sum().alias(s) for s in ("ok", "error", "timeout", "cancelled")]).row(0, named=True)
-    return {k: int(v) for k, v in row.items()}
+    row = kept.select([(c("status") == s).sum().alias(s) for s in REQUEST_STATUSES]).row(0, named=True)
+    counts = {k: int(v) for k, v in row.items()}
+    counts["completed"] = sum(counts[s] for s in COMPLETED_STATUSES)
+    return counts
+
+
+# a mismatch's text without the request's own numbers (tracebench/replay/answer_check.py writes "FIELD n != FIELD m:
+# REASON", two such parts joined by "; "): what its mismatches are counted by
+_MISMATCH_COUNTS = r"(\w+) [^\s:;]+ != (\w+) [^\s:;]+"
+
+
+def mismatch_reasons(kept: pl.DataFrame) -> dict[str, int]:
+    """Kept mismatch records by reason, most frequent first."""
+    reasons = (kept.lazy().filter(pl.col("status") == "mismatch")
+               .select(pl.col("mismatch").str.replace_all(_MISMATCH_COUNTS, "$1 != $2").alias("reason"))
+               .group_by("reason").len().sort(["len", "reason"], descending=[True, False]).collect())
+    return {reason: int(n) for reason, n in reasons.iter_rows()}
 
 
 def _throughput(kept: pl.DataFrame, counts: dict[str, int]
                 ) -> tuple[float | None, float | None, float | None, dict[str, float | None]]:
     """The measurement window (start, end, duration) and the throughputs over it."""
     c = pl.col
+    completed = c("status").is_in(COMPLETED_STATUSES)
     bounds = kept.select(
         c("t_arrival").min().alias("start"),
-        c("t_finish").filter(c("status") == "ok").max().alias("end"),
-        c("input_len").filter(c("status") == "ok").sum().alias("input_tokens"),
-        c("completion_tokens").filter(c("status") == "ok").sum().alias("output_tokens"),
+        c("t_finish").filter(completed).max().alias("end"),
+        c("input_len").filter(completed).sum().alias("input_tokens"),
+        c("completion_tokens").filter(completed).sum().alias("output_tokens"),
     ).row(0, named=True)
     start, end = bounds["start"], bounds["end"]
     duration = end - start if end is not None and end > start else None
     throughput: dict[str, float | None] = {
-        "requests_per_s": counts["ok"] / duration if duration else None,
+        "requests_per_s": counts["completed"] / duration if duration else None,
         "input_tokens_per_s": bounds["input_tokens"] / duration if duration else None,
         "output_tokens_per_s": bounds["output_tokens"] / duration if duration else None,
     }
@@ -295,11 +312,11 @@ def _slo(run: Run, kept: pl.DataFrame, ok: pl.DataFrame, counts: dict[str, int],
     if slo is None:
         return {}
     for key in slo:
-        if latency_n[SLO_KEYS[key]] == 0 and counts["ok"] > 0 and key in ("ttft", "tpot"):
+        if latency_n[SLO_KEYS[key]] == 0 and counts["completed"] > 0 and key in ("ttft", "tpot"):
             raise ConfigError(f"--slo {key}: run '{run.label}' has no first-token stamps (replayed without streaming?)")
-        if key == "itl" and ok.select(pl.col("t_first_token").is_not_null().sum()).item() == 0 and counts["ok"] > 0:
+        if key == "itl" and ok.select(pl.col("t_first_token").is_not_null().sum()).item() == 0 and counts["completed"] > 0:
             raise ConfigError(f"--slo itl: run '{run.label}' has no streamed answers (replayed without streaming?)")
-    met_expr = c("status") == "ok"
+    met_expr = c("status").is_in(COMPLETED_STATUSES)  # a mismatch's latencies count (the report warns of them)
     alone: dict[str, float | None] = {}
     for key, limit in slo.items():
         value = latency_expr(SLO_KEYS[key])
@@ -323,7 +340,8 @@ def _summary(run: Run, kept: pl.DataFrame, start: float | None, end: float | Non
         backend=backend_text(meta), trace_path=run.trace_path, trace_sha256=run.trace_sha256,
         trace_requests=meta["trace"]["num_requests"], records=run.requests.height, missing=run.missing,
         kept=kept.height, window_start=start, window_end=end, duration=duration, t_end=meta["t_end"],
-        speed=run.speed, speed_conversion=meta.get("speed_conversion"),
+        speed=run.speed, speed_conversion=meta.get("speed_conversion"), mismatch_reasons=mismatch_reasons(kept),
+        max_concurrency=meta.get("max_concurrency"),  # absent in runs recorded before --max-concurrency: none then
     )
 
 
@@ -332,7 +350,7 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
     if kept.height == 0:
         last = run.requests["t_arrival"].max()
         raise ConfigError(f"--warmup {warmup:g} leaves no request of run '{run.label}' (its last arrival is at {last:g} s)")
-    ok = kept.filter(pl.col("status") == "ok")
+    ok = kept.filter(pl.col("status").is_in(COMPLETED_STATUSES))
     counts = _counts(kept)
     start, end, duration, throughput = _throughput(kept, counts)
     latency, latency_n, sorted_latency, zero_gaps = _latency(ok, run.speed)

@@ -259,11 +259,12 @@ def document(report: Report) -> Document:
     lines = []
     if n > 1:
         lines.append(f"baseline: {report.runs[report.baseline].label} · Δ = run − baseline (absolute, and % of the baseline)")
-    lines.append("latencies over ok requests, in ms · percentiles by linear interpolation (numpy's default)")
+    lines.append("latencies over completed requests (ok + mismatch), in ms · percentiles by linear interpolation "
+                 "(numpy's default)")
     if n > 1 and report.bootstrap > 0:
         lines.append(f"{int(CI_LEVEL * 100)}% CI of Δ: bootstrap over requests, {report.bootstrap} resamples, seed {report.seed}; "
                      "'significant' only when it excludes 0")
-    lines.append("duration: first arrival to last ok finish" + (f"; warm-up: arrivals before {report.warmup_s:g} s excluded"
+    lines.append("duration: first arrival to last completed finish" + (f"; warm-up: arrivals before {report.warmup_s:g} s excluded"
                                                                if report.warmup_s > 0 else ""))
     note = time_note(report.runs)
     if note is not None:

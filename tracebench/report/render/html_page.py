@@ -71,10 +71,12 @@ def render_html(report: Report, doc: Document) -> tuple[str, bytes, bytes | None
     if telemetry_svg is not None:
         body.append(f'<figure id="server-telemetry">{telemetry_svg}</figure>')
     body.append("<h2>Definitions</h2><dl>")
-    body += [f"<dt>{escape(label)}</dt><dd>{escape(definition)}, over ok requests (seconds)</dd>"
+    body += [f"<dt>{escape(label)}</dt><dd>{escape(definition)}, over completed requests (seconds)</dd>"
              for _, label, definition in LATENCY_METRICS]
-    body.append("<dt>duration</dt><dd>first arrival of a kept request to the last finish of a kept ok request; "
-                "throughput = ok requests (their input_len / completion_tokens) per second of it</dd>")
+    body.append("<dt>completed</dt><dd>ok and mismatch requests: mismatch = finished, but the server generated or "
+                "counted something else than the trace asked (the record's mismatch field says what)</dd>")
+    body.append("<dt>duration</dt><dd>first arrival of a kept request to the last finish of a kept completed request; "
+                "throughput = completed requests (their input_len / completion_tokens) per second of it</dd>")
     body.append("<dt>percentiles</dt><dd>linear interpolation between order statistics (numpy's default)</dd></dl>")
     page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(doc.title)}</title><style>{_CSS}</style></head>\n<body>\n"

@@ -26,7 +26,8 @@ def report_dict(report: Report) -> dict[str, Any]:
             "trace": {"path": run.trace_path, "sha256": run.trace_sha256, "num_requests": run.trace_requests},
             "records": run.records, "missing": run.missing, "kept": run.kept,
             "window": {"start": run.window_start, "end": run.window_end, "duration_s": run.duration}, "t_end": run.t_end,
-            "speed": run.speed,
+            "speed": run.speed, "max_concurrency": run.max_concurrency,
+            "mismatch_reasons": run.mismatch_reasons,  # kept mismatch records by reason
             "times": "seconds (run clock)" if run.speed is None else f"simulated seconds ({run.speed_conversion})",
         }
         deltas: dict[str, Any] = {}

@@ -86,7 +86,7 @@ def latency_cdfs(report: Report) -> Figure:
             mark_slo(ax, slo_by_metric[key] * scale, unit, right)
         ax.set_title(CDF_TITLES[key], fontsize=12)
         ax.set_xlabel(f"{LATENCY_LABELS[key]} ({unit})")
-        ax.set_ylabel("fraction of ok requests ≤ x")
+        ax.set_ylabel("fraction of completed requests ≤ x")
         ax.set_ylim(0, 1.02)
         _style(ax)
         if not drawn:
@@ -123,10 +123,10 @@ def over_time(report: Report) -> Figure:
     fig, axes = plt.subplots(4, 1, figsize=(15, 12), sharex=True, layout="constrained")
     smoothing = report.series[0].smoothing_s
     panels = (
-        ("completions_per_s", f"Throughput: ok requests completed per second (moving average over {smoothing:g} s)",
+        ("completions_per_s", f"Throughput: requests completed per second (moving average over {smoothing:g} s)",
          "requests/s"),
         ("in_flight", "Requests in flight at the servers (dispatched, not finished; all servers)", "requests"),
-        ("queue", "Router queue length (released, not yet dispatched)", "requests"),
+        ("queue", "Router queue length (released and admitted, not yet dispatched)", "requests"),
     )
     for ax, (attr, title, ylabel) in zip(axes, panels):
         for i, ser in enumerate(report.series):

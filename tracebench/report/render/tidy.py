@@ -3,7 +3,8 @@
 metric is `section.name` (`latency.total`, `throughput.requests_per_s`, `server.1`, ...); a delta against the
 baseline is the stat with a suffix: `p50.delta`, `p50.delta_pct`, `p50.ci95_low`, `p50.ci95_high`,
 `p50.significant` (1/0). A few descriptive lines (`run.status`, `run.times`, `balance.verdict`) carry text in
-`value`. `run.speed` is the replay's --speed K (empty: real time); the times of such a run are simulated seconds."""
+`value`. `run.speed` is the replay's --speed K (empty: real time); the times of such a run are simulated seconds.
+`mismatch_reason` lines count a run's mismatch records by reason (the reason in `stat`, the count in `value`)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def render_csv(report: Report) -> str:
         out.writerow((label, "run", "kept", run.kept, "requests"))
         out.writerow((label, "run", "window_start", _num(run.window_start), "s"))
         out.writerow((label, "run", "window_end", _num(run.window_end), "s"))
+        out.writerow((label, "run", "max_concurrency", _num(run.max_concurrency, "requests"), "requests"))
+        for reason, count in run.mismatch_reasons.items():  # stat: the reason (the request's own numbers taken out)
+            out.writerow((label, "mismatch_reason", reason, count, "requests"))
         for section in report.sections:
             for row in section.rows:
                 metric = f"{section.key}.{row.metric}"
