@@ -8,8 +8,8 @@ Measures what the fit reads, on one idle server (started with --skip-tokenizer-i
 - `prefix`: the prefix-cache series of tests/data/sglang-0.5.17/prefix-cache-h200.json, same shapes and seeds
   (A shared 2048-token prefix, B unique prompts, C a 1000-token shared part, D after a flush, E a burst of 8, F the
   first rows of the Mooncake slice built from their 512-token blocks), sent one at a time.
-- `clip`: what the server generates near the context limit (input 4089 with 1..7 output tokens asked, input 4000 with
-  93..96): sglang 0.5.17 clips max_new_tokens to context_len - 1 - input_len - 1 (scheduler.py L2132-2141).
+- (the H100 file of 2026-11-25 also holds a `clip` series: input 4089 asking 1..7 tokens, input 4000 asking 93..96;
+  bench/gpu/clip_probe.py is the probe of sglang's context rule now.)
 - `singles`: the meta_info of single non-streamed and streamed requests (per-request server overheads).
 - `server_info`: what the server says of itself (max_total_num_tokens: the KV capacity on this GPU).
 
@@ -160,17 +160,6 @@ async def prefix_series(server: Server, quick: bool) -> dict:
     return res
 
 
-async def clip_series(server: Server) -> list[dict]:
-    out = []
-    for input_len, outputs in ((4089, range(1, 8)), (4000, range(93, 97))):
-        for asked in outputs:
-            r = await server.generate(ids(input_len, 70_000 + asked), asked)
-            m = r["meta"]
-            out.append({"input_len": input_len, "asked": asked, "prompt_tokens": m["prompt_tokens"],
-                        "completion_tokens": m["completion_tokens"], "finish_reason": m["finish_reason"]})
-    return out
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("url")
@@ -195,7 +184,6 @@ async def main() -> None:
         doc["prefill"] = await prefill_series(server, opts.quick)
         doc["decode"] = await decode_series(server, opts.quick)
         doc["prefix"] = await prefix_series(server, opts.quick)
-        doc["clip"] = await clip_series(server)
     doc["seconds"] = time.perf_counter() - t0
     opts.out.write_text(json.dumps(doc, indent=1) + "\n")
     pre = {}
@@ -205,7 +193,6 @@ async def main() -> None:
     print("prefill ms:", {n: round(statistics.median(v), 1) for n, v in pre.items()})
     print("decode ITL p50 ms:", {d["batch"]: round(d["itl_p50_ms"], 2) for d in doc["decode"]})
     f = doc["prefix"]["F_mooncake_blocks"]
-    print("clip (input, asked, got):", [(c["input_len"], c["asked"], c["completion_tokens"]) for c in doc["clip"]])
     print("prefix F: expected", sum(f["expected_cached_if_never_evicted"]), "cached", sum(f["cached"]))
 
 

@@ -20,12 +20,14 @@ pack() {
   tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
 }
 trap 'pack; ls -la "$PACK_TO"' EXIT
-# llama-2's context is 4096; sglang generates the whole output only when input + output <= 4094
-MOON=(--dataset "$DATA" --dataset-format mooncake --in-order --max-context 4094)
+# llama-2's context is 4096 (generate's default): sglang generates the whole output only when input + output <= 4094,
+# which is what generate's clamp keeps. (The traces of 2026-11-25 were made by that day's clamp with --max-context
+# 4094: long prompts cut to 4087 tokens + 7 output; today's default cuts them to 4089 + 5. Both fit sglang's rule.)
+MOON=(--dataset "$DATA" --dataset-format mooncake --in-order)
 $TB generate "${MOON[@]}" --rate "$NODE_RATE" --num-requests "$NODE_N" --seed 0 -o "$RES/mooncake-node.jsonl"
 $TB generate "${MOON[@]}" --rate "$ROUTING_RATE" --num-requests "$ROUTING_N" --seed 1 -o "$RES/mooncake-routing.jsonl"
 $TB generate --dataset tests/data/AzureLLMInferenceTrace_conv.csv --rate "$FIT_RATE" --num-requests "$FIT_N" --seed 0 \
-  --max-context 4094 -o "$RES/azure-fit.jsonl"
+  -o "$RES/azure-fit.jsonl"
 PY=${TB% -m tracebench}
 t0=$SECONDS
 for i in 0 1; do start_server "$i" $((PORT0 + i)) "$RES/server-$i.log"; done
