@@ -453,7 +453,7 @@ def test_router_fills_the_prefix_fields_also_for_a_static_batch_put_back(tmp_pat
         await asyncio.sleep(0.01)  # assigned to server 0: a batch of 2 of 4 forms there (nothing is sent)
         router.suspect(0, "connection lost")
         await asyncio.sleep(0.01)  # found down: the batch goes back to the queue, then to server 1
-        await router.close([], "cancelled", "test over")
+        await router.close([], "test over")
         writer.close()
         await client.close()
 

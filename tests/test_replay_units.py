@@ -205,7 +205,7 @@ def test_a_release_after_close_is_not_recorded_twice(tmp_path: Path) -> None:
                         policy=load_policy("round_robin", np.random.default_rng(0), {}), client=client, writer=writer,
                         input_ids=InputIds(SHA, 32000), total=len(requests), health_check=slow_health_check, speed=2.0)
         router.suspect(0, "connection lost")  # a probe under way: close() cancels it and waits for it
-        closing = asyncio.ensure_future(router.close(requests[1:], "cancelled", "interrupted (SIGINT)"))
+        closing = asyncio.ensure_future(router.close(requests[1:], "interrupted (SIGINT)"))
         await asyncio.sleep(0)  # close() runs up to that wait
         router.release(requests[1], 0.25)  # meanwhile the engine, not cancelled yet, releases the next request
         await closing
@@ -215,7 +215,8 @@ def test_a_release_after_close_is_not_recorded_twice(tmp_path: Path) -> None:
     asyncio.run(main())
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert sorted(r["id"] for r in records) == [1, 2]
-    assert all(r["status"] == "cancelled" and r["t_released"] is None for r in records)
+    assert all(r["status"] == "not_sent" and r["t_released"] is None for r in records)
+    assert all(r["error"] == "not sent: interrupted (SIGINT)" for r in records)
     assert [r["t_arrival"] for r in records] == [0.25, 0.5]  # arrival_s / speed
 
 

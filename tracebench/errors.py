@@ -56,6 +56,15 @@ class RunFailed(TracebenchError):
     """The replay could not go on (for example: every server died)."""
 
 
+class OutputWriteError(RunFailed):
+    """A file of the run folder could not be written (disk full, ...): the run stops there; run.json says how many
+    records reached the disk."""
+
+    def __init__(self, message: str, path: object = None, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.path, self.errno = path, errno
+
+
 class RunInterrupted(TracebenchError):
     """The replay was stopped by Ctrl-C (SIGINT) or SIGTERM; its run folder is complete (status interrupted)."""
 

@@ -52,11 +52,36 @@ class Answer:
 
 @dataclass(slots=True)
 class Fetched:
-    """A GET's outcome: the parsed JSON body, or why there is none (`connection_lost`: the server was not reached)."""
+    """A GET's outcome: the parsed JSON body, or why there is none (`connection_lost`: the server was not reached;
+    `timed_out`: it was reached but gave no answer in time)."""
 
     obj: Any
     error: str | None = None
     connection_lost: bool = False
+    timed_out: bool = False
+
+
+_SSE_IGNORED = (b"event", b"id", b"retry")  # legal SSE fields that carry nothing the replay reads
+
+
+def sse_data(url: str, event: bytes) -> bytes | None:
+    """The data of one server-sent event (the text between two blank lines), as the SSE spec reads it: comment lines
+    (`: keepalive`) and the `event:`, `id:` and `retry:` fields are ignored, `data:` lines are joined with newlines
+    (one space after the colon is dropped). None when the event carries no data (a keep-alive). A line that is none
+    of these is a ServerProtocolError: tracebench reads only sglang's streams."""
+    data: list[bytes] = []
+    for line in event.split(b"\n"):
+        if not line or line.startswith(b":"):
+            continue
+        name, colon, value = line.partition(b":")
+        if value.startswith(b" "):
+            value = value[1:]
+        if name == b"data" and colon:
+            data.append(value)
+        elif name not in _SSE_IGNORED or not colon:
+            raise ServerProtocolError(f"{url}: {line[:200]!r} is not a line of a server-sent event this client reads "
+                                      "(data:, event:, id:, retry:, or a : comment)")
+    return b"\n".join(data) if data else None
 
 
 def _error_text(body: bytes) -> str:
@@ -116,6 +141,9 @@ class SglangClient:
                 buf = bytearray()
                 async for piece in resp.content.iter_any():
                     buf += piece
+                    if b"\r" in buf:  # CRLF line ends (legal SSE): read as LF; a CR at the end may be half of one
+                        keep = buf.endswith(b"\r")
+                        buf = bytearray(buf[:-1].replace(b"\r\n", b"\n") + b"\r" if keep else buf.replace(b"\r\n", b"\n"))
                     start = 0
                     while True:
                         end = buf.find(b"\n\n", start)
@@ -123,9 +151,13 @@ class SglangClient:
                             break
                         event = bytes(buf[start:end])
                         start = end + 2
-                        if not event.startswith(_DATA):
-                            raise ServerProtocolError(f"{generate_url}: stream event does not start with 'data: ': {event[:200]!r}")
-                        data = event[len(_DATA):]
+                        if event.startswith(_DATA) and b"\n" not in event:  # sglang's one data line
+                            data = event[len(_DATA):]
+                        else:
+                            parsed = sse_data(generate_url, event)
+                            if parsed is None:
+                                continue  # a comment or keep-alive
+                            data = parsed
                         if data == _DONE:
                             yield api.final_answer(generate_url, refused if refused is not None else last_event)
                             return
@@ -155,7 +187,7 @@ class SglangClient:
                 if resp.status != 200:
                     return Fetched(None, f"HTTP {resp.status}: {_error_text(body)}")
         except asyncio.TimeoutError:
-            return Fetched(None, f"no answer within {timeout:g} s")
+            return Fetched(None, f"no answer within {timeout:g} s", timed_out=True)
         except (aiohttp.ClientError, ConnectionError) as err:
             return Fetched(None, f"{type(err).__name__}: {err}", connection_lost=True)
         try:
@@ -172,7 +204,7 @@ class SglangClient:
                     return Fetched(None, f"HTTP {resp.status}: {_error_text(body)}")
                 return Fetched(body.decode("utf-8", "replace"))
         except asyncio.TimeoutError:
-            return Fetched(None, f"no answer within {timeout:g} s")
+            return Fetched(None, f"no answer within {timeout:g} s", timed_out=True)
         except (aiohttp.ClientError, ConnectionError) as err:
             return Fetched(None, f"{type(err).__name__}: {err}", connection_lost=True)
 

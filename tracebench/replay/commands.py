@@ -89,13 +89,24 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "\"speed\": K, and `tracebench report` shows such a run in simulated seconds (the simulators' time x K, "
                    "tracebench's own host time as measured). The progress line shows simulated units too.")
 @click.option("--run-name", default=None, metavar="NAME",
-              help="Run folder name. [default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>; no <policy>- for one "
-                   "server without a cap, where it decides nothing]")
+              help="Run folder name. [default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>, with -2, -3, ... when "
+                   "that folder exists (two replays started in the same second); no <policy>- for one server without "
+                   "a cap, where it decides nothing]")
 @click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("reports"),
               show_default=True, help="Where run folders go.")
 @click.option("--timeout", type=FINITE, default=None, metavar="S",
               help="A request without a complete answer S seconds after dispatch is recorded as timeout (trace "
-                   "seconds: S/K run seconds at --speed K). [default: no limit]")
+                   "seconds: S/K run seconds at --speed K). [default: no limit; the stall bound, --stall-timeout, "
+                   "still applies]")
+@click.option("--stall-timeout", type=FINITE, default=None, metavar="S",
+              help="The stall bound (trace seconds: S/K run seconds at --speed K). A streamed request that receives "
+                   "nothing for S is recorded as timeout; a non-streamed one gets S plus the trace's longest output at "
+                   "5 tokens/s in all; a server with requests in flight from which nothing came for S (no stream event, "
+                   "no /v1/loads answer) is taken out of routing and its requests in flight recorded as timeout; a "
+                   "policy that assigns nothing for S while servers have free slots fails the run. Requests waiting "
+                   "in a server's own queue count as making no progress: raise it for overload studies without a "
+                   "router cap. run.json stall says what was used. [default: from the trace: max(60 s, twice the "
+                   "longest prompt at 1000 tokens/s); at least 5 s of run time]")
 @click.option("--stream/--no-stream", default=True, show_default=True,
               help="Stream answers (gives time to first token) or wait for whole answers.")
 @click.option("--api", type=click.Choice(["generate", "completions", "chat"]), default="generate", show_default=True,
@@ -165,11 +176,12 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
            max_running_requests: int | None, max_concurrency: int | None, cap_schedule: str | None,
            control_port: int | None, model: str | None,
            vocab_size: int | None, server_args: tuple[str, ...], port_base: int | None, speed: float | None,
-           run_name: str | None, out_dir: Path, timeout: float | None, stream: bool, api: str, seed: int,
-           sjf_key: str | None, poll_interval: float, metrics_interval: float, startup_timeout: float | None,
-           flush_cache: bool, quiet: bool, router: str, router_policy: str | None, router_args: tuple[str, ...],
-           pd: str | None, attach_prefill: tuple[str, ...], attach_decode: tuple[str, ...], prefill_policy: str | None,
-           decode_policy: str | None, prefill_policy_opts: tuple[str, ...], decode_policy_opts: tuple[str, ...]) -> None:
+           run_name: str | None, out_dir: Path, timeout: float | None, stall_timeout: float | None, stream: bool,
+           api: str, seed: int, sjf_key: str | None, poll_interval: float, metrics_interval: float,
+           startup_timeout: float | None, flush_cache: bool, quiet: bool, router: str, router_policy: str | None,
+           router_args: tuple[str, ...], pd: str | None, attach_prefill: tuple[str, ...],
+           attach_decode: tuple[str, ...], prefill_policy: str | None, decode_policy: str | None,
+           prefill_policy_opts: tuple[str, ...], decode_policy_opts: tuple[str, ...]) -> None:
     """Replay TRACE against sglang servers (launched or attached) and record every request.
 
     \b
@@ -197,7 +209,8 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
     tracebench replay t.jsonl --attach-prefill http://127.0.0.1:30000 --attach-decode http://127.0.0.1:30001 \\
         --model models/llama-2-7b-hf --router sglang-router --router-policy round_robin
     \b
-    Ctrl-C stops the run: requests in flight are cancelled and recorded, servers are stopped, exit code 130.
+    Ctrl-C stops the run: requests in flight are cancelled and recorded, servers are stopped, exit code 130
+    (143 for SIGTERM). Exit codes: 0 completed, 1 failed, 2 bad input (docs/replay.md, "Guarantees").
     """
     from tracebench.replay.run import ReplayConfig, run_replay
 
@@ -208,7 +221,8 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
         attach=attach, mode=mode, batch_size=batch_size, batch_timeout=batch_timeout,
         max_running_requests=max_running_requests, max_concurrency=max_concurrency, cap_schedule=cap_schedule, control_port=control_port,
         model=model, vocab_size=vocab_size, server_args=server_args, port_base=port_base, speed=speed,
-        run_name=run_name, out_dir=out_dir, timeout=timeout, stream=stream, api=api, seed=seed, sjf_key=sjf_key,
+        run_name=run_name, out_dir=out_dir, timeout=timeout, stall_timeout=stall_timeout, stream=stream, api=api,
+        seed=seed, sjf_key=sjf_key,
         poll_interval=poll_interval, metrics_interval=metrics_interval, startup_timeout=startup_timeout,
         flush_cache=flush_cache, quiet=quiet, router=router, router_policy=router_policy, router_args=router_args,
         pd=pd, attach_prefill=attach_prefill, attach_decode=attach_decode, prefill_policy=prefill_policy,

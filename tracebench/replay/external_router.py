@@ -41,7 +41,7 @@ from tracebench.paths import portable_words
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 from tracebench.replay.client import SglangClient
 from tracebench.replay.records import RecordWriter, RequestRecord
-from tracebench.replay.servers import Fleet, ServerPlan, log_tail, split_server_args
+from tracebench.replay.servers import Fleet, ServerPlan, log_tail, split_server_args, wait_exit
 
 ROUTERS = ("tracebench", "sglang-router")
 PACKAGE = "sglang-router"
@@ -280,7 +280,9 @@ class SglangRouter:
 
         async def check(index: int) -> str | None:
             why = self.exit_reason() or await client.health(self.url, PROBE_TIMEOUT_S)
-            return why and (self.exit_reason() or why)
+            if why is not None:  # a dead router is named as the cause, however its death was first noticed
+                why = await wait_exit(self.exit_reason) or why
+            return why
 
         return check
 

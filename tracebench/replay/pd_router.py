@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from tracebench.errors import ServerProtocolError
@@ -50,6 +51,7 @@ class PdRouter(Router):
         if self.static:
             raise ValueError("PD runs are continuous (--mode static is refused with --pd)")
         self.pools = pools
+        self.policy_time.name = f"{pools.prefill_policy.name} (prefill) / {pools.decode_policy.name} (decode)"
         self.rooms = Rooms(seed)
         self.pair_client = PairClient(self.client)
 
@@ -64,7 +66,8 @@ class PdRouter(Router):
         if not any(v.free_slots for v in prefill_views) or not any(v.free_slots for v in decode_views):
             return  # nothing can be paired: the policies are not asked
         self.pools.prefill_policy.now = self.policy.now = now
-        triples = assign_pairs(self._queue, self.pools.prefill_policy, self.policy, prefill_views, decode_views)
+        triples = self.policy_time.call("assign", assign_pairs, self._queue, self.pools.prefill_policy, self.policy,
+                                        prefill_views, decode_views)  # timed; what a policy raises is a PolicyError
         if not triples:
             return
         chosen = {req.id for req, _, _ in triples}
@@ -75,13 +78,11 @@ class PdRouter(Router):
 
     def _dispatch_pair(self, rec: RequestRecord, prefill: ServerState, decode: ServerState) -> None:
         rec = self._pending[rec.id] = PdRecord.of(rec)   # a plain run's records stay without the prefill fields
+        # a flight of the decode server that also occupies the prefill one (the watchdog: Router._launch)
+        self._launch(rec, decode, partial(self._serve_pair, rec, prefill, decode), other=prefill)
         prefill.in_flight += 1
-        decode.in_flight += 1
-        task = self._loop.create_task(self._serve_pair(rec, prefill, decode))
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
 
-    async def _serve_pair(self, rec: PdRecord, prefill: ServerState, decode: ServerState) -> None:
+    async def _serve_pair(self, rec: PdRecord, prefill: ServerState, decode: ServerState, flight: Any) -> None:
         """Like Router._serve, for a pair: t_dispatch when both POSTs go, the decode stream's first token and chunks,
         the prefill answer's moment, t_finish at the decode answer's end."""
         now = self.clock.now
@@ -96,6 +97,9 @@ class PdRouter(Router):
         try:
             rec.t_dispatch = now()
             async for item in self.pair_client.generate(prefill.generate_url, decode.generate_url, body):
+                t = flight.t_progress = now()  # progress (Router.watch)
+                if not isinstance(item, PrefillAnswer):
+                    decode.t_heard = t
                 if item is CHUNK:
                     t = now()
                     gaps.add(t - t_chunk)
@@ -103,7 +107,7 @@ class PdRouter(Router):
                 elif item is FIRST_TOKEN:
                     rec.t_first_token = t_chunk = now()
                 elif isinstance(item, PrefillAnswer):
-                    rec.t_prefill_answer = now()
+                    rec.t_prefill_answer = prefill.t_heard = now()
                     prefill_answer = item.answer
                 else:
                     rec.t_finish = now()
@@ -121,14 +125,15 @@ class PdRouter(Router):
             if rec.t_finish is None:
                 rec.t_finish = now()
             if isinstance(err, asyncio.CancelledError):
-                rec.status, rec.error = self._cancel_status, self._cancel_reason  # type: ignore[assignment]
+                self._ended_by_router(rec, flight)  # stalled, a server down, or the run stopped
             else:
                 rec.status, rec.error = "error", f"{type(err).__name__}: {err}"
             raise
         finally:
             prefill.in_flight -= 1
             if not self._closing:
-                self.pools.prefill_policy.on_complete(rec.id, prefill.index, rec.status in COMPLETED)
+                self.policy_time.call("on_complete", self.pools.prefill_policy.on_complete, rec.id, prefill.index,
+                                      rec.status in COMPLETED)
             self._finish(rec, decode)
 
     def _take_prefill(self, rec: PdRecord, prefill: ServerState, answer: Answer) -> None:

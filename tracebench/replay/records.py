@@ -1,15 +1,21 @@
-"""What a run writes per request (`requests.jsonl`). Field meanings: docs/run-format.md."""
+"""What a run writes per request (`requests.jsonl`), and how the run folder's growing files reach the disk.
+Field meanings: docs/run-format.md."""
 
 from __future__ import annotations
 
+import errno
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import Literal
 
 import orjson
 
-Status = Literal["ok", "mismatch", "error", "timeout", "cancelled"]
-STATUSES: tuple[str, ...] = ("ok", "mismatch", "error", "timeout", "cancelled")
+from tracebench.errors import OutputWriteError
+
+Status = Literal["ok", "mismatch", "error", "timeout", "cancelled", "not_sent"]
+STATUSES: tuple[str, ...] = ("ok", "mismatch", "error", "timeout", "cancelled", "not_sent")
 # answers that finished: `ok` (what the trace asked for) and `mismatch` (finished, but the server generated or
 # counted something else: the record's `mismatch` says what); the report's latencies are over these
 COMPLETED: tuple[str, ...] = ("ok", "mismatch")
@@ -51,6 +57,9 @@ class RequestRecord:
     # entered the router queue (admitted by --max-concurrency's client gate, replay/gate.py; without the gate the
     # moment it was released). Client wait = t_admitted - t_released; router wait = t_dispatch - t_admitted
     t_admitted: float | None = None
+    # seconds the replay loop spent inside the policy (assign, on_complete) between this request's release and its
+    # end: its latencies can be too long by up to this much (null: never released)
+    policy_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -74,28 +83,108 @@ class PdRecord(RequestRecord):
         return cls(**{name: getattr(rec, name) for name in RequestRecord.__dataclass_fields__})
 
 
-class RecordWriter:
-    """Appends records to requests.jsonl as requests finish. Flushes every `flush_every` records and on close."""
+OnFailure = Callable[[BaseException], None]
 
-    def __init__(self, path: Path, flush_every: int = 256) -> None:
+
+class AppendFile:
+    """A file of the run folder that grows as the run goes (requests.jsonl, telemetry.jsonl), written in whole lines.
+
+    Lines are buffered and written with os.write; a write that fails (disk full, quota, I/O error) is cut back to the
+    last whole line, so the file never ends in half a line. From then on nothing more is written: `failure` says
+    why, `lines_on_disk` how many lines reached the file, and `on_failure` (once) tells the run to stop. Nothing is
+    lost silently: the caller counts what it gave, this counts what reached the disk."""
+
+    def __init__(self, path: Path, on_failure: OnFailure | None = None, flush_lines: int = 256) -> None:
         self.path = path
-        self._fh: IO[bytes] = path.open("ab")
-        self._flush_every = flush_every
-        self._pending = 0
-        self.count = 0
+        self.on_failure = on_failure
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._size = os.fstat(self._fd).st_size  # bytes of whole lines on disk
+        self._buf = bytearray()
+        self._buf_lines = 0
+        self._flush_lines = flush_lines
+        self.lines_on_disk = 0
+        self.failure: OutputWriteError | None = None
 
-    def write(self, record: RequestRecord) -> None:
-        # orjson serialises the dataclass itself, fields in declaration order (10x faster than asdict + dumps)
-        self._fh.write(orjson.dumps(record) + b"\n")
-        self.count += 1
-        self._pending += 1
-        if self._pending >= self._flush_every:
+    def write(self, line: bytes) -> None:
+        """One line (ending in a newline)."""
+        if self.failure is not None:
+            return
+        self._buf += line
+        self._buf_lines += 1
+        if self._buf_lines >= self._flush_lines:
             self.flush()
 
     def flush(self) -> None:
-        self._fh.flush()
-        self._pending = 0
+        if self.failure is not None or not self._buf:
+            return
+        view = memoryview(self._buf)
+        done = 0
+        try:
+            while done < len(view):
+                done += os.write(self._fd, view[done:])
+        except OSError as err:
+            view.release()
+            self._failed(err)
+            return
+        view.release()
+        self._size += done
+        self.lines_on_disk += self._buf_lines
+        self._buf.clear()
+        self._buf_lines = 0
+
+    def _failed(self, err: OSError) -> None:
+        os.ftruncate(self._fd, self._size)  # back to the last whole line (truncating frees space: it works on a full disk)
+        what = "disk full (no space left on the device)" if err.errno in (errno.ENOSPC, errno.EDQUOT) else (
+            f"cannot write ({err.strerror})")
+        self.failure = OutputWriteError(f"{what}: writing {self.path} failed after {self.lines_on_disk} line(s)",
+                                        path=self.path, errno=err.errno)
+        self._buf.clear()
+        if self.on_failure is not None:
+            self.on_failure(self.failure)
 
     def close(self) -> None:
-        self._fh.flush()
-        self._fh.close()
+        self.flush()
+        os.close(self._fd)
+
+    def __enter__(self) -> AppendFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RecordWriter:
+    """Appends records to requests.jsonl as requests finish (AppendFile: whole lines; a write failure stops the run
+    through `on_failure`). `count`: records given; `written`: records that reached the file."""
+
+    def __init__(self, path: Path, flush_every: int = 256, on_failure: OnFailure | None = None) -> None:
+        self.path = path
+        self._out = AppendFile(path, on_failure, flush_every)
+        self.count = 0
+
+    @property
+    def on_failure(self) -> OnFailure | None:
+        return self._out.on_failure
+
+    @on_failure.setter
+    def on_failure(self, callback: OnFailure | None) -> None:
+        self._out.on_failure = callback
+
+    @property
+    def written(self) -> int:
+        return self._out.lines_on_disk
+
+    @property
+    def failure(self) -> OutputWriteError | None:
+        return self._out.failure
+
+    def write(self, record: RequestRecord) -> None:
+        # orjson serialises the dataclass itself, fields in declaration order (10x faster than asdict + dumps)
+        self._out.write(orjson.dumps(record) + b"\n")
+        self.count += 1
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def close(self) -> None:
+        self._out.close()

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from functools import partial
 from itertools import islice
 from typing import Any
 
@@ -25,16 +26,20 @@ from tracebench.errors import PolicyError, RunFailed, ServerProtocolError
 from tracebench.policies.base import UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView
 from tracebench.itl import ItlGaps
 from tracebench.replay.answer_check import ContextLimits, check_answer, mismatch_reason
-from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, SglangClient
+from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, Fetched, SglangClient
 from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.gate import ConcurrencyGate
+from tracebench.replay.policy_time import PolicyTime
 from tracebench.replay.records import COMPLETED, STATUSES, RecordWriter, RequestRecord
+from tracebench.replay.stall import StallBounds
+from tracebench.replay.summary import SimulatedSpan
 from tracebench.replay.tokens import InputIds
 from tracebench.trace.format import TraceRequest
 
 OBSERVED_WINDOW_S = 10.0  # ServerView's observed figures cover this much recent run time...
 OBSERVED_MAX = 256  # ...and at most this many recent completions
 OBSERVED_REFRESH_S = 0.1  # recomputed at most this often (policies may be asked hundreds of times a second)
+POLLS_FAILED_TO_SUSPECT = 2  # /v1/loads polls in a row without an answer: stop routing there, probe it
 
 # meta_info stamp (time.time() on the server) -> record field on the run clock
 _STAMPS = (
@@ -53,11 +58,13 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 class ServerState:
     """The router's own state of one server. `state`: `up` (routable), `probing` (a request or a poll lost its
-    connection; nothing is routed there until the health check answers), `down` (for the rest of the run)."""
+    connection, or polls went unanswered; nothing is routed there until the health check answers), `down` (for the
+    rest of the run). `t_heard`: when something last came from it (a stream event, an answer, a poll answer)."""
 
     __slots__ = (
         "index", "url", "generate_url", "require_stamps", "launch_cap", "state", "cap", "in_flight", "forming", "batch_seq",
-        "batch_timer", "recent", "reported", "reported_t", "_observed", "_observed_t", "limits",
+        "batch_timer", "recent", "reported", "reported_t", "_observed", "_observed_t", "limits", "t_heard",
+        "polls_failed", "suspected_silent",
     )
 
     def __init__(self, index: int, url: str, cap: int | None, require_stamps: bool, launch_cap: int | None = None,
@@ -81,6 +88,9 @@ class ServerState:
         # sglang's context limits there (/server_info): what its answers are checked against (answer_check.py); None:
         # not known (behind sglang-router, servers whose limits differ)
         self.limits = limits
+        self.t_heard = 0.0
+        self.polls_failed = 0  # /v1/loads polls in a row that got no answer
+        self.suspected_silent = False  # probing because it stopped answering (not because a connection was lost)
 
     def observed(self, now: float) -> tuple[float, float | None, float | None, float | None]:
         """(completed_per_s, latency_p50, latency_p90, ttft_p50) over the recent window (cached briefly)."""
@@ -104,6 +114,23 @@ class ServerState:
         return self._observed
 
 
+class _Flight:
+    """One dispatched request until its record is written. `t_progress`: its last progress (dispatch, a stream
+    event). `end_status`/`end_reason`: set when the router ends it (stalled, its server down) before cancelling it.
+    `other`: a second server it occupies (a PD run's prefill server), or None."""
+
+    __slots__ = ("rec", "server", "other", "task", "t_progress", "end_status", "end_reason")
+
+    def __init__(self, rec: RequestRecord, server: ServerState, t: float, other: ServerState | None = None) -> None:
+        self.rec = rec
+        self.server = server
+        self.other = other
+        self.task: asyncio.Task[None] | None = None
+        self.t_progress = t
+        self.end_status: str | None = None
+        self.end_reason: str | None = None
+
+
 class Router:
     def __init__(
         self,
@@ -121,10 +148,12 @@ class Router:
         speed: float = 1.0,
         block_size: int | None = None,
         max_concurrency: int | None = None,
+        stall: StallBounds | None = None,
     ) -> None:
         """`batch_timeout` is in run seconds; `speed` (--speed K, 1.0 when not sped up) turns the trace's arrival
         times into run seconds (`run_seconds`); `block_size` is the trace header's (tokens per prefix block);
-        `max_concurrency`: --max-concurrency N, the client's gate before the router queue (gate.py)."""
+        `max_concurrency`: --max-concurrency N, the client's gate before the router queue (gate.py); `stall`: the
+        run's stall bounds (replay/stall.py; None: the watchdog does nothing)."""
         self.clock = clock
         self.speed = speed
         self.servers = servers
@@ -138,6 +167,7 @@ class Router:
         self.batch_timeout = batch_timeout
         self.block_size = block_size
         self._health_check = health_check
+        self.stall = stall
         self._loop = asyncio.get_running_loop()
         self._queue: list[QueuedRequest] = []  # the router queue, oldest first (what the policy sees)
         self._queued: dict[int, QueuedRequest] = {}
@@ -146,6 +176,7 @@ class Router:
         # needs them again)
         self._prefix_blocks: dict[int, tuple[int, ...]] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # one _serve per dispatched request
+        self._flights: dict[int, _Flight] = {}  # the dispatched requests whose record is not written yet
         self._probes: set[asyncio.Task[None]] = set()
         self._assign_scheduled = False
         self._engine_done = False  # nothing more will enter the router queue (every request released and admitted)
@@ -153,8 +184,14 @@ class Router:
         # --max-concurrency: requests released but not admitted wait here, before the router queue
         self.gate: ConcurrencyGate[TraceRequest] | None = None if max_concurrency is None else ConcurrencyGate(max_concurrency)
         self._closing = False
-        self._cancel_status = "cancelled"
         self._cancel_reason = "cancelled"
+        self.policy_time = PolicyTime(policy.name)
+        # since when the policy has left requests queued while servers had free slots (None: it has not)
+        self._idle_since: float | None = None
+        self.pending_wakeups = 0  # scheduled events to come that ask the policy again (cap schedule changes)
+        # /v1/loads is polled (telemetry.poll_loads): a live server is heard even while its answers are not streamed
+        self.polled = False
+        self.span = SimulatedSpan(speed)
         self.released = 0
         self.finished = 0
         self.counts = dict.fromkeys(STATUSES, 0)
@@ -164,6 +201,7 @@ class Router:
         self.cap_changes: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.failure: BaseException | None = None
+        writer.on_failure = self.fail  # the disk is full: the run stops (records.AppendFile)
         # called with a request's id once its record is written (the engine releases closed-loop followers)
         self.on_finished: Callable[[int], None] | None = None
         self.ended = asyncio.Event()  # every record written, or the run must stop (failure set)
@@ -181,7 +219,9 @@ class Router:
             return
         t_released = self.clock.now()
         rid = request.id
-        rec = self._pending[rid] = RequestRecord(rid, request.input_len, request.output_len, t_arrival, t_released)
+        # policy_s counts from here: the policy's total so far is taken off when the record is written
+        rec = self._pending[rid] = RequestRecord(rid, request.input_len, request.output_len, t_arrival, t_released,
+                                                 policy_s=-self.policy_time.total)
         if request.prefix_blocks is not None:
             self._prefix_blocks[rid] = request.prefix_blocks
         self.released += 1
@@ -226,6 +266,7 @@ class Router:
             for server in self.servers:
                 self._maybe_send_batch(server)
         self._check_ended()
+        self._kick()  # the policy is asked once more: if it still assigns nothing, nothing else will ask it
 
     # ---- caps, health, telemetry -------------------------------------------------------------------------------
 
@@ -250,26 +291,60 @@ class Router:
         """What the server reported (/v1/loads): num_running_reqs, num_waiting_reqs, token_usage, gen_throughput."""
         state = self.servers[server]
         state.reported = load
-        state.reported_t = self.clock.now()
+        state.reported_t = state.t_heard = self.clock.now()
+        state.polls_failed = 0
 
-    def suspect(self, server: int, why: str) -> None:
-        """The server could not be reached: route nothing there until the health check says whether it is up."""
+    def poll_failed(self, server: int, got: Fetched) -> None:
+        """A /v1/loads poll got no good answer. A lost connection is probed at once; polls that got no answer at all
+        are counted, and POLLS_FAILED_TO_SUSPECT of them in a row stop routing there until the probe answers (a
+        hung server keeps its connections open and answers nothing)."""
+        state = self.servers[server]
+        if got.connection_lost:
+            self.suspect(server, f"/v1/loads: {got.error}")
+        elif got.timed_out:
+            state.polls_failed += 1
+            if state.polls_failed >= POLLS_FAILED_TO_SUSPECT:
+                self.suspect(server, f"/v1/loads: no answer to {state.polls_failed} polls in a row ({got.error})",
+                             silent=True)
+        else:  # it answered, with an error status: it is there
+            state.t_heard = self.clock.now()
+
+    def suspect(self, server: int, why: str, silent: bool = False) -> None:
+        """The server could not be reached (`silent`: it stopped answering): route nothing there until the health
+        check says whether it is up."""
         state = self.servers[server]
         if state.state != "up" or self._closing:
             return
         state.state = "probing"
+        state.suspected_silent = silent
         task = self._loop.create_task(self._probe(state, why))
         self._probes.add(task)
         task.add_done_callback(self._task_done)
 
     async def _probe(self, state: ServerState, why: str) -> None:
         reason = await self._health_check(state.index)
+        if state.state == "down":  # the watchdog found it stalled meanwhile
+            return
         if reason is None:
             state.state = "up"
             self._kick()
             return
+        # what is still in flight there will never be answered: timed out when it stopped answering, else an error
+        if state.suspected_silent:
+            detail = f"stalled: {why}; then {reason}"
+            self._mark_down(state, detail, "timeout", f"server {state.index} {detail}")
+        else:
+            self._mark_down(state, f"{why}; then {reason}", "error")
+
+    def _mark_down(self, state: ServerState, detail: str, in_flight_status: str, in_flight_error: str | None = None) -> None:
+        """The server is out for the rest of the run (event `server_down` with `detail`): its requests still in
+        flight end with `in_flight_status` (error: `in_flight_error`, else "server i is down: <detail>"), an unsent
+        static batch goes back to the queue."""
         state.state = "down"
-        self._event("server_down", state.index, f"{why}; then {reason}")
+        self._event("server_down", state.index, detail)
+        for flight in list(self._flights.values()):
+            if flight.server is state or flight.other is state:
+                self._end_flight(flight, in_flight_status, in_flight_error or f"server {state.index} is down: {detail}")
         if state.forming:  # an unsent static batch goes back to the queue, in arrival order
             for rec in state.forming:
                 queued = QueuedRequest(rec.id, rec.input_len, rec.output_len, rec.t_arrival, rec.t_released,
@@ -280,7 +355,7 @@ class Router:
             state.forming = []
             self._queue.sort(key=lambda q: (q.t_released, q.id))
         if all(s.state == "down" for s in self.servers):
-            self.fail(RunFailed(f"every server is down (the last: server {state.index}, {state.url}: {reason})"))
+            self.fail(RunFailed(f"every server is down (the last: server {state.index}, {state.url}: {detail})"))
         else:
             self._kick()
 
@@ -327,14 +402,36 @@ class Router:
 
     def _assign_round(self) -> None:
         self._assign_scheduled = False
-        if self._closing or not self._queue:
+        if self._closing:
+            return
+        if not self._queue:
+            self._idle_since = None
             return
         now = self.clock.now()
         views = self._views(now)
         if not any(v.free_slots for v in views):
+            self._idle_since = None
             return  # nothing can be assigned: the policy is not asked
         self.policy.now = now
-        self._apply(self.policy.assign(self._queue, views), views)
+        picks = self.policy_time.call("assign", self.policy.assign, self._queue, views)
+        self._apply(picks, views)
+        if picks:
+            self._idle_since = None
+            return
+        if self._idle_since is None:
+            self._idle_since = now
+        if self._nothing_can_ask_again():
+            free = sum(v.free_slots for v in views)
+            raise PolicyError(
+                f"policy {self.policy.name!r} assigned nothing while {len(self._queue)} request(s) waited at the router "
+                f"and servers had {free} free slot(s), and nothing can ask it again (nothing in flight, no arrival to "
+                "come): the run cannot go on")
+
+    def _nothing_can_ask_again(self) -> bool:
+        """No event is left that would call the policy again: every request released, none in flight, no probe,
+        no static batch waiting, no scheduled cap change."""
+        return (self._engine_done and not self._flights and not self._probes and self.pending_wakeups == 0
+                and not any(s.in_flight or s.forming or s.batch_timer is not None for s in self.servers))
 
     def _apply(self, picks: Any, views: list[ServerView]) -> None:
         """Check every assignment against the rules (all or nothing), then carry them out."""
@@ -422,10 +519,22 @@ class Router:
     # ---- one request: the three timestamps ---------------------------------------------------------------------
 
     def _dispatch(self, rec: RequestRecord, server: ServerState) -> None:
+        self._launch(rec, server, partial(self._serve, rec, server))
+
+    def _launch(self, rec: RequestRecord, server: ServerState, serve: Callable[[_Flight], Coroutine[Any, Any, None]],
+                other: ServerState | None = None) -> None:
+        """Start one dispatched request as a flight (what the watchdog sees): `serve(flight)` sends it and ends in
+        `_finish`. `server` (and `other`, a second server it occupies) count it in flight from now."""
+        now = self.clock.now()
+        for state in (server, other):
+            if state is not None and not state.in_flight:  # an idle server's silence counts from its first request
+                state.t_heard = max(state.t_heard, now)
         server.in_flight += 1
-        task = self._loop.create_task(self._serve(rec, server))
+        flight = _Flight(rec, server, now, other)
+        self._flights[rec.id] = flight
+        flight.task = task = self._loop.create_task(serve(flight))
         self._tasks.add(task)
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(partial(self._serve_done, flight))
 
     def _body(self, rec: RequestRecord) -> bytes:
         # the body of the run's --api (client.Api): /generate, /v1/completions or /v1/chat/completions
@@ -433,9 +542,10 @@ class Router:
         ids = self.input_ids.ids(rec.id, rec.input_len) if blocks is None else self.input_ids.block_ids(blocks, rec.input_len)
         return self.client.api.body(ids, rec.output_len, self.client.stream)
 
-    async def _serve(self, rec: RequestRecord, server: ServerState) -> None:
+    async def _serve(self, rec: RequestRecord, server: ServerState, flight: _Flight) -> None:
         """Send one request and stamp t_dispatch, t_first_token and t_finish as its answer arrives (and the gaps
-        between its later chunks: inter-token latency, kept as a histogram, tracebench/itl.py)."""
+        between its later chunks: inter-token latency, kept as a histogram, tracebench/itl.py). Each item that
+        arrives is progress (`flight.t_progress`, `server.t_heard`: what the watchdog checks)."""
         now = self.clock.now
         body = self._body(rec)
         rec.server = server.index
@@ -445,14 +555,15 @@ class Router:
         try:
             rec.t_dispatch = now()
             async for item in self.client.generate(server.generate_url, body):
+                t = now()
+                flight.t_progress = server.t_heard = t
                 if item is CHUNK:
-                    t = now()
                     gaps.add(t - t_chunk)
                     t_chunk = t
                 elif item is FIRST_TOKEN:
-                    rec.t_first_token = t_chunk = now()
+                    rec.t_first_token = t_chunk = t
                 else:
-                    rec.t_finish = now()
+                    rec.t_finish = t
                     answer = item  # type: ignore[assignment]
             assert answer is not None  # generate() always ends with an Answer
             rec.itl_max, rec.itl_hist = gaps.fields()
@@ -463,12 +574,36 @@ class Router:
             if rec.t_finish is None:
                 rec.t_finish = now()
             if isinstance(err, asyncio.CancelledError):
-                rec.status, rec.error = self._cancel_status, self._cancel_reason  # type: ignore[assignment]
+                self._ended_by_router(rec, flight)
             else:
                 rec.status, rec.error = "error", f"{type(err).__name__}: {err}"
             raise
         finally:
             self._finish(rec, server)
+
+    def _ended_by_router(self, rec: RequestRecord, flight: _Flight) -> None:
+        """The status of a request whose task the router cancelled: what `_end_flight` said (stalled, its server
+        down), else the run stopped (`cancelled`); `not_sent` if it never went out."""
+        if rec.t_dispatch is None:
+            rec.status, rec.error = "not_sent", f"not sent: {flight.end_reason or self._cancel_reason}"
+        elif flight.end_status is not None:
+            rec.status, rec.error = flight.end_status, flight.end_reason  # type: ignore[assignment]
+        else:
+            rec.status, rec.error = "cancelled", self._cancel_reason
+
+    def _end_flight(self, flight: _Flight, status: str, reason: str) -> None:
+        """End one request in flight now, recorded with `status` and `reason` (its task is cancelled)."""
+        if flight.end_status is None and flight.task is not None and not flight.task.done():
+            flight.end_status, flight.end_reason = status, reason
+            flight.task.cancel()
+
+    def _serve_done(self, flight: _Flight, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if flight.rec.id in self._flights:  # cancelled before it ever ran: _serve never wrote its record
+            self._ended_by_router(flight.rec, flight)
+            self._finish(flight.rec, flight.server)
+        elif not task.cancelled() and task.exception() is not None:
+            self.fail(task.exception())  # type: ignore[arg-type]
 
     def _take_answer(self, rec: RequestRecord, server: ServerState, answer: Answer) -> None:
         rec.status = answer.status
@@ -517,6 +652,7 @@ class Router:
             rec.status, rec.mismatch = "mismatch", mismatch
 
     def _finish(self, rec: RequestRecord, server: ServerState) -> None:
+        self._flights.pop(rec.id, None)
         server.in_flight -= 1
         self._write(rec)
         if rec.status in COMPLETED:
@@ -527,7 +663,7 @@ class Router:
             return
         if self.on_finished is not None:
             self.on_finished(rec.id)
-        self.policy.on_complete(rec.id, server.index, rec.status in COMPLETED)
+        self.policy_time.call("on_complete", self.policy.on_complete, rec.id, server.index, rec.status in COMPLETED)
         if self.static and not server.in_flight:
             self._maybe_send_batch(server)
         self._send_batches_gate_blocks()
@@ -536,8 +672,11 @@ class Router:
     def _write(self, rec: RequestRecord) -> None:
         del self._pending[rec.id]
         self._prefix_blocks.pop(rec.id, None)
+        if rec.policy_s is not None:
+            rec.policy_s += self.policy_time.total
         self.writer.write(rec)
         self.counts[rec.status] += 1
+        self.span.add(rec)
         if rec.status in COMPLETED:
             self.e2e_ok[self.completed] = rec.t_finish - rec.t_arrival  # type: ignore[operator]
             self.completed += 1
@@ -567,13 +706,14 @@ class Router:
             self.failure = err
         self.ended.set()
 
-    async def close(self, unreleased: Sequence[TraceRequest], status: str, reason: str) -> None:
-        """End the run: cancel what is in flight and write a record for every request not written yet (queued,
-        in a forming batch, in flight, never released) with `status` and `reason`. `unreleased` is what the engine
-        had not released when close() was called; the engine may run on while close() waits, but a release from
-        now on is ignored (those requests are in `unreleased`)."""
+    async def close(self, unreleased: Iterable[TraceRequest], reason: str) -> None:
+        """End the run (it failed, or was interrupted: `reason` says which) and write a record for every request not
+        written yet: in flight `cancelled` (its task is cancelled), every other one `not_sent` (queued, in a forming
+        batch, never released; error "not sent: <reason>"). `unreleased` is what the engine had not released when
+        close() was called; the engine may run on while close() waits, but a release from now on is ignored (those
+        requests are in `unreleased`)."""
         self._closing = True
-        self._cancel_status, self._cancel_reason = status, reason
+        self._cancel_reason = reason
         for server in self.servers:
             if server.batch_timer is not None:
                 server.batch_timer.cancel()
@@ -582,13 +722,80 @@ class Router:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
-        for rec in list(self._pending.values()):  # queued, forming, or a _serve cancelled before it started
-            rec.status, rec.error = status, reason  # type: ignore[assignment]
+        not_sent = f"not sent: {reason}"
+        for rec in list(self._pending.values()):  # queued or forming
+            rec.status, rec.error = "not_sent", not_sent
             self._write(rec)
         for req in unreleased:
             t_arrival = run_seconds(req.arrival_s, self.speed)
             self.writer.write(
-                RequestRecord(req.id, req.input_len, req.output_len, t_arrival, status=status, error=reason)  # type: ignore[arg-type]
+                RequestRecord(req.id, req.input_len, req.output_len, t_arrival, status="not_sent", error=not_sent)
             )
-            self.counts[status] += 1
+            self.counts["not_sent"] += 1
             self.finished += 1
+
+    async def stop_probes(self) -> None:
+        """The run has ended: cancel the health probes still under way, before the client's session closes (a probe
+        going out through a closed session would find a healthy server "down" and fail a finished run)."""
+        self._closing = True
+        probes = list(self._probes)
+        for task in probes:
+            task.cancel()
+        if probes:
+            await asyncio.wait(probes)
+
+    # ---- the watchdog: nothing waits forever ------------------------------------------------------------------
+
+    async def watch(self) -> None:
+        """Runs beside the requests (replay/stall.py says why and what the bounds are): a server with requests in
+        flight that sent nothing for the stall bound is taken out of routing (`stalled`); a streamed request without
+        progress for the bound, or a non-streamed one without its answer within the no-stream total, is recorded
+        `timeout`; a policy that leaves requests queued while servers have free slots for the bound fails the run."""
+        if self.stall is None:
+            return
+        period = min(1.0, self.stall.run_no_progress_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            self.guarded(self._watch_tick)
+
+    def _bound_text(self, total: bool = False) -> str:
+        stall = self.stall
+        assert stall is not None
+        trace_s, run_s = ((stall.no_stream_total_s, stall.run_no_stream_total_s) if total
+                          else (stall.no_progress_s, stall.run_no_progress_s))
+        given = "--stall-timeout" if stall.source == "--stall-timeout" else "the default stall bound"
+        if self.speed == 1.0:
+            return f"{given}: {run_s:g} s"
+        return f"{given}: {trace_s:g} trace s = {run_s:g} s of run time at --speed {self.speed:g}"
+
+    def _watch_tick(self) -> None:
+        stall = self.stall
+        assert stall is not None
+        now = self.clock.now()
+        bound = stall.run_no_progress_s
+        if self._closing:
+            return
+        # a server is heard while it works if its answers stream or its loads are polled (else, without streaming,
+        # only the per-request total bound below applies: one long answer is silent until it is complete)
+        audible = self.client.stream or self.polled
+        for server in self.servers:
+            silent = now - server.t_heard
+            if audible and server.state != "down" and server.in_flight and silent > bound:
+                why = (f"stalled: nothing came from it for {silent:.1f} s with {server.in_flight} request(s) in flight "
+                       f"(no stream event, answer or /v1/loads answer; {self._bound_text()})")
+                self._mark_down(server, why, "timeout", f"server {server.index} {why}")
+        if self.client.stream:
+            for flight in list(self._flights.values()):
+                if now - flight.t_progress > bound:
+                    self._end_flight(flight, "timeout", f"no progress for {now - flight.t_progress:.1f} s: nothing "
+                                     f"came on its stream ({self._bound_text()})")
+        else:  # a non-streamed answer shows no progress until it is complete: a total bound
+            total = stall.run_no_stream_total_s
+            for flight in list(self._flights.values()):
+                if now - flight.t_progress > total:
+                    self._end_flight(flight, "timeout", f"no answer within {total:g} s of run time without "
+                                     f"streaming ({self._bound_text(total=True)})")
+        if self._idle_since is not None and now - self._idle_since > bound:
+            raise PolicyError(
+                f"policy {self.policy.name!r} assigned nothing for {bound:g} s of run time while {len(self._queue)} "
+                f"request(s) waited at the router and servers had free slots ({self._bound_text()})")

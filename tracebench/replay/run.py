@@ -1,15 +1,17 @@
 """One replay, start to end: check the options and the trace, start the servers, run engine + router + telemetry,
 write the run folder (docs/run-format.md), stop the servers.
 
-Order matters for the user's rules: everything that can be refused (options, trace, policy, model config, ports) is
-refused before any server starts; once servers start, a `finally` stops them whatever happens; every request of the
-trace ends up exactly once in requests.jsonl, however the run ends.
+Order matters for the user's rules: everything that can be refused (options, trace, policy, model config, ports,
+free disk space) is refused before any server starts; once servers start, a `finally` stops them whatever happens;
+every request of the trace ends up exactly once in requests.jsonl, however the run ends (short of a full disk: then
+run.json says how many records reached it, and a reserve kept since the start lets the final run.json be written).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import gc
 import os
 import signal
@@ -24,7 +26,7 @@ import numpy as np
 import orjson
 
 from tracebench import __version__
-from tracebench.errors import ConfigError, RunInterrupted, ServerStartError
+from tracebench.errors import ConfigError, OutputWriteError, RunInterrupted, ServerStartError
 from tracebench.paths import portable_path, portable_words
 from tracebench.policies.base import Policy
 from tracebench.policies.registry import load_policy
@@ -35,7 +37,7 @@ from tracebench.replay.caps import (
 )
 from tracebench.replay.client import APIS, SglangClient
 from tracebench.replay.clock import RunClock, run_seconds
-from tracebench.replay.engine import Engine
+from tracebench.replay.engine import Engine, Rows
 from tracebench.replay.pd import (
     PdPolicies, add_pd_launch_args, bootstrap_host, check_pd_config, check_role, metrics_delta, parse_ratio,
     read_pd_metrics,
@@ -46,14 +48,22 @@ from tracebench.replay.external_router import (
 )
 from tracebench.replay.records import STATUSES, RecordWriter
 from tracebench.replay.router import Router, ServerState
-from tracebench.replay.servers import Fleet, ServerPlan, plan_attached, plan_launched, split_server_args
+from tracebench.replay.servers import Fleet, ServerPlan, plan_attached, plan_launched, split_server_args, wait_exit
+from tracebench.replay.stall import StallBounds, stall_bounds
 from tracebench.replay.telemetry import poll_loads, progress_line, show_progress
 from tracebench.replay.tokens import InputIds, vocab_size_from_model
-from tracebench.trace.format import TraceHeader, TraceRequest, load_trace, sha256_file
+from tracebench.trace.format import TraceHeader, TraceTable, load_trace_table
 
 RUN_FORMAT = 1
 STARTUP_TIMEOUT_S = {"sglang": 600.0, "sim": 30.0}
 PROBE_TIMEOUT_S = 30.0  # /server_info, /v1/loads at start; /model_info when a server may be down
+# Free space: the run folder's file system must hold at least every record at its smallest (all fields null) and the
+# telemetry lines, plus a reserve kept as a file from the start and freed at the end, so that the final run.json can
+# always be written, even when the disk filled up during the run.
+MIN_RECORD_BYTES = 450
+MIN_TELEMETRY_LINE_BYTES = 150
+RESERVE_BYTES = 256 << 10
+RESERVE_NAME = ".reserve"
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,7 @@ class ReplayConfig:
     run_name: str | None = None
     out_dir: Path = Path("reports")
     timeout: float | None = None
+    stall_timeout: float | None = None  # trace seconds; None: derived from the trace (replay/stall.py)
     stream: bool = True
     api: str = "generate"  # generate | completions | chat (client.APIS)
     seed: int = 0
@@ -147,6 +158,7 @@ class ReplayConfig:
                 refuse(f"{name} must be >= {low}, got {value}")
         for name, value in (
             ("--batch-timeout", self.batch_timeout), ("--timeout", self.timeout), ("--speed", self.speed),
+            ("--stall-timeout", self.stall_timeout),
             ("--poll-interval", self.poll_interval), ("--startup-timeout", self.startup_timeout),
         ):
             if value is not None and not (math.isfinite(value) and value > 0):  # inf: a run that never ends
@@ -246,14 +258,14 @@ class ReplayConfig:
         return out
 
 
-def trace_prefix(header: TraceHeader, requests: list[TraceRequest]) -> dict[str, Any] | None:
+def trace_prefix(header: TraceHeader, table: TraceTable) -> dict[str, Any] | None:
     """What run.json keeps of the trace's prefix structure (the report's ceiling), None for a trace without blocks."""
-    if header.block_size is None or not any(r.prefix_blocks for r in requests):
+    if header.block_size is None or table.blocks is None:
         return None
-    from tracebench.trace.prefix import reusable_tokens
+    from tracebench.trace.prefix import build_tree, reusable_per_request
 
-    reusable, total = reusable_tokens([r.prefix_blocks for r in requests], [r.input_len for r in requests],
-                                      header.block_size)
+    tree = build_tree(table.block_counts(), table.blocks, table.input_len, header.block_size)
+    reusable, total = int(reusable_per_request(tree).sum()), int(tree.input_len.sum())
     return {"block_size": header.block_size, "reusable_tokens": reusable, "prompt_tokens": total,
             "reusable_fraction": reusable / total}
 
@@ -272,6 +284,72 @@ def default_run_name(cfg: ReplayConfig, policy: Policy) -> str:
     no_choice = cfg.num_servers == 1 and cfg.mode == "continuous" and cfg.max_running_requests is None and not cfg.cap_schedule
     routed = "" if no_choice else f"{policy.name}-"
     return f"{cfg.trace.stem}-{routed}{cfg.mode}-{cfg.num_servers}g-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def claim_run_dir(out_dir: Path, name: str, generated: bool) -> Path:
+    """Create the run folder `out_dir/name` (exclusively: two replays never share one). A name the user gave that
+    exists is refused; a generated one (one-second resolution) that exists gets the next free suffix -2, -3, ...
+    (still readable, and sorting after the plain name)."""
+    for attempt in range(1, 1000):
+        run_dir = out_dir / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            run_dir.mkdir(parents=True)
+            return run_dir
+        except FileExistsError:
+            if not generated:
+                raise ConfigError(f"run folder {run_dir} already exists: choose another --run-name (runs are never "
+                                  "overwritten)") from None
+        except OSError as err:
+            raise ConfigError(f"cannot create the run folder {run_dir}: {err.strerror}") from None
+    raise ConfigError(f"run folders {out_dir / name} and -2 ... -999 all exist: give --run-name")
+
+
+def check_free_space(out_dir: Path, cfg: ReplayConfig, header: TraceHeader) -> None:
+    """Refuse a run whose folder obviously cannot fit on its file system: less free space than every record at its
+    smallest, the telemetry lines and the reserve (all lower bounds: a run that passes may still fill the disk, and
+    then stops, saying so)."""
+    where = out_dir
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    stat = os.statvfs(where)
+    free = stat.f_bavail * stat.f_frsize
+    n = header.num_requests
+    polls = 0 if cfg.router_policy is not None else int(header.duration_s / cfg.time_speed / cfg.poll_interval)
+    need = n * MIN_RECORD_BYTES + polls * cfg.num_servers * MIN_TELEMETRY_LINE_BYTES + RESERVE_BYTES
+    if free < need:
+        raise ConfigError(
+            f"not enough free space for the run folder in {out_dir}: {free / 1e6:.2f} MB free, the run needs at least "
+            f"{need / 1e6:.2f} MB ({n} requests x {MIN_RECORD_BYTES} bytes, {polls} telemetry polls, a reserve of "
+            f"{RESERVE_BYTES >> 10} KiB for run.json): free space or choose another --out-dir")
+
+
+def disk_full(err: BaseException) -> OutputWriteError | None:
+    """An OSError of a full disk (ENOSPC, EDQUOT), from any writer of the run folder (the beside telemetry's too), as
+    the run's OutputWriteError; None for anything else."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f"writing {err.filename}" if err.filename else "writing a file of the run folder"
+        return OutputWriteError(f"disk full (no space left on the device): {where} failed", err.filename, err.errno)
+    return None
+
+
+def make_reserve(run_dir: Path) -> Path:
+    """RESERVE_BYTES held as a file in the run folder until the end of the run (then removed), so the final run.json
+    can be written even when the disk filled up during the run."""
+    path = run_dir / RESERVE_NAME
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError as err:
+            if err.errno != errno.EOPNOTSUPP:
+                raise
+            os.write(fd, b"\0" * RESERVE_BYTES)  # a file system without fallocate: written out
+    except OSError as err:
+        os.close(fd)
+        path.unlink()
+        raise ConfigError(f"cannot keep the {RESERVE_BYTES >> 10} KiB reserve for run.json in {run_dir}: {err.strerror}") from None
+    os.close(fd)
+    return path
 
 
 def plan_servers(cfg: ReplayConfig, run_dir: Path, vocab: int | None, cap_changes: list[CapChange]) -> list[ServerPlan]:
@@ -301,8 +379,9 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
     """Run one replay; returns the run folder. Raises RunInterrupted (Ctrl-C), RunFailed (no server left), or the
     error that stopped the run, after the run folder is complete and every launched server is stopped."""
     cfg = config.resolve()
-    header, requests = load_trace(cfg.trace)  # the whole trace is checked before anything starts
-    trace_sha = sha256_file(cfg.trace)
+    # the whole trace is checked before anything starts, read once (a pipe works) and hashed as it is read
+    header, table, trace_sha = load_trace_table(cfg.trace)
+    stall = stall_bounds(table.input_len, table.output_len, cfg.speed, cfg.stall_timeout)
     if cfg.backend == "sglang" or (cfg.backend == "attach" and cfg.model is not None):
         vocab: int | None = vocab_size_from_model(cfg.model)  # type: ignore[arg-type]
     else:
@@ -320,17 +399,27 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
     run_name = cfg.run_name or default_run_name(cfg, policy)
     if not run_name or "/" in run_name or run_name in (".", ".."):
         raise ConfigError(f"--run-name {run_name!r}: must be a plain folder name")
-    run_dir = cfg.out_dir / run_name
-    if run_dir.exists():
-        raise ConfigError(f"run folder {run_dir} already exists: choose another --run-name (runs are never overwritten)")
-    plans = plan_servers(cfg, run_dir, vocab, cap_changes)
+    if cfg.run_name is not None and (cfg.out_dir / run_name).exists():
+        raise ConfigError(f"run folder {cfg.out_dir / run_name} already exists: choose another --run-name (runs are never overwritten)")
+    plans = plan_servers(cfg, cfg.out_dir / run_name, vocab, cap_changes)
+    check_free_space(cfg.out_dir, cfg, header)
     control_sock = bind_control_socket(cfg.control_port)
     try:
-        run_dir.mkdir(parents=True)
-    except OSError as err:
+        run_dir = claim_run_dir(cfg.out_dir, run_name, generated=cfg.run_name is None)
+    except BaseException:
         control_sock.close()
-        raise ConfigError(f"cannot create the run folder {run_dir}: {err.strerror}") from None
-    replay = Replay(cfg, run_dir, header, requests, trace_sha, vocab, policy, plans, cap_changes, control_sock, stderr)
+        raise
+    try:
+        make_reserve(run_dir)
+    except BaseException:
+        control_sock.close()
+        run_dir.rmdir()
+        raise
+    for plan in plans:  # a generated name may have got a suffix: the launched servers' logs go in the folder claimed
+        if plan.log is not None:
+            plan.log = run_dir / plan.log.name
+    replay = Replay(cfg, run_dir, header, table, trace_sha, stall, vocab, policy, plans, cap_changes, control_sock,
+                    stderr)
     replay.run()
     return run_dir
 
@@ -339,15 +428,16 @@ class Replay:
     """The state of one run, kept so that however it ends, the run folder can be completed."""
 
     def __init__(
-        self, cfg: ReplayConfig, run_dir: Path, header: TraceHeader, requests: list[TraceRequest], trace_sha: str,
-        vocab: int | None, policy: Policy, plans: list[ServerPlan], cap_changes: list[CapChange],
+        self, cfg: ReplayConfig, run_dir: Path, header: TraceHeader, table: TraceTable, trace_sha: str,
+        stall: StallBounds, vocab: int | None, policy: Policy, plans: list[ServerPlan], cap_changes: list[CapChange],
         control_sock: socket.socket, stderr: IO[str],
     ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.header = header
-        self.requests = requests
+        self.table = table
         self.trace_sha = trace_sha
+        self.stall = stall
         self.vocab = vocab
         self.policy = policy
         self.fleet = Fleet(cfg.backend, plans)  # type: ignore[arg-type]
@@ -363,7 +453,7 @@ class Replay:
         self.control_url = f"http://127.0.0.1:{control_sock.getsockname()[1]}"
         self.stderr = stderr
         self.writer: RecordWriter | None = None  # made when the run clock starts: a run that never started has none
-        self.trace_prefix = trace_prefix(header, requests)
+        self.trace_prefix = trace_prefix(header, table)
         self.clock: RunClock | None = None
         self.router: Router | None = None
         self.server_info: list[Any] = [None] * len(plans)
@@ -431,14 +521,24 @@ class Replay:
             "max_concurrency_peak": router.gate.peak if router is not None and router.gate is not None else None,
             "events": self._events(),
             **self.beside.describe(),
+            "stall": self.stall.to_json(),
             "status": self.status,
             "error": None if self.failure is None else f"{type(self.failure).__name__}: {self.failure}",
             "t_end": self.t_end,
             "counts": self._counts(),
+            # records that reached requests.jsonl: the counts' sum, unless writing failed (disk full)
+            "records_written": self.writer.written if self.writer is not None else 0,
+            "policy_time": self._policy_time(),
         }
         path = self.run_dir / "run.json"
         tmp = path.with_name(".run.json.tmp")
-        tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        try:
+            tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or self.status != "running":
+                raise  # the final write has the reserve freed for it: failing then is not a full disk
+            raise OutputWriteError(f"disk full (no space left on the device): writing {path} failed", path, err.errno) from None
         os.replace(tmp, path)
 
     def _events(self) -> list[dict[str, Any]]:
@@ -453,6 +553,12 @@ class Replay:
             return dict(self.router.counts)
         return dict.fromkeys(STATUSES, 0)  # never started: nothing was sent
 
+    def _policy_time(self) -> dict[str, Any] | None:
+        """run.json `policy_time`: the time spent inside the policy (replay/policy_time.py), null before the run."""
+        if self.router is None:
+            return None
+        return {**self.router.policy_time.summary(), "warning": self.router.policy_time.warning()}
+
     # ---- the run -----------------------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -464,7 +570,7 @@ class Replay:
             except KeyboardInterrupt:  # Ctrl-C before the loop's own handler was in place (or after it)
                 self.signal = self.signal or "SIGINT"
             except BaseException as err:
-                self.failure = err
+                self.failure = disk_full(err) or err
             finally:
                 try:
                     if self.external is not None:
@@ -473,6 +579,8 @@ class Replay:
                     self.fleet.stop()
                     self.control_sock.close()
         finally:
+            if self.writer is not None:
+                self.writer.close()  # before the status is decided: its last write may find the disk full
             if self.router is None:
                 # the servers never started (or Ctrl-C came first): no request was sent, so none gets a record
                 self.status = "not_started"
@@ -482,11 +590,15 @@ class Replay:
                 self.status = "interrupted"
             elif self.failure is not None or self.router.failure is not None:
                 self.status = "failed"
+                if isinstance(self.failure, OutputWriteError) and isinstance(self.router.failure, OutputWriteError):
+                    self.failure = self.router.failure  # the disk filled up once: the first write that found it
                 self.failure = self.failure or self.router.failure
             else:
                 self.status = "completed"
-            if self.writer is not None:
-                self.writer.close()
+            if isinstance(self.failure, OutputWriteError) and self.writer is not None:
+                self.failure = OutputWriteError(f"{self.failure}; {self.writer.written} of {len(self.table)} records "
+                                                "reached requests.jsonl", self.failure.path, self.failure.errno)
+            (self.run_dir / RESERVE_NAME).unlink(missing_ok=True)  # what the final run.json may need
             self._write_run_json()
         self._say_end()
         if self.status == "interrupted" or isinstance(self.failure, RunInterrupted):
@@ -507,15 +619,34 @@ class Replay:
             return
         counts = self._counts()
         summary = ", ".join(f"{k} {counts[k]}" for k in STATUSES)
-        took = f" in {self.t_end:.1f} s" if self.t_end is not None else ""
+        took = f" in {self.t_end:.1f} s of run time" if self.t_end is not None else ""
         if took and self.cfg.speed is not None:
-            took += f" ({self.t_end * self.cfg.speed:.1f} simulated s at --speed {self.cfg.speed:g})"
+            took += f" ({self._simulated_duration()})"
         self.stderr.write(f"{self.run_dir}: {self.status}{took} ({summary})\n")
         if counts["mismatch"] and self.router is not None:
             # what a mismatch is is said once per reason (the records say it per request: requests.jsonl mismatch)
             for reason, count in sorted(self.router.mismatch_reasons.items(), key=lambda kv: -kv[1]):
                 self.stderr.write(f"  mismatch {count}: {reason}\n")
+        warning = self.router.policy_time.warning() if self.router is not None else None
+        if warning is not None:
+            self.stderr.write(f"tracebench replay: warning: {warning}\n")
         self.stderr.flush()
+
+    def _simulated_duration(self) -> str:
+        """At --speed K: the run's duration as `tracebench report` gives it (replay/summary.py), never the run
+        time x K (that would count tracebench's own host time K times)."""
+        assert self.router is not None
+        k = f"--speed {self.cfg.speed:g}"
+        host_wait = (self.cfg.mode == "continuous" and (self.external is not None or self.cfg.max_running_requests is None)
+                     and not self.router.cap_changes)
+        output_s_known = all(isinstance((info or {}).get("tracebench_sim"), dict)
+                             and isinstance(info["tracebench_sim"].get("output_s"), (int, float))
+                             for info in self.server_info)
+        duration = self.router.span.duration(host_wait, output_s_known)
+        if duration is None:
+            return f"{k}: no request completed, so no simulated duration"
+        return (f"{k}: {duration:.1f} simulated s from the first arrival to the last completed finish, as tracebench "
+                "report counts them")
 
     async def _main(self) -> None:
         loop = asyncio.get_running_loop()
@@ -592,10 +723,10 @@ class Replay:
             self.clock = clock = RunClock()
             common: dict[str, Any] = dict(
                 clock=clock, servers=states, client=client, writer=self.writer,
-                input_ids=input_ids, total=len(self.requests), health_check=health_check,
+                input_ids=input_ids, total=len(self.table), health_check=health_check,
                 batch_size=cfg.batch_size if cfg.mode == "static" else None,
                 batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, speed), speed=speed,
-                block_size=self.header.block_size, max_concurrency=cfg.max_concurrency,
+                block_size=self.header.block_size, max_concurrency=cfg.max_concurrency, stall=self.stall,
             )
             if cfg.is_pd and self.external is None:
                 assert isinstance(self.policy, PdPolicies)
@@ -614,17 +745,18 @@ class Replay:
             servers = f"{len(self.fleet.plans)} server(s)"
             if self.external is not None:
                 servers += f" behind sglang-router {self.external.version} --policy {self.external.policy} ({self.external.url})"
-            self.stderr.write(f"tracebench replay: {len(self.requests)} requests, {servers}, run folder {self.run_dir}\n")
+            self.stderr.write(f"tracebench replay: {len(self.table)} requests, {servers}, run folder {self.run_dir}\n")
             if control is not None:
                 self.stderr.write(f"control: POST {self.control_url}/cap {{\"server\": i|\"all\", \"max_running_requests\": n}}\n")
             self.stderr.flush()
-            engine = Engine(self.requests, clock, router)
-            side = [engine.run()]
+            engine = Engine(self.table, clock, router)
+            side = [engine.run(), router.watch()]
             if self.external is None:  # the poller asks each destination for /v1/loads: sglang-router has none
                 side.append(poll_loads(client, router, clock, cfg.poll_interval, self.run_dir / "telemetry.jsonl"))
+                router.polled = True
             side.extend(self.beside.coroutines(clock))
             if self.cap_changes:
-                side.append(run_cap_schedule(self.cap_changes, clock, router.set_cap))
+                side.append(run_cap_schedule(self.cap_changes, clock, self._scheduled_set_cap(router)))
             if not cfg.quiet:
                 side.append(show_progress(router, clock, self.stderr, cfg.speed))
             for coro in side:
@@ -633,10 +765,11 @@ class Replay:
                 side_tasks.append(task)
             await router.ended.wait()
             if router.failure is not None:
-                await router.close(engine.unreleased, "error", f"run stopped: {one_line(router.failure)}")
+                await router.close(engine.unreleased, f"run stopped: {one_line(router.failure)}")
         except asyncio.CancelledError:
-            if self.router is not None and engine is not None and self.signal is not None:
-                await self.router.close(engine.unreleased, "cancelled", f"interrupted ({self.signal})")
+            if self.router is not None and self.signal is not None:
+                unreleased = engine.unreleased if engine is not None else Rows(self.table, np.arange(len(self.table)))
+                await self.router.close(unreleased, f"interrupted ({self.signal})")
             raise
         finally:
             if self.clock is not None:
@@ -645,6 +778,8 @@ class Replay:
                 task.cancel()
             if side_tasks:
                 await asyncio.wait(side_tasks)
+            if self.router is not None:
+                await self.router.stop_probes()  # before the session closes (a probe through it would fail)
             if control is not None:
                 await control.stop()
             if self.external is not None:
@@ -706,18 +841,34 @@ class Replay:
                 raise ServerStartError(f"server {plan.index} ({plan.url}): {why}; an attached server must be idle "
                                        "when the run starts, or give --no-flush-cache")
 
+    def _scheduled_set_cap(self, router: Router):
+        """router.set_cap for the cap schedule, counting the changes still to come (each asks the policy again:
+        Router._nothing_can_ask_again)."""
+        router.pending_wakeups = len(self.cap_changes)
+
+        def set_cap(server: int | None, cap: int, source: str) -> None:
+            router.pending_wakeups -= 1
+            router.set_cap(server, cap, source)
+
+        return set_cap
+
     def _side_done(self, task: asyncio.Task[Any]) -> None:
         # the engine, poller, cap schedule and progress line run beside the requests: an error in one stops the run
         if not task.cancelled() and task.exception() is not None and self.router is not None:
-            self.router.fail(task.exception())  # type: ignore[arg-type]
+            err = task.exception()
+            self.router.fail(disk_full(err) or err)  # type: ignore[arg-type]
 
     def _health_check(self, client: SglangClient):
         fleet = self.fleet
+        timeout = min(PROBE_TIMEOUT_S, self.stall.run_no_progress_s)  # a hung server answers nothing: not for long
 
         async def check(index: int) -> str | None:
-            why = fleet.exit_reason(index) or await client.alive(fleet.plans[index].url, PROBE_TIMEOUT_S)
-            # a killed server resets its connections a moment before its process is seen to exit
-            return why and (fleet.exit_reason(index) or why)
+            why = fleet.exit_reason(index) or await client.alive(fleet.plans[index].url, timeout)
+            if why is not None and fleet.plans[index].launched:
+                # a killed server resets its connections a moment before its process is seen to exit: its exit,
+                # when it comes, is the cause to name
+                why = await wait_exit(lambda: fleet.exit_reason(index)) or why
+            return why
 
         return check
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import ipaddress
 import os
 import random
 import shlex
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ _OWNED_FLAGS = {
     "sim": ("--port", "--host", "--speed", "--max-running-requests"),
 }
 STOP_GRACE_S = {"sglang": 20.0, "sim": 5.0, "sglang-router": 5.0}  # sglang-router: --router sglang-router
+EXIT_SETTLE_S = 2.0  # how long a probe that could not reach a launched process waits to see whether it exited
 
 
 @dataclass
@@ -147,12 +150,38 @@ def plan_launched(
     return plans
 
 
+def _server_key(url: str) -> tuple[str, frozenset[str], int]:
+    """What identifies the server behind an --attach URL: scheme, the addresses its host resolves to (every loopback
+    address counts as one: 127.0.0.1, ::1 and localhost reach the same listener) and the port (the scheme's default
+    when none is given). A host that does not resolve is bad input."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise ConfigError(f"--attach {url!r}: expected a server address like http://HOST:PORT")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as err:
+        raise ConfigError(f"--attach {url!r}: {err}") from None
+    try:
+        infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise ConfigError(f"--attach {url!r}: cannot resolve {parts.hostname!r} ({err.strerror})") from None
+    addresses = {info[4][0] for info in infos}
+    return parts.scheme, frozenset("loopback" if ipaddress.ip_address(a.split("%")[0]).is_loopback else a
+                                   for a in addresses), port
+
+
 def plan_attached(urls: tuple[str, ...] | list[str]) -> list[ServerPlan]:
-    plans = []
+    """The --attach URLs as servers (a trailing slash dropped). The same server given twice (127.0.0.1 and
+    localhost, with and without the slash or the default port) is refused: it would count as two."""
+    plans: list[ServerPlan] = []
+    keys: list[tuple[str, frozenset[str], int]] = []
     for i, url in enumerate(urls):
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
-            raise ConfigError(f"--attach {url!r}: expected a server address like http://HOST:PORT")
+        key = _server_key(url)
+        for earlier, (scheme, hosts, port) in zip(plans, keys):
+            if scheme == key[0] and port == key[2] and hosts & key[1]:
+                raise ConfigError(f"--attach {earlier.url!r} and {url!r} are the same server (port {port} on the "
+                                  "same host): give each server once")
+        keys.append(key)
         plans.append(ServerPlan(index=i, url=url.rstrip("/")))
     return plans
 
@@ -172,6 +201,17 @@ def _check_port_free(port: int) -> None:
             f"port {port} on 127.0.0.1 is taken: stop what uses it, choose another --port-base, or leave --port-base "
             "out (free ports)"
         )
+
+
+async def wait_exit(exit_reason: Callable[[], str | None], within: float = EXIT_SETTLE_S) -> str | None:
+    """The exit reason of a launched process that could not be reached, once it is seen to exit (None if it is
+    still running after `within` s). A killed process closes its sockets a moment before it can be reaped: in between,
+    connections are refused while it still looks alive, and which of the two a probe sees first must not decide
+    what the run names as the cause."""
+    deadline = time.monotonic() + within
+    while (why := exit_reason()) is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return why
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

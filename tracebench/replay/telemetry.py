@@ -14,6 +14,7 @@ import orjson
 from tracebench.errors import ServerProtocolError
 from tracebench.replay.client import SglangClient
 from tracebench.replay.clock import RunClock
+from tracebench.replay.records import AppendFile
 from tracebench.replay.router import Router
 
 _LOAD_FIELDS = ("num_running_reqs", "num_waiting_reqs", "token_usage", "gen_throughput")
@@ -43,10 +44,11 @@ def parse_loads(url: str, obj: Any) -> tuple[int, int, float, float]:
 async def poll_loads(client: SglangClient, router: Router, clock: RunClock, interval: float, path: Path) -> None:
     """Every `interval` run seconds (absolute ticks; a slow poll skips ticks rather than drifting), ask every
     server that is not down for `/v1/loads`, hand the numbers to the router and append one line per server to
-    telemetry.jsonl. A server that cannot be reached is reported to the router, which checks its health."""
+    telemetry.jsonl. A poll without a good answer is reported to the router (`poll_failed`), which decides whether
+    to check the server's health. A write that fails (disk full) stops the run (records.AppendFile)."""
     timeout = max(2.0, 4 * interval)
     tick = 0
-    with path.open("ab") as fh:
+    with AppendFile(path, router.fail, flush_lines=1) as fh:
         while True:
             while (delay := tick * interval - clock.now()) > 0:
                 await asyncio.sleep(delay)
@@ -66,15 +68,14 @@ async def poll_loads(client: SglangClient, router: Router, clock: RunClock, inte
                 if got is None or got.error is not None:
                     line.update(dict.fromkeys(_LOAD_FIELDS))
                     line["error"] = "server is down" if got is None else got.error
-                    if got is not None and got.connection_lost:
-                        router.suspect(s.index, f"/v1/loads: {got.error}")
+                    if got is not None:
+                        router.poll_failed(s.index, got)
                 else:
                     load = parse_loads(f"{s.url}/v1/loads", got.obj)
                     router.report_load(s.index, load)
                     line.update(zip(_LOAD_FIELDS, load))
                 lines.append(orjson.dumps(line))
             fh.write(b"\n".join(lines) + b"\n")
-            fh.flush()
             tick = max(tick + 1, math.floor(clock.now() / interval) + 1)
 
 
@@ -84,7 +85,7 @@ def progress_line(router: Router, t: float, rate: float, speed: float | None = N
     k = speed or 1.0
     completed = router.completed  # ok + mismatch
     p50 = f"{float(np.median(router.e2e_ok[:completed])) * k:.3f}s" if completed else "-"
-    failed = router.counts["error"] + router.counts["timeout"]
+    failed = router.counts["error"] + router.counts["timeout"]  # not_sent/cancelled: only when the run stops
     mismatch = router.counts["mismatch"]
     clock, per = ("sim s", "req/sim-s") if speed is not None else ("s", "req/s")
     waiting = f"  client-wait {router.waiting_at_client}" if router.gate is not None else ""

@@ -115,9 +115,10 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
 
     \b
     It shows, per run: what changed between the runs (policy, mode, caps, max concurrency,
-    servers, ...); requests ok/mismatch/error/timeout/cancelled (mismatch: finished, but
-    not as the trace asked; counted by reason, with a warning that they distort TPOT, total
-    latency and output throughput); duration (first arrival to last completed finish) and
+    servers, ...); requests ok/mismatch/error/timeout/cancelled/not_sent (mismatch: finished,
+    but not as the trace asked; counted by reason, with a warning that they distort TPOT,
+    total latency and output throughput; not_sent: never dispatched, the run stopped first);
+    duration (first arrival to last completed finish) and
     throughput (requests/s, input and output tokens/s); latency mean/p50/p90/p99/max over
     completed (ok + mismatch) requests of total, router wait, client wait (with
     --max-concurrency), server latency (client-seen and sglang-reported), TTFT from

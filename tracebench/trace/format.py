@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from io import BytesIO
 from collections.abc import Iterator
 from itertools import chain
 from operator import itemgetter
@@ -85,9 +86,14 @@ def _parse_line(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
     return obj
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
 def _parse_header(path: Path, raw: bytes | None) -> TraceHeader:
     if raw is None:
         raise TraceError(path, 1, HEADER_KEY, "empty file: missing the trace header")
+    if raw.startswith(_GZIP_MAGIC):
+        raise TraceError(path, None, None, "a gzip-compressed file, not a trace: decompress it first (gunzip)")
     obj = _parse_line(path, 1, raw)
     if HEADER_KEY not in obj:
         raise TraceError(path, 1, HEADER_KEY, "missing: line 1 must be the trace header (is this a tracebench trace?)")
@@ -216,15 +222,78 @@ def iter_requests(path: str | os.PathLike[str]) -> Iterator[TraceRequest]:
 @dataclass(frozen=True)
 class TraceColumns:
     """The four required fields of every request as numpy arrays, and (read_columns(with_blocks=True)) the prefix
-    blocks: `block_counts[i]` ids of request i (0 = no prefix_blocks), all of them concatenated in `blocks`. Other
-    optional fields are not kept."""
+    blocks: `block_counts[i]` ids of request i (0 = no prefix_blocks), all of them concatenated in `blocks`; with
+    `with_loop=True` the closed-loop fields: `delay_s[i]` NaN for a request on the absolute schedule, else its
+    delay after request `after[i]`. Other optional fields are not kept."""
 
     id: Any  # np.ndarray[int64]
     arrival_s: Any  # np.ndarray[float64]
     input_len: Any  # np.ndarray[int64]
     output_len: Any  # np.ndarray[int64]
     block_counts: Any = None  # np.ndarray[int64] | None
-    blocks: Any = None  # np.ndarray[int64] | None
+    blocks: Any = None  # np.ndarray[int64] | None (int32 with compact_blocks, where every id fits)
+    after: Any = None  # np.ndarray[int64] | None (meaningless where delay_s is NaN)
+    delay_s: Any = None  # np.ndarray[float64] | None
+
+
+class TraceTable:
+    """A whole trace held compactly for the replay: numpy columns (8 bytes a field, 8 per prefix block id) instead of
+    one TraceRequest per request (~11x the file for requests with many prefix blocks). `request(i)` builds the i-th
+    request (in file order) when it is needed. Optional fields other than prefix_blocks/after/delay_s are dropped
+    (the replay does not use them)."""
+
+    __slots__ = ("id", "arrival_s", "input_len", "output_len", "block_start", "blocks", "after", "delay_s", "open_loop")
+
+    def __init__(self, columns: TraceColumns) -> None:
+        import numpy as np
+
+        self.id, self.arrival_s = columns.id, columns.arrival_s
+        self.input_len, self.output_len = columns.input_len, columns.output_len
+        counts = columns.block_counts
+        has_blocks = counts is not None and bool(counts.any())
+        # request i's blocks are blocks[block_start[i]:block_start[i + 1]] (none when equal)
+        self.block_start = np.concatenate(([0], np.cumsum(counts))) if has_blocks else None
+        self.blocks = columns.blocks if has_blocks else None
+        self.after, self.delay_s = columns.after, columns.delay_s
+        self.open_loop = np.isnan(self.delay_s) if self.delay_s is not None else np.ones(len(self.id), dtype=bool)
+
+    def __len__(self) -> int:
+        return len(self.id)
+
+    def request(self, i: int) -> TraceRequest:
+        blocks = None
+        if self.block_start is not None:
+            lo, hi = int(self.block_start[i]), int(self.block_start[i + 1])
+            if hi > lo:
+                blocks = tuple(self.blocks[lo:hi].tolist())
+        after = delay = None
+        if not self.open_loop[i]:
+            after, delay = int(self.after[i]), float(self.delay_s[i])
+        return TraceRequest(id=int(self.id[i]), arrival_s=float(self.arrival_s[i]), input_len=int(self.input_len[i]),
+                            output_len=int(self.output_len[i]), prefix_blocks=blocks, after=after, delay_s=delay)
+
+    def block_counts(self) -> Any:
+        """Prefix block ids per request (0: none), np.int64."""
+        import numpy as np
+
+        return np.diff(self.block_start) if self.block_start is not None else np.zeros(len(self), dtype=np.int64)
+
+    @classmethod
+    def from_requests(cls, requests: list[TraceRequest]) -> TraceTable:
+        """A table of requests already in memory (tests, tools)."""
+        import numpy as np
+
+        loop = [r.after is not None for r in requests]
+        return cls(TraceColumns(
+            id=np.array([r.id for r in requests], dtype=np.int64),
+            arrival_s=np.array([r.arrival_s for r in requests], dtype=np.float64),
+            input_len=np.array([r.input_len for r in requests], dtype=np.int64),
+            output_len=np.array([r.output_len for r in requests], dtype=np.int64),
+            block_counts=np.array([len(r.prefix_blocks or ()) for r in requests], dtype=np.int64),
+            blocks=np.array([b for r in requests for b in (r.prefix_blocks or ())], dtype=np.int64),
+            after=np.array([r.after if on else 0 for r, on in zip(requests, loop)], dtype=np.int64),
+            delay_s=np.array([r.delay_s if on else np.nan for r, on in zip(requests, loop)], dtype=np.float64),
+        ))
 
 
 class _NeedsExactCheck(Exception):
@@ -248,12 +317,41 @@ class _Batch:
     output_len: Any
     block_counts: Any
     blocks: Any
+    after: Any = None
+    delay_s: Any = None
 
 
-def read_columns(path: str | os.PathLike[str], with_blocks: bool = False) -> tuple[TraceHeader, TraceColumns]:
+def _line_batches(path: Path, fh: Any, digest: Any) -> Iterator[list[bytes]]:
+    """The file's lines (each with its newline, the last one possibly without), a few MB of them at a time, read once from the start: it may be a
+    pipe (`replay <(cat trace)`). Every byte read goes through `digest` (None: not hashed)."""
+    rest = b""
+    while True:
+        try:
+            chunk = fh.read(_COLUMN_BATCH_BYTES)
+        except OSError as err:
+            raise TraceError(path, None, None, f"cannot read: {err.strerror}") from None
+        if not chunk:
+            break
+        if digest is not None:
+            digest.update(chunk)
+        data = rest + chunk if rest else chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            rest = data
+            continue
+        yield BytesIO(data[:cut + 1]).readlines()  # lines keep their newline, as readline gives them
+        rest = data[cut + 1:]
+    if rest:
+        yield [rest]
+
+
+def read_columns(path: str | os.PathLike[str], with_blocks: bool = False, with_loop: bool = False,
+                 digest: Any = None, compact_blocks: bool = False) -> tuple[TraceHeader, TraceColumns]:
     """The header and the required fields of every request as numpy arrays (with `with_blocks`, the prefix blocks
-    too), validated exactly as `iter_requests` validates (same errors, same messages), but checked batch-wise with
-    numpy, which is several times faster.
+    too; with `with_loop`, the closed-loop fields), validated exactly as `iter_requests` validates (same errors, same
+    messages), but checked batch-wise with numpy, which is several times faster. The file is read once, front to
+    back (a pipe works); `digest` (a hashlib object) sees every byte of it. With `compact_blocks` the block ids are
+    int32 when every id fits (half the memory; values unchanged), else int64.
 
     A batch that fails any vectorised check is re-read line by line with the exact validator, which raises the error
     `iter_requests` would raise at the first bad line."""
@@ -263,21 +361,27 @@ def read_columns(path: str | os.PathLike[str], with_blocks: bool = False) -> tup
     loads = orjson.loads
     batches: list[_Batch] = []
     with _open(path) as fh:
-        header = _parse_header(path, fh.readline() or None)
+        reader = _line_batches(path, fh, digest)
+        first = next(reader, None)
+        header = _parse_header(path, first[0] if first else None)
         ctx = _Context(header.block_size)
         prev_id: int | None = None
         prev_arrival = 0.0
         first_lineno = 2
         count = 0
-        while True:
-            lines = fh.readlines(_COLUMN_BATCH_BYTES)
+        for lines in chain([first[1:]] if first else [], reader):
             if not lines:
-                break
+                continue
             try:
                 batch = _fast_columns(np, loads, lines, prev_id, prev_arrival, header.block_size, with_blocks)
                 ctx.pending.append(batch.ids)
+                if with_loop:
+                    batch.after, batch.delay_s = np.zeros(len(lines), dtype=np.int64), np.full(len(lines), np.nan)
             except _NeedsExactCheck:
-                batch = _exact_columns(np, path, first_lineno, lines, prev_id, prev_arrival, ctx, with_blocks)
+                batch = _exact_columns(np, path, first_lineno, lines, prev_id, prev_arrival, ctx, with_blocks, with_loop)
+            if compact_blocks and batch.blocks is not None and (not batch.blocks.size or (
+                    batch.blocks.min() >= -2**31 and batch.blocks.max() < 2**31)):
+                batch.blocks = batch.blocks.astype(np.int32)  # per batch: the int64 copy is never held whole
             batches.append(batch)
             prev_id, prev_arrival = int(batch.ids[-1]), float(batch.arrivals[-1])
             first_lineno += len(lines)
@@ -286,8 +390,19 @@ def read_columns(path: str | os.PathLike[str], with_blocks: bool = False) -> tup
         raise TraceError(path, 1, "num_requests", f"header says {header.num_requests} requests, the file has {count}")
 
     def join(name: str, dtype: Any) -> Any:
+        # copied into one array part by part, each part dropped once copied: the whole column is never held twice
         parts = [getattr(b, name) for b in batches]
-        return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+        if not parts:
+            return np.empty(0, dtype=dtype)
+        out = np.empty(sum(len(p) for p in parts), dtype=np.result_type(*parts))
+        del parts
+        pos = 0
+        for batch in batches:
+            part = getattr(batch, name)
+            out[pos:pos + len(part)] = part
+            pos += len(part)
+            setattr(batch, name, None)
+        return out
 
     columns = TraceColumns(
         id=join("ids", np.int64),
@@ -296,6 +411,8 @@ def read_columns(path: str | os.PathLike[str], with_blocks: bool = False) -> tup
         output_len=join("output_len", np.int64),
         block_counts=join("block_counts", np.int64) if with_blocks else None,
         blocks=join("blocks", np.int64) if with_blocks else None,
+        after=join("after", np.int64) if with_loop else None,
+        delay_s=join("delay_s", np.float64) if with_loop else None,
     )
     return header, columns
 
@@ -369,7 +486,7 @@ def _fast_blocks(np: Any, objs: list[dict[str, Any]], input_arr: Any, block_size
 
 
 def _exact_columns(np: Any, path: Path, first_lineno: int, lines: list[bytes], prev_id: int | None,
-                   prev_arrival: float, ctx: _Context, with_blocks: bool) -> _Batch:
+                   prev_arrival: float, ctx: _Context, with_blocks: bool, with_loop: bool = False) -> _Batch:
     requests = []
     for lineno, raw in enumerate(lines, start=first_lineno):
         req = _parse_request(path, lineno, _parse_line(path, lineno, raw), prev_id, prev_arrival, ctx)
@@ -379,18 +496,30 @@ def _exact_columns(np: Any, path: Path, first_lineno: int, lines: list[bytes], p
     if with_blocks:
         counts = np.array([len(r.prefix_blocks or ()) for r in requests], dtype=np.int64)
         blocks = np.array([b for r in requests for b in (r.prefix_blocks or ())], dtype=np.int64)
+    after = delay = None
+    if with_loop:
+        after = np.array([r.after if r.after is not None else 0 for r in requests], dtype=np.int64)
+        delay = np.array([r.delay_s if r.after is not None else np.nan for r in requests], dtype=np.float64)
     return _Batch(
         np.array([r.id for r in requests], dtype=np.int64),
         np.array([r.arrival_s for r in requests], dtype=np.float64),
         np.array([r.input_len for r in requests], dtype=np.int64),
         np.array([r.output_len for r in requests], dtype=np.int64),
-        counts, blocks,
+        counts, blocks, after, delay,
     )
 
 
 def load_trace(path: str | os.PathLike[str]) -> tuple[TraceHeader, list[TraceRequest]]:
     """The header and every request, validated (the whole file is read before anything is returned)."""
     return read_header(path), list(iter_requests(path))
+
+
+def load_trace_table(path: str | os.PathLike[str]) -> tuple[TraceHeader, TraceTable, str]:
+    """What the replay loads: the header, every request validated and held compactly (TraceTable), and the file's
+    sha256, all from one reading of the file (so a pipe works, and the hash is of the bytes that were parsed)."""
+    digest = hashlib.sha256()
+    header, columns = read_columns(path, with_blocks=True, with_loop=True, digest=digest, compact_blocks=True)
+    return header, TraceTable(columns), digest.hexdigest()
 
 
 def _open(path: Path):

@@ -50,6 +50,9 @@ def _warnings(runs: list[Run], stats: list[_RunStats]) -> list[str]:
     warnings: list[str] = []
     if (speeds := speed_warning([st.summary for st in stats])) is not None:
         warnings.append(speeds)
+    for run in runs:  # the replay measured the time spent inside the policy and found a call over its bound
+        if (policy_warning := (run.meta.get("policy_time") or {}).get("warning")) is not None:
+            warnings.append(f"run '{run.label}': {policy_warning}")
     for run in runs:
         if speeds := attached_sim_speeds(run.meta):
             warnings.append(
@@ -69,7 +72,8 @@ def _warnings(runs: list[Run], stats: list[_RunStats]) -> list[str]:
             why = " (run.json still says running: the replay was killed, or is still going)" if s.status == "running" else ""
             warnings.append(f"run '{s.label}' is {s.mark}{why} ({stopped}; "
                             f"{s.records} of {s.trace_requests} requests recorded, {st.counts['cancelled']} of the kept "
-                            "ones cancelled): its numbers cover only what happened before it stopped")
+                            f"ones cancelled, {st.counts['not_sent']} never sent): its numbers cover only what happened "
+                            "before it stopped")
         elif s.missing:
             warnings.append(f"run '{s.label}': {s.missing} requests of the trace have no record")
     warnings += [w for st in stats if (w := mismatch_warning(st)) is not None]

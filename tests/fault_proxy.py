@@ -1,0 +1,86 @@
+"""A proxy in front of a real sim-server that injects the faults the replay must survive (tests/test_replay_robust.py).
+
+    python tests/fault_proxy.py --port P --upstream http://127.0.0.1:Q [--sse-noise] [--break-nth N]
+                                [--model-info-delay S]
+
+--sse-noise         every streamed answer also carries legal SSE lines a client must ignore: a comment event
+                    (`: keepalive`) before each event, and `event:`, `id:` and `retry:` lines inside each data event.
+--break-nth N       the N-th POST /generate (counting from 1) gets its first event, then its connection is cut.
+--model-info-delay  GET /model_info answers only after S seconds (a slow liveness probe).
+
+It is a separate process (nothing in the replay is mocked); everything else is passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import aiohttp
+from aiohttp import web
+
+
+def make_app(upstream: str, sse_noise: bool, break_nth: int | None, model_info_delay: float) -> web.Application:
+    state = {"generate": 0}
+    session: dict[str, aiohttp.ClientSession] = {}
+
+    async def on_startup(app: web.Application) -> None:
+        session["s"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+
+    async def on_cleanup(app: web.Application) -> None:
+        await session["s"].close()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        if request.path == "/model_info" and model_info_delay:
+            await asyncio.sleep(model_info_delay)
+        body = await request.read()
+        number = None
+        if request.method == "POST" and request.path == "/generate":
+            state["generate"] += 1
+            number = state["generate"]
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        async with session["s"].request(request.method, f"{upstream}{request.path_qs}", data=body or None,
+                                        headers=headers) as up:
+            if "text/event-stream" not in up.headers.get("Content-Type", ""):
+                return web.Response(status=up.status, body=await up.read(),
+                                    content_type=up.headers.get("Content-Type", "application/json").split(";")[0])
+            resp = web.StreamResponse(status=up.status, headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            buf = b""
+            sent = 0
+            async for piece in up.content.iter_any():
+                buf += piece
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    if sse_noise:
+                        await resp.write(b": keepalive\n\n")
+                        event = b"event: message\nid: %d\nretry: 1000\n" % sent + event
+                    await resp.write(event + b"\n\n")
+                    sent += 1
+                    if number is not None and number == break_nth:
+                        request.transport.close()  # cut mid-stream: no [DONE]
+                        return resp
+            await resp.write_eof()
+            return resp
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--sse-noise", action="store_true")
+    parser.add_argument("--break-nth", type=int, default=None)
+    parser.add_argument("--model-info-delay", type=float, default=0.0)
+    args = parser.parse_args()
+    web.run_app(make_app(args.upstream, args.sse_noise, args.break_nth, args.model_info_delay), host="127.0.0.1",
+                port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""The run's duration in simulated seconds at --speed K, counted as `tracebench report` counts it, for the summary
+line at the end of a replay (the replay never imports the report: this mirrors report/speed.py's conversion).
+
+The report's duration is the first arrival to the last completed (ok or mismatch) finish, on the simulated timeline: the simulators' own
+time x K, tracebench's host time (release lag, HTTP hops, the client reading the stream, and the router wait of an
+uncapped continuous run) as measured. Multiplying the whole run clock by K instead counts host time K times.
+For a completed record with the simulator's stamps, report/speed.py's finish reduces to
+  K x t_arrival + (t_finish - t_arrival) + (K - 1) x (server_finished - server_received)   (router wait = host time)
+  K x t_dispatch + (t_finish - t_dispatch) + (K - 1) x (server_finished - server_received) (capped: waiting for a slot)
+and to K x t_finish when the simulators did not report `output_s` (every time x K)."""
+
+from __future__ import annotations
+
+import math
+
+from tracebench.replay.records import COMPLETED, RequestRecord
+
+
+class SimulatedSpan:
+    """Running maxima of a completed record's simulated finish (both router-wait cases) and the first arrival."""
+
+    __slots__ = ("k", "first_arrival", "finish_host_wait", "finish_capped", "finish_scaled")
+
+    def __init__(self, speed: float) -> None:
+        self.k = speed
+        self.first_arrival = math.inf
+        self.finish_host_wait = self.finish_capped = self.finish_scaled = -math.inf
+
+    def add(self, rec: RequestRecord) -> None:
+        if self.k == 1.0:
+            return
+        k = self.k
+        if rec.t_arrival < self.first_arrival:
+            self.first_arrival = rec.t_arrival
+        if rec.status not in COMPLETED:
+            return
+        tf, ta, td = rec.t_finish, rec.t_arrival, rec.t_dispatch
+        assert tf is not None and td is not None
+        self.finish_scaled = max(self.finish_scaled, k * tf)
+        sr, sf = rec.server_received, rec.server_finished
+        if sr is not None and sf is not None:
+            inside = (k - 1) * (sf - sr)
+            host_wait = k * ta + (tf - ta) + inside
+            capped = k * td + (tf - td) + inside
+        else:  # no simulator stamps: K x everything after dispatch
+            host_wait = k * ta + (td - ta) + k * (tf - td)
+            capped = k * tf
+        self.finish_host_wait = max(self.finish_host_wait, host_wait)
+        self.finish_capped = max(self.finish_capped, capped)
+
+    def duration(self, host_wait: bool, output_s_known: bool) -> float | None:
+        """First arrival to last completed finish in simulated seconds (None: none completed). `host_wait`: the run had no
+        cap and continuous batching (report/speed.py `uncapped`); `output_s_known`: every simulator reported
+        output_s (else the report multiplies every time by K)."""
+        end = self.finish_scaled if not output_s_known else self.finish_host_wait if host_wait else self.finish_capped
+        if not math.isfinite(end):
+            return None
+        start = self.k * self.first_arrival
+        return end - start if end > start else None
