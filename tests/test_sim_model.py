@@ -11,7 +11,8 @@ import pytest
 
 from conftest import REPO, SGLANG_CAPTURES
 from tracebench.errors import ConfigError
-from tracebench.sim.fit import DECODE_MEAN_CONTEXT, RoutingRun, fit, load_routing_runs, profile_document
+from tracebench.sim.fit import (DECODE_MEAN_CONTEXT, RoutingRun, fit, h200_calibration, load_calibration,
+                                load_routing_runs, profile_document)
 from tracebench.sim.model import (PROFILES_DIR, BatchModel, Limits, ReqState, SimRequest, load_profile, simulate,
                                   token_ids)
 
@@ -183,18 +184,29 @@ def test_token_ids_are_deterministic_and_in_vocab() -> None:
 
 
 ROUTING_RUNS = REPO / "reports" / "examples" / "h200x2-routing"
+H100_FIT_RUN = REPO / "reports" / "examples" / "h100-sim-vs-real" / "fit"
 
 
 def test_committed_profile_is_the_fit_of_the_calibration() -> None:
     # the fit reads the sglang captures and the committed real routing runs (bench/fit_profile.py regenerates it)
-    sglang = SGLANG_CAPTURES
     runs = load_routing_runs(ROUTING_RUNS)
     assert len(runs) >= 4 and all(len(run.records) >= 700 for run in runs)
-    fitted = fit(json.loads((sglang / "calibration.json").read_text()),
-                 json.loads((sglang / "api_capture.json").read_text()),
-                 json.loads((sglang / "prefix-cache-h200.json").read_text()), runs, PROFILE.name)
-    committed = json.loads((PROFILES_DIR / f"{PROFILE.name}.json").read_text())
-    regenerated = profile_document(fitted)
+    assert_committed(fit(h200_calibration(SGLANG_CAPTURES), runs, PROFILE.name))
+
+
+def test_committed_h100_profile_is_the_fit_of_its_inputs() -> None:
+    # the H100 calibration document (bench/gpu/calibrate.py) and the packed fit run of reports/examples/h100-sim-vs-real
+    runs = load_routing_runs(H100_FIT_RUN)
+    assert [run.name for run in runs] == ["fit-azure-round_robin"] and len(runs[0].records) == 720
+    fitted = fit(load_calibration(SGLANG_CAPTURES / "calibration-h100.json.xz"), runs, "llama-2-7b-h100-triton")
+    assert fitted.accelerator == "NVIDIA H100 80GB HBM3" and fitted.max_total_num_tokens == 107675
+    assert_committed(fitted)
+
+
+def assert_committed(fitted) -> None:
+    committed = json.loads((PROFILES_DIR / f"{fitted.name}.json").read_text())
+    regenerated = json.loads(json.dumps(profile_document(fitted)))
+    assert regenerated["source"] == committed["source"]
     for key, value in committed["params"].items():
         if isinstance(value, float):
             assert regenerated["params"][key] == pytest.approx(value, rel=1e-9), key
@@ -204,27 +216,30 @@ def test_committed_profile_is_the_fit_of_the_calibration() -> None:
 
 def test_fit_recovers_the_decode_cost_per_kv_token_from_a_routing_run() -> None:
     # a server whose decode costs e = 0.3 us per KV token (twice the committed value), with the calibration's c and
-    # d + 576 e, serves mixed-length requests under a cap of 24; its stamps, fed to the fit as a routing run, must
-    # give back that e (the estimator sees only the stamps, like those of a real run)
+    # d + 576 e, serves mixed-length requests at 5 req/s (batches of ~7; a routing run caps at the router, not in the server); its stamps, fed to the fit as a routing run, must
+    # give back that e, the intake and the plan lag (the estimators see only the stamps, like those of a real run)
     sglang = SGLANG_CAPTURES
     true_e = 3e-7
     slope = PROFILE.decode_per_req_s + DECODE_MEAN_CONTEXT * PROFILE.decode_per_kv_token_s
     server = dataclasses.replace(PROFILE, decode_per_kv_token_s=true_e, decode_per_req_s=slope - DECODE_MEAN_CONTEXT * true_e)
     rng = np.random.default_rng(3)
-    arrivals = np.cumsum(rng.exponential(1 / 7.0, 500))
+    arrivals = np.cumsum(rng.exponential(1 / 5.0, 500))
     inputs = rng.integers(100, 3000, 500)
     outputs = rng.integers(10, 400, 500)
-    outs = simulate(server, limits(max_running_requests=24), [(float(t), int(i), int(o)) for t, i, o in
-                                                              zip(arrivals, inputs, outputs)])
-    records = [{"server": 0, "input_len": o.input_len, "completion_tokens": o.output_len,
-                "server_forward_entry": o.t_forward_entry, "server_prefill_finished": o.t_first_token - server.output_s,
+    # and three lone requests long after, on an idle server (the intake the fit measures)
+    lone = [(float(arrivals[-1]) + 60.0 * k, 500, 20) for k in (1, 2, 3)]
+    outs = simulate(server, BIG, [(float(t), int(i), int(o)) for t, i, o in zip(arrivals, inputs, outputs)] + lone)
+    records = [{"server": 0, "input_len": o.input_len, "completion_tokens": o.output_len, "cached_tokens": 0,
+                "server_received": o.t_arrival, "server_forward_entry": o.t_forward_entry,
+                "server_prefill_finished": o.t_first_token - server.output_s,
                 "server_finished": o.t_finished} for o in outs]
-    fitted = fit(json.loads((sglang / "calibration.json").read_text()),
-                 json.loads((sglang / "api_capture.json").read_text()),
-                 json.loads((sglang / "prefix-cache-h200.json").read_text()), [RoutingRun("synthetic", "1 x sim", records)],
+    fitted = fit(h200_calibration(sglang), [RoutingRun("synthetic", "1 x sim", records, PROFILE.prefill_token_buckets)],
                  PROFILE.name)
     assert fitted.decode_per_kv_token_s == pytest.approx(true_e, rel=0.05)
     assert fitted.decode_base_s == pytest.approx(PROFILE.decode_base_s, rel=1e-9)
+    # and the intake of an idle server and the plan lag, from the same stamps
+    assert fitted.queue_entry_s == pytest.approx(PROFILE.queue_entry_s, rel=1e-6)
+    assert fitted.plan_lag_s == pytest.approx(PROFILE.plan_lag_s, abs=0.5e-3)
 
 
 def test_fidelity_of_the_bench_serving_workload_on_the_virtual_clock() -> None:

@@ -1,25 +1,37 @@
-"""Fit a sim-server timing profile to sglang measurements and print the error per calibration point.
+"""Fit a sim-server timing profile to sglang measurements of one GPU and print the error per calibration point.
 
+    python -m tracebench.sim.fit --calibration tests/data/sglang-0.5.17/calibration-h100.json \
+        --routing-runs reports/examples/h100-sim-vs-real/fit --name llama-2-7b-h100-triton [--write PATH]
     python -m tracebench.sim.fit --sglang-dir tests/data/sglang-0.5.17 \
-        --routing-runs reports/examples/h200x2-routing [--write tracebench/sim/profiles/NAME.json]
+        --routing-runs reports/examples/h200x2-routing --name llama-2-7b-h200-triton [--write PATH]
 
-Inputs (what real sglang 0.5.17 measured, see that folder's README):
-- calibration.json `prefill`: one request at a time, 1 output token; `prefill` = prefill_finished - forward_entry.
-- prefix-cache-h200.json: requests sent one at a time with and without a cached prefix (its sequential series A, B,
-  C, D and the Mooncake blocks F; not the burst E, whose stamps span batches): prefill steps of `prompt - cached` new
-  tokens after `cached` ones.
-- calibration.json `decode`: B concurrent streams of 512 in / 128 out; ITL, TTFT, e2e percentiles.
-- api_capture.json: single /generate answers, for the per-request stamps (received -> queued, -> dispatched).
-- the run folders of real routing runs (`--routing-runs`: a folder of run folders, every one of which was replayed on
-  real sglang; the committed ones are `reports/examples/h200x2-routing/`, two H200 servers, Azure conversation
-  lengths): their per-request sglang stamps, used for the decode cost per KV token `e` only.
+Inputs (what real sglang 0.5.17 measured):
+- a calibration document, GPU-neutral: what `bench/gpu/calibrate.py` writes for one server (`--calibration FILE`), or
+  the same document assembled from the H200 captures of `tests/data/sglang-0.5.17/` (`--sglang-dir`: calibration.json,
+  prefix-cache-h200.json and api_capture.json, made before calibrate.py existed; see `h200_calibration`). Its parts:
+  - `prefill`: one request at a time, 1 output token; `prefill` = prefill_finished - forward_entry.
+  - `prefix`: requests sent one at a time with and without a cached prefix (the sequential series A, B, C, D and the
+    Mooncake blocks F; not the burst E, whose stamps span batches): prefill steps of `prompt - cached` new tokens
+    after `cached` ones.
+  - `decode`: B concurrent streams of 512 in / 128 out; ITL, TTFT, e2e percentiles. A point is used only where B
+    streams really ran at once: B <= the client's stream limit (`max_streams`) and B * 640 tokens within the KV pool.
+  - `singles`: the meta_info of single /generate answers, for the per-request stamps (received -> queued,
+    -> dispatched).
+  - `server_info.max_total_num_tokens` (the KV pool on this GPU) and `accelerator` (what /v1/loads names).
+- the run folders of real routing runs on the same GPU (`--routing-runs`: a run folder or a folder of run folders,
+  every one replayed on real sglang; H200: `reports/examples/h200x2-routing/`, H100: the fit run of
+  `reports/examples/h100-sim-vs-real/fit/`): their per-request sglang stamps, used for the decode cost per KV token
+  `e` only.
 
 The model (see model.Profile):
-- prefill step = max(min, a + b * new_tokens + q * sum over requests of (end^2 - start^2)), start = tokens already
-  in KV (a cached prefix or earlier chunks): short steps are launch-bound (a floor), long ones compute-bound (linear
-  GEMMs plus quadratic attention). `min` is the median of the short steps (<= 256 new tokens); a, b, q are least
-  squares (relative error) on the compute-bound ones (>= 1024 new tokens), from both files, one point per shape
-  (cached, new) at its median time (so the 92 repeats of one Mooncake shape do not outweigh the rest).
+- prefill step = max(min, a + b * padded(new_tokens) + q * sum over requests of (end^2 - start^2)), start = tokens
+  already in KV (a cached prefix or earlier chunks): short steps are launch-bound (a floor), long ones compute-bound
+  (linear GEMMs plus quadratic attention). sglang replays a prefill step as a CUDA graph whose GEMMs run at the
+  smallest captured token bucket >= new_tokens (the routing runs' /server_info cuda_graph_config.prefill.bs: 1024,
+  1280, ..., 4096; model.padded_tokens), so 2112 tokens cost as 2304 and 4087 as 4096. `min` is the median of the
+  short steps (<= 256 new tokens); a, b, q are least squares (relative error) on the compute-bound ones (>= 1024 new
+  tokens), from both series, one point per shape (cached, new) at its median time (so the 92 repeats of one Mooncake
+  shape do not outweigh the rest).
 - decode step = c + d * batch + e * kv_tokens. In the calibration every request has a context of 512..640 tokens
   (mean 576 over the 128 decode steps), so batch and kv_tokens are collinear: the ITL medians pin c and the
   per-request slope d + 576 e (least squares, relative error), not d and e apart. The routing runs split them: their
@@ -31,15 +43,20 @@ The model (see model.Profile):
   prefill_finished to its finished stamp, holding input_len tokens plus its outputs so far, grown linearly). `e` is
   the closed-form least squares (relative error, weighted by decode steps) of those means with c and d + 576 e held
   to the calibration's values; d follows.
-- per-request overheads: received -> in the waiting queue and received -> dispatched from the capture's stamps;
-  token sampled -> visible to HTTP = server_e2e - prefill - queue_time - (received -> queued) on the 1-token points;
-  client overhead = client_e2e - server_e2e (medians).
+- per-request overheads: received -> in the waiting queue (`queue_entry_s`) = received -> forward entry of the
+  routing runs' requests that found their server empty (the calibration's requests come right after each other, when
+  sglang's scheduler is still in its idle checks: on H100 3.1 ms instead of 1.0 ms); received -> dispatched from the
+  singles' stamps; token sampled -> visible to HTTP = server_e2e - prefill - queue_time - (the singles' received ->
+  queued) on the 1-token points (requests sent as closely as the singles); client overhead = client_e2e - server_e2e
+  (medians).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import lzma
+import re
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,15 +67,72 @@ import polars as pl
 
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.report.load import ROW, is_run_folder, load_run, run_file
-from tracebench.sim.model import Limits, Profile, resolve_max_running_requests, simulate
+from tracebench.sim.model import Limits, Profile, padded_tokens, resolve_max_running_requests, simulate
 
 LLAMA2_7B_KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # K and V, 32 layers, hidden 4096, fp16
-H200_HBM_BYTES_PER_S = 4.8e12
-DECODE_MEAN_CONTEXT = 512 + 64                    # 512-token prompt, mean over the 128 decode steps
-H200_MAX_TOTAL_NUM_TOKENS = 231818                # sglang's log and /server_info on the H200 (mem_fraction 0.904)
+# HBM bandwidth of the GPUs with a profile (datasheets: H200 4.8 TB/s, H100 SXM 80GB HBM3 3.35 TB/s): only for the
+# report's physical lower bound of e (a batch reads every KV token once per decode step)
+HBM_BYTES_PER_S = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}
+DECODE_INPUT, DECODE_OUTPUT = 512, 128            # the decode series: B streams of 512 in / 128 out
+DECODE_MEAN_CONTEXT = DECODE_INPUT + DECODE_OUTPUT // 2   # 576: the mean context over the 128 decode steps
 MIN_DECODE_TOKENS = 16                            # shorter decode windows are dominated by their edges
-STAMPS = ("server_forward_entry", "server_prefill_finished", "server_finished", "completion_tokens", "input_len",
-          "server")
+ARRIVAL_MARGIN_S = 0.003                          # plan lag: an arrival this close to a prefill step is left out
+MIN_DECODE_ARRIVALS = 50
+# bench/gpu/calibrate.py as of a604eb7 (the H100 calibration) opened its streams through one aiohttp session with the
+# default connector, which holds at most 100 connections: its decode points of B > 100 ran at most 100 streams at once
+# (H100: ITL 21.3 ms at "128" and 21.2 ms at "256", both below the line through B <= 64). A document that does not say
+# its client's stream limit (`client.max_streams`, null: none) was made by that version.
+CALIBRATE_A604EB7_MAX_STREAMS = 100
+STAMPS = ("server_received", "server_forward_entry", "server_prefill_finished", "server_finished", "completion_tokens",
+          "input_len", "server")
+CALIBRATION_KEYS = ("prefill", "decode", "prefix", "singles", "server_info", "accelerator")
+PREFIX_SERIES = ("A_shared_prefix_seq", "B_unique_seq", "C_partial", "D_after_flush")
+
+
+def load_calibration(path: Path) -> dict:
+    """A calibration document as bench/gpu/calibrate.py writes it, with `source` (what made it, for the profile's
+    source line) and `max_streams` (the client's limit on streams at once) filled in."""
+    if not path.is_file():
+        raise ConfigError(f"--calibration {path}: no such file")
+    data = path.read_bytes()
+    if path.suffix == ".xz":   # kept compressed in the repository (tests/data/sglang-0.5.17/calibration-h100.json.xz)
+        data = lzma.decompress(data)
+    try:
+        doc = json.loads(data)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON: {err}") from err
+    for key in CALIBRATION_KEYS:
+        if key not in doc:
+            raise ConfigError(f"{path}: field '{key}': missing (not a bench/gpu/calibrate.py document?)")
+    info = doc["server_info"]
+    for key in ("max_total_num_tokens", "version", "attention_backend"):
+        if info.get(key) is None:
+            raise ConfigError(f"{path}: field 'server_info.{key}': missing")
+    client = doc.get("client")
+    max_streams = CALIBRATE_A604EB7_MAX_STREAMS if client is None else client["max_streams"]
+    source = (f"sglang {info['version']} {path.name.removesuffix('.xz')} (bench/gpu/calibrate.py: llama-2-7b-hf, "
+              f"{info['attention_backend']} attention, one {doc['accelerator']})")
+    return {**doc, "source": source, "max_streams": max_streams}
+
+
+def h200_calibration(sglang_dir: Path) -> dict:
+    """The H200 captures of `sglang_dir` (tests/data/sglang-0.5.17: calibration.json, prefix-cache-h200.json,
+    api_capture.json) as one calibration document in bench/gpu/calibrate.py's layout. Their decode series ran every
+    stream at once (ITL linear up to B = 256)."""
+    calibration = json.loads((sglang_dir / "calibration.json").read_text())
+    capture = json.loads((sglang_dir / "api_capture.json").read_text())
+    prefix_cache = json.loads((sglang_dir / "prefix-cache-h200.json").read_text())
+    singles = [json.loads(capture[k]["body"])["meta_info"] for k in ("generate_ids_nonstream", "generate_text_nonstream")]
+    stream_last = capture["generate_stream_raw"]["last_lines"]
+    singles.append(json.loads(next(line for line in stream_last if "\"e2e_latency\"" in line)[6:])["meta_info"])
+    return {
+        "prefill": calibration["prefill"], "decode": calibration["decode"],
+        "prefix": {k: v for k, v in prefix_cache.items() if k != "server_info"},
+        "singles": singles, "server_info": prefix_cache["server_info"], "accelerator": "NVIDIA H200",
+        "max_streams": None,
+        "source": "sglang 0.5.17 calibration.json, prefix-cache-h200.json and api_capture.json (llama-2-7b-hf, "
+                  "dummy weights, triton attention, one H200)",
+    }
 
 
 @dataclass(frozen=True)
@@ -68,6 +142,7 @@ class RoutingRun:
     name: str
     servers: str          # e.g. "2 x NVIDIA H200", from run.json
     records: list[dict[str, Any]]
+    prefill_token_buckets: tuple[int, ...]   # the servers' prefill CUDA-graph buckets (/server_info)
 
 
 @dataclass(frozen=True)
@@ -81,11 +156,13 @@ class DecodeWindows:
 
 
 def load_routing_runs(folder: Path) -> list[RoutingRun]:
-    """Every run folder under `folder` (sorted by name), each replayed on real sglang and completed."""
+    """`folder` itself when it is a run folder, else every run folder under it (sorted by name); each replayed on
+    real sglang and completed."""
     if not folder.is_dir():
         raise ConfigError(f"--routing-runs {folder}: no such folder")
     runs = []
-    for run_dir in sorted(p for p in folder.iterdir() if is_run_folder(p)):  # as replay wrote it or packed
+    run_dirs = [folder] if is_run_folder(folder) else sorted(p for p in folder.iterdir() if is_run_folder(p))
+    for run_dir in run_dirs:  # as replay wrote it or packed
         run = load_run(run_dir)
         meta = run.meta
         if meta["backend"] not in ("sglang", "attach") or meta["speed"] is not None:
@@ -94,17 +171,86 @@ def load_routing_runs(folder: Path) -> list[RoutingRun]:
         if meta["status"] != "completed":
             raise RunFolderError(str(run_file(run_dir, "run.json")), None, "status", f"{meta['status']!r}, not completed")
         records = []
+        # a run recorded before cached_tokens existed has none; its hits are 0 when its trace shares no prefix
+        # (random ids per request: sglang's radix cache matches nothing)
+        no_prefix = meta["trace"].get("prefix") is None
         for rec in run.requests.filter(pl.col("status") == "ok").iter_rows(named=True):
             for key in STAMPS:
                 if rec[key] is None:
                     raise RunFolderError(str(run_file(run_dir, "requests.jsonl")), rec[ROW] + 1, key,
                                          "missing in an ok record (run without --enable-metrics?)")
+            if rec["cached_tokens"] is None:
+                if not no_prefix:
+                    raise RunFolderError(str(run_file(run_dir, "requests.jsonl")), rec[ROW] + 1, "cached_tokens",
+                                         "missing, and the trace shares prefixes: the prefill cost is unknown")
+                rec = {**rec, "cached_tokens": 0}
             records.append(rec)
         accelerators = sorted({str(server.get("accelerator")) for server in meta["servers"]})
-        runs.append(RoutingRun(run_dir.name, f"{len(meta['servers'])} x {'/'.join(accelerators)}", records))
+        runs.append(RoutingRun(run_dir.name, f"{len(meta['servers'])} x {'/'.join(accelerators)}", records,
+                               prefill_buckets(meta, str(run_file(run_dir, "run.json")))))
     if not runs:
         raise ConfigError(f"--routing-runs {folder}: no run folder (with run.json) in it")
     return runs
+
+
+def prefill_buckets(meta: dict, where: str) -> tuple[int, ...]:
+    """The prefill CUDA-graph token buckets every server of a run reported in /server_info (the default breakable
+    backend: tokens padded up to a bucket; disabled: no padding)."""
+    found = set()
+    for i, server in enumerate(meta["servers"]):
+        prefill = ((server.get("server_info") or {}).get("cuda_graph_config") or {}).get("prefill")
+        if not isinstance(prefill, dict):
+            raise RunFolderError(where, None, f"servers[{i}].server_info.cuda_graph_config.prefill", "missing")
+        if prefill["backend"] not in ("breakable", "disabled"):
+            raise RunFolderError(where, None, f"servers[{i}].server_info.cuda_graph_config.prefill.backend",
+                                 f"{prefill['backend']!r}: the simulator models breakable (or disabled) prefill graphs")
+        found.add(tuple(prefill["bs"]) if prefill["backend"] == "breakable" else ())
+    if len(found) != 1:
+        raise RunFolderError(where, None, "servers[].server_info.cuda_graph_config.prefill.bs", "differs between servers")
+    return found.pop()
+
+
+def idle_intake(run: RoutingRun) -> list[float]:
+    """received -> forward entry of the requests that found their server empty (no other request received and not
+    yet finished there): sglang's intake of a request when its scheduler is idle."""
+    out = []
+    for server in sorted({r["server"] for r in run.records}):
+        mine = sorted((r for r in run.records if r["server"] == server), key=lambda r: r["server_received"])
+        for r in mine:
+            t = r["server_received"]
+            if not any(o is not r and o["server_received"] <= t < o["server_finished"] for o in mine):
+                out.append(r["server_forward_entry"] - t)
+    return out
+
+
+def decode_arrivals(run: RoutingRun, prefill_cost: Callable[[int, int], float],
+                    decode_cost: Callable[[int, float], float], queue_entry: float) -> tuple[np.ndarray, np.ndarray]:
+    """The requests that arrived while their server only decoded and were then prefilled alone: each one's wait for
+    its prefill step (received -> prefill finished, minus its intake and its prefill's modelled cost) and the
+    modelled decode step at its arrival (batch and KV tokens from every request's stamps on that server)."""
+    waits, steps = [], []
+    for server in sorted({r["server"] for r in run.records}):
+        mine = [r for r in run.records if r["server"] == server]
+        rec = np.array([r["server_received"] for r in mine])
+        fe = np.array([r["server_forward_entry"] for r in mine])
+        pf = np.array([r["server_prefill_finished"] for r in mine])
+        fin = np.array([r["server_finished"] for r in mine])
+        inp = np.array([r["input_len"] for r in mine])
+        out = np.array([r["completion_tokens"] for r in mine])
+        cached = np.array([r["cached_tokens"] for r in mine])
+        for i, t in enumerate(rec):
+            others = np.arange(len(mine)) != i
+            decoding = others & (pf <= t) & (fin > t)
+            near_prefill = others & (fe <= t + ARRIVAL_MARGIN_S) & (pf > t - ARRIVAL_MARGIN_S)
+            waiting = others & (rec < t) & (fe > t)
+            prefill_before = others & (fe > t) & (fe < fe[i])
+            if (not decoding.any() or near_prefill.any() or waiting.any() or prefill_before.any()
+                    or (fe == fe[i]).sum() > 1):
+                continue
+            kv = float(sum(inp[j] + (t - pf[j]) / (fin[j] - pf[j]) * out[j] for j in np.flatnonzero(decoding)))
+            waits.append(pf[i] - t - queue_entry - prefill_cost(int(cached[i]), int(inp[i] - cached[i])))
+            steps.append(decode_cost(int(decoding.sum()), kv))
+    return np.array(waits), np.array(steps)
 
 
 def decode_windows(run: RoutingRun, prefill_cost: Callable[[list[int]], float]) -> DecodeWindows:
@@ -141,24 +287,47 @@ def decode_windows(run: RoutingRun, prefill_cost: Callable[[list[int]], float]) 
     return DecodeWindows(*(np.concatenate(x) for x in (steps, step_s, batch, kv)))
 
 
-PREFIX_SERIES = ("A_shared_prefix_seq", "B_unique_seq", "C_partial", "D_after_flush")
 
 
-def prefill_points(calibration: dict, prefix_cache: dict) -> list[tuple[str, int, int, float]]:
+def prefill_points(calibration: dict) -> list[tuple[str, int, int, float]]:
     """Every measured single prefill step: (series, tokens already cached, new tokens, seconds)."""
     points = [("calibration", 0, p["ilen"], p["prefill"]) for p in calibration["prefill"]]
+    prefix = calibration["prefix"]
     for series in PREFIX_SERIES:
-        points += [(series, x["cached"], x["prompt"] - x["cached"], x["prefill_s"]) for x in prefix_cache[series]]
-    blocks = prefix_cache["F_mooncake_blocks"]
+        points += [(series, x["cached"], x["prompt"] - x["cached"], x["prefill_s"]) for x in prefix[series]]
+    blocks = prefix["F_mooncake_blocks"]
     points += [("F_mooncake_blocks", c, p - c, t) for c, p, t in zip(blocks["cached"], blocks["prompt"],
                                                                        blocks["prefill_s"])]
     return points
 
 
-def fit(calibration: dict, capture: dict, prefix_cache: dict, routing_runs: list[RoutingRun], name: str) -> Profile:
-    """Fit the profile. Pure: takes the three JSON documents and the routing runs' records, returns the profile."""
+def decode_points(calibration: dict) -> tuple[list[dict], list[tuple[dict, str]]]:
+    """The decode series' points where B streams really ran at once, and the others with the reason they are not."""
+    kept, dropped = [], []
+    capacity = calibration["server_info"]["max_total_num_tokens"]
+    limit = calibration["max_streams"]
+    for d in calibration["decode"]:
+        b = d["batch"]
+        if limit is not None and b > limit:
+            dropped.append((d, f"the client ran at most {limit} streams at once"))
+        elif b * (DECODE_INPUT + DECODE_OUTPUT) > capacity:
+            dropped.append((d, f"{b} x {DECODE_INPUT + DECODE_OUTPUT} tokens exceed the KV pool ({capacity})"))
+        else:
+            kept.append(d)
+    return kept, dropped
+
+
+def fit(calibration: dict, routing_runs: list[RoutingRun], name: str) -> Profile:
+    """Fit the profile. Pure: takes the calibration document (load_calibration / h200_calibration) and the routing
+    runs' records, returns the profile."""
     prefill = calibration["prefill"]
-    points = prefill_points(calibration, prefix_cache)
+    if not routing_runs:
+        raise ConfigError("the fit needs at least one routing run (decode at longer contexts) to split d from e")
+    buckets = {run.prefill_token_buckets for run in routing_runs}
+    if len(buckets) != 1:
+        raise ConfigError("the routing runs' servers differ in their prefill CUDA-graph buckets: fit them apart")
+    (token_buckets,) = buckets
+    points = prefill_points(calibration)
     prefill_min = float(np.median([seconds for _, _, new_tokens, seconds in points if new_tokens <= 256]))
     shapes: dict[tuple[int, int], list[float]] = {}
     for _, cached, new_tokens, seconds in points:
@@ -168,19 +337,18 @@ def fit(calibration: dict, capture: dict, prefix_cache: dict, routing_runs: list
     t_prefill = np.array([statistics.median(times) for times in shapes.values()])
     long_ = new >= 1024
     pairs = (done + new) ** 2 - done ** 2
-    design = np.c_[np.ones(long_.sum()), new[long_], pairs[long_]] / t_prefill[long_, None]
+    padded = np.array([padded_tokens(int(n), token_buckets) for n in new], dtype=float)   # the GEMMs' token count
+    design = np.c_[np.ones(long_.sum()), padded[long_], pairs[long_]] / t_prefill[long_, None]
     a, b, q = np.linalg.lstsq(design, np.ones(long_.sum()), rcond=None)[0]
 
     def prefill_cost(ilens: list[int]) -> float:
-        return max(prefill_min, a + b * sum(ilens) + q * sum(n * n for n in ilens))
+        return max(prefill_min, a + b * padded_tokens(sum(ilens), token_buckets) + q * sum(n * n for n in ilens))
 
-    decode = calibration["decode"]
+    decode, _ = decode_points(calibration)
     batch = np.array([d["batch"] for d in decode], dtype=float)
     itl = np.array([d["itl_p50_ms"] for d in decode], dtype=float) / 1e3
     design = np.c_[np.ones_like(batch), batch] / itl[:, None]
     c, slope = np.linalg.lstsq(design, np.ones_like(itl), rcond=None)[0]   # slope = d + DECODE_MEAN_CONTEXT * e
-    if not routing_runs:
-        raise ConfigError("the fit needs at least one routing run (decode at longer contexts) to split d from e")
     w = [decode_windows(run, prefill_cost) for run in routing_runs]
     steps, step_s, mean_batch, mean_kv = (np.concatenate([getattr(x, f) for x in w])
                                           for f in ("steps", "step_s", "batch", "kv_tokens"))
@@ -190,12 +358,27 @@ def fit(calibration: dict, capture: dict, prefix_cache: dict, routing_runs: list
     e = float(-(steps * u * v).sum() / (steps * u * u).sum())
     d = slope - DECODE_MEAN_CONTEXT * e
 
-    singles = [json.loads(capture[k]["body"])["meta_info"] for k in ("generate_ids_nonstream", "generate_text_nonstream")]
-    stream_last = capture["generate_stream_raw"]["last_lines"]
-    singles.append(json.loads(next(l for l in stream_last if "\"e2e_latency\"" in l)[6:])["meta_info"])
-    queue_entry = statistics.median(m["forward_entry_time"] - m["request_received_ts"] - m["queue_time"] for m in singles)
+    # the calibration's requests follow each other closely (each sent when the last answered), so their intake
+    # includes the scheduler's idle checks after the last one (scheduler.py on_idle); a trace's request that finds the
+    # server idle arrived long after: its intake is measured on the routing runs
+    idle = [t for run in routing_runs for t in idle_intake(run)]
+    if len(idle) < 2:
+        raise ConfigError(f"the routing runs have {len(idle)} request(s) that found their server idle: the fit needs "
+                          "at least 2 to measure the intake of an idle server (queue_entry_s)")
+    queue_entry = statistics.median(idle)
+    # R: with requests arriving uniformly within decode steps of T, a request ready within R of a step's start joins
+    # the next step, the rest the one after: the mean wait is 1.5 T - R
+    waits, decode_steps = (np.concatenate(x) for x in zip(*(decode_arrivals(
+        run, lambda cached, n: max(prefill_min, a + b * padded_tokens(n, token_buckets) + q * ((cached + n) ** 2 - cached ** 2)),
+        lambda batch, kv: c + d * batch + e * kv, queue_entry) for run in routing_runs)))
+    if waits.size < MIN_DECODE_ARRIVALS:
+        raise ConfigError(f"the routing runs have {waits.size} requests that arrived during decode and were prefilled "
+                          f"alone: the fit needs at least {MIN_DECODE_ARRIVALS} to measure the plan lag")
+    plan_lag = float(1.5 * decode_steps.mean() - waits.mean())
+    singles = calibration["singles"]
+    intake_close = statistics.median(m["forward_entry_time"] - m["request_received_ts"] - m["queue_time"] for m in singles)
     dispatch = statistics.median(m["api_server_dispatch_finish_ts"] - m["request_received_ts"] for m in singles)
-    output = statistics.median(p["server_e2e"] - p["prefill"] - p["queue_time"] for p in prefill) - queue_entry
+    output = statistics.median(p["server_e2e"] - p["prefill"] - p["queue_time"] for p in prefill) - intake_close
     client = statistics.median(p["client_e2e"] - p["server_e2e"] for p in prefill)
 
     return Profile(
@@ -203,58 +386,67 @@ def fit(calibration: dict, capture: dict, prefix_cache: dict, routing_runs: list
         prefill_base_s=float(a), prefill_per_token_s=float(b), prefill_per_token_sq_s=float(q),
         prefill_min_s=prefill_min,
         decode_base_s=float(c), decode_per_req_s=float(d), decode_per_kv_token_s=float(e),
-        queue_entry_s=float(queue_entry), dispatch_s=float(dispatch), output_s=float(output),
+        queue_entry_s=float(queue_entry), plan_lag_s=plan_lag, dispatch_s=float(dispatch), output_s=float(output),
         client_overhead_s=float(client),
-        max_total_num_tokens=H200_MAX_TOTAL_NUM_TOKENS, context_length=4096,
-        chunked_prefill_size=8192, accelerator="NVIDIA H200",
-        source="fitted by `python -m tracebench.sim.fit` to sglang 0.5.17 calibration.json, prefix-cache-h200.json "
-               "and api_capture.json (llama-2-7b-hf, dummy weights, triton attention, one H200) and, for the decode cost per KV token, the "
-               "per-request stamps of real routing runs ("
+        max_total_num_tokens=int(calibration["server_info"]["max_total_num_tokens"]), context_length=4096,
+        chunked_prefill_size=8192, accelerator=calibration["accelerator"], prefill_token_buckets=token_buckets,
+        source=f"fitted by `python -m tracebench.sim.fit` to {calibration['source']} and, for the decode cost per "
+               "KV token, the per-request stamps of real routing runs ("
                + ", ".join(f"{r.name}: {r.servers}" for r in routing_runs) + ")",
     )
 
 
-def report(profile: Profile, calibration: dict, prefix_cache: dict, routing_runs: list[RoutingRun]) -> list[str]:
+def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun]) -> list[str]:
     """The fit's error at every calibration point: step level, and whole runs of the decode scenarios; and the mean
     decode step of the routing runs, measured (as in the fit) and modelled, also with e at its physical lower bound."""
     lines = ["prefill (one request, server-side prefill time; median per series and shape)",
-             f"  {'series':<20} {'cached':>6} {'new':>5} {'n':>3}  measured_ms  model_ms  error"]
+             f"  {'series':<20} {'cached':>6} {'new':>5} {'graph':>5} {'n':>3}  measured_ms  model_ms  error"]
     groups: dict[tuple[str, int, int], list[float]] = {}
-    for series, done, new, seconds in prefill_points(calibration, prefix_cache):
+    for series, done, new, seconds in prefill_points(calibration):
         groups.setdefault((series, done, new), []).append(seconds)
     for (series, done, new), times in groups.items():
         measured = statistics.median(times)
         model = profile.prefill_duration([(done, new)])
-        lines.append(f"  {series:<20} {done:6d} {new:5d} {len(times):3d}  {measured * 1e3:11.2f}  {model * 1e3:8.2f}"
+        graph = padded_tokens(new, profile.prefill_token_buckets)
+        lines.append(f"  {series:<20} {done:6d} {new:5d} {graph:5d} {len(times):3d}  {measured * 1e3:11.2f}  {model * 1e3:8.2f}"
                      f"  {model / measured - 1:+6.1%}")
-    lines += ["decode (B streams of 512 in / 128 out, all sent at once; virtual-clock run of the model)",
+    lines += [f"decode (B streams of {DECODE_INPUT} in / {DECODE_OUTPUT} out, all sent at once; virtual-clock run of "
+              "the model)",
               "  batch  ITL_p50 ms meas/model/err      TTFT_p50 ms meas/model/err        e2e_p50 s meas/model/err"]
     limits = Limits(resolve_max_running_requests(None, profile.max_total_num_tokens, profile.context_length),
                     profile.max_total_num_tokens, profile.chunked_prefill_size)
-    for d in calibration["decode"]:
+    kept, dropped = decode_points(calibration)
+    for d in kept:
         b = d["batch"]
         step = profile.decode_duration(b, b * DECODE_MEAN_CONTEXT)
-        outs = simulate(profile, limits, [(0.0, 512, 128)] * b)
+        outs = simulate(profile, limits, [(0.0, DECODE_INPUT, DECODE_OUTPUT)] * b)
         ttft = statistics.median(o.ttft for o in outs)
         e2e = statistics.median(o.e2e for o in outs)
         lines.append(
             f"  {b:5d}  {d['itl_p50_ms']:7.2f} {step * 1e3:7.2f} {step * 1e3 / d['itl_p50_ms'] - 1:+6.1%}"
             f"   {d['ttft_p50_ms']:8.1f} {ttft * 1e3:8.1f} {ttft * 1e3 / d['ttft_p50_ms'] - 1:+6.1%}"
             f"   {d['e2e_p50']:6.3f} {e2e:6.3f} {e2e / d['e2e_p50'] - 1:+6.1%}")
+    for d, why in dropped:
+        lines.append(f"  {d['batch']:5d}  {d['itl_p50_ms']:7.2f}  (left out: {why})")
+    hbm = HBM_BYTES_PER_S.get(profile.accelerator)
+    e_bound = None if hbm is None else LLAMA2_7B_KV_BYTES_PER_TOKEN / hbm
+    bound_head = ("(no HBM bandwidth known for this accelerator)" if e_bound is None else
+                  f"(e = HBM bound {e_bound * 1e6:.3f} us: model_ms  error)")
     lines += ["decode in the routing runs (mean decode step over requests' windows, weighted by steps)",
-              f"  {'run':<22} {'requests':>8} {'batch':>6} {'kv/req':>7}  measured_ms  model_ms  error"
-              f"   (e = HBM bound {LLAMA2_7B_KV_BYTES_PER_TOKEN / H200_HBM_BYTES_PER_S * 1e6:.3f} us: model_ms  error)"]
-    e_bound = LLAMA2_7B_KV_BYTES_PER_TOKEN / H200_HBM_BYTES_PER_S
-    d_bound = profile.decode_per_req_s + DECODE_MEAN_CONTEXT * (profile.decode_per_kv_token_s - e_bound)
+              f"  {'run':<22} {'requests':>8} {'batch':>6} {'kv/req':>7}  measured_ms  model_ms  error   {bound_head}"]
     for run in routing_runs:
         w = decode_windows(run, lambda ilens: profile.prefill_duration([(0, n) for n in ilens]))
         measured = float(np.average(w.step_s, weights=w.steps))
         model = float(np.average(profile.decode_base_s + profile.decode_per_req_s * w.batch
                                  + profile.decode_per_kv_token_s * w.kv_tokens, weights=w.steps))
-        bound = float(np.average(profile.decode_base_s + d_bound * w.batch + e_bound * w.kv_tokens, weights=w.steps))
-        lines.append(f"  {run.name:<22} {w.steps.size:8d} {w.batch.mean():6.1f} {(w.kv_tokens / w.batch).mean():7.0f}"
-                     f"  {measured * 1e3:11.2f}  {model * 1e3:8.2f}  {model / measured - 1:+6.1%}"
-                     f"                             {bound * 1e3:8.2f}  {bound / measured - 1:+6.1%}")
+        line = (f"  {run.name:<22} {w.steps.size:8d} {w.batch.mean():6.1f} {(w.kv_tokens / w.batch).mean():7.0f}"
+                f"  {measured * 1e3:11.2f}  {model * 1e3:8.2f}  {model / measured - 1:+6.1%}")
+        if e_bound is not None:
+            d_bound = profile.decode_per_req_s + DECODE_MEAN_CONTEXT * (profile.decode_per_kv_token_s - e_bound)
+            bound = float(np.average(profile.decode_base_s + d_bound * w.batch + e_bound * w.kv_tokens,
+                                     weights=w.steps))
+            line += f"                             {bound * 1e3:8.2f}  {bound / measured - 1:+6.1%}"
+        lines.append(line)
     return lines
 
 
@@ -264,27 +456,39 @@ def profile_document(profile: Profile) -> dict:
     return {"name": name, "source": source, "params": params}
 
 
+def profile_text(doc: dict) -> str:
+    """The profile file: indented JSON with lists of numbers kept on one line."""
+    text = json.dumps(doc, indent=2)
+    return re.sub(r"\[\s+([-\d.e, \n]+?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sglang-dir", type=Path, required=True,
-                        help="folder with calibration.json, prefix-cache-h200.json and api_capture.json "
-                             "(tests/data/sglang-0.5.17)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--calibration", type=Path,
+                        help="a calibration document written by bench/gpu/calibrate.py "
+                             "(tests/data/sglang-0.5.17/calibration-h100.json)")
+    source.add_argument("--sglang-dir", type=Path,
+                        help="the H200 captures: a folder with calibration.json, prefix-cache-h200.json and "
+                             "api_capture.json (tests/data/sglang-0.5.17)")
     parser.add_argument("--routing-runs", type=Path, required=True,
-                        help="folder of run folders replayed on real sglang (reports/examples/h200x2-routing)")
-    parser.add_argument("--name", default="llama-2-7b-h200-triton")
+                        help="a run folder, or a folder of run folders, replayed on real sglang on the same GPU "
+                             "(reports/examples/h200x2-routing, reports/examples/h100-sim-vs-real/fit)")
+    parser.add_argument("--name", required=True, help="the profile's name (llama-2-7b-h100-triton)")
     parser.add_argument("--write", type=Path, default=None, help="write the profile JSON here")
     opts = parser.parse_args(argv)
-    calibration = json.loads((opts.sglang_dir / "calibration.json").read_text())
-    capture = json.loads((opts.sglang_dir / "api_capture.json").read_text())
-    prefix_cache = json.loads((opts.sglang_dir / "prefix-cache-h200.json").read_text())
+    if opts.calibration is not None:
+        calibration = load_calibration(opts.calibration)
+    else:
+        calibration = h200_calibration(opts.sglang_dir)
     routing_runs = load_routing_runs(opts.routing_runs)
-    profile = fit(calibration, capture, prefix_cache, routing_runs, opts.name)
+    profile = fit(calibration, routing_runs, opts.name)
     doc = profile_document(profile)
     print(json.dumps(doc["params"], indent=2))
-    print("\n".join(report(profile, calibration, prefix_cache, routing_runs)))
+    print("\n".join(report(profile, calibration, routing_runs)))
     if opts.write is not None:
         tmp = opts.write.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        tmp.write_text(profile_text(doc))
         tmp.replace(opts.write)
         print(f"wrote {opts.write}")
 

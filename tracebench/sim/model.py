@@ -30,6 +30,7 @@ running batch with their first token (sampled by the prefill server) already the
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 from collections import deque
@@ -62,6 +63,8 @@ class Profile:
     decode_per_req_s: float        # d: per running request in the batch
     decode_per_kv_token_s: float   # e: per KV token the batch attends to
     queue_entry_s: float           # request received by the HTTP server -> in the scheduler's waiting queue
+    plan_lag_s: float              # R: a step's start -> the next step planned (the scheduler processes the last
+                                   # result first), so a request ready within R of a step's start joins the next one
     dispatch_s: float              # request received -> tokenized and dispatched (a stamp only)
     output_s: float                # a token sampled on the GPU -> handed to the HTTP layer (detokenizer, IPC)
     client_overhead_s: float       # client-measured e2e minus server e2e; real HTTP provides it when served
@@ -69,22 +72,42 @@ class Profile:
     context_length: int
     chunked_prefill_size: int
     accelerator: str
+    # sglang's prefill CUDA-graph token buckets (/server_info cuda_graph_config.prefill.bs, ascending): a prefill
+    # step of n new tokens runs its GEMMs at the smallest bucket >= n (`padded_tokens`)
+    prefill_token_buckets: tuple[int, ...]
     source: str = ""
 
     def prefill_duration(self, chunks: list[tuple[int, int]]) -> float:
         """One prefill step over `chunks` = [(tokens already prefilled, new tokens), ...], one per request:
-        max(min, a + b * new + q * sum((done + new)^2 - done^2))."""
+        max(min, a + b * padded(new) + q * sum((done + new)^2 - done^2)): the linear part (GEMMs) at the CUDA graph's
+        padded token count, attention at the real one."""
         new = 0
         pairs = 0
         for done, take in chunks:
             new += take
             end = done + take
             pairs += end * end - done * done
-        return max(self.prefill_min_s, self.prefill_base_s + self.prefill_per_token_s * new
-                   + self.prefill_per_token_sq_s * pairs)
+        return max(self.prefill_min_s, self.prefill_base_s + self.prefill_per_token_s * padded_tokens(
+            new, self.prefill_token_buckets) + self.prefill_per_token_sq_s * pairs)
 
     def decode_duration(self, batch_size: int, kv_tokens: int) -> float:
         return self.decode_base_s + self.decode_per_req_s * batch_size + self.decode_per_kv_token_s * kv_tokens
+
+
+# sglang 0.5.17 replays a prefill step as a CUDA graph (the default "breakable" backend) only when the padding to the
+# bucket at most doubles the tokens (model_executor/runner/prefill_cuda_graph_runner.py L133-136, L1090-1097;
+# _pad_to_bucket: runner/base_cuda_graph_runner.py L134-148); above the largest bucket, or beyond 2x, it runs eager
+# at the real token count
+MAX_PREFILL_PADDING_FACTOR = 2
+
+
+def padded_tokens(n: int, buckets: Sequence[int]) -> int:
+    """The token count a prefill step of `n` new tokens computes its GEMMs at: the smallest bucket >= n when a
+    CUDA graph replays it, else n."""
+    if not buckets or n > buckets[-1]:
+        return n
+    padded = buckets[bisect.bisect_left(buckets, n)]
+    return padded if padded <= MAX_PREFILL_PADDING_FACTOR * n else n
 
 
 _PROFILE_FIELDS = {f for f in Profile.__dataclass_fields__}
@@ -114,7 +137,10 @@ def load_profile(name_or_path: str) -> Profile:
     unknown = sorted(set(params) - wanted)
     if unknown:
         raise ConfigError(f"{path}: field 'params': unknown {', '.join(unknown)}")
-    return Profile(name=raw["name"], source=raw["source"], **params)
+    buckets = params["prefill_token_buckets"]
+    if not (isinstance(buckets, list) and all(type(b) is int and b > 0 for b in buckets) and buckets == sorted(buckets)):
+        raise ConfigError(f"{path}: field 'params.prefill_token_buckets': must be ascending positive integers")
+    return Profile(name=raw["name"], source=raw["source"], **{**params, "prefill_token_buckets": tuple(buckets)})
 
 
 def resolve_max_running_requests(requested: int | None, max_total_num_tokens: int, context_length: int) -> int:
@@ -419,10 +445,10 @@ class BatchModel:
         cutoff = t_start
         overlapped = self.limits.overlap_schedule and self.last_end == t_start and self.last_start is not None
         if overlapped:
-            # planned while the previous step ran, before its result was processed
-            cutoff = self.last_start
-            if self.last_from_idle:
-                cutoff = min(t_start, cutoff + IDLE_LAUNCH_LAG_S / self.speed)
+            # planned while the previous step ran, once the scheduler had processed the result before it (R after the
+            # previous step's start; after an idle GPU, after the CPU launch of the previous step)
+            lag = max(self.profile.plan_lag_s, IDLE_LAUNCH_LAG_S) if self.last_from_idle else self.profile.plan_lag_s
+            cutoff = min(t_start, self.last_start + lag / self.speed)
         else:
             self.process_results()
         from_idle = self.last_end != t_start   # the GPU idled before this step (or it is the first)
