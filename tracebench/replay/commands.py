@@ -88,6 +88,13 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                    "seconds). requests.jsonl stays on the run clock (t_arrival = arrival_s/K); run.json records "
                    "\"speed\": K, and `tracebench report` shows such a run in simulated seconds (the simulators' time x K, "
                    "tracebench's own host time as measured). The progress line shows simulated units too.")
+@click.option("--sim-profile", default=None, metavar="NAME|PATH",
+              help="--backend sim: the simulators' timing profile (sim-server --profile): llama-2-7b-h200-triton, "
+                   "llama-2-7b-h100-triton, or a profile JSON file. run.json and the report name it. "
+                   "[default: llama-2-7b-h200-triton]")
+@click.option("--sim-gpu", default=None, metavar="NAME",
+              help="--backend sim: choose the profile by the GPU it stands in for (sim-server --gpu), e.g. H100 or "
+                   "the accelerator a real run recorded (run.json servers[].accelerator).")
 @click.option("--run-name", default=None, metavar="NAME",
               help="Run folder name. [default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>, with -2, -3, ... when "
                    "that folder exists (two replays started in the same second); no <policy>- for one server without "
@@ -176,6 +183,7 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
            max_running_requests: int | None, max_concurrency: int | None, cap_schedule: str | None,
            control_port: int | None, model: str | None,
            vocab_size: int | None, server_args: tuple[str, ...], port_base: int | None, speed: float | None,
+           sim_profile: str | None, sim_gpu: str | None,
            run_name: str | None, out_dir: Path, timeout: float | None, stall_timeout: float | None, stream: bool,
            api: str, seed: int, sjf_key: str | None, poll_interval: float, metrics_interval: float,
            startup_timeout: float | None, flush_cache: bool, quiet: bool, router: str, router_policy: str | None,
@@ -221,6 +229,7 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
         attach=attach, mode=mode, batch_size=batch_size, batch_timeout=batch_timeout,
         max_running_requests=max_running_requests, max_concurrency=max_concurrency, cap_schedule=cap_schedule, control_port=control_port,
         model=model, vocab_size=vocab_size, server_args=server_args, port_base=port_base, speed=speed,
+        sim_profile=sim_profile, sim_gpu=sim_gpu,
         run_name=run_name, out_dir=out_dir, timeout=timeout, stall_timeout=stall_timeout, stream=stream, api=api,
         seed=seed, sjf_key=sjf_key,
         poll_interval=poll_interval, metrics_interval=metrics_interval, startup_timeout=startup_timeout,

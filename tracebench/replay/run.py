@@ -88,6 +88,8 @@ class ReplayConfig:
     server_args: tuple[str, ...] = ()
     port_base: int | None = None
     speed: float | None = None
+    sim_profile: str | None = None  # --backend sim: the simulators' --profile / --gpu (tracebench/sim/catalog.py)
+    sim_gpu: str | None = None
     run_name: str | None = None
     out_dir: Path = Path("reports")
     timeout: float | None = None
@@ -196,6 +198,9 @@ class ReplayConfig:
             if "key" in keys:
                 refuse("--sjf-key and --policy-opt key=... say the same thing: give one")
             cfg = dataclasses.replace(cfg, policy_options=(*self.policy_options, ("key", self.sjf_key)))
+        if ("sim_profile" in given or "sim_gpu" in given) and (self.attach or self.attach_prefill
+                                                               or (self.backend or "sglang") != "sim"):
+            refuse("--sim-profile and --sim-gpu choose the timing of servers launched with --backend sim")
         if self.attach_prefill:   # PD servers attached (check_pd_config checked the lists)
             for name, key in (("--backend", "backend"), ("--port-base", "port_base"), ("--speed", "speed"),
                               ("--server-arg", "server_args"), ("--startup-timeout", "startup_timeout")):
@@ -363,11 +368,17 @@ def plan_servers(cfg: ReplayConfig, run_dir: Path, vocab: int | None, cap_change
         for plan in plans:
             plan.role = "prefill" if plan.index < len(cfg.attach_prefill) else "decode"
         return plans
+    user_args = split_server_args(cfg.server_args)
+    if cfg.backend == "sim" and any(word.split("=", 1)[0] in ("--profile", "--gpu") for word in user_args):
+        raise ConfigError("--server-arg --profile/--gpu: give the simulators' profile with --sim-profile or --sim-gpu "
+                          "(run.json records it)")
     sim_args = ["--vocab-size", str(vocab)] if cfg.backend == "sim" and vocab is not None else []
+    sim_args += ["--profile", cfg.sim_profile] if cfg.sim_profile is not None else []
+    sim_args += ["--gpu", cfg.sim_gpu] if cfg.sim_gpu is not None else []
     plans = plan_launched(
         cfg.backend, cfg.num_servers, cfg.port_base, run_dir, model=cfg.model,  # type: ignore[arg-type]
         max_running_requests=launch_cap(cfg.max_running_requests, cap_changes),
-        server_args=[*split_server_args(cfg.server_args), *sim_args], speed=cfg.speed,
+        server_args=[*user_args, *sim_args], speed=cfg.speed,
         skip_tokenizer_init=cfg.api == "generate",
     )
     if cfg.is_pd:
@@ -507,6 +518,9 @@ class Replay:
             "vocab_size": self.vocab,
             "servers": servers,
             "gpu_names": sorted({a for a in self.accelerators if a}) if self.cfg.backend != "sim" else [],
+            # the simulators' timing profiles (launched or attached), as their /server_info names them
+            "sim_profiles": sorted({i["tracebench_sim"]["profile"] for i in self.server_info
+                                    if isinstance(i, dict) and isinstance(i.get("tracebench_sim"), dict)}),
             "control_url": self.control_url if self.external is None else None,
             # behind sglang-router there is no router cap (--max-running-requests is then the servers' own)
             "external_router": self.external.describe() if self.external is not None else None,

@@ -34,8 +34,12 @@ def check_can_listen(host: str, port: int) -> None:
 @click.command("sim-server")
 @click.option("--port", type=INT, required=True, help="TCP port to listen on.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--profile", "profile_name", default="llama-2-7b-h200-triton", show_default=True,
-              help="Timing profile: a name in tracebench/sim/profiles/ or a path to a profile JSON file.")
+@click.option("--profile", "profile_name", default=None,
+              help="Timing profile: a name in tracebench/sim/profiles/ (llama-2-7b-h200-triton, "
+                   "llama-2-7b-h100-triton) or a path to a profile JSON file. [default: llama-2-7b-h200-triton]")
+@click.option("--gpu", default=None, metavar="NAME",
+              help="Choose the profile by the GPU it stands in for instead: the built-in profile whose accelerator "
+                   "has every word of NAME (H100 -> llama-2-7b-h100-triton, H200 -> llama-2-7b-h200-triton).")
 @click.option("--speed", type=FINITE, default=1.0, show_default=True,
               help="Run K times faster than the GPU would: every duration is divided by K (stamps stay wall-clock); "
                    "0.001 <= K <= 1000000.")
@@ -86,7 +90,7 @@ def check_can_listen(host: str, port: int) -> None:
                    "llama-2-7b: 32 layers x 32 KV heads x 128 x K,V x 2 bytes) goes over it in "
                    "bytes / bandwidth (divided by --speed), one transfer at a time. PROVISIONAL default, not "
                    "measured yet (bench/gpu/pd.sh measures it on two GPUs).")
-def sim_server(port: int, host: str, profile_name: str, speed: float, max_running_requests: int | None,
+def sim_server(port: int, host: str, profile_name: str | None, gpu: str | None, speed: float, max_running_requests: int | None,
                max_total_tokens: int | None, context_length: int, chunked_prefill_size: int, startup_delay: float,
                seed: int, vocab_size: int, crash_on_bad_token: bool, enable_metrics: bool,
                disable_overlap_schedule: bool, disable_radix_cache: bool, skip_tokenizer_init: bool,
@@ -102,7 +106,7 @@ def sim_server(port: int, host: str, profile_name: str, speed: float, max_runnin
     address of this machine (said before anything starts).
     """
     from tracebench.sim.args import SimArgs
-    from tracebench.sim.model import load_profile
+    from tracebench.sim.catalog import resolve_profile
     from tracebench.sim.server import serve
 
     if not 0 < port < 65536:
@@ -127,7 +131,7 @@ def sim_server(port: int, host: str, profile_name: str, speed: float, max_runnin
         raise ConfigError("Prefill server does not support 'fake' as the transfer backend")
     if disaggregation_mode == "prefill" and disaggregation_bootstrap_port == port:
         raise ConfigError(f"--disaggregation-bootstrap-port {port} is the server's own --port: give another")
-    profile = load_profile(profile_name)
+    profile = resolve_profile(profile_name, gpu)
     check_can_listen(host, port)
     serve(SimArgs(host=host, port=port, profile=profile, speed=speed, max_running_requests=max_running_requests,
                   max_total_tokens=max_total_tokens, context_length=context_length,

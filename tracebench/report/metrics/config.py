@@ -76,6 +76,16 @@ def simulated_accelerators(meta: dict[str, Any]) -> list[str]:
     return names
 
 
+def sim_profiles(meta: dict[str, Any]) -> list[str]:
+    """The timing profiles of a run's simulated servers, as their /server_info named them ([] for real servers)."""
+    names = set()
+    for server in meta["servers"]:
+        sim = (server.get("server_info") or {}).get("tracebench_sim")
+        if isinstance(sim, dict) and sim.get("profile") is not None:
+            names.add(str(sim["profile"]))
+    return sorted(names)
+
+
 def attached_sim_speeds(meta: dict[str, Any]) -> list[float]:
     """The --speed of attached simulators running faster or slower than real time (their times are then not
     simulated seconds: an attached run is not compressed). Empty for launched simulators and real servers."""
@@ -117,6 +127,7 @@ def config_of(meta: dict[str, Any]) -> dict[str, str]:
         "gpus": ",".join(_show(s["gpu"]) for s in servers),
         "gpu model": (", ".join(f"{name} (simulated)" for name in simulated) if simulated
                       else ", ".join(sorted(set(meta["gpu_names"]))) or "-"),
+        "sim profile": ", ".join(sim_profiles(meta)) or "-",
         "caps": _show(initial[0]) if initial and all(c == initial[0] for c in initial) else _show(initial),
         # --max-concurrency: the client's gate (absent from runs recorded before it: they had none)
         "max concurrency": _show(meta.get("max_concurrency")),
