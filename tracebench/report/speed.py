@@ -29,8 +29,11 @@ A record without the simulator's stamps (refused, timed out or cancelled before 
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 SERVER_SPAN = ("server_forward_entry", "server_prefill_finished", "server_finished")
@@ -79,9 +82,17 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     # a slot (simulated time, like a capped dispatch)
     admitted = (released + (c("t_admitted") - c("t_released")) if meta.get("max_concurrency") is None
                 else pl.when(c("t_admitted").is_not_null()).then(pl.max_horizontal(released, c("t_admitted") * k)))
-    # with a cap a request is dispatched when another one's slot frees: K x its run-clock dispatch keeps it after
-    # that finish on the simulated timeline too (which keeps host time out of the finish, so it only comes earlier)
-    dispatch = released + (c("t_dispatch") - c("t_released")) if host_wait else c("t_dispatch") * k
+    if host_wait:
+        dispatch = released + (c("t_dispatch") - c("t_released"))
+    elif meta["mode"] == "continuous":
+        # with a cap (or the client gate) a request is dispatched at its release or admission, or when a slot frees:
+        # after the event that let it go (simulated time) by the router's own host time
+        admitted_sim = requests.select(admitted.alias("v"))["v"].to_numpy()
+        requests = requests.with_columns(pl.Series("_dispatch_sim", capped_dispatch(requests, meta, k, admitted_sim)))
+        dispatch = c("_dispatch_sim")
+    else:
+        # static batches: K x the run-clock dispatch keeps it after the finish that completed the previous batch
+        dispatch = c("t_dispatch") * k
     received = dispatch + (c("server_received") - c("t_dispatch"))
 
     def inside(name: str) -> pl.Expr:  # a simulator stamp: its model clock, K times compressed
@@ -111,5 +122,55 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
         *durations,
     ]
     how = ("simulator time x{k:g}, host time as measured (release lag, HTTP hops{wait})"
-           .format(k=k, wait=", router wait" if host_wait else ""))
-    return requests.with_columns(columns), how
+           .format(k=k, wait=", router wait" if host_wait else (
+               ", the router's dispatch after the release or freed slot it waited for"
+               if meta["mode"] == "continuous" else "")))
+    return requests.with_columns(columns).drop("_dispatch_sim", strict=False), how
+
+
+def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admitted_sim: np.ndarray) -> np.ndarray:
+    """Each request's dispatch in simulated seconds, for a continuous run with caps: the router sends a request when
+    it is released or when a slot frees (a request finishes, or a cap changes), at once. So the dispatch is the last
+    such event before it, on the simulated timeline, plus the host time since (run clock): the release at
+    K * t_arrival + release lag, a finish as that request's own converted finish (which needs its dispatch: requests
+    are taken in dispatch order, and whatever finished before a dispatch was dispatched before it), a cap change at
+    K * t; and its admission through the client gate (`admitted_sim`, already converted; without the gate, the
+    release). The latest of the candidates, so the dispatch never comes before the release or admission it followed
+    nor before the finish it waited for. K * t_dispatch instead would count the router's host time K times
+    (docs/report.md)."""
+    t_arr = requests["t_arrival"].to_numpy()
+    t_rel = requests["t_released"].to_numpy()
+    t_adm = requests["t_admitted"].to_numpy()
+    t_dis = requests["t_dispatch"].to_numpy()
+    t_fin = requests["t_finish"].to_numpy()
+    s_rec = requests["server_received"].to_numpy()
+    s_fin = requests["server_finished"].to_numpy()
+    changes = sorted(float(change["t"]) for change in meta["caps"]["changes"])
+    out = np.full(t_dis.shape, np.nan)
+    pending: list[tuple[float, float]] = []   # (run-clock finish, simulated finish) of requests taken so far
+    last_run = last_sim = -np.inf              # the latest finish at or before the current dispatch, and the latest
+    #                                            simulated finish among those (dispatches come in ascending order)
+    for i in np.argsort(np.where(np.isnan(t_dis), np.inf, t_dis), kind="stable"):
+        d = t_dis[i]
+        if np.isnan(d):
+            break   # never dispatched (and everything after it in this order)
+        while pending and pending[0][0] <= d:
+            run, sim = heapq.heappop(pending)
+            last_run, last_sim = max(last_run, run), max(last_sim, sim)
+        candidates = [k * t_arr[i] + (t_rel[i] - t_arr[i]) + (d - t_rel[i])]
+        if not (np.isnan(admitted_sim[i]) or np.isnan(t_adm[i])):
+            candidates.append(admitted_sim[i] + (d - t_adm[i]))
+        if last_run > -np.inf:
+            candidates.append(last_sim + (d - last_run))
+        c = bisect.bisect_right(changes, d)
+        if c:
+            candidates.append(k * changes[c - 1] + (d - changes[c - 1]))
+        out[i] = dispatch = max(candidates)
+        if not np.isnan(t_fin[i]):   # its finish (or failure) frees its slot
+            if not (np.isnan(s_rec[i]) or np.isnan(s_fin[i])):
+                finish = dispatch + (s_rec[i] - d) + (s_fin[i] - s_rec[i]) * k + (t_fin[i] - s_fin[i])
+            else:   # no simulator stamps: K x after dispatch, like the other fallbacks
+                finish = dispatch + (t_fin[i] - d) * k
+            heapq.heappush(pending, (float(t_fin[i]), float(finish)))
+    return out
+
