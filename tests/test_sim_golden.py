@@ -26,7 +26,7 @@ MASKED = "<masked>"
 _MASK_KEYS = {"created", "timestamp", "ts_tic", "forward_entry_time", "prefill_finished_time", "queue_time",
               "e2e_latency", "decode_throughput", "request_received_ts", "api_server_dispatch_finish_ts",
               "request_finished_ts", "response_sent_to_client_ts", "decode_moments", "gen_throughput",
-              "last_gen_throughput", "port"}
+              "last_gen_throughput", "port", "tracebench_sim_lag"}
 _RANDOM_ID = re.compile(r"^[0-9a-f]{32}$")   # uuid4().hex: a request sent without rid
 
 
@@ -44,7 +44,8 @@ def _metrics_lines(text: str) -> list[str]:
     """The /metrics text, the latency sums and the throughput gauge masked."""
     out = []
     for line in text.splitlines():
-        if not line.startswith("#") and ("_sum{" in line or line.startswith("sglang:gen_throughput{")):
+        # tracebench's lag families follow the clock whole (how late the loop ran), not only their sums
+        if not line.startswith("#") and ("_sum{" in line or line.startswith(("sglang:gen_throughput{", "tracebench:"))):
             line = line.rsplit(" ", 1)[0] + " " + MASKED
         out.append(line)
     return out

@@ -60,6 +60,9 @@ class RequestRecord:
     # seconds the replay loop spent inside the policy (assign, on_complete) between this request's release and its
     # end: its latencies can be too long by up to this much (null: never released)
     policy_s: float | None = None
+    # a tracebench simulator's lag: how late it handed out this request's first token and its end against its
+    # model's schedule (the larger), wall seconds (meta_info tracebench_sim_lag); null for real sglang
+    sim_lag: float | None = None
 
 
 @dataclass(slots=True)

@@ -636,6 +636,7 @@ class Router:
         if queue_time is None and server.require_stamps:
             raise ServerProtocolError(f"{url}: meta_info.queue_time missing (the server runs with --enable-metrics), request {rec.id}")
         rec.server_queue_time = queue_time
+        rec.sim_lag = meta.get("tracebench_sim_lag")   # a tracebench simulator says how late it ran (sim/answers.py)
         from_wall = self.clock.from_wall
         for key, field in _STAMPS:
             stamp = meta.get(key)

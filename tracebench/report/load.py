@@ -45,17 +45,18 @@ REQUEST_COLUMNS = (
     "id", "input_len", "output_len", "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server",
     "batch", "status", "error", "completion_tokens", "prompt_tokens", "cached_tokens", "server_e2e_latency", "server_queue_time",
     "server_received", "server_forward_entry", "server_prefill_finished", "server_finished", "itl_max", "itl_hist",
-    "mismatch", "t_admitted", "policy_s",
+    "mismatch", "t_admitted", "policy_s", "sim_lag",
     *PD_COLUMNS,
 )
 INT_FIELDS = ("id", "input_len", "output_len", "server", "batch", "completion_tokens", "prompt_tokens", "cached_tokens",
               "prefill_server", "bootstrap_room")
 # columns the run format gained after its first runs: a run recorded before has none (read as null: not recorded)
-LATER_COLUMNS = frozenset({"cached_tokens", "itl_max", "itl_hist", "mismatch", "t_admitted", "policy_s", *PD_COLUMNS})
+LATER_COLUMNS = frozenset({"cached_tokens", "itl_max", "itl_hist", "mismatch", "t_admitted", "policy_s", "sim_lag",
+                           *PD_COLUMNS})
 FLOAT_FIELDS = (
     "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
     "server_e2e_latency", "server_queue_time", "server_received", "server_forward_entry",
-    "server_prefill_finished", "server_finished", "itl_max", "t_admitted", "policy_s", *PD_FLOAT_FIELDS,
+    "server_prefill_finished", "server_finished", "itl_max", "t_admitted", "policy_s", "sim_lag", *PD_FLOAT_FIELDS,
 )
 # itl_hist: inter-token gaps, "bucket:count,..." (tracebench/itl.py); mismatch: what differs from the trace, and why
 STR_FIELDS = ("status", "error", "itl_hist", "mismatch")

@@ -30,17 +30,27 @@ class Answers:
         self.args = args
         self.wall = wall
 
-    def with_text(self, ids: list[int], meta: dict) -> dict:
+    def with_text(self, ids: list[int], meta: dict, pend: Pending | None = None) -> dict:
         if self.args.skip_tokenizer_init:
             return {"output_ids": ids, "meta_info": meta}
-        return {"text": render_text(ids), "output_ids": ids, "meta_info": meta}
+        if pend is not None and len(ids) == len(pend.output_ids):
+            text = pend.text   # the rendering of every id drawn so far, grown as they are (not redone per chunk)
+        else:
+            text = render_text(ids)
+        return {"text": text, "output_ids": ids, "meta_info": meta}
 
     def ids(self, pend: Pending, n: int) -> list[int]:
-        """The first n output ids of `pend` (drawn once, from its seed, as they are first needed)."""
+        """The first n output ids of `pend` (drawn once, from its seed, as they are first needed; their text is
+        rendered as they are drawn)."""
         have = len(pend.output_ids)
         if n > have:
-            pend.output_ids.extend(token_ids(pend.ids_seed + have, n - have, self.args.vocab_size))
-        return pend.output_ids[:n]
+            new = token_ids(pend.ids_seed + have, n - have, self.args.vocab_size)
+            pend.output_ids.extend(new)
+            if not self.args.skip_tokenizer_init:
+                pend.text += render_text(new)
+        # the list itself when all of it is asked (the usual case: the answer is serialised before the next draw
+        # extends it), not a copy per chunk
+        return pend.output_ids if n == len(pend.output_ids) else pend.output_ids[:n]
 
     def meta_common(self, pend: Pending, completion_tokens: int, finish_reason: dict | None) -> dict:
         sim = pend.sim
@@ -68,7 +78,8 @@ class Answers:
         if pend.t_first_sent_wall == 0.0:
             pend.t_first_sent_wall = time.time()
             meta["response_sent_to_client_ts"] = pend.t_first_sent_wall
-        return self.with_text(ids, meta)
+            pend.lag = max(pend.lag, time.monotonic() - pend.t_first_token)   # the handler's own delay counts too
+        return self.with_text(ids, meta, pend)
 
     def final_out(self, pend: Pending, is_stream: bool) -> dict:
         """The finished request's output; the caller sets response_sent_to_client_ts (and counts it finished)."""
@@ -86,7 +97,14 @@ class Answers:
             decode_latency = pend.t_finished - pend.t_first_token
             if decode_latency > 0.0 and n > 1:
                 meta["decode_throughput"] = (n - 1) / decode_latency
-        return self.with_text(ids, meta)
+            if not is_stream:
+                meta["response_sent_to_client_ts"] = 0.0  # sglang appends it last; set by caller, before ours
+            # tracebench's own key (sglang has none): how late this server handed out the request's first token and
+            # its end against its model's schedule (the larger), wall seconds (engine._deliver, and the answer
+            # formatted now: loop.time()'s clock)
+            pend.lag = max(pend.lag, time.monotonic() - pend.t_finished)
+            meta["tracebench_sim_lag"] = pend.lag
+        return self.with_text(ids, meta, pend)
 
     def abort_out(self, rid: str, message: str, out_id: list[int], t_received: float, t_dispatched: float,
                   now: float) -> dict:

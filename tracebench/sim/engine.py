@@ -38,8 +38,10 @@ class Pending:
     t_finished: float = 0.0
     finished: bool = False
     t_first_sent_wall: float = 0.0
+    lag: float = 0.0                     # how late its first token and its end were handed out (the larger; loop s)
     event: asyncio.Event = field(default_factory=asyncio.Event)
     output_ids: list[int] = field(default_factory=list)
+    text: str = ""                       # the word-level rendering of output_ids (grown as they are drawn)
 
     @property
     def e2e(self) -> float:
@@ -155,14 +157,22 @@ class LiveEngine:
 
     def _deliver(self, produced: list[tuple[SimRequest, int]], finished: list[SimRequest], t_visible: float) -> None:
         """Hand a step's tokens to the HTTP layer. Stamps use the simulated time `t_visible` (not when this callback
-        happened to run), so they are exact model times even on a loaded machine; the answer is sent after it."""
+        happened to run), so they are exact model times even on a loaded machine; the answer is sent after it. How
+        late the callback ran is the engine's lag: the tokens reach the client that much later than the model says
+        (wall seconds; at --speed K up to K times as much simulated time). Every step's goes to /metrics; a request
+        keeps the lag of its first token and of its end (what its TTFT and total latency are made of; the faces add
+        their own delay in formatting them, answers.py)."""
         now = t_visible
+        late = max(0.0, asyncio.get_running_loop().time() - t_visible)
+        self.stats.on_lag(late)
         for req, count in produced:
             pend = self.pending.get(req)
             if pend is None:
                 continue  # aborted meanwhile
             if pend.visible == 0:
                 pend.t_first_token = now
+                if late > pend.lag:
+                    pend.lag = late
             pend.visible = count
             pend.event.set()
         for req in finished:
@@ -171,6 +181,8 @@ class LiveEngine:
                 continue
             pend.finished = True
             pend.t_finished = now
+            if late > pend.lag:
+                pend.lag = late
             pend.event.set()
 
 

@@ -17,6 +17,8 @@ DECODE_LOG_INTERVAL = 40       # sglang's decode_log_interval: gen_throughput is
 _TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
 _E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0,
                 600.0, 1200.0, 1800.0, 2400.0)
+# the engine's lag (tracebench's own family): how late a step's tokens were handed out against the model's plan
+_LAG_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 _QUEUE_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0,
                   40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0,
                   1000.0, 1200.0, 1400.0, 1600.0, 1800.0, 2000.0, 2500.0, 3000.0)
@@ -80,6 +82,8 @@ class SimStats:
         self.num_requests_total = {True: 0, False: 0}
         self.num_aborted_total = 0
         self.cache_hit_rate = 0.0        # sglang: the last prefill batch's, reset by the decode log
+        self.lag_hist = Histogram(_LAG_BUCKETS)
+        self.lag_max = 0.0
 
     def start(self, now: float) -> None:
         """The engine starts: the first gen_throughput window opens."""
@@ -111,6 +115,12 @@ class SimStats:
             self.ttft_hist[stream].observe(ttft)
         self.queue_hist.observe(sim.t_forward_entry - sim.t_ready)
 
+    def on_lag(self, late: float) -> None:
+        """A step's tokens were handed out `late` wall seconds after the model's plan."""
+        self.lag_hist.observe(late)
+        if late > self.lag_max:
+            self.lag_max = late
+
     def on_abort(self) -> None:
         self.num_aborted_total += 1
 
@@ -126,6 +136,7 @@ _LABELS = {
     "tokenizer": f'engine_type="unified",model_name="{MODEL_NAME}"',
     "device cache": f'cache_source="device",engine_type="unified",model_name="{MODEL_NAME}"',
     "scheduler": f'engine_type="unified",model_name="{MODEL_NAME}",moe_ep_rank="0",pp_rank="0",tp_rank="0"',
+    "sim": f'model_name="{MODEL_NAME}"',
 }
 
 
@@ -178,6 +189,12 @@ FAMILIES: tuple[Family, ...] = (
            "stream", lambda s, m: s.e2e_hist),
     Family("sglang:queue_time_seconds", "histogram", "Histogram of queueing time in seconds.", "scheduler",
            lambda s, m: s.queue_hist),
+    # tracebench's own (no sglang family): the simulator's event loop behind its model's schedule, wall seconds
+    Family("tracebench:sim_lag_seconds", "histogram",
+           "How late the simulator handed out a step's tokens against its model's schedule (wall seconds; at --speed "
+           "K a simulated time error of up to K times this).", "sim", lambda s, m: s.lag_hist),
+    Family("tracebench:sim_lag_max_seconds", "gauge", "The largest lag of tracebench:sim_lag_seconds so far.", "sim",
+           lambda s, m: s.lag_max),
 )
 
 

@@ -12,6 +12,7 @@ from tracebench.report.load import REQUEST_STATUSES, Run
 from tracebench.report.metrics.ci import bootstrap_ci, ratio_ci
 from tracebench.report.metrics.config import _show, attached_sim_speeds, diff_config, speed_warning
 from tracebench.report.metrics.definitions import LATENCY, LATENCY_STATS, PERCENTILES
+from tracebench.report.metrics.lag import FIGURES, LAG_BOUND, lag_warning
 from tracebench.report.metrics.schema import Delta, Report, Row, Section
 from tracebench.report.pd import STAGES
 from tracebench.report.metrics.series import _common_time_axis, _series
@@ -59,6 +60,9 @@ def _warnings(runs: list[Run], stats: list[_RunStats]) -> list[str]:
                 f"run '{run.label}' attached simulators running at --speed {'/'.join(_show(v) for v in sorted(set(speeds)))}: "
                 "the run itself was not compressed, so its server times are that many times shorter than simulated "
                 "seconds (use --backend sim --speed K for a compressed run)")
+    for st in stats:
+        if st.lag is not None and (lagging := lag_warning(st.summary.label, st.summary.speed, st.lag)) is not None:
+            warnings.append(lagging)
     for st in stats:
         if st.summary.speed is not None and st.summary.speed > 1 and st.latency_n["itl"]:
             warnings.append(
@@ -239,7 +243,34 @@ def pd_section(inp: _Inputs) -> Section | None:
     return Section("pd", "PD disaggregation: TTFT by stage (ms), KV transfer", rows)
 
 
-SECTIONS = (requests_section, throughput_section, latency_section, slo_section, cache_section, pd_section)
+def lag_section(inp: _Inputs) -> Section | None:
+    """Simulated runs: how late the host ran (metrics/lag.py) and the share of each latency figure that could account
+    for (simulated seconds; LAG_BOUND and up is warned about)."""
+    lags = [st.lag for st in inp.stats]
+    if all(lag is None for lag in lags):
+        return None
+    baseline = inp.baseline
+
+    def values(get: Any) -> list[float | None]:
+        return [None if lag is None else get(lag) for lag in lags]
+
+    rows = [
+        _row("lag", "sim_lag", "simulator lag (wall)", "p50", "s", "lower", values(lambda x: x.sim_p50), baseline),
+        _row("lag", "sim_lag", "simulator lag (wall)", "p99", "s", "lower", values(lambda x: x.sim_p99), baseline),
+        _row("lag", "could", "lag in simulated time (x speed)", "p50", "s", "lower", values(lambda x: x.could_p50),
+             baseline),
+        _row("lag", "could", "lag in simulated time (x speed)", "p99", "s", "lower", values(lambda x: x.could_p99),
+             baseline),
+    ]
+    for metric, stat, _ in FIGURES:
+        key = f"{metric} {stat}"
+        rows.append(_row("lag", f"share_{metric}", f"share of {metric} it could account for", stat, "fraction",
+                         "lower", values(lambda x, key=key: x.shares.get(key)), baseline))
+    return Section("lag", f"Host lag (simulated runs; warned past {LAG_BOUND:.0%})", rows)
+
+
+SECTIONS = (requests_section, throughput_section, latency_section, slo_section, cache_section, pd_section,
+            lag_section)
 
 
 def build_report(

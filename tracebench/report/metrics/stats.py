@@ -12,6 +12,7 @@ import polars as pl
 from tracebench.errors import ConfigError
 from tracebench.itl import bucket_value
 from tracebench.report.load import COMPLETED_STATUSES, REQUEST_STATUSES, Run
+from tracebench.report.metrics.lag import LagStats, lag_stats
 from tracebench.report.pd import PdRunStats, pd_stats
 from tracebench.report.metrics.config import backend_text
 from tracebench.report.metrics.definitions import (BALANCE_CV_MAX, LATENCY, LATENCY_STATS, PERCENTILES, SLO_KEYS,
@@ -96,6 +97,7 @@ class _RunStats:
     cache: CacheStats | None
     zero_gaps: float = 0.0  # fraction of the ITL gaps under 10 us (chunks read together)
     pd: PdRunStats | None = None  # a PD run's stages, transfers and pools (report/pd.py)
+    lag: LagStats | None = None  # a simulated run's lag and what it could account for (metrics/lag.py)
 
 
 def _mark(status: str) -> str | None:
@@ -358,4 +360,4 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
     loads, balance = _server_loads(run, kept, start, end)
     summary = _summary(run, kept, start, end, duration)
     return _RunStats(summary, kept, ok, counts, throughput, latency, latency_n, sorted_latency, slo_out, loads, balance,
-                     _cache_stats(run, ok), zero_gaps, pd_stats(run.meta, ok))
+                     _cache_stats(run, ok), zero_gaps, pd_stats(run.meta, ok), lag_stats(ok, run.speed))
