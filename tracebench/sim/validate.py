@@ -61,7 +61,8 @@ def parse_generate(obj: dict, stream: bool, args: SimArgs, rids_in_flight: set[s
         single = isinstance(input_ids[0], int)
         id_lists = [input_ids] if single else input_ids
         for ids in id_lists:
-            if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            # every element exactly an int (not a bool, a float or a list): one pass in C, not a generator per id
+            if not isinstance(ids, list) or (ids and set(map(type, ids)) != {int}):
                 raise BadRequest("input_ids must be a list of token ids or a list of such lists.")
         lengths = [len(ids) for ids in id_lists]
         token_lists = id_lists
