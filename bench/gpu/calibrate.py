@@ -167,7 +167,9 @@ async def main() -> None:
     parser.add_argument("--quick", action="store_true")
     opts = parser.parse_args()
     t0 = time.perf_counter()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+    # limit=0: every stream of a decode point at once (aiohttp's default connector holds at most 100 connections)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
         server = Server(session, opts.url.rstrip("/"))
         async with session.get(f"{server.url}/server_info") as resp:
             info = await resp.json()
@@ -176,6 +178,7 @@ async def main() -> None:
             "max_prefill_tokens", "schedule_policy", "mem_fraction_static", "attention_backend", "version")}}
         async with session.get(f"{server.url}/v1/loads") as resp:
             doc["accelerator"] = (await resp.json()).get("accelerator")
+        doc["client"] = {"max_streams": None}   # tracebench/sim/fit.py: no limit on streams at once
         await server.flush()
         await server.generate(ids(64, 7), 4)  # warm-up, not recorded
         doc["singles"] = [(await server.generate(ids(256, 900 + i), 16))["meta"] for i in range(3)]
