@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from sim_vs_real import figures  # noqa: E402
 
-from tracebench.report.load import load_run  # noqa: E402
+from tracebench.report.load import COMPLETED_STATUSES, load_run  # noqa: E402
 from tracebench.report.metrics.lag import LAG_BOUND, lag_stats  # noqa: E402
 
 KEYS = (("ttft", "p50"), ("ttft", "p99"), ("total", "p50"), ("total", "p99"))
@@ -108,7 +108,7 @@ def main() -> None:
         fig = figures(run)
         if speed == 1 and not hog:
             base = fig
-        ok = run.requests.filter(pl.col("status") == "ok")
+        ok = run.requests.filter(pl.col("status").is_in(COMPLETED_STATUSES))
         lag = lag_stats(ok, run.speed)
         release = ok.select((pl.col("t_released") - pl.col("t_arrival")).alias("v"))["v"].to_numpy()
         cells = [f"{speed:g}{' + hog' if hog else ''}", load]

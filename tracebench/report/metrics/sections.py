@@ -257,9 +257,9 @@ def lag_section(inp: _Inputs) -> Section | None:
     rows = [
         _row("lag", "sim_lag", "simulator lag (wall)", "p50", "s", "lower", values(lambda x: x.sim_p50), baseline),
         _row("lag", "sim_lag", "simulator lag (wall)", "p99", "s", "lower", values(lambda x: x.sim_p99), baseline),
-        _row("lag", "could", "lag in simulated time (x speed)", "p50", "s", "lower", values(lambda x: x.could_p50),
+        _row("lag", "could", "simulated time it could move", "p50", "s", "lower", values(lambda x: x.could_p50),
              baseline),
-        _row("lag", "could", "lag in simulated time (x speed)", "p99", "s", "lower", values(lambda x: x.could_p99),
+        _row("lag", "could", "simulated time it could move", "p99", "s", "lower", values(lambda x: x.could_p99),
              baseline),
     ]
     for metric, stat, _ in FIGURES:

@@ -1,0 +1,122 @@
+"""Which profile a simulator runs (by name or by GPU), and how late it runs (issues 19 part 3, 24): the choice in
+sim-server, replay and run.json; the lag in the answers, the records and the report; the capped dispatch of a sped-up
+run converted by the event it waited for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from conftest import run_cli
+from tracebench.errors import ConfigError
+from tracebench.replay.run import ReplayConfig
+from tracebench.report.metrics.lag import LAG_BOUND, lag_stats, lag_warning
+from tracebench.report.speed import to_simulated_times
+from tracebench.sim.catalog import profile_for_gpu, resolve_profile
+from test_sim_server import gen, get, post
+
+
+def test_profile_by_name_or_gpu() -> None:
+    assert resolve_profile(None, None).name == "llama-2-7b-h200-triton"
+    assert resolve_profile("llama-2-7b-h100-triton", None).accelerator == "NVIDIA H100 80GB HBM3"
+    for gpu in ("H100", "h100 80gb", "NVIDIA H100 80GB HBM3"):
+        assert profile_for_gpu(gpu).name == "llama-2-7b-h100-triton"
+    assert resolve_profile(None, "NVIDIA H200").name == "llama-2-7b-h200-triton"
+    with pytest.raises(ConfigError, match=r"--gpu 'A100': no built-in profile .*NVIDIA H100 80GB HBM3 \(llama-2-7b-h100"):
+        profile_for_gpu("A100")
+    with pytest.raises(ConfigError, match="2 built-in profiles"):
+        profile_for_gpu("nvidia")
+    with pytest.raises(ConfigError, match="give one"):
+        resolve_profile("llama-2-7b-h100-triton", "H100")
+
+
+def test_sim_profile_is_for_launched_simulators(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--sim-profile and --sim-gpu choose the timing of servers launched"):
+        ReplayConfig(trace=tmp_path / "t.jsonl", sim_gpu="H100", model="m").resolve()
+    with pytest.raises(ConfigError, match="--sim-profile and --sim-gpu"):
+        ReplayConfig(trace=tmp_path / "t.jsonl", sim_profile="x", attach=("http://127.0.0.1:1",)).resolve()
+
+
+def test_sim_server_gpu_h100_answers_as_one_and_says_how_late_it_ran(sim_server) -> None:
+    srv = sim_server("--gpu", "H100", "--speed", "20")
+    info = get(srv.url, "/server_info")
+    assert info["tracebench_sim"]["profile"] == "llama-2-7b-h100-triton"
+    assert info["max_total_num_tokens"] == 107675
+    assert get(srv.url, "/v1/loads")["accelerator"] == "NVIDIA H100 80GB HBM3"
+    meta = post(srv.url, gen(300, 20))["meta_info"]
+    assert list(meta)[-1] == "tracebench_sim_lag" and 0.0 <= meta["tracebench_sim_lag"] < 5.0
+    metrics = urlread(srv.url + "/metrics")
+    assert "tracebench:sim_lag_seconds_count" in metrics and "tracebench:sim_lag_max_seconds" in metrics
+    bad = run_cli("sim-server", "--port", "1", "--gpu", "A100")
+    assert bad.returncode == 2 and "no built-in profile" in bad.stderr
+
+
+def urlread(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read().decode()
+
+
+def test_replay_sim_gpu_records_the_profile_and_the_lag(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    assert run_cli("generate", "--rate", "40", "--num-requests", "12", "--seed", "0", "--input-len", "256",
+                   "--output-len", "16", "-o", str(trace)).returncode == 0
+    done = run_cli("replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", "10", "--sim-gpu", "H100",
+                   "--run-name", "h", "--out-dir", str(tmp_path), "--quiet")
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "h" / "run.json").read_text())
+    assert meta["sim_profiles"] == ["llama-2-7b-h100-triton"] and meta["options"]["sim_gpu"] == "H100"
+    lags = [json.loads(line)["sim_lag"] for line in (tmp_path / "h" / "requests.jsonl").read_text().splitlines()]
+    assert len(lags) == 12 and all(isinstance(x, float) and x >= 0 for x in lags)
+    done = run_cli("report", str(tmp_path / "h"), "--format", "json", "--bootstrap", "0")
+    assert done.returncode == 0, done.stderr
+    assert "llama-2-7b-h100-triton" in done.stdout and '"lag"' in done.stdout
+    refused = run_cli("replay", str(trace), "--backend", "sim", "--server-arg", "--profile x", "--run-name", "r",
+                      "--out-dir", str(tmp_path), "--quiet")
+    assert refused.returncode == 2 and "--sim-profile or --sim-gpu" in refused.stderr
+
+
+def test_lag_bound_and_warning() -> None:
+    n = 200
+    ok = pl.DataFrame({
+        "t_arrival": np.arange(n) * 0.1, "t_released": np.arange(n) * 0.1 + 0.001,
+        "t_dispatch": np.arange(n) * 0.1 + 0.002, "t_first_token": np.arange(n) * 0.1 + 0.052,
+        "t_finish": np.arange(n) * 0.1 + 1.002, "sim_lag": np.full(n, 0.002),
+    })
+    quiet = lag_stats(ok, None)   # speed 1: the simulators' own 2 ms against a 52 ms TTFT
+    assert quiet is not None and quiet.could_p50 == pytest.approx(0.002)
+    assert quiet.shares["ttft p50"] == pytest.approx(0.002 / 0.052, rel=0.01) and lag_warning("q", None, quiet) is None
+    fast = lag_stats(ok, 4.0)     # speed 4: 4 x 2 ms + 3 x 1 ms = 11 ms of simulated time
+    assert fast is not None and fast.could_p50 == pytest.approx(0.011)
+    assert fast.shares["ttft p50"] > LAG_BOUND and fast.shares["total p50"] < LAG_BOUND
+    warning = lag_warning("f", 4.0, fast)
+    assert warning is not None and "21% of TTFT p50" in warning and "rerun at a lower --speed" in warning
+    assert lag_stats(ok.with_columns(pl.lit(None, pl.Float64).alias("sim_lag")), 4.0) is None   # real sglang
+
+
+def test_capped_dispatch_counts_the_routers_host_time_once() -> None:
+    # speed 4, one server capped at 1: request 0 is dispatched at once; request 1 (released at 1.0 s) waits for request
+    # 0's slot, freed when request 0 finished (run clock 1.5005), and is dispatched 0.5 ms later
+    k = 4.0
+    stamps = {"server_received": [0.0012, 1.5017], "server_forward_entry": [0.0013, 1.5018],
+              "server_prefill_finished": [0.01, 1.51], "server_finished": [1.5, 2.0]}
+    requests = pl.DataFrame({
+        "t_arrival": [0.0, 1.0], "t_released": [0.0005, 1.0005], "t_admitted": [0.0005, 1.0005],
+        "t_dispatch": [0.001, 1.501], "t_first_token": [0.0112, 1.5112], "t_finish": [1.5005, 2.0005], "server": [0, 0],
+        "server_e2e_latency": [1.4988, 0.4983], "server_queue_time": [0.0, 0.0], "itl_max": [None, None],
+        **stamps,
+    }, schema_overrides={"itl_max": pl.Float64})
+    meta = {"mode": "continuous", "caps": {"initial": [1], "changes": []},
+            "servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002}}}]}
+    out, how = to_simulated_times(requests, meta, k)
+    t = out["t_dispatch"].to_list()
+    assert t[0] == pytest.approx(0.0 * k + 0.0005 + 0.0005)   # release + host, not K x 0.001
+    finish0 = out["t_finish"][0]
+    assert finish0 == pytest.approx(t[0] + 0.0002 + (1.5 - 0.0012) * k + 0.0005)
+    assert t[1] == pytest.approx(finish0 + 0.0005)               # the freed slot + the router's 0.5 ms
+    assert "freed slot" in how
