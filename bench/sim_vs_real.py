@@ -215,7 +215,7 @@ def sim_replay(real_dir: Path, trace: Path, out: Path, speed: float, sim_profile
     if speed != 1:
         args += ["--speed", f"{speed:g}"]
     print("$ " + " ".join(args[1:]), file=sys.stderr)
-    subprocess.run(args, check=True)
+    subprocess.run(args, check=True, stdout=sys.stderr)   # its run folder line: not part of the tables
     return out / meta["run_name"]
 
 
