@@ -94,6 +94,30 @@ def _raw_records(runs: Path, name: str) -> list[dict]:
         return [json.loads(line) for line in fh]
 
 
+def _capped_dispatch(records: list[dict], meta: dict, k: float) -> dict[int, float]:
+    """docs/report.md: a capped run's dispatch is the latest event before it (its release, a finish that freed a slot,
+    a cap change) on the simulated timeline plus the host time since; computed request by request in dispatch order."""
+    out: dict[int, float] = {}
+    finishes: list[tuple[float, float]] = []   # (run-clock finish, simulated finish) of the requests taken so far
+    changes = [c["t"] for c in meta["caps"]["changes"]]
+    for r in sorted((r for r in records if r["t_dispatch"] is not None), key=lambda r: r["t_dispatch"]):
+        d = r["t_dispatch"]
+        candidates = [r["t_arrival"] * k + (r["t_released"] - r["t_arrival"]) + (d - r["t_released"])]
+        done = [f for f in finishes if f[0] <= d]
+        if done:
+            candidates.append(max(sim for _, sim in done) + d - max(run for run, _ in done))
+        candidates += [k * t + d - t for t in changes if t <= d][-1:]
+        out[r["id"]] = dispatch = max(candidates)
+        if r["t_finish"] is not None:
+            if r["server_received"] is not None and r["server_finished"] is not None:
+                finish = (dispatch + r["server_received"] - d + (r["server_finished"] - r["server_received"]) * k
+                          + r["t_finish"] - r["server_finished"])
+            else:
+                finish = dispatch + (r["t_finish"] - d) * k
+            finishes.append((r["t_finish"], finish))
+    return out
+
+
 def _records(runs: Path, name: str) -> list[dict]:
     """requests.jsonl in simulated seconds, as docs/report.md defines it for a run at --speed K: the simulator's time
     (request_received_ts -> its other stamps) x K, tracebench's host time (release lag, the HTTP hops, the router
@@ -104,6 +128,7 @@ def _records(runs: Path, name: str) -> list[dict]:
     uncapped = meta["mode"] == "continuous" and all(c is None for c in meta["caps"]["initial"]) and not meta["caps"]["changes"]
     out_delay = [s["server_info"]["tracebench_sim"]["output_s"] for s in meta["servers"]]
     records = _raw_records(runs, name)
+    dispatch_sim = {} if uncapped else _capped_dispatch(records, meta, k)
     for r in records:
         raw = dict(r)
         r["t_arrival"] = raw["t_arrival"] * k
@@ -112,8 +137,8 @@ def _records(runs: Path, name: str) -> list[dict]:
         if raw["t_admitted"] is not None:  # without --max-concurrency admitted at the release: host time after it
             assert meta["max_concurrency"] is None
             r["t_admitted"] = r["t_released"] + (raw["t_admitted"] - raw["t_released"])
-        if raw["t_dispatch"] is not None:  # capped: waiting for a slot, dispatched at K x (after the slot's finish)
-            r["t_dispatch"] = (r["t_released"] + raw["t_dispatch"] - raw["t_released"]) if uncapped else raw["t_dispatch"] * k
+        if raw["t_dispatch"] is not None:  # capped: after the release or the finish that freed its slot, + host time
+            r["t_dispatch"] = (r["t_released"] + raw["t_dispatch"] - raw["t_released"]) if uncapped else dispatch_sim[r["id"]]
         for field in ("server_e2e_latency", "server_queue_time", "itl_max"):
             if raw[field] is not None:
                 r[field] = raw[field] * k

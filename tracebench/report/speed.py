@@ -88,7 +88,9 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
         # with a cap (or the client gate) a request is dispatched at its release or admission, or when a slot frees:
         # after the event that let it go (simulated time) by the router's own host time
         admitted_sim = requests.select(admitted.alias("v"))["v"].to_numpy()
-        requests = requests.with_columns(pl.Series("_dispatch_sim", capped_dispatch(requests, meta, k, admitted_sim)))
+        # (never dispatched: NaN from numpy, null here, like the t_dispatch it stands for)
+        requests = requests.with_columns(
+            pl.Series("_dispatch_sim", capped_dispatch(requests, meta, k, admitted_sim)).fill_nan(None))
         dispatch = c("_dispatch_sim")
     else:
         # static batches: K x the run-clock dispatch keeps it after the finish that completed the previous batch
