@@ -1,54 +1,28 @@
 """Fit a sim-server timing profile to sglang measurements of one GPU and print the error per calibration point.
 
-    python -m tracebench.sim.fit --calibration tests/data/sglang-0.5.17/calibration-h100.json \
+    python -m tracebench.sim.fit --calibration tests/data/sglang-0.5.17/calibration-h100.json.xz \
         --routing-runs reports/examples/h100-sim-vs-real/fit --name llama-2-7b-h100-triton [--write PATH]
     python -m tracebench.sim.fit --sglang-dir tests/data/sglang-0.5.17 \
         --routing-runs reports/examples/h200x2-routing --name llama-2-7b-h200-triton [--write PATH]
 
-Inputs (what real sglang 0.5.17 measured):
-- a calibration document, GPU-neutral: what `bench/gpu/calibrate.py` writes for one server (`--calibration FILE`), or
-  the same document assembled from the H200 captures of `tests/data/sglang-0.5.17/` (`--sglang-dir`: calibration.json,
-  prefix-cache-h200.json and api_capture.json, made before calibrate.py existed; see `h200_calibration`). Its parts:
-  - `prefill`: one request at a time, 1 output token; `prefill` = prefill_finished - forward_entry.
-  - `prefix`: requests sent one at a time with and without a cached prefix (the sequential series A, B, C, D and the
-    Mooncake blocks F; not the burst E, whose stamps span batches): prefill steps of `prompt - cached` new tokens
-    after `cached` ones.
-  - `decode`: B concurrent streams of 512 in / 128 out; ITL, TTFT, e2e percentiles. A point is used only where B
-    streams really ran at once: B <= the client's stream limit (`max_streams`) and B * 640 tokens within the KV pool.
-  - `singles`: the meta_info of single /generate answers, for the per-request stamps (received -> queued,
-    -> dispatched).
-  - `server_info.max_total_num_tokens` (the KV pool on this GPU) and `accelerator` (what /v1/loads names).
-- the run folders of real routing runs on the same GPU (`--routing-runs`: a run folder or a folder of run folders,
-  every one replayed on real sglang; H200: `reports/examples/h200x2-routing/`, H100: the fit run of
-  `reports/examples/h100-sim-vs-real/fit/`): their per-request sglang stamps, used for the decode cost per KV token
-  `e` only.
+Inputs (real sglang 0.5.17 on one GPU model; docs/sim-server.md "Profiles" gives every parameter's source and error):
+- a calibration document in bench/gpu/calibrate.py's layout (`--calibration`), or the H200 captures assembled into one
+  (`--sglang-dir`, `h200_calibration`): `prefill` (one request at a time), `prefix` (the sequential prefix-cache series
+  A-D and the Mooncake blocks F), `decode` (B streams of 512 in / 128 out; a point is used only where B streams really
+  ran at once), `singles` (single answers' meta_info), `server_info`, `accelerator`;
+- real routing runs on the same GPU (`--routing-runs`: a run folder or a folder of them): the decode cost per KV token
+  `e`, the intake of an idle server, the plan lag, the prefill CUDA-graph buckets (their /server_info).
 
-The model (see model.Profile):
-- prefill step = max(min, a + b * padded(new_tokens) + q * sum over requests of (end^2 - start^2)), start = tokens
-  already in KV (a cached prefix or earlier chunks): short steps are launch-bound (a floor), long ones compute-bound
-  (linear GEMMs plus quadratic attention). sglang replays a prefill step as a CUDA graph whose GEMMs run at the
-  smallest captured token bucket >= new_tokens (the routing runs' /server_info cuda_graph_config.prefill.bs: 1024,
-  1280, ..., 4096; model.padded_tokens), so 2112 tokens cost as 2304 and 4087 as 4096. `min` is the median of the
-  short steps (<= 256 new tokens); a, b, q are least squares (relative error) on the compute-bound ones (>= 1024 new
-  tokens), from both series, one point per shape (cached, new) at its median time (so the 92 repeats of one Mooncake
-  shape do not outweigh the rest).
-- decode step = c + d * batch + e * kv_tokens. In the calibration every request has a context of 512..640 tokens
-  (mean 576 over the 128 decode steps), so batch and kv_tokens are collinear: the ITL medians pin c and the
-  per-request slope d + 576 e (least squares, relative error), not d and e apart. The routing runs split them: their
-  requests hold ~1,100 tokens of context each, at batch sizes 8..24. For each of their requests with at least
-  MIN_DECODE_TOKENS output tokens, on its server, the window prefill_finished -> finished holds (completion_tokens - 1)
-  decode steps plus the prefill steps of the batches that finished inside it; its mean decode step is (window - those
-  prefills, costed with the prefill fit above) / (completion_tokens - 1), at the window's mean batch size and mean KV
-  tokens (reconstructed exactly from every request's stamps on that server: a request decodes from its
-  prefill_finished to its finished stamp, holding input_len tokens plus its outputs so far, grown linearly). `e` is
-  the closed-form least squares (relative error, weighted by decode steps) of those means with c and d + 576 e held
-  to the calibration's values; d follows.
-- per-request overheads: received -> in the waiting queue (`queue_entry_s`) = received -> forward entry of the
-  routing runs' requests that found their server empty (the calibration's requests come right after each other, when
-  sglang's scheduler is still in its idle checks: on H100 3.1 ms instead of 1.0 ms); received -> dispatched from the
-  singles' stamps; token sampled -> visible to HTTP = server_e2e - prefill - queue_time - (the singles' received ->
-  queued) on the 1-token points (requests sent as closely as the singles); client overhead = client_e2e - server_e2e
-  (medians).
+The model (model.Profile): prefill step = max(min, a + b * padded(new) + q * sum(end^2 - start^2)), `min` the median
+of the steps of <= 256 new tokens, a, b, q least squares (relative error) on the steps of >= 1024 new tokens, one point
+per shape (cached, new) at its median, at the GEMMs' padded token count. Decode step = c + d * batch + e * kv_tokens:
+the decode sweep (context 512..640, mean 576) pins c and d + 576 e; `e` comes from the routing runs' decode windows
+(each request with >= MIN_DECODE_TOKENS outputs: its window prefill_finished -> finished minus the prefill batches
+inside it, over completion_tokens - 1 steps, at the window's mean batch and KV tokens, rebuilt from every request's
+stamps on its server), closed-form least squares with c and d + 576 e held. queue_entry_s: received -> forward entry of
+the routing runs' requests that found their server empty. plan_lag_s: over their requests that arrived while their
+server only decoded and were prefilled alone, mean wait = 1.5 T - R. dispatch_s, output_s, client_overhead_s: the
+singles' and the 1-token prefill points' stamps (medians).
 """
 
 from __future__ import annotations
