@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TEST_DATA = REPO / "tests" / "data"  # kept in the repo: every test runs on a fresh clone (tests/data/README.md)
 SGLANG_CAPTURES = TEST_DATA / "sglang-0.5.17"  # what real sglang 0.5.17 answered
-AZURE_CSV = TEST_DATA / "AzureLLMInferenceTrace_conv.csv"
+AZURE_CSV = TEST_DATA / "AzureLLMInferenceTrace_conv.csv.xz"
 
 
 def free_port(count: int = 1) -> int:

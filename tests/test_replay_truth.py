@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import lzma
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -29,7 +30,7 @@ from tracebench.sim.model import sglang_max_new_tokens
 from tracebench.trace.format import format_request_line, iter_requests, read_header, write_trace
 from tracebench.trace.lengths import clamp_to_context
 
-MOONCAKE = TEST_DATA / "mooncake_synthetic_trace_last1000.jsonl"
+MOONCAKE = TEST_DATA / "mooncake_synthetic_trace_last1000.jsonl.xz"
 # (input_len, output_len): the first two are past the rule (4094 for a 4096 context) and come back short
 CLIPPED = {(4089, 7): 5, (4000, 96): 94}
 FULL = [(4089, 5), (4000, 94), (300, 12)]
@@ -84,7 +85,7 @@ def test_answers_past_the_context_rule_are_mismatch_records(tmp_path: Path, sim_
             assert r["status"] == "ok" and r["completion_tokens"] == r["output_len"] and r["mismatch"] is None
         assert r["t_finish"] >= r["t_dispatch"] and (r["t_first_token"] is not None) == stream
     # the new fields come last in the record (older runs lack them: the report reads them as null)
-    assert list(records[0])[-3:] == ["mismatch", "t_admitted", "policy_s"]
+    assert list(records[0])[-4:] == ["mismatch", "t_admitted", "policy_s", "sim_lag"]
     assert run["counts"] == {"ok": 3, "mismatch": 2, "error": 0, "timeout": 0, "cancelled": 0, "not_sent": 0}
     assert "(ok 3, mismatch 2, error 0, timeout 0, cancelled 0, not_sent 0)" in result.stderr
     assert "  mismatch 2: completion_tokens != output_len: sglang clips max_new_tokens to context_len - 1" in result.stderr
@@ -210,7 +211,7 @@ def test_generate_and_importers_clamp_to_context_minus_two(tmp_path: Path) -> No
     # the Mooncake importer (prompts up to ~16k tokens in this slice)
     proc = run_cli("generate", "--dataset", str(MOONCAKE), "--keep-timestamps", "-o", str(tmp_path / "m.jsonl"))
     assert proc.returncode == 0, proc.stderr
-    rows = [json.loads(line) for line in MOONCAKE.read_text().splitlines()]
+    rows = [json.loads(line) for line in lzma.decompress(MOONCAKE.read_bytes()).decode().splitlines()]
     over = sum(1 for r in rows if r["input_length"] + r["output_length"] > 4094 or r["input_length"] > 4089)
     mooncake = list(iter_requests(tmp_path / "m.jsonl"))
     assert read_header(tmp_path / "m.jsonl").fields["clamped_requests"] == over > 0

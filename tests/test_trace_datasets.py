@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import lzma
 from datetime import datetime
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from tracebench.trace.format import iter_requests, read_header
 
 def _azure_rows() -> list[tuple[float, int, int]]:
     """The CSV read independently of tracebench: (seconds since the first row, context, generated)."""
-    with AZURE_CSV.open(newline="") as fh:
+    with lzma.open(AZURE_CSV, "rt", newline="") as fh:
         rows = list(csv.reader(fh))[1:]
     # 7 fractional digits: datetime takes 6; the 7th (100 ns) is below the trace's microsecond resolution
     times = [datetime.strptime(row[0][:26], "%Y-%m-%d %H:%M:%S.%f") for row in rows]
@@ -46,7 +47,7 @@ def test_azure_keep_timestamps_replays_the_csv_arrivals_and_lengths(tmp_path: Pa
     header = read_header(trace).fields
     assert header["source"] == {
         "path": str(AZURE_CSV), "format": "azure", "detected": True,
-        "sha256": hashlib.sha256(AZURE_CSV.read_bytes()).hexdigest(), "rows": 19366, "dropped_zero_tokens": 0,
+        "sha256": hashlib.sha256(lzma.decompress(AZURE_CSV.read_bytes())).hexdigest(), "rows": 19366, "dropped_zero_tokens": 0,
         "usable_rows": 19366,
     }
     assert header["clamped_requests"] == 0 and header["duration_s"] == requests[-1].arrival_s

@@ -3,6 +3,7 @@ brute force, hand-worked cases, the LRU model, and the Mooncake slice in tests/d
 
 from __future__ import annotations
 
+import lzma
 import random
 from collections import OrderedDict
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from conftest import TEST_DATA, run_cli
 from tracebench.trace.prefix import build_tree, lru_hit_tokens, reusable_per_request, reusable_tokens
 
-MOONCAKE_SLICE = TEST_DATA / "mooncake_synthetic_trace_last1000.jsonl"
+MOONCAKE_SLICE = TEST_DATA / "mooncake_synthetic_trace_last1000.jsonl.xz"
 
 
 def _tokens(blocks: list[int], input_len: int, block_size: int) -> tuple:
@@ -152,7 +153,7 @@ def test_lru_over_the_exact_budget_is_estimated_on_a_spatial_sample() -> None:
 
 
 def test_mooncake_slice_inspect_reports_the_ceiling(tmp_path: Path) -> None:
-    rows = [orjson.loads(line) for line in MOONCAKE_SLICE.read_bytes().splitlines()]
+    rows = [orjson.loads(line) for line in lzma.decompress(MOONCAKE_SLICE.read_bytes()).splitlines()]
     # the block-level leading-run rule, written plainly: the leading run of blocks an earlier request sent (a block
     # sent only partially before gives only those tokens), capped at input_len - 1 per request
     sent: dict[tuple, int] = {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import lzma
 import statistics
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ import aiohttp
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-MOONCAKE = REPO / "tests" / "data" / "mooncake_synthetic_trace_last1000.jsonl"
+MOONCAKE = REPO / "tests" / "data" / "mooncake_synthetic_trace_last1000.jsonl.xz"
 VOCAB_LOW, VOCAB_HIGH = 1000, 32000  # ids drawn in [1000, 32000): no special tokens, inside llama-2's vocabulary
 
 
@@ -141,7 +142,7 @@ async def prefix_series(server: Server, quick: bool) -> dict:
     res["E_burst_same_prefix"] = list(await asyncio.gather(*(one(shared + ids(64, 500 + i)) for i in range(8))))
     await server.flush()
     blocks: dict[int, list[int]] = {}
-    rows = [json.loads(line) for line in MOONCAKE.read_text().splitlines()[: 30 if quick else 120]]
+    rows = [json.loads(line) for line in lzma.decompress(MOONCAKE.read_bytes()).decode().splitlines()[: 30 if quick else 120]]
     seen: set[int] = set()
     expected, got = [], []
     for row in rows:

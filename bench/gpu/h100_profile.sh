@@ -12,7 +12,7 @@
 source bench/gpu/common.sh
 PORT0=${PORT0:-30100}; NODE_N=${NODE_N:-300}; NODE_RATE=${NODE_RATE:-3.1}
 ROUTING_N=${ROUTING_N:-400}; ROUTING_RATE=${ROUTING_RATE:-6.1}; FIT_N=${FIT_N:-720}; FIT_RATE=${FIT_RATE:-16}
-DATA=tests/data/mooncake_synthetic_trace_last1000.jsonl
+DATA=tests/data/mooncake_synthetic_trace_last1000.jsonl.xz
 NAME=h100
 RES=$RES_ROOT/$NAME; mkdir -p "$RES"
 pack() {
@@ -26,7 +26,7 @@ trap 'pack; ls -la "$PACK_TO"' EXIT
 MOON=(--dataset "$DATA" --dataset-format mooncake --in-order)
 $TB generate "${MOON[@]}" --rate "$NODE_RATE" --num-requests "$NODE_N" --seed 0 -o "$RES/mooncake-node.jsonl"
 $TB generate "${MOON[@]}" --rate "$ROUTING_RATE" --num-requests "$ROUTING_N" --seed 1 -o "$RES/mooncake-routing.jsonl"
-$TB generate --dataset tests/data/AzureLLMInferenceTrace_conv.csv --rate "$FIT_RATE" --num-requests "$FIT_N" --seed 0 \
+$TB generate --dataset tests/data/AzureLLMInferenceTrace_conv.csv.xz --rate "$FIT_RATE" --num-requests "$FIT_N" --seed 0 \
   -o "$RES/azure-fit.jsonl"
 PY=${TB% -m tracebench}
 t0=$SECONDS

@@ -21,7 +21,7 @@ source bench/gpu/common.sh
 STAGES=${STAGES:-"bw pd plain"}; BACKEND=${BACKEND:-mooncake_tcp}
 GROUPS_N=${GROUPS_N:-16}; PREFIX_LEN=${PREFIX_LEN:-1536}; QUESTION=${QUESTION:-256}; OUTPUT=${OUTPUT:-128}
 N=${N:-120}; RATE=${RATE:-2}
-MC_DATA=${MC_DATA:-tests/data/mooncake_synthetic_trace_last1000.jsonl}; MC_N=${MC_N:-50}; MC_RATE=${MC_RATE:-0.8}
+MC_DATA=${MC_DATA:-tests/data/mooncake_synthetic_trace_last1000.jsonl.xz}; MC_N=${MC_N:-50}; MC_RATE=${MC_RATE:-0.8}
 BW_N=${BW_N:-12}; BW_LEN=${BW_LEN:-2048}; BW_RATE=${BW_RATE:-0.5}   # 1 GiB each, 2 s apart: one transfer at a time down to 0.5 GiB/s
 PORT0=${PORT0:-30300}; BOOT_PORT=${BOOT_PORT:-30390}
 NAME=pd

@@ -15,7 +15,7 @@
 #   bash bench/gpu/prefix.sh                                               # 1 and 2
 #   SERVERS=2 GPU_OF="0 0" MEM_FRACTION=0.4 bash bench/gpu/prefix.sh      # + routing on two servers sharing GPU 0
 source bench/gpu/common.sh
-SEQ_N=${SEQ_N:-120}; SEQ_RATE=${SEQ_RATE:-1.5}; DATA=${DATA:-tests/data/mooncake_synthetic_trace_last1000.jsonl}
+SEQ_N=${SEQ_N:-120}; SEQ_RATE=${SEQ_RATE:-1.5}; DATA=${DATA:-tests/data/mooncake_synthetic_trace_last1000.jsonl.xz}
 GROUPS_N=${GROUPS_N:-64}; PREFIX_LEN=${PREFIX_LEN:-2048}; QUESTION=${QUESTION:-256}; OUTPUT=${OUTPUT:-64}
 N=${N:-600}; RATE=${RATE:-20}
 SERVERS=${SERVERS:-0}; GPU_OF=${GPU_OF:-}; MEM_FRACTION=${MEM_FRACTION:-0.4}; PORT0=${PORT0:-30200}

@@ -25,7 +25,7 @@ trap 'pack; ls -la "$PACK_TO"' EXIT
 if [ -n "$TRACE" ]; then
   cp "$TRACE" "$RES/trace.jsonl"
 else
-  $TB generate --dataset tests/data/AzureLLMInferenceTrace_conv.csv --rate "$RATE" --num-requests "$N" --seed 0 \
+  $TB generate --dataset tests/data/AzureLLMInferenceTrace_conv.csv.xz --rate "$RATE" --num-requests "$N" --seed 0 \
     -o "$RES/trace.jsonl"
 fi
 COMMON=(--max-running-requests "$CAP" --out-dir "$RES" --quiet)

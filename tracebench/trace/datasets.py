@@ -16,6 +16,7 @@ Everything else that is wrong is a DatasetError naming file, line and field.
 from __future__ import annotations
 
 import hashlib
+import lzma
 import math
 import os
 import re
@@ -71,15 +72,24 @@ class Dataset:
 
 
 def _read_bytes(path: Path) -> bytes:
+    """The dataset's bytes; a `.xz` file is decompressed (its sha256 is then the content's, as the plain file's)."""
     try:
-        return path.read_bytes()
+        data = path.read_bytes()
     except OSError as err:
         raise DatasetError(path, None, None, f"cannot read: {err.strerror or err}") from None
+    if path.suffix != ".xz":
+        return data
+    try:
+        return lzma.decompress(data, format=lzma.FORMAT_XZ)
+    except lzma.LZMAError as err:
+        raise DatasetError(path, None, None, f"not a valid .xz file ({err})") from None
 
 
 def detect_format(path: str | os.PathLike[str]) -> str:
     """azure, mooncake or tracebench, from the first line of the file."""
     path = Path(path)
+    if path.suffix == ".xz":
+        return _detect(path, _read_bytes(path).split(b"\n", 1)[0])
     try:
         with path.open("rb") as fh:
             first = fh.readline()
@@ -282,6 +292,8 @@ def _load_mooncake(path: Path, data: bytes) -> Dataset:
 
 
 def _load_tracebench(path: Path) -> Dataset:
+    if path.suffix == ".xz":  # a trace is read as it is replayed, from the file itself
+        raise DatasetError(path, None, None, "a tracebench trace compressed with xz: decompress it first (xz -dk FILE)")
     times: list[float] = []
     inputs: list[int] = []
     outputs: list[int] = []
