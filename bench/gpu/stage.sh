@@ -8,6 +8,7 @@
 #   mooncake-cuda13-0.3.14.tar.xz      the same of mooncake-transfer-engine-cuda13 0.3.14 (libcudart.so.13: the
 #                                      image's torch is cu130)
 #   sglang-router-0.3.2.tar.xz         the sglang-router 0.3.2 wheel, unpacked (its deps are in the overlay/image)
+#   py_spy-0.4.3-*.whl                 (optional) the sampling profiler bench/gpu/overhead.sh uses: into /opt/pyspy
 # Keeps the first mooncake that imports and makes a TransferEngine as /opt/pd/mooncake; writes /opt/pd/staged.
 set -euo pipefail
 S=${STAGE_DIR:-.stage}
@@ -32,5 +33,9 @@ for v in cu13 cu12; do
 done
 [ -e /opt/pd/mooncake ] || { echo "stage.sh: neither mooncake build imports here: PD cannot run (see above)"; exit 1; }
 PYTHONPATH=/opt/pd/router python3 -c "import sglang_router, importlib.metadata as m; print('sglang-router', m.version('sglang-router'))"
+if ls "$S"/py_spy-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /opt/pyspy "$S"/py_spy-*.whl
+  /opt/pyspy/bin/py-spy --version
+fi
 echo "$(readlink /opt/pd/mooncake)" > /opt/pd/staged
 echo "staged in $((SECONDS - t0)) s; next call within 30 s: bash bench/gpu/pd.sh"
