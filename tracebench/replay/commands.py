@@ -3,12 +3,19 @@ module): the replay machinery (aiohttp, numpy) is imported inside the commands."
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from tracebench.errors import ConfigError
 from tracebench.options import FINITE, INT, SEED
+
+if TYPE_CHECKING:
+    from tracebench.replay.run import ReplayConfig
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -21,175 +28,205 @@ def _policy_opts(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
+    "policy": click.option("--policy", default="random", show_default=True,
+        help="Routing policy: a built-in (`tracebench policies`), path/to/file.py:ClassName, or NAME for "
+             "policies/NAME.py."),
+    "policy_opts": click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
+        help="An option of the policy (repeatable); `tracebench policies` lists what each accepts."),
+    "gpus": click.option("--gpus", type=INT, default=None,
+        help="Launch N servers, one per GPU (CUDA_VISIBLE_DEVICES=i, port base+i). [default: 1]"),
+    "backend": click.option("--backend", type=click.Choice(["sglang", "sim"]), default=None,
+        help="What to launch: real sglang (`python -m sglang.launch_server`, needs --model) or tracebench's "
+             "simulated server (`tracebench sim-server`: a simulated N-GPU cluster). [default: sglang]"),
+    "attach": click.option("--attach", multiple=True, metavar="URL",
+        help="Use a running server instead of launching (repeatable: one per server), e.g. "
+             "http://127.0.0.1:30000. Needs --vocab-size or --model unless the server is a tracebench simulator "
+             "(the run records it as simulated; for a compressed run use --backend sim --speed K)."),
+    "mode": click.option("--mode", type=click.Choice(["continuous", "static"]), default="continuous", show_default=True,
+        help="continuous: each request is sent at its arrival time. static: static batching, a server gets "
+             "its next batch of --batch-size only after every request of the previous one finished."),
+    "batch_size": click.option("--batch-size", type=INT, default=None, help="Static mode: requests per batch."),
+    "batch_timeout": click.option("--batch-timeout", type=FINITE, default=None, metavar="S",
+        help="Static mode: a partial batch goes S seconds after its first request arrived (trace seconds: "
+             "S/K run seconds at --speed K). [default: it waits until full, or until the trace has nothing "
+             "more to release]"),
+    "max_running_requests": click.option("--max-running-requests", type=INT, default=None, metavar="N",
+        help="Per-server cap at tracebench's router (at most N in flight per server). The servers "
+             "tracebench launches get --max-running-requests max(N, every cap of --cap-schedule): sglang "
+             "cannot raise it after launch. A cap raised through the control endpoint above that launch value "
+             "is recorded as a cap_above_launch event in run.json (the server itself runs at most its launch "
+             "value; the rest wait in its own queue). With --router sglang-router it is only the launched "
+             "servers' own --max-running-requests (there is no router cap). [default: no cap]"),
+    "max_concurrency": click.option("--max-concurrency", type=INT, default=None, metavar="N",
+        help="The benchmark client's own limit (sglang bench_serving's --max-concurrency): at most N requests "
+             "in flight across the run, every policy, mode and router. A request released while N are "
+             "unfinished waits at the client, in arrival order, until one finishes; only then does it enter "
+             "the router queue (the policy never sees it before). Its wait is recorded (t_admitted - "
+             "t_released) and reported as the client wait. Not the servers' --max-running-requests, which "
+             "acts after it. [default: no limit]"),
+    "cap_schedule": click.option("--cap-schedule", default=None, metavar="SPEC",
+        help='Change caps during the run: "30s:8,60s:server1=2" (at 30 s every server\'s cap becomes 8, at '
+             "60 s server 1's becomes 2; times are trace seconds, i.e. run seconds unless --speed K divides "
+             "them by K; all=N means every server). With "
+             "--max-running-requests, launched servers get the largest of these caps at launch; a raise "
+             "through the control endpoint above it is recorded as a cap_above_launch event."),
+    "control_port": click.option("--control-port", type=INT, default=None, metavar="P",
+        help='Port of the localhost control endpoint: POST /cap {"server": i|"all", "max_running_requests": n}, '
+             "GET /caps. Printed at start. [default: a free port]"),
+    "model": click.option("--model", default=None, metavar="PATH",
+        help="Model folder for --backend sglang (--model-path); its config.json gives the vocabulary size of "
+             "the input ids (also usable with --attach). [default for --backend sglang: $TRACEBENCH_MODEL]"),
+    "vocab_size": click.option("--vocab-size", type=INT, default=None, metavar="V",
+        help="Vocabulary size for --attach (input ids stay below it), or for the simulator (passed to it)."),
+    "server_args": click.option("--server-arg", "server_args", multiple=True, metavar="ARG",
+        help='Extra argument(s) for each launched server, split like a shell (repeatable), e.g. '
+             '--server-arg "--load-format dummy --attention-backend triton". [default for --backend sglang: '
+             '$TRACEBENCH_SERVER_ARGS]'),
+    "port_base": click.option("--port-base", type=INT, default=None, metavar="PORT",
+        help="Launched server i listens on 127.0.0.1:PORT+i. [default: free ports, drawn at random from "
+             "20000-32000, so runs at the same time do not collide; run.json servers[].url says which]"),
+    "speed": click.option("--speed", type=FINITE, default=None, metavar="K",
+        help="--backend sim: compress the whole run K times (0.001 <= K <= 1000000). The simulated GPUs run K "
+             "times faster, request i "
+             "is released at arrival_s/K run seconds, and the other trace-time options (--cap-schedule times, "
+             "--batch-timeout, --timeout) are divided by K (--poll-interval and --startup-timeout stay run "
+             "seconds). requests.jsonl stays on the run clock (t_arrival = arrival_s/K); run.json records "
+             "\"speed\": K, and `tracebench report` shows such a run in simulated seconds (the simulators' time x K, "
+             "tracebench's own host time as measured). The progress line shows simulated units too."),
+    "sim_profile": click.option("--sim-profile", default=None, metavar="NAME|PATH",
+        help="--backend sim: the simulators' timing profile (sim-server --profile): llama-2-7b-h200-triton, "
+             "llama-2-7b-h100-triton, or a profile JSON file. run.json and the report name it. "
+             "[default: llama-2-7b-h200-triton]"),
+    "sim_gpu": click.option("--sim-gpu", default=None, metavar="NAME",
+        help="--backend sim: choose the profile by the GPU it stands in for (sim-server --gpu), e.g. H100 or "
+             "the accelerator a real run recorded (run.json servers[].accelerator)."),
+    "run_name": click.option("--run-name", default=None, metavar="NAME",
+        help="Run folder name. [default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>, with -2, -3, ... when "
+             "that folder exists (two replays started in the same second); no <policy>- for one server without "
+             "a cap, where it decides nothing]"),
+    "out_dir": click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("reports"),
+        show_default=True, help="Where run folders go."),
+    "timeout": click.option("--timeout", type=FINITE, default=None, metavar="S",
+        help="A request without a complete answer S seconds after dispatch is recorded as timeout (trace "
+             "seconds: S/K run seconds at --speed K). [default: no limit; the stall bound, --stall-timeout, "
+             "still applies]"),
+    "stall_timeout": click.option("--stall-timeout", type=FINITE, default=None, metavar="S",
+        help="The stall bound (trace seconds: S/K run seconds at --speed K). A streamed request that receives "
+             "nothing for S is recorded as timeout; a non-streamed one gets S plus the trace's longest output at "
+             "5 tokens/s in all; a server with requests in flight from which nothing came for S (no stream event, "
+             "no /v1/loads answer) is taken out of routing and its requests in flight recorded as timeout; a "
+             "policy that assigns nothing for S while servers have free slots fails the run. Requests waiting "
+             "in a server's own queue count as making no progress: raise it for overload studies without a "
+             "router cap. run.json stall says what was used. [default: from the trace: max(60 s, twice the "
+             "longest prompt at 1000 tokens/s); at least 5 s of run time]"),
+    "stream": click.option("--stream/--no-stream", default=True, show_default=True,
+        help="Stream answers (gives time to first token) or wait for whole answers."),
+    "api": click.option("--api", type=click.Choice(["generate", "completions", "chat"]), default="generate", show_default=True,
+        help="The HTTP API the requests speak. generate: sglang's POST /generate with input_ids. completions: "
+             "POST /v1/completions with the token ids as prompt (exact lengths). chat: POST "
+             "/v1/chat/completions, one user message of input_len words w<id> (exact lengths with the word-level "
+             "tokenizer: one word one token; records' prompt_tokens show any difference). The OpenAI APIs "
+             "need a server with a tokenizer: launched sglang gets no --skip-tokenizer-init then (put a "
+             "tokenizer in the model folder); their answers carry no meta_info, so server_* stamps stay null."),
+    "seed": click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the policy's random choices."),
+    "sjf_key": click.option("--sjf-key", type=click.Choice(["output", "input"]), default=None,
+        help="--policy sjf: order by output_len (its default) or input_len."),
+    "poll_interval": click.option("--poll-interval", type=FINITE, default=0.5, show_default=True, metavar="S",
+        help="Run seconds between /v1/loads polls (telemetry.jsonl; what policies see as the servers' "
+             "reports); not divided by --speed."),
+    "metrics_interval": click.option("--metrics-interval", type=FINITE, default=1.0, show_default=True, metavar="S",
+        help="Run seconds between two scrapes of each server's /metrics (sglang's Prometheus counters, gauges "
+             "and histograms) into server_metrics.jsonl, with each server's whole text at the start and end "
+             "(metrics-<i>-start.txt, -end.txt); 0: no scrape. Behind sglang-router the servers themselves "
+             "are scraped. Beside it, when nvidia-smi is on PATH (or TRACEBENCH_NVIDIA_SMI names it) and a "
+             "real server runs on this host, GPU utilisation, memory and power every second into gpu.jsonl."),
+    "startup_timeout": click.option("--startup-timeout", type=FINITE, default=None, metavar="S",
+        help="Seconds a launched server may take to answer /health 200. [default: 600 sglang, 30 sim]"),
+    "flush_cache": click.option("--flush-cache/--no-flush-cache", default=True, show_default=True,
+        help="Empty every server's prefix (radix) cache before the run starts (POST /flush_cache), so runs of "
+             "one trace start from the same cache state. A server that refuses (sglang does while requests "
+             "run or wait there) stops the run before it starts."),
+    "quiet": click.option("--quiet", is_flag=True, default=False, help="No progress line on stderr."),
+    "router": click.option("--router", type=click.Choice(["tracebench", "sglang-router"]), default="tracebench", show_default=True,
+        help="Who picks the server. tracebench: its own router and --policy. sglang-router: sglang's own "
+             "router (sglang-router 0.3.2, `pip install 'tracebench[router]'`), launched after the servers on "
+             "127.0.0.1 with --disable-retries --disable-circuit-breaker; every request is sent to it on "
+             "arrival (t_dispatch = sent to sglang-router) and it picks the server, so records have server "
+             "null and the per-server figures come from each server's /metrics counters (run.json "
+             "external_router). With it, --max-running-requests is only the launched servers' own cap "
+             "(sglang queues the rest), and --policy, --policy-opt, --sjf-key, --cap-schedule, --control-port "
+             "and --mode static are refused."),
+    "router_policy": click.option("--router-policy", type=click.Choice(["cache_aware", "round_robin", "random", "power_of_two"]),
+        default=None, help="--router sglang-router: its --policy. [default: cache_aware, its own default]"),
+    "router_args": click.option("--router-arg", "router_args", multiple=True, metavar="ARG",
+        help='--router sglang-router: extra argument(s) for it, split like a shell (repeatable), e.g. '
+             '--router-arg "--cache-threshold 0.5 --balance-abs-threshold 32". tracebench sets --host, --port, '
+             "--worker-urls, --policy, --prometheus-host/--prometheus-port, --log-level, --disable-retries "
+             "and --disable-circuit-breaker itself."),
+    "pd": click.option("--pd", default=None, metavar="P:D",
+        help="PD disaggregation: launch P prefill and D decode servers, one GPU each (sglang's "
+             "--disaggregation-mode prefill|decode, each prefill server with its own "
+             "--disaggregation-bootstrap-port; the transfer backend is sglang's default, mooncake, unless "
+             "--server-arg \"--disaggregation-transfer-backend mooncake_tcp\"). With --backend sim, simulated "
+             "PD servers. Each request goes to one prefill and one decode server (--prefill-policy, "
+             "--decode-policy), both sent the same body with bootstrap_host/port/room as sglang-router's PD "
+             "mode sends it; the answer is the decode server's stream (docs/pd.md)."),
+    "attach_prefill": click.option("--attach-prefill", multiple=True, metavar="URL",
+        help="PD: a running prefill server (repeatable); its bootstrap port is read from its /server_info."),
+    "attach_decode": click.option("--attach-decode", multiple=True, metavar="URL", help="PD: a running decode server (repeatable)."),
+    "prefill_policy": click.option("--prefill-policy", default=None,
+        help="PD: the prefill pool's policy (any --policy value; it sees only prefill servers). [default: --policy]"),
+    "decode_policy": click.option("--decode-policy", default=None,
+        help="PD: the decode pool's policy (it sees only decode servers). [default: --policy]"),
+    "prefill_policy_opts": click.option("--prefill-policy-opt", "prefill_policy_opts", multiple=True, metavar="KEY=VALUE",
+        help="PD: an option of the prefill pool's policy (repeatable)."),
+    "decode_policy_opts": click.option("--decode-policy-opt", "decode_policy_opts", multiple=True, metavar="KEY=VALUE",
+        help="PD: an option of the decode pool's policy (repeatable)."),
+}
+
+
+def replay_options(skip: Iterable[str] = (), replace: Mapping[str, Callable[[_F], _F]] | None = None) -> Callable[[_F], _F]:
+    """The options of `tracebench replay` as one decorator, so another command that runs replays (`tracebench sweep`)
+    takes the same options with the same help: `skip` leaves some out, `replace` gives one its own definition (same
+    parameter name). Options keep REPLAY_OPTIONS' order in --help."""
+    replace = dict(replace or {})
+    unknown = (set(skip) | set(replace)) - set(REPLAY_OPTIONS)
+    assert not unknown, f"not replay options: {sorted(unknown)}"
+
+    def apply(command: _F) -> _F:
+        for name, option in reversed(REPLAY_OPTIONS.items()):
+            if name not in skip:
+                command = replace.get(name, option)(command)
+        return command
+
+    return apply
+
+
+# click parameter -> ReplayConfig field, where the option gives KEY=VALUE pairs
+_PAIR_OPTIONS = {"policy_opts": "policy_options", "prefill_policy_opts": "prefill_policy_options",
+                 "decode_policy_opts": "decode_policy_options"}
+
+
+def replay_config(ctx: click.Context, trace: Path, options: Mapping[str, Any]) -> ReplayConfig:
+    """The ReplayConfig of the parsed replay options (`options`: click parameter name -> value, as replay_options
+    defines them; a name ReplayConfig does not know is a TypeError: a bug)."""
+    from tracebench.replay.run import ReplayConfig
+
+    values = dict(options)
+    if values["router"] != "tracebench" and ctx.get_parameter_source("policy") is not click.core.ParameterSource.DEFAULT:
+        raise ConfigError(f"--policy is tracebench's router; with --router {values['router']} give --router-policy")
+    for option, field in _PAIR_OPTIONS.items():
+        if option in values:
+            values[field] = _policy_opts(values.pop(option))
+    return ReplayConfig(trace=trace, **values)
+
+
 @click.command("replay")
 @click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--policy", default="random", show_default=True,
-              help="Routing policy: a built-in (`tracebench policies`), path/to/file.py:ClassName, or NAME for "
-                   "policies/NAME.py.")
-@click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
-              help="An option of the policy (repeatable); `tracebench policies` lists what each accepts.")
-@click.option("--gpus", type=INT, default=None,
-              help="Launch N servers, one per GPU (CUDA_VISIBLE_DEVICES=i, port base+i). [default: 1]")
-@click.option("--backend", type=click.Choice(["sglang", "sim"]), default=None,
-              help="What to launch: real sglang (`python -m sglang.launch_server`, needs --model) or tracebench's "
-                   "simulated server (`tracebench sim-server`: a simulated N-GPU cluster). [default: sglang]")
-@click.option("--attach", multiple=True, metavar="URL",
-              help="Use a running server instead of launching (repeatable: one per server), e.g. "
-                   "http://127.0.0.1:30000. Needs --vocab-size or --model unless the server is a tracebench simulator "
-                   "(the run records it as simulated; for a compressed run use --backend sim --speed K).")
-@click.option("--mode", type=click.Choice(["continuous", "static"]), default="continuous", show_default=True,
-              help="continuous: each request is sent at its arrival time. static: static batching, a server gets "
-                   "its next batch of --batch-size only after every request of the previous one finished.")
-@click.option("--batch-size", type=INT, default=None, help="Static mode: requests per batch.")
-@click.option("--batch-timeout", type=FINITE, default=None, metavar="S",
-              help="Static mode: a partial batch goes S seconds after its first request arrived (trace seconds: "
-                   "S/K run seconds at --speed K). [default: it waits until full, or until the trace has nothing "
-                   "more to release]")
-@click.option("--max-running-requests", type=INT, default=None, metavar="N",
-              help="Per-server cap at tracebench's router (at most N in flight per server). The servers "
-                   "tracebench launches get --max-running-requests max(N, every cap of --cap-schedule): sglang "
-                   "cannot raise it after launch. A cap raised through the control endpoint above that launch value "
-                   "is recorded as a cap_above_launch event in run.json (the server itself runs at most its launch "
-                   "value; the rest wait in its own queue). With --router sglang-router it is only the launched "
-                   "servers' own --max-running-requests (there is no router cap). [default: no cap]")
-@click.option("--max-concurrency", type=INT, default=None, metavar="N",
-              help="The benchmark client's own limit (sglang bench_serving's --max-concurrency): at most N requests "
-                   "in flight across the run, every policy, mode and router. A request released while N are "
-                   "unfinished waits at the client, in arrival order, until one finishes; only then does it enter "
-                   "the router queue (the policy never sees it before). Its wait is recorded (t_admitted - "
-                   "t_released) and reported as the client wait. Not the servers' --max-running-requests, which "
-                   "acts after it. [default: no limit]")
-@click.option("--cap-schedule", default=None, metavar="SPEC",
-              help='Change caps during the run: "30s:8,60s:server1=2" (at 30 s every server\'s cap becomes 8, at '
-                   "60 s server 1's becomes 2; times are trace seconds, i.e. run seconds unless --speed K divides "
-                   "them by K; all=N means every server). With "
-                   "--max-running-requests, launched servers get the largest of these caps at launch; a raise "
-                   "through the control endpoint above it is recorded as a cap_above_launch event.")
-@click.option("--control-port", type=INT, default=None, metavar="P",
-              help='Port of the localhost control endpoint: POST /cap {"server": i|"all", "max_running_requests": n}, '
-                   "GET /caps. Printed at start. [default: a free port]")
-@click.option("--model", default=None, metavar="PATH",
-              help="Model folder for --backend sglang (--model-path); its config.json gives the vocabulary size of "
-                   "the input ids (also usable with --attach). [default for --backend sglang: $TRACEBENCH_MODEL]")
-@click.option("--vocab-size", type=INT, default=None, metavar="V",
-              help="Vocabulary size for --attach (input ids stay below it), or for the simulator (passed to it).")
-@click.option("--server-arg", "server_args", multiple=True, metavar="ARG",
-              help='Extra argument(s) for each launched server, split like a shell (repeatable), e.g. '
-                   '--server-arg "--load-format dummy --attention-backend triton". [default for --backend sglang: '
-                   '$TRACEBENCH_SERVER_ARGS]')
-@click.option("--port-base", type=INT, default=None, metavar="PORT",
-              help="Launched server i listens on 127.0.0.1:PORT+i. [default: free ports, drawn at random from "
-                   "20000-32000, so runs at the same time do not collide; run.json servers[].url says which]")
-@click.option("--speed", type=FINITE, default=None, metavar="K",
-              help="--backend sim: compress the whole run K times (0.001 <= K <= 1000000). The simulated GPUs run K "
-                   "times faster, request i "
-                   "is released at arrival_s/K run seconds, and the other trace-time options (--cap-schedule times, "
-                   "--batch-timeout, --timeout) are divided by K (--poll-interval and --startup-timeout stay run "
-                   "seconds). requests.jsonl stays on the run clock (t_arrival = arrival_s/K); run.json records "
-                   "\"speed\": K, and `tracebench report` shows such a run in simulated seconds (the simulators' time x K, "
-                   "tracebench's own host time as measured). The progress line shows simulated units too.")
-@click.option("--sim-profile", default=None, metavar="NAME|PATH",
-              help="--backend sim: the simulators' timing profile (sim-server --profile): llama-2-7b-h200-triton, "
-                   "llama-2-7b-h100-triton, or a profile JSON file. run.json and the report name it. "
-                   "[default: llama-2-7b-h200-triton]")
-@click.option("--sim-gpu", default=None, metavar="NAME",
-              help="--backend sim: choose the profile by the GPU it stands in for (sim-server --gpu), e.g. H100 or "
-                   "the accelerator a real run recorded (run.json servers[].accelerator).")
-@click.option("--run-name", default=None, metavar="NAME",
-              help="Run folder name. [default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>, with -2, -3, ... when "
-                   "that folder exists (two replays started in the same second); no <policy>- for one server without "
-                   "a cap, where it decides nothing]")
-@click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("reports"),
-              show_default=True, help="Where run folders go.")
-@click.option("--timeout", type=FINITE, default=None, metavar="S",
-              help="A request without a complete answer S seconds after dispatch is recorded as timeout (trace "
-                   "seconds: S/K run seconds at --speed K). [default: no limit; the stall bound, --stall-timeout, "
-                   "still applies]")
-@click.option("--stall-timeout", type=FINITE, default=None, metavar="S",
-              help="The stall bound (trace seconds: S/K run seconds at --speed K). A streamed request that receives "
-                   "nothing for S is recorded as timeout; a non-streamed one gets S plus the trace's longest output at "
-                   "5 tokens/s in all; a server with requests in flight from which nothing came for S (no stream event, "
-                   "no /v1/loads answer) is taken out of routing and its requests in flight recorded as timeout; a "
-                   "policy that assigns nothing for S while servers have free slots fails the run. Requests waiting "
-                   "in a server's own queue count as making no progress: raise it for overload studies without a "
-                   "router cap. run.json stall says what was used. [default: from the trace: max(60 s, twice the "
-                   "longest prompt at 1000 tokens/s); at least 5 s of run time]")
-@click.option("--stream/--no-stream", default=True, show_default=True,
-              help="Stream answers (gives time to first token) or wait for whole answers.")
-@click.option("--api", type=click.Choice(["generate", "completions", "chat"]), default="generate", show_default=True,
-              help="The HTTP API the requests speak. generate: sglang's POST /generate with input_ids. completions: "
-                   "POST /v1/completions with the token ids as prompt (exact lengths). chat: POST "
-                   "/v1/chat/completions, one user message of input_len words w<id> (exact lengths with the word-level "
-                   "tokenizer: one word one token; records' prompt_tokens show any difference). The OpenAI APIs "
-                   "need a server with a tokenizer: launched sglang gets no --skip-tokenizer-init then (put a "
-                   "tokenizer in the model folder); their answers carry no meta_info, so server_* stamps stay null.")
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the policy's random choices.")
-@click.option("--sjf-key", type=click.Choice(["output", "input"]), default=None,
-              help="--policy sjf: order by output_len (its default) or input_len.")
-@click.option("--poll-interval", type=FINITE, default=0.5, show_default=True, metavar="S",
-              help="Run seconds between /v1/loads polls (telemetry.jsonl; what policies see as the servers' "
-                   "reports); not divided by --speed.")
-@click.option("--metrics-interval", type=FINITE, default=1.0, show_default=True, metavar="S",
-              help="Run seconds between two scrapes of each server's /metrics (sglang's Prometheus counters, gauges "
-                   "and histograms) into server_metrics.jsonl, with each server's whole text at the start and end "
-                   "(metrics-<i>-start.txt, -end.txt); 0: no scrape. Behind sglang-router the servers themselves "
-                   "are scraped. Beside it, when nvidia-smi is on PATH (or TRACEBENCH_NVIDIA_SMI names it) and a "
-                   "real server runs on this host, GPU utilisation, memory and power every second into gpu.jsonl.")
-@click.option("--startup-timeout", type=FINITE, default=None, metavar="S",
-              help="Seconds a launched server may take to answer /health 200. [default: 600 sglang, 30 sim]")
-@click.option("--flush-cache/--no-flush-cache", default=True, show_default=True,
-              help="Empty every server's prefix (radix) cache before the run starts (POST /flush_cache), so runs of "
-                   "one trace start from the same cache state. A server that refuses (sglang does while requests "
-                   "run or wait there) stops the run before it starts.")
-@click.option("--quiet", is_flag=True, default=False, help="No progress line on stderr.")
-@click.option("--router", type=click.Choice(["tracebench", "sglang-router"]), default="tracebench", show_default=True,
-              help="Who picks the server. tracebench: its own router and --policy. sglang-router: sglang's own "
-                   "router (sglang-router 0.3.2, `pip install 'tracebench[router]'`), launched after the servers on "
-                   "127.0.0.1 with --disable-retries --disable-circuit-breaker; every request is sent to it on "
-                   "arrival (t_dispatch = sent to sglang-router) and it picks the server, so records have server "
-                   "null and the per-server figures come from each server's /metrics counters (run.json "
-                   "external_router). With it, --max-running-requests is only the launched servers' own cap "
-                   "(sglang queues the rest), and --policy, --policy-opt, --sjf-key, --cap-schedule, --control-port "
-                   "and --mode static are refused.")
-@click.option("--router-policy", type=click.Choice(["cache_aware", "round_robin", "random", "power_of_two"]),
-              default=None, help="--router sglang-router: its --policy. [default: cache_aware, its own default]")
-@click.option("--router-arg", "router_args", multiple=True, metavar="ARG",
-              help='--router sglang-router: extra argument(s) for it, split like a shell (repeatable), e.g. '
-                   '--router-arg "--cache-threshold 0.5 --balance-abs-threshold 32". tracebench sets --host, --port, '
-                   "--worker-urls, --policy, --prometheus-host/--prometheus-port, --log-level, --disable-retries "
-                   "and --disable-circuit-breaker itself.")
-@click.option("--pd", default=None, metavar="P:D",
-              help="PD disaggregation: launch P prefill and D decode servers, one GPU each (sglang's "
-                   "--disaggregation-mode prefill|decode, each prefill server with its own "
-                   "--disaggregation-bootstrap-port; the transfer backend is sglang's default, mooncake, unless "
-                   "--server-arg \"--disaggregation-transfer-backend mooncake_tcp\"). With --backend sim, simulated "
-                   "PD servers. Each request goes to one prefill and one decode server (--prefill-policy, "
-                   "--decode-policy), both sent the same body with bootstrap_host/port/room as sglang-router's PD "
-                   "mode sends it; the answer is the decode server's stream (docs/pd.md).")
-@click.option("--attach-prefill", multiple=True, metavar="URL",
-              help="PD: a running prefill server (repeatable); its bootstrap port is read from its /server_info.")
-@click.option("--attach-decode", multiple=True, metavar="URL", help="PD: a running decode server (repeatable).")
-@click.option("--prefill-policy", default=None,
-              help="PD: the prefill pool's policy (any --policy value; it sees only prefill servers). [default: --policy]")
-@click.option("--decode-policy", default=None,
-              help="PD: the decode pool's policy (it sees only decode servers). [default: --policy]")
-@click.option("--prefill-policy-opt", "prefill_policy_opts", multiple=True, metavar="KEY=VALUE",
-              help="PD: an option of the prefill pool's policy (repeatable).")
-@click.option("--decode-policy-opt", "decode_policy_opts", multiple=True, metavar="KEY=VALUE",
-              help="PD: an option of the decode pool's policy (repeatable).")
+@replay_options()
 @click.pass_context
-def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str, ...], gpus: int | None,
-           backend: str | None, attach: tuple[str, ...], mode: str, batch_size: int | None, batch_timeout: float | None,
-           max_running_requests: int | None, max_concurrency: int | None, cap_schedule: str | None,
-           control_port: int | None, model: str | None,
-           vocab_size: int | None, server_args: tuple[str, ...], port_base: int | None, speed: float | None,
-           sim_profile: str | None, sim_gpu: str | None,
-           run_name: str | None, out_dir: Path, timeout: float | None, stall_timeout: float | None, stream: bool,
-           api: str, seed: int, sjf_key: str | None, poll_interval: float, metrics_interval: float,
-           startup_timeout: float | None, flush_cache: bool, quiet: bool, router: str, router_policy: str | None,
-           router_args: tuple[str, ...], pd: str | None, attach_prefill: tuple[str, ...],
-           attach_decode: tuple[str, ...], prefill_policy: str | None, decode_policy: str | None,
-           prefill_policy_opts: tuple[str, ...], decode_policy_opts: tuple[str, ...]) -> None:
+def replay(ctx: click.Context, trace: Path, **options: Any) -> None:
     """Replay TRACE against sglang servers (launched or attached) and record every request.
 
     \b
@@ -220,25 +257,9 @@ def replay(ctx: click.Context, trace: Path, policy: str, policy_opts: tuple[str,
     Ctrl-C stops the run: requests in flight are cancelled and recorded, servers are stopped, exit code 130
     (143 for SIGTERM). Exit codes: 0 completed, 1 failed, 2 bad input (docs/replay.md, "Guarantees").
     """
-    from tracebench.replay.run import ReplayConfig, run_replay
+    from tracebench.replay.run import run_replay
 
-    if router != "tracebench" and ctx.get_parameter_source("policy") is not click.core.ParameterSource.DEFAULT:
-        raise ConfigError(f"--policy is tracebench's router; with --router {router} give --router-policy")
-    config = ReplayConfig(
-        trace=trace, policy=policy, policy_options=_policy_opts(policy_opts), gpus=gpus, backend=backend,
-        attach=attach, mode=mode, batch_size=batch_size, batch_timeout=batch_timeout,
-        max_running_requests=max_running_requests, max_concurrency=max_concurrency, cap_schedule=cap_schedule, control_port=control_port,
-        model=model, vocab_size=vocab_size, server_args=server_args, port_base=port_base, speed=speed,
-        sim_profile=sim_profile, sim_gpu=sim_gpu,
-        run_name=run_name, out_dir=out_dir, timeout=timeout, stall_timeout=stall_timeout, stream=stream, api=api,
-        seed=seed, sjf_key=sjf_key,
-        poll_interval=poll_interval, metrics_interval=metrics_interval, startup_timeout=startup_timeout,
-        flush_cache=flush_cache, quiet=quiet, router=router, router_policy=router_policy, router_args=router_args,
-        pd=pd, attach_prefill=attach_prefill, attach_decode=attach_decode, prefill_policy=prefill_policy,
-        decode_policy=decode_policy, prefill_policy_options=_policy_opts(prefill_policy_opts),
-        decode_policy_options=_policy_opts(decode_policy_opts),
-    )
-    click.echo(run_replay(config))
+    click.echo(run_replay(replay_config(ctx, trace, options)))
 
 
 @click.command("policies")
