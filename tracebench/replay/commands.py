@@ -183,6 +183,11 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
         help="PD: an option of the prefill pool's policy (repeatable)."),
     "decode_policy_opts": click.option("--decode-policy-opt", "decode_policy_opts", multiple=True, metavar="KEY=VALUE",
         help="PD: an option of the decode pool's policy (repeatable)."),
+    "saturation_window": click.option("--saturation-window", type=FINITE, default=None, metavar="S",
+        help="Stop the run early when it is over-saturated (requests arrive faster than the servers finish them: "
+             "judged over windows of S trace seconds, the outstanding count grows with a significant slope and "
+             "leaves >= 15% of two windows' arrivals behind; docs/sweep.md). Requests never sent are recorded "
+             "not_sent, those in flight cancelled; run.json status saturated. [default: never stop]"),
 }
 
 

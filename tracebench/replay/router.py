@@ -204,7 +204,7 @@ class Router:
         writer.on_failure = self.fail  # the disk is full: the run stops (records.AppendFile)
         # called with a request's id once its record is written (the engine releases closed-loop followers)
         self.on_finished: Callable[[int], None] | None = None
-        self.ended = asyncio.Event()  # every record written, or the run must stop (failure set)
+        self.ended = asyncio.Event()  # every record written, or the run must stop (failure set, or a stop rule met)
         if total == 0:
             self.ended.set()
 

@@ -48,6 +48,7 @@ from tracebench.replay.external_router import (
 )
 from tracebench.replay.records import STATUSES, RecordWriter
 from tracebench.replay.router import Router, ServerState
+from tracebench.replay.saturation import Saturation, SaturationWatch, watch_saturation
 from tracebench.replay.servers import Fleet, ServerPlan, plan_attached, plan_launched, split_server_args, wait_exit
 from tracebench.replay.stall import StallBounds, stall_bounds
 from tracebench.replay.telemetry import poll_loads, progress_line, show_progress
@@ -106,6 +107,7 @@ class ReplayConfig:
     router: str = "tracebench"  # or "sglang-router": sglang's own router picks the server (external_router.py)
     router_policy: str | None = None
     router_args: tuple[str, ...] = ()
+    saturation_window: float | None = None  # trace seconds; stop the run when over-saturated (replay/saturation.py)
     # PD disaggregation (pd.py): launch P prefill + D decode servers, or attach them; one policy per pool
     pd: str | None = None  # "P:D"
     attach_prefill: tuple[str, ...] = ()
@@ -162,6 +164,7 @@ class ReplayConfig:
             ("--batch-timeout", self.batch_timeout), ("--timeout", self.timeout), ("--speed", self.speed),
             ("--stall-timeout", self.stall_timeout),
             ("--poll-interval", self.poll_interval), ("--startup-timeout", self.startup_timeout),
+            ("--saturation-window", self.saturation_window),
         ):
             if value is not None and not (math.isfinite(value) and value > 0):  # inf: a run that never ends
                 refuse(f"{name} must be > 0 and finite, got {value}")
@@ -386,17 +389,47 @@ def plan_servers(cfg: ReplayConfig, run_dir: Path, vocab: int | None, cap_change
     return plans
 
 
-def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
-    """Run one replay; returns the run folder. Raises RunInterrupted (Ctrl-C), RunFailed (no server left), or the
-    error that stopped the run, after the run folder is complete and every launched server is stopped."""
+@dataclass(frozen=True)
+class SharedServers:
+    """Servers launched once by a caller that runs several replays on them (`tracebench sweep`). A run given them
+    uses them as its launched servers (run.json keeps their launch commands and says who launched them) but neither
+    starts nor stops them; `fleet` may hold more servers than the run uses (it takes the first --gpus)."""
+
+    fleet: Fleet
+    launched_by: str  # e.g. "tracebench sweep reports/sweep-x": recorded in run.json `servers_launched_by`
+    log_dir: str  # where the servers' logs are, relative to the run folder (e.g. "..")
+
+
+def _vocab(cfg: ReplayConfig) -> int | None:
+    """The vocabulary size known before any server answers (None: the attached simulators will say it)."""
+    if cfg.backend == "sglang" or (cfg.backend == "attach" and cfg.model is not None):
+        return vocab_size_from_model(cfg.model)  # type: ignore[arg-type]
+    return cfg.vocab_size  # sim: checked against what the simulator reports; attach: None -> asked below
+
+
+def launch_fleet(config: ReplayConfig, log_dir: Path) -> Fleet:
+    """The Fleet a resolved launching config (--backend sim or sglang) would start, logs in `log_dir`, not started:
+    for a caller that keeps the servers across several runs (SharedServers)."""
     cfg = config.resolve()
+    if cfg.backend == "attach" or cfg.is_pd:
+        raise ConfigError("launch_fleet: only a --backend sim/sglang config without PD launches servers to share")
+    cap_changes = parse_cap_schedule(cfg.cap_schedule, cfg.num_servers, cfg.time_speed) if cfg.cap_schedule else []
+    return Fleet(cfg.backend, plan_servers(cfg, log_dir, _vocab(cfg), cap_changes))  # type: ignore[arg-type]
+
+
+def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr, shared: SharedServers | None = None) -> Path:
+    """Run one replay; returns the run folder. Raises RunInterrupted (Ctrl-C), RunFailed (no server left), or the
+    error that stopped the run, after the run folder is complete and every launched server is stopped (`shared`
+    servers excepted: their owner stops them)."""
+    cfg = config.resolve()
+    if shared is not None and (cfg.backend != shared.fleet.backend or cfg.is_pd
+                               or cfg.num_servers > len(shared.fleet.plans)):
+        raise ConfigError(f"the shared servers are {len(shared.fleet.plans)} {shared.fleet.backend} server(s); this run "
+                          f"wants {cfg.num_servers} {cfg.backend}" + (" (PD)" if cfg.is_pd else ""))
     # the whole trace is checked before anything starts, read once (a pipe works) and hashed as it is read
     header, table, trace_sha = load_trace_table(cfg.trace)
     stall = stall_bounds(table.input_len, table.output_len, cfg.speed, cfg.stall_timeout)
-    if cfg.backend == "sglang" or (cfg.backend == "attach" and cfg.model is not None):
-        vocab: int | None = vocab_size_from_model(cfg.model)  # type: ignore[arg-type]
-    else:
-        vocab = cfg.vocab_size  # sim: checked against what the simulator reports; attach: None -> asked below
+    vocab = _vocab(cfg)
     if vocab is not None:
         InputIds(trace_sha, vocab)  # refuses a vocabulary too small now, not after start-up
     if cfg.router_policy is not None:
@@ -412,7 +445,8 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
         raise ConfigError(f"--run-name {run_name!r}: must be a plain folder name")
     if cfg.run_name is not None and (cfg.out_dir / run_name).exists():
         raise ConfigError(f"run folder {cfg.out_dir / run_name} already exists: choose another --run-name (runs are never overwritten)")
-    plans = plan_servers(cfg, cfg.out_dir / run_name, vocab, cap_changes)
+    fleet = (Fleet(cfg.backend, plan_servers(cfg, cfg.out_dir / run_name, vocab, cap_changes))  # type: ignore[arg-type]
+             if shared is None else shared.fleet.first(cfg.num_servers))
     check_free_space(cfg.out_dir, cfg, header)
     control_sock = bind_control_socket(cfg.control_port)
     try:
@@ -426,11 +460,13 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
         control_sock.close()
         run_dir.rmdir()
         raise
-    for plan in plans:  # a generated name may have got a suffix: the launched servers' logs go in the folder claimed
+    # a generated name may have got a suffix: the launched servers' logs go in the folder claimed (shared servers
+    # keep theirs where their owner put them)
+    for plan in fleet.plans if shared is None else []:
         if plan.log is not None:
             plan.log = run_dir / plan.log.name
-    replay = Replay(cfg, run_dir, header, table, trace_sha, stall, vocab, policy, plans, cap_changes, control_sock,
-                    stderr)
+    replay = Replay(cfg, run_dir, header, table, trace_sha, stall, vocab, policy, fleet, cap_changes, control_sock,
+                    stderr, shared)
     replay.run()
     return run_dir
 
@@ -440,8 +476,8 @@ class Replay:
 
     def __init__(
         self, cfg: ReplayConfig, run_dir: Path, header: TraceHeader, table: TraceTable, trace_sha: str,
-        stall: StallBounds, vocab: int | None, policy: Policy, plans: list[ServerPlan], cap_changes: list[CapChange],
-        control_sock: socket.socket, stderr: IO[str],
+        stall: StallBounds, vocab: int | None, policy: Policy, fleet: Fleet, cap_changes: list[CapChange],
+        control_sock: socket.socket, stderr: IO[str], shared: SharedServers | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
@@ -451,7 +487,9 @@ class Replay:
         self.stall = stall
         self.vocab = vocab
         self.policy = policy
-        self.fleet = Fleet(cfg.backend, plans)  # type: ignore[arg-type]
+        self.fleet = fleet
+        self.shared = shared  # servers someone else launched and stops (tracebench sweep); None: this run's own
+        plans = fleet.plans
         self.external = (None if cfg.router_policy is None else
                          SglangRouter(cfg.router_policy, cfg.router_args, [p.url for p in plans], run_dir,
                                       roles=[p.role for p in plans] if cfg.is_pd else None))  # type: ignore[misc]
@@ -476,6 +514,7 @@ class Replay:
         self.failure: BaseException | None = None
         self.t_end: float | None = None
         self.beside = BesideTelemetry(run_dir, cfg.metrics_interval)  # /metrics scrapes, GPU samples
+        self.saturation: Saturation | None = None  # the verdict that stopped the run (--saturation-window)
 
     # ---- the run folder ----------------------------------------------------------------------------------------
 
@@ -484,8 +523,11 @@ class Replay:
         servers = []
         for i in range(len(self.fleet.plans)):
             info = self.server_info[i]
+            described = self.fleet.describe(i)
+            if self.shared is not None and described["log"] is not None:
+                described["log"] = f"{self.shared.log_dir}/{described['log']}"
             servers.append({
-                **self.fleet.describe(i),
+                **described,
                 "server_info": info,
                 "version": info.get("version") if isinstance(info, dict) else None,
                 "accelerator": self.accelerators[i],
@@ -517,6 +559,8 @@ class Replay:
             "seed": self.cfg.seed,
             "vocab_size": self.vocab,
             "servers": servers,
+            # who launched the servers when it was not this run (tracebench sweep launches them once for its points)
+            "servers_launched_by": None if self.shared is None else self.shared.launched_by,
             "gpu_names": sorted({a for a in self.accelerators if a}) if self.cfg.backend != "sim" else [],
             # the simulators' timing profiles (launched or attached), as their /server_info names them
             "sim_profiles": sorted({i["tracebench_sim"]["profile"] for i in self.server_info
@@ -537,6 +581,11 @@ class Replay:
             **self.beside.describe(),
             "stall": self.stall.to_json(),
             "status": self.status,
+            "saturation": None if self.cfg.saturation_window is None else {
+                "window_s": self.cfg.saturation_window,
+                "detected": None if self.saturation is None else self.saturation.to_json(self.cfg.speed),
+                "detail": None if self.saturation is None else self.saturation.describe(self.cfg.speed),
+            },
             "error": None if self.failure is None else f"{type(self.failure).__name__}: {self.failure}",
             "t_end": self.t_end,
             "counts": self._counts(),
@@ -579,7 +628,8 @@ class Replay:
         self._write_run_json()
         try:
             try:
-                self.fleet.start()
+                if self.shared is None:
+                    self.fleet.start()
                 asyncio.run(self._main())
             except KeyboardInterrupt:  # Ctrl-C before the loop's own handler was in place (or after it)
                 self.signal = self.signal or "SIGINT"
@@ -590,7 +640,8 @@ class Replay:
                     if self.external is not None:
                         self.external.stop()  # before the servers it routes to
                 finally:
-                    self.fleet.stop()
+                    if self.shared is None:
+                        self.fleet.stop()
                     self.control_sock.close()
         finally:
             if self.writer is not None:
@@ -607,6 +658,8 @@ class Replay:
                 if isinstance(self.failure, OutputWriteError) and isinstance(self.router.failure, OutputWriteError):
                     self.failure = self.router.failure  # the disk filled up once: the first write that found it
                 self.failure = self.failure or self.router.failure
+            elif self.saturation is not None:
+                self.status = "saturated"  # stopped early on purpose: every request has its record
             else:
                 self.status = "completed"
             if isinstance(self.failure, OutputWriteError) and self.writer is not None:
@@ -773,6 +826,10 @@ class Replay:
                 side.append(run_cap_schedule(self.cap_changes, clock, self._scheduled_set_cap(router)))
             if not cfg.quiet:
                 side.append(show_progress(router, clock, self.stderr, cfg.speed))
+            if cfg.saturation_window is not None:
+                watch = SaturationWatch(run_seconds(cfg.saturation_window, speed))
+                side.append(watch_saturation(watch, clock, lambda: router.released, lambda: router.finished,
+                                             self._saturated))
             for coro in side:
                 task = asyncio.ensure_future(coro)
                 task.add_done_callback(self._side_done)
@@ -780,6 +837,8 @@ class Replay:
             await router.ended.wait()
             if router.failure is not None:
                 await router.close(engine.unreleased, f"run stopped: {one_line(router.failure)}")
+            elif self.saturation is not None:
+                await router.close(engine.unreleased, f"run stopped: {self.saturation.describe(cfg.speed)}")
         except asyncio.CancelledError:
             if self.router is not None and self.signal is not None:
                 unreleased = engine.unreleased if engine is not None else Rows(self.table, np.arange(len(self.table)))
@@ -865,6 +924,13 @@ class Replay:
             router.set_cap(server, cap, source)
 
         return set_cap
+
+    def _saturated(self, verdict: Saturation) -> None:
+        """The saturation watcher's verdict: the run ends now (what was never sent and what is in flight get their
+        records in _work, from router.close)."""
+        self.saturation = verdict
+        assert self.router is not None
+        self.router.ended.set()
 
     def _side_done(self, task: asyncio.Task[Any]) -> None:
         # the engine, poller, cap schedule and progress line run beside the requests: an error in one stops the run

@@ -244,6 +244,13 @@ class Fleet:
                     env={**os.environ, **plan.env}, start_new_session=True, preexec_fn=preexec,
                 )
 
+    def first(self, count: int) -> Fleet:
+        """The first `count` servers as a Fleet of their own, sharing the processes (a run of a sweep that uses fewer
+        servers than were launched). Only the owner of the processes may stop them: call stop() on this Fleet."""
+        part = Fleet(self.backend, self.plans[:count])
+        part.procs = {i: proc for i, proc in self.procs.items() if i < count}
+        return part
+
     def exit_reason(self, index: int) -> str | None:
         """Why a launched server is gone (its process exited), or None (running, or not launched)."""
         proc = self.procs.get(index)

@@ -30,7 +30,7 @@ from tracebench.itl import HIST_PATTERN
 from tracebench.report.speed import to_simulated_times
 
 RUN_FORMAT_VERSION = 1
-RUN_STATUSES = ("running", "completed", "interrupted", "failed", "not_started")
+RUN_STATUSES = ("running", "completed", "interrupted", "failed", "not_started", "saturated")
 REQUEST_STATUSES = ("ok", "mismatch", "error", "timeout", "cancelled", "not_sent")
 # answers that finished (replay/records.py COMPLETED): `ok`, and `mismatch` (the server generated or counted something
 # else than the trace asked: the record's `mismatch` says what); latencies and throughputs are over these
