@@ -20,6 +20,7 @@ _COMMANDS = {
     "inspect": "tracebench.trace.commands:inspect_cmd",
     "sim-server": "tracebench.sim.commands:sim_server",
     "replay": "tracebench.replay.commands:replay",
+    "sweep": "tracebench.sweep.commands:sweep",
     "policies": "tracebench.replay.commands:policies_cmd",
     "report": "tracebench.report.commands:report",
     "pack": "tracebench.report.commands:pack",
@@ -55,6 +56,7 @@ def main() -> None:
     tracebench generate --rate 8                     make a trace (JSONL, deterministic)
     tracebench inspect traces/x.jsonl                its statistics
     tracebench replay trace.jsonl --gpus 4           replay it on sglang servers (or --backend sim)
+    tracebench sweep trace.jsonl --rates 5,10,20     replay it at several loads (or --find-max-rate --slo ...)
     tracebench report run_a run_b                    compare runs of the same trace
     tracebench pack run_a run_b                      store finished runs compactly (Parquet, xz)
     tracebench record --listen 127.0.0.1:31000 --upstream http://127.0.0.1:30000

@@ -38,6 +38,12 @@ from typing import Any
 from tracebench.replay.clock import RunClock
 
 SAMPLES_PER_WINDOW = 20
+RULE = ("Over-saturated (the run stops; unsent requests and those in flight get the statuses of a stopped run): "
+        "sampled 20 times per window of W seconds (--saturation-window), the requests outstanding (arrived, not "
+        "finished) grow over the last window with a least-squares slope whose 95% interval (widened for the "
+        "residuals' lag-1 autocorrelation) is above 0; that slope's rise over the window is >= 8 requests and >= 15% "
+        "of the window's arrivals; the window before also finished < 85% of its arrivals and >= 10 requests; all of "
+        "it at 5 consecutive samples (nothing is judged before two windows).")
 MIN_SAMPLES = 10  # fewer samples in the window (a stalled loop): no verdict
 MIN_RISE = 8  # requests
 MIN_SHORTFALL = 0.15  # of the requests that arrived in the window

@@ -1,0 +1,125 @@
+"""`tracebench sweep`. Light at import time: the replay and the report load inside the command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tracebench.errors import ConfigError
+from tracebench.replay.commands import replay_config, replay_options
+
+
+def _floats(name: str, text: str | None) -> tuple[float, ...]:
+    if text is None:
+        return ()
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{name} {text!r}: expected numbers separated by commas, e.g. 5,10,20,40") from None
+
+
+def _ints(name: str, text: str | None) -> tuple[int, ...]:
+    if text is None:
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{name} {text!r}: expected integers separated by commas, e.g. 1,4,16,64") from None
+
+
+_GPUS = click.option(
+    "--gpus", default=None, metavar="N[,N...]",
+    help="Servers per point, or a list (a dimension: 1,2,4 runs every point, or searches, with 1, 2 and 4). "
+         "Launched once: the largest N servers; a point with fewer uses the first N (with --attach: the first N "
+         "URLs). [default: 1, or every --attach URL]")
+_POLICY = click.option(
+    "--policy", default="random", show_default=True, metavar="NAME[,NAME...]",
+    help="Routing policy, or a list (a dimension: every point, or search, once per policy). Each as replay's "
+         "--policy: a built-in (`tracebench policies`), path/to/file.py:ClassName, or NAME for policies/NAME.py.")
+_SATURATION = click.option(
+    "--saturation-window", type=float, default=10.0, show_default=True, metavar="S",
+    help="Stop a point early when it is over-saturated (requests arrive faster than the servers finish them: the "
+         "outstanding count grows with a significant slope, leaving >= 15% of two windows' arrivals behind; "
+         "docs/sweep.md), judged over windows of S trace seconds; the summary marks it saturated instead of "
+         "reporting its latency. 0: never stop a point.")
+
+
+@click.command("sweep")
+@click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--rates", default=None, metavar="R,R,...",
+              help="A rate sweep: one point per rate (requests/s), the trace's arrivals rescaled to it (the same "
+                   "requests in the same order, the gaps' shape kept).")
+@click.option("--concurrency", default=None, metavar="N,N,...",
+              help="A concurrency sweep (closed loop): one point per N, every request released at once behind the "
+                   "replay's --max-concurrency N (at most N in flight).")
+@click.option("--find-max-rate", is_flag=True,
+              help="A capacity search: the highest rate meeting every --slo limit at --slo-percentile (bracket, "
+                   "then bisect; docs/sweep.md). Needs --slo.")
+@click.option("--slo", default=None, metavar="SPEC",
+              help="Objectives, the report's syntax (`tracebench report --help`): 'ttft=500ms,tpot=50ms' (keys ttft, "
+                   "total, tpot, server, wait, itl; seconds, or with ms/s). Every point gets goodput and an SLO check; "
+                   "--find-max-rate searches against them.")
+@click.option("--slo-percentile", type=float, default=99.0, show_default=True, metavar="P",
+              help="The SLO check holds the P-th percentile of each key to its limit (its 95% interval's upper end "
+                   "must be within it).")
+@click.option("--start-rate", type=float, default=None, metavar="R",
+              help="--find-max-rate: the first rate tried (x N/min(--gpus) for N servers). [default: the trace's own "
+                   "rate, as `tracebench inspect` gives it]")
+@click.option("--rate-tolerance", type=float, default=0.05, show_default=True, metavar="F",
+              help="--find-max-rate: stop bisecting when the bracket (hi - lo) / lo is at most F.")
+@click.option("--max-points", type=int, default=12, show_default=True, metavar="N",
+              help="--find-max-rate: at most N points per search.")
+@click.option("--warmup", type=float, default=0.0, show_default=True, metavar="S",
+              help="Leave out of each point's figures the requests arriving in its first S trace seconds (the "
+                   "report's --warmup).")
+@click.option("--bootstrap", type=int, default=1000, show_default=True, metavar="N",
+              help="Bootstrap resamples of each percentile's 95% interval (seed 0).")
+@click.option("--name", default=None, metavar="NAME",
+              help="Sweep folder name, under --out-dir. [default: sweep-<trace>-<rate|concurrency|capacity>-"
+                   "<YYYYmmdd-HHMMSS>]")
+@replay_options(skip=("run_name",), replace={"gpus": _GPUS, "policy": _POLICY, "saturation_window": _SATURATION})
+@click.pass_context
+def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str | None, find_max_rate: bool,
+          slo: str | None, slo_percentile: float, start_rate: float | None, rate_tolerance: float, max_points: int,
+          warmup: float, bootstrap: int, name: str | None, **options: Any) -> None:
+    """Replay TRACE at several loads, or find the highest rate that meets SLOs: one run folder per point.
+
+    \b
+    tracebench sweep t.jsonl --rates 5,10,20,40 --backend sim --speed 10
+    tracebench sweep t.jsonl --concurrency 1,4,16,64 --backend sim --speed 10
+    tracebench sweep t.jsonl --find-max-rate --slo ttft=500ms,tpot=50ms --backend sim --speed 10 \\
+        --gpus 1,2,4 --policy round_robin,sjf
+    tracebench sweep t.jsonl --rates 2,4,6,8 --attach http://127.0.0.1:30000 --model models/llama-2-7b-hf
+    \b
+    Servers are launched once for the whole sweep (--backend sim or sglang; each point's run.json says the sweep
+    launched them, with their launch commands); each point flushes their prefix cache first (--flush-cache) and is
+    an ordinary replay of its own trace (written to traces/ in the sweep folder): every replay option applies to
+    each point. The folder <out-dir>/<name>/ holds summary.csv and summary.json (per point: rate or concurrency,
+    throughput, goodput, TTFT/TPOT/ITL/total p50 and p99 with 95% bootstrap intervals, the SLO check),
+    load-latency.html and .png, traces/, servers/ (their logs) and one run folder per point. A point that is
+    over-saturated is stopped (--saturation-window) and marked saturated. docs/sweep.md has every rule.
+    \b
+    Capacity search (--find-max-rate): a rate meets the SLO when every key's --slo-percentile has its 95%
+    interval's upper end within the limit; bracket (x2 / /2) from --start-rate, then bisect, until the bracket is
+    within --rate-tolerance, two bisection points in a row are uncertain, or --max-points. Reported: the highest
+    rate that met, and the lowest that did not.
+    """
+    from tracebench.sweep.run import SweepConfig, run_sweep
+
+    gpus = _ints("--gpus", options.pop("gpus"))
+    policies = tuple(p.strip() for p in options.pop("policy").split(","))
+    window = options.pop("saturation_window")
+    if window < 0:
+        raise ConfigError(f"--saturation-window must be >= 0 (0: never stop), got {window:g}")
+    base = replay_config(ctx, trace, {**options, "gpus": None, "policy": policies[0], "run_name": None,
+                                      "saturation_window": window or None})
+    cfg = SweepConfig(
+        base=base, rates=_floats("--rates", rates), concurrency=_ints("--concurrency", concurrency),
+        find_max_rate=find_max_rate, gpus=gpus, policies=policies, slo_spec=slo, slo_percentile=slo_percentile,
+        warmup=warmup, bootstrap=bootstrap, name=name, start_rate=start_rate, rate_tolerance=rate_tolerance,
+        max_points=max_points,
+    )
+    folder = run_sweep(cfg)
+    click.echo(folder)

@@ -1,0 +1,170 @@
+"""The sweep summary as CSV and as a terminal table (at most 100 columns), from the summary document (run.py)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from tracebench.report.headline import HEADLINE_METRICS, HEADLINE_STATS
+
+WIDTH = 100
+
+
+def _csv_columns(doc: dict[str, Any]) -> list[str]:
+    cols = ["point", "rate", "concurrency", "gpus", "policy", "status", "verdict", "requests", "ok", "not_ok",
+            "duration_s", "throughput_rps", "output_tokens_per_s", "goodput_rps", "slo_fraction"]
+    for metric in HEADLINE_METRICS:
+        for stat in HEADLINE_STATS:
+            cols += [f"{metric}_{stat}_s", f"{metric}_{stat}_ci95_low_s", f"{metric}_{stat}_ci95_high_s"]
+    slo = doc.get("slo")
+    if slo:
+        p = f"p{slo['percentile']:g}"
+        for key in slo["limits_s"]:
+            cols += [f"slo_{key}_limit_s", f"slo_{key}_{p}_s", f"slo_{key}_{p}_ci95_low_s",
+                     f"slo_{key}_{p}_ci95_high_s", f"slo_{key}_verdict"]
+    return cols + ["saturation", "wall_s"]
+
+
+def _inf(value: Any, has_value: bool) -> Any:
+    """CSV: a percentile that falls on failed requests (null in JSON) is written inf."""
+    return "inf" if value is None and has_value else value
+
+
+def summary_csv(doc: dict[str, Any]) -> str:
+    """One line per point: the columns of _csv_columns (seconds; empty = not measured, inf = the percentile falls
+    on requests that did not finish)."""
+    cols = _csv_columns(doc)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=cols, lineterminator="\n")
+    writer.writeheader()
+    slo = doc.get("slo")
+    for row in doc["points"]:
+        counts = row["counts"]
+        line: dict[str, Any] = {k: row.get(k) for k in ("point", "rate", "concurrency", "gpus", "policy", "status",
+                                                       "verdict", "requests", "duration_s", "throughput_rps",
+                                                       "output_tokens_per_s", "goodput_rps", "slo_fraction",
+                                                       "saturation", "wall_s")}
+        line["ok"] = counts.get("ok")
+        line["not_ok"] = sum(v for k, v in counts.items() if k != "ok")
+        latency = row["latency_s"] or {}
+        for metric in HEADLINE_METRICS:
+            for stat in HEADLINE_STATS:
+                est = latency.get(metric, {}).get(stat)
+                if est is None:
+                    continue
+                line[f"{metric}_{stat}_s"] = est["value"]
+                if est["ci95"] is not None:
+                    line[f"{metric}_{stat}_ci95_low_s"], line[f"{metric}_{stat}_ci95_high_s"] = est["ci95"]
+        if slo and row.get("slo_check"):
+            p = f"p{slo['percentile']:g}"
+            for key, check in row["slo_check"].items():
+                line[f"slo_{key}_limit_s"] = check["limit_s"]
+                line[f"slo_{key}_{p}_s"] = _inf(check["value"], True)
+                if check["ci95"] is not None:
+                    low, high = check["ci95"]
+                    line[f"slo_{key}_{p}_ci95_low_s"], line[f"slo_{key}_{p}_ci95_high_s"] = _inf(low, True), _inf(high, True)
+                line[f"slo_{key}_verdict"] = check["verdict"]
+        writer.writerow(line)
+    return out.getvalue()
+
+
+# ------------------------------------------------------------------------------------------------ terminal
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    ms = value * 1000.0
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 1 else f"{ms:.2f}"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _lat(row: dict[str, Any], metric: str, stat: str) -> str:
+    latency = row["latency_s"]
+    if latency is None:
+        return "-"
+    est = latency.get(metric, {}).get(stat)
+    return _ms(est["value"]) if est is not None else "-"
+
+
+def _result(row: dict[str, Any]) -> str:
+    if row["saturated"]:
+        return "saturated"
+    if row["status"] != "completed":
+        return row["status"].upper()
+    return row["verdict"] or "ok"
+
+
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    words, lines, line = text.split(), [], indent
+    for word in words:
+        if len(line) + len(word) + 1 > WIDTH and line.strip():
+            lines.append(line.rstrip())
+            line = indent + "  "
+        line += word + " "
+    if line.strip():
+        lines.append(line.rstrip())
+    return lines
+
+
+def terminal_summary(doc: dict[str, Any]) -> str:
+    """The sweep as a table that fits WIDTH columns, then the capacity found, the notes, the folder."""
+    points = doc["points"]
+    kind = doc["kind"]
+    first = "conc." if kind == "concurrency" else "rate"
+    multi = len(doc["dimensions"]["gpus"]) > 1 or len(doc["dimensions"]["policies"]) > 1
+    head = ["point" if multi else first, "req/s", "good/s", "TTFT p50", "p99", "TPOT p50", "p99", "ITL p99",
+            "total p99", "result"]
+    rows = []
+    for row in points:
+        label = row["point"] if multi else f"{row['rate'] if kind != 'concurrency' else row['concurrency']:.4g}"
+        rows.append([label, _num(row["throughput_rps"]), _num(row["goodput_rps"]), _lat(row, "ttft", "p50"),
+                     _lat(row, "ttft", "p99"), _lat(row, "tpot", "p50"), _lat(row, "tpot", "p99"),
+                     _lat(row, "itl", "p99"), _lat(row, "total", "p99"), _result(row)])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = []
+    speed = f" at --speed {doc['speed']:g}" if doc.get("speed") else ""
+    lines += _wrap(f"tracebench sweep {doc['name']}: {kind} sweep of {doc['trace']['path']} "
+                   f"({doc['trace']['num_requests']} requests){speed}, {len(points)} point(s) in "
+                   f"{doc['wall_s']:.1f} s, {doc['status']}", indent="")
+
+    def fmt(cells: list[str]) -> str:
+        return "  " + "  ".join(c.ljust(w) if i in (0, len(cells) - 1) else c.rjust(w)
+                                for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    lines.append(fmt(head))
+    lines += [fmt(r) for r in rows]
+    slo = doc.get("slo")
+    notes = ["latencies in ms (p50/p99 over ok requests, the report's definitions; their 95% intervals are in "
+             "summary.csv and summary.json); req/s: ok requests per second of the point's window; "
+             + ("good/s: requests meeting every --slo limit per second." if slo else "good/s needs --slo.")]
+    if slo:
+        limits = ", ".join(f"{k} <= {_ms(v)} ms" for k, v in slo["limits_s"].items())
+        notes.append(f"result: the p{slo['percentile']:g} of each SLO key ({limits}) with its 95% bootstrap interval: "
+                     "met when the interval's upper end is within every limit, missed when a lower end is above one, "
+                     "else uncertain (a request that did not finish counts as a miss).")
+    if any(r["saturated"] for r in points):
+        notes.append(f"saturated: the point was stopped as over-saturated (--saturation-window "
+                     f"{doc['saturation_window_s']:g} s; docs/sweep.md): no latency is reported for it. First: "
+                     + next(r["saturation"] for r in points if r["saturated"]))
+    for note in notes:
+        lines += _wrap(note)
+    for entry in doc.get("capacity") or []:
+        from tracebench.sweep.run import capacity_line
+
+        lines += _wrap(f"capacity, {entry['gpus']} server(s), policy {entry['policy']}: {capacity_line(entry)}",
+                       indent="")
+        best = next((r for r in points if r["gpus"] == entry["gpus"] and r["policy"] == entry["policy"]
+                     and r["rate"] == entry.get("max_rate")), None)
+        if best is not None and best.get("slo_check"):
+            checks = "; ".join(
+                f"{k} p{c['percentile']:g} {_ms(c['value'])} ms [{_ms(c['ci95'][0]) if c['ci95'] else '-'}, "
+                f"{_ms(c['ci95'][1]) if c['ci95'] else '-'}] <= {_ms(c['limit_s'])}"
+                for k, c in best["slo_check"].items())
+            lines += _wrap(f"at {best['rate']:.4g} req/s: {checks}", indent="  ")
+    lines += _wrap(f"folder: {doc['name']}/ (summary.csv, summary.json, load-latency.html and .png, traces/, "
+                   "one run folder per point: `tracebench report` compares any of them)", indent="")
+    return "\n".join(lines) + "\n"

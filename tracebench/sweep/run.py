@@ -1,0 +1,430 @@
+"""One sweep, start to end: check the options and the trace, launch the servers once, run every point as an ordinary
+replay on them (or on the --attach URLs), summarise each point with the report's code, write the sweep folder.
+
+A sweep folder (docs/sweep.md):
+    <out-dir>/<name>/
+        summary.json, summary.csv    one row per point (rewritten after each point: a stopped sweep keeps its rows)
+        load-latency.html, .png      the load-latency figure (written at the end)
+        traces/<point>.jsonl         each point's trace (rescaled, or all at 0), so a point replays on its own
+        servers/server-<i>.log       the launched servers' logs (their launch commands are in every point's run.json)
+        <point>/                     each point's run folder (`tracebench report` reads it like any run)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import orjson
+
+from tracebench import __version__
+from tracebench.errors import ConfigError, RunInterrupted
+from tracebench.policies.registry import load_policy
+from tracebench.replay.client import SglangClient
+from tracebench.replay.run import ReplayConfig, SharedServers, launch_fleet, run_replay
+from tracebench.replay.saturation import RULE as SATURATION_RULE
+from tracebench.sweep.search import RULE as SEARCH_RULE
+from tracebench.sweep.search import RateSearch, SearchResult
+from tracebench.sweep.traces import refuse_closed_loop, trace_rate, write_point_trace
+from tracebench.trace.format import load_trace, sha256_file
+
+SWEEP_FORMAT = 1
+DEFAULT_SATURATION_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What `tracebench sweep` was asked. `base` holds the replay options every point shares; its gpus and policy
+    are replaced per point by `gpus` / `policies` when those are given."""
+
+    base: ReplayConfig
+    rates: tuple[float, ...] = ()
+    concurrency: tuple[int, ...] = ()
+    find_max_rate: bool = False
+    gpus: tuple[int, ...] = ()  # () -> the replay's own (--gpus, or the --attach URLs)
+    policies: tuple[str, ...] = ()  # () -> base.policy
+    slo_spec: str | None = None
+    slo_percentile: float = 99.0
+    warmup: float = 0.0
+    bootstrap: int = 1000
+    name: str | None = None
+    start_rate: float | None = None
+    rate_tolerance: float = 0.05
+    max_points: int = 12
+
+    @property
+    def kind(self) -> str:
+        return "capacity" if self.find_max_rate else "concurrency" if self.concurrency else "rate"
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    kind: str  # "rate" or "concurrency"
+    value: float  # req/s, or requests in flight
+    gpus: int
+    policy: str
+
+
+def _label(spec: str) -> str:
+    """A policy spec as part of a folder name (policies/x.py:Cls -> policies_x.py_Cls)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", spec).strip("_.") or "policy"
+
+
+def _fmt_value(value: float) -> str:
+    return f"{value:.4g}"
+
+
+class Sweep:
+    def __init__(self, cfg: SweepConfig, stdout: IO[str], stderr: IO[str]) -> None:
+        self.cfg = cfg
+        self.stdout, self.stderr = stdout, stderr
+        self._check_options()
+        base = cfg.base
+        self.header, self.requests = load_trace(base.trace)
+        refuse_closed_loop(base.trace, self.requests)
+        self.trace_sha = sha256_file(base.trace)
+        self.source_rate = trace_rate(self.requests) if cfg.kind != "concurrency" else None
+        from tracebench.report.metrics import parse_slo  # the report's --slo syntax, the report's parser
+
+        self.slo = parse_slo(cfg.slo_spec) if cfg.slo_spec is not None else None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.name = cfg.name or f"sweep-{base.trace.stem}-{cfg.kind}-{stamp}"
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError(f"--name {self.name!r}: must be a plain folder name")
+        self.dir = base.out_dir / self.name
+        if self.dir.exists():
+            raise ConfigError(f"sweep folder {self.dir} already exists: choose another --name (never overwritten)")
+        resolved = base.resolve()
+        self.attach = resolved.attach
+        self.launches = resolved.backend in ("sim", "sglang")
+        self.gpus = cfg.gpus or (resolved.num_servers,)
+        self.policies = cfg.policies or (base.policy,)
+        if self.attach and max(self.gpus) > len(self.attach):
+            raise ConfigError(f"--gpus {max(self.gpus)}: only {len(self.attach)} --attach URL(s) (a point with N GPUs "
+                              "uses the first N URLs)")
+        for policy in self.policies:  # refused now, not at the first point that uses it
+            if base.router == "tracebench":
+                load_policy(policy, np.random.default_rng(0), dict(base.policy_options))
+        for gpus in self.gpus:
+            for policy in self.policies:
+                self._point_config(Point("check", "rate", 1.0, gpus, policy), base.trace).resolve()
+        self.rows: list[dict[str, Any]] = []
+        self.searches: list[dict[str, Any]] = []
+        self.status = "running"
+        self.servers: list[dict[str, Any]] | None = None
+        self.t0 = time.monotonic()
+
+    def _check_options(self) -> None:
+        cfg = self.cfg
+        asked = [name for name, given in (("--rates", bool(cfg.rates)), ("--concurrency", bool(cfg.concurrency)),
+                                          ("--find-max-rate", cfg.find_max_rate)) if given]
+        if len(asked) != 1:
+            raise ConfigError("give one of --rates R,..., --concurrency N,... or --find-max-rate"
+                              + (f" (got {' and '.join(asked)})" if asked else ""))
+        for name, values in (("--rates", cfg.rates), ("--concurrency", cfg.concurrency), ("--gpus", cfg.gpus),
+                             ("--policy", cfg.policies)):
+            if len(set(values)) != len(values):
+                raise ConfigError(f"{name}: a value is given twice")
+        if any(not (r > 0 and math.isfinite(r)) for r in cfg.rates):
+            raise ConfigError(f"--rates: every rate must be > 0, got {','.join(map(_fmt_value, cfg.rates))}")
+        if any(n < 1 for n in cfg.concurrency) or any(g < 1 for g in cfg.gpus):
+            raise ConfigError("--concurrency and --gpus values must be >= 1")
+        if cfg.find_max_rate and cfg.slo_spec is None:
+            raise ConfigError("--find-max-rate needs --slo (the objectives the rate must meet)")
+        if not 0 < cfg.slo_percentile < 100:
+            raise ConfigError(f"--slo-percentile must be in (0, 100), got {cfg.slo_percentile:g}")
+        if not cfg.find_max_rate:
+            for name, given in (("--start-rate", cfg.start_rate is not None),):
+                if given:
+                    raise ConfigError(f"{name} is for --find-max-rate")
+        if cfg.start_rate is not None and not cfg.start_rate > 0:
+            raise ConfigError(f"--start-rate must be > 0, got {cfg.start_rate:g}")
+        if not cfg.rate_tolerance > 0:
+            raise ConfigError(f"--rate-tolerance must be > 0, got {cfg.rate_tolerance:g}")
+        if cfg.max_points < 2:
+            raise ConfigError(f"--max-points must be >= 2, got {cfg.max_points}")
+        if cfg.bootstrap < 0 or cfg.warmup < 0:
+            raise ConfigError("--bootstrap and --warmup must be >= 0")
+        if cfg.base.attach and cfg.base.gpus is not None:
+            raise ConfigError("--gpus with --attach: the points use the first N URLs; give --gpus as the list")
+        if cfg.base.run_name is not None:
+            raise ConfigError("a sweep names its points itself (give --name for the sweep folder)")
+        if cfg.concurrency and getattr(cfg.base, "max_concurrency", None) is not None:
+            raise ConfigError("--concurrency sets each point's --max-concurrency: do not give both")
+
+    # ---- points ------------------------------------------------------------------------------------------------
+
+    def _point_config(self, point: Point, trace: Path) -> ReplayConfig:
+        base = self.cfg.base
+        changes: dict[str, Any] = {"trace": trace, "run_name": point.name, "out_dir": self.dir, "policy": point.policy}
+        if base.attach:
+            changes["attach"] = tuple(base.attach[: point.gpus])
+        else:
+            changes["gpus"] = point.gpus
+        if point.kind == "concurrency":
+            changes["max_concurrency"] = int(point.value)
+        return dataclasses.replace(base, **changes)
+
+    def _point_name(self, kind: str, value: float, gpus: int, policy: str) -> str:
+        prefix = (f"g{gpus}-" if len(self.gpus) > 1 else "") + (f"{_label(policy)}-" if len(self.policies) > 1 else "")
+        name = f"{prefix}{kind}-{_fmt_value(value)}"
+        taken = {row["point"] for row in self.rows}
+        unique, n = name, 2
+        while unique in taken or (self.dir / unique).exists():
+            unique, n = f"{name}-{n}", n + 1
+        return unique
+
+    def run_point(self, kind: str, value: float, gpus: int, policy: str, shared: SharedServers | None) -> dict[str, Any]:
+        from tracebench.report.headline import headline
+
+        point = Point(self._point_name(kind, value, gpus, policy), kind, value, gpus, policy)
+        trace = self.dir / "traces" / f"{point.name}.jsonl"
+        if kind == "rate":
+            write_point_trace(trace, self.cfg.base.trace, self.header, self.requests, rate=value)
+        else:
+            write_point_trace(trace, self.cfg.base.trace, self.header, self.requests, at_once=True)
+        unit = "req/s" if kind == "rate" else "in flight"
+        self.stderr.write(f"tracebench sweep: point {len(self.rows) + 1}: {point.name} ({_fmt_value(value)} {unit}, "
+                          f"{gpus} server(s), policy {policy})\n")
+        self.stderr.flush()
+        t0 = time.monotonic()
+        try:
+            run_dir = run_replay(self._point_config(point, trace), self.stderr, shared)
+        except BaseException:
+            # the run folder is complete (the replay's promise): keep its row if it has one, then stop the sweep
+            if (self.dir / point.name / "requests.jsonl").exists():
+                self._add_row(point, self.dir / point.name, time.monotonic() - t0, headline)
+            raise
+        return self._add_row(point, run_dir, time.monotonic() - t0, headline)
+
+    def _add_row(self, point: Point, run_dir: Path, wall: float, headline: Any) -> dict[str, Any]:
+        h = headline(run_dir, warmup=self.cfg.warmup, slo=self.slo, slo_percentile=self.cfg.slo_percentile,
+                     bootstrap=self.cfg.bootstrap, seed=0)
+        run_json = orjson.loads((run_dir / "run.json").read_bytes())
+        row = point_row(point, h, run_json.get("saturation"), wall)
+        row["trace"] = f"traces/{point.name}.jsonl"
+        self.rows.append(row)
+        self.write_summary()
+        return row
+
+    # ---- the whole sweep ---------------------------------------------------------------------------------------
+
+    def run(self) -> Path:
+        self.dir.mkdir(parents=True)
+        (self.dir / "traces").mkdir()
+        shared = None
+        fleet = None
+        try:
+            try:
+                if self.launches:
+                    (self.dir / "servers").mkdir()
+                    launch = dataclasses.replace(self.cfg.base, gpus=max(self.gpus), policy=self.policies[0])
+                    fleet = launch_fleet(launch, self.dir / "servers")
+                    self.servers = [fleet.describe(i) for i in range(len(fleet.plans))]
+                    for server in self.servers:
+                        server["log"] = f"servers/{server['log']}"
+                    self.write_summary()
+                    fleet.start()
+                    self.servers = [{**fleet.describe(i), "log": f"servers/{fleet.plans[i].log.name}"}  # type: ignore[union-attr]
+                                    for i in range(len(fleet.plans))]
+                    asyncio.run(_wait_healthy(fleet, launch.resolve().startup_timeout))  # type: ignore[arg-type]
+                    shared = SharedServers(fleet, f"tracebench sweep {self.name}", "../servers")
+                self.stderr.write(f"tracebench sweep: {self.cfg.kind} sweep, folder {self.dir}"
+                                  + (f", {len(fleet.plans)} server(s) launched once" if fleet is not None else "") + "\n")
+                if self.cfg.kind == "capacity":
+                    self._search(shared)
+                else:
+                    values = self.cfg.rates if self.cfg.kind == "rate" else self.cfg.concurrency
+                    for gpus in self.gpus:
+                        for policy in self.policies:
+                            for value in values:
+                                self.run_point(self.cfg.kind, float(value), gpus, policy, shared)
+                self.status = "completed"
+            except (KeyboardInterrupt, RunInterrupted):
+                self.status = "interrupted"
+                raise
+            except BaseException:
+                self.status = "failed"
+                raise
+            finally:
+                if fleet is not None:
+                    fleet.stop()
+        except KeyboardInterrupt:
+            raise RunInterrupted(f"interrupted; the sweep folder {self.dir} keeps the points done") from None
+        finally:
+            self.write_summary()
+            self._write_figure()
+        return self.dir
+
+    def _search(self, shared: SharedServers | None) -> None:
+        base_start = self.cfg.start_rate or self.source_rate
+        assert base_start is not None
+        found: dict[int, float] = {}
+        for gpus in self.gpus:
+            for policy in self.policies:
+                if gpus in found:
+                    start = found[gpus]
+                else:
+                    start = base_start * gpus / min(self.gpus)
+                search = RateSearch(start, self.cfg.rate_tolerance, self.cfg.max_points)
+                entry: dict[str, Any] = {"gpus": gpus, "policy": policy, "start_rate": start}
+                self.searches.append(entry)
+                while (rate := search.next_rate()) is not None:
+                    row = self.run_point("rate", rate, gpus, policy, shared)
+                    verdict = row["verdict"]
+                    search.record(rate, "missed" if verdict == "saturated" else verdict)
+                    entry.update(search.result().to_json())
+                entry.update(search.result().to_json())
+                result: SearchResult = search.result()
+                if result.lo is not None:
+                    found.setdefault(gpus, result.lo)
+                self.stderr.write(f"tracebench sweep: {gpus} server(s), policy {policy}: {capacity_line(entry)}\n")
+        self.write_summary()
+
+    # ---- outputs -----------------------------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        cfg = self.cfg
+        dims: dict[str, Any] = {"gpus": list(self.gpus), "policies": list(self.policies)}
+        if cfg.kind == "rate":
+            dims["rates"] = list(cfg.rates)
+        elif cfg.kind == "concurrency":
+            dims["concurrency"] = list(cfg.concurrency)
+        rules = {"saturation": SATURATION_RULE if cfg.base.saturation_window is not None else None,
+                 "intervals": "95% percentile-bootstrap intervals of each point's own percentile "
+                              f"({cfg.bootstrap} resamples, seed 0; report/headline.py); pooled ITL has none"}
+        if cfg.kind == "capacity":
+            rules["search"] = SEARCH_RULE
+        options = cfg.base.to_json()
+        for key in ("trace", "run_name", "out_dir"):
+            options.pop(key, None)
+        return {
+            "tracebench_sweep": SWEEP_FORMAT,
+            "tracebench_version": __version__,
+            "name": self.name,
+            "kind": cfg.kind,
+            "status": self.status,
+            "wall_s": time.monotonic() - self.t0,
+            "trace": {"path": str(cfg.base.trace), "sha256": self.trace_sha, "num_requests": len(self.requests),
+                      "rate": self.source_rate},
+            "replay_options": options,
+            "dimensions": dims,
+            "slo": None if self.slo is None else {"spec": cfg.slo_spec, "limits_s": self.slo,
+                                                  "percentile": cfg.slo_percentile},
+            "warmup_s": cfg.warmup,
+            "saturation_window_s": cfg.base.saturation_window,
+            "speed": cfg.base.speed,
+            "servers": None if self.servers is None else {"launched_by": "this sweep, once for every point",
+                                                          "servers": self.servers},
+            "rules": rules,
+            "points": self.rows,
+            "capacity": self.searches if cfg.kind == "capacity" else None,
+        }
+
+    def write_summary(self) -> None:
+        if not self.dir.exists():
+            return
+        from tracebench.sweep.output import summary_csv
+
+        doc = self.summary()
+        _write(self.dir / "summary.json", orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+               + b"\n")
+        _write(self.dir / "summary.csv", summary_csv(doc).encode())
+
+    def _write_figure(self) -> None:
+        if not self.rows:
+            return
+        from tracebench.report.render.load_latency import render_sweep_html
+
+        page, png = render_sweep_html(self.summary())
+        _write(self.dir / "load-latency.html", page.encode())
+        _write(self.dir / "load-latency.png", png)
+
+
+def point_row(point: Point, h: Any, saturation: dict[str, Any] | None, wall: float) -> dict[str, Any]:
+    """A summary row: the point, what happened, and its figures (latencies null when over-saturated)."""
+    saturated = h.status == "saturated"
+
+    def estimate(e: Any) -> dict[str, Any]:
+        return {"value": _finite(e.value), "ci95": None if e.ci_low is None else [_finite(e.ci_low), _finite(e.ci_high)]}
+
+    slo_check = {
+        key: {"limit_s": check.limit, "percentile": check.percentile, **estimate(check.estimate),
+              "verdict": check.verdict}
+        for key, check in h.slo.items()
+    }
+    verdict = "saturated" if saturated else h.slo_verdict
+    return {
+        "point": point.name,
+        "run": point.name,
+        "rate": point.value if point.kind == "rate" else None,
+        "concurrency": int(point.value) if point.kind == "concurrency" else None,
+        "gpus": point.gpus,
+        "policy": point.policy,
+        "status": h.status,
+        "saturated": saturated,
+        "saturation": None if saturation is None else saturation.get("detail"),
+        "requests": h.requests,
+        "counts": h.counts,
+        "duration_s": h.duration,
+        "throughput_rps": h.requests_per_s,
+        "output_tokens_per_s": h.output_tokens_per_s,
+        "goodput_rps": h.goodput,
+        "slo_fraction": h.slo_fraction,
+        "latency_s": None if saturated else {
+            key: {stat: estimate(e) for stat, e in stats.items()} for key, stats in h.latency.items()
+        },
+        "slo_check": slo_check or None,
+        "verdict": verdict,
+        "wall_s": wall,
+    }
+
+
+def capacity_line(entry: dict[str, Any]) -> str:
+    lo, hi = entry.get("max_rate"), entry.get("lowest_rate_not_met")
+    if lo is None:
+        return f"no rate met the SLO (lowest tried {_fmt_value(hi)} req/s); {entry.get('stopped')}" if hi else "no point"
+    if hi is None:
+        return f"every rate tried met the SLO, up to {_fmt_value(lo)} req/s; {entry.get('stopped')}"
+    return (f"max rate {_fmt_value(lo)} req/s (met; {_fmt_value(hi)} did not), {len(entry.get('points', []))} points; "
+            f"{entry.get('stopped')}")
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON has no infinity: a percentile that falls on failed requests is written null (docs/sweep.md)."""
+    return None if value is None or not math.isfinite(value) else value
+
+
+async def _wait_healthy(fleet: Any, timeout: float) -> None:
+    client = SglangClient(None, True)
+    try:
+        await fleet.wait_healthy(client, timeout)
+    finally:
+        await client.close()
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def run_sweep(cfg: SweepConfig, stdout: IO[str] = sys.stdout, stderr: IO[str] = sys.stderr) -> Path:
+    """Run the sweep; returns its folder. Every launched server is stopped whatever happens; the summary keeps the
+    points that ran."""
+    sweep = Sweep(cfg, stdout, stderr)
+    folder = sweep.run()
+    from tracebench.sweep.output import terminal_summary
+
+    stdout.write(terminal_summary(sweep.summary()))
+    return folder
