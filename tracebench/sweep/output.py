@@ -110,7 +110,7 @@ def _wrap(text: str, indent: str = "  ") -> list[str]:
     return lines
 
 
-def terminal_summary(doc: dict[str, Any]) -> str:
+def terminal_summary(doc: dict[str, Any], folder: str) -> str:
     """The sweep as a table that fits WIDTH columns, then the capacity found, the notes, the folder."""
     points = doc["points"]
     kind = doc["kind"]
@@ -152,6 +152,8 @@ def terminal_summary(doc: dict[str, Any]) -> str:
                      + next(r["saturation"] for r in points if r["saturated"]))
     for note in notes:
         lines += _wrap(note)
+    for warning in doc.get("warnings") or []:
+        lines += _wrap("! " + warning, indent="")
     for entry in doc.get("capacity") or []:
         from tracebench.sweep.run import capacity_line
 
@@ -165,6 +167,6 @@ def terminal_summary(doc: dict[str, Any]) -> str:
                 f"{_ms(c['ci95'][1]) if c['ci95'] else '-'}] <= {_ms(c['limit_s'])}"
                 for k, c in best["slo_check"].items())
             lines += _wrap(f"at {best['rate']:.4g} req/s: {checks}", indent="  ")
-    lines += _wrap(f"folder: {doc['name']}/ (summary.csv, summary.json, load-latency.html and .png, traces/, "
-                   "one run folder per point: `tracebench report` compares any of them)", indent="")
+    lines += _wrap(f"folder: {folder} (summary.csv, summary.json, load-latency.html and .png, traces/, one run "
+                   "folder per point: `tracebench report` compares any of them)", indent="")
     return "\n".join(lines) + "\n"

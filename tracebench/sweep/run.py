@@ -213,6 +213,7 @@ class Sweep:
         run_json = orjson.loads((run_dir / "run.json").read_bytes())
         row = point_row(point, h, run_json.get("saturation"), wall)
         row["trace"] = f"traces/{point.name}.jsonl"
+        row["arrivals_s"] = run_json["trace"]["duration_s"]  # trace seconds from the first arrival to the last
         self.rows.append(row)
         self.write_summary()
         return row
@@ -329,7 +330,22 @@ class Sweep:
             "rules": rules,
             "points": self.rows,
             "capacity": self.searches if cfg.kind == "capacity" else None,
+            "warnings": self.warnings(),
         }
+
+    def warnings(self) -> list[str]:
+        """What the numbers cannot say: points too short for the saturation rule to judge."""
+        out = []
+        window = self.cfg.base.saturation_window
+        if self.cfg.kind != "concurrency":
+            short = [row["point"] for row in self.rows
+                     if not row["saturated"] and window is not None and row["arrivals_s"] < 2 * window]
+            if short:
+                out.append(f"{len(short)} point(s) ({', '.join(short[:6])}{', ...' if len(short) > 6 else ''}) "
+                           f"had arrivals for less than two saturation windows (2 x {window:g} s): an overload "
+                           "could not be stopped there, and their latencies depend on the trace's length (a longer "
+                           "trace, or a smaller --saturation-window, lets the rule judge them)")
+        return out
 
     def write_summary(self) -> None:
         if not self.dir.exists():
@@ -426,5 +442,5 @@ def run_sweep(cfg: SweepConfig, stdout: IO[str] = sys.stdout, stderr: IO[str] = 
     folder = sweep.run()
     from tracebench.sweep.output import terminal_summary
 
-    stdout.write(terminal_summary(sweep.summary()))
+    stdout.write(terminal_summary(sweep.summary(), str(folder)))
     return folder

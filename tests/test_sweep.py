@@ -1,0 +1,205 @@
+"""`tracebench sweep`: a rate sweep end to end on sim-servers, an over-saturated point stopped, the capacity search
+converging to the service capacity of a one-request-at-a-time server, and the rules' units (docs/sweep.md)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+
+
+def _gen(path: Path, *args: str) -> Path:
+    done = run_cli("generate", "-o", str(path), "--length-dist", "fixed", "--seed", "1", *args)
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+def _summary(folder: Path) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+
+
+def test_rate_sweep_end_to_end(tmp_path: Path) -> None:
+    trace = _gen(tmp_path / "t.jsonl", "--rate", "8", "--num-requests", "40", "--input-len", "64", "--output-len", "32")
+    done = run_cli("sweep", str(trace), "--rates", "2,4,8,16", "--backend", "sim", "--gpus", "2", "--speed", "20",
+                   "--policy", "round_robin", "--slo", "ttft=500ms,tpot=50ms", "--bootstrap", "200", "--quiet",
+                   "--out-dir", str(tmp_path / "out"), "--name", "sw")
+    assert done.returncode == 0, done.stderr
+    folder = tmp_path / "out" / "sw"
+    assert done.stdout.strip().splitlines()[-1] == str(folder)
+    assert max(len(line) for line in done.stdout.splitlines()) <= 100, done.stdout
+    for name in ("summary.json", "summary.csv", "load-latency.html", "servers/server-0.log", "servers/server-1.log"):
+        assert (folder / name).is_file(), name
+    assert (folder / "load-latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    doc = _summary(folder)
+    assert doc["status"] == "completed" and doc["kind"] == "rate"
+    rows = doc["points"]
+    assert [row["rate"] for row in rows] == [2.0, 4.0, 8.0, 16.0]
+    source = [json.loads(line) for line in trace.read_text().splitlines()[1:]]
+    pids = set()
+    for row in rows:
+        # the point's own trace: the same requests in the same order, the arrivals rescaled to the point's rate
+        point = [json.loads(line) for line in (folder / row["trace"]).read_text().splitlines()[1:]]
+        assert [(r["id"], r["input_len"], r["output_len"]) for r in point] == \
+               [(r["id"], r["input_len"], r["output_len"]) for r in source]
+        rate = (len(point) - 1) / (point[-1]["arrival_s"] - point[0]["arrival_s"])
+        assert rate == pytest.approx(row["rate"], rel=1e-3)
+        # an ordinary run folder on the servers the sweep launched once
+        meta = json.loads((folder / row["run"] / "run.json").read_text())
+        assert meta["status"] == "completed" and meta["options"]["flush_cache"] is True
+        assert meta["servers_launched_by"] == "tracebench sweep sw"
+        assert all(s["launch_command"] and s["log"].startswith("../servers/") for s in meta["servers"])
+        pids.add(tuple(s["pid"] for s in meta["servers"]))
+        assert meta["policy"]["name"] == "round_robin" and len(meta["servers"]) == 2
+        assert row["status"] == "completed" and not row["saturated"] and row["counts"]["ok"] == 40
+        assert row["throughput_rps"] > 0 and row["goodput_rps"] is not None
+        for metric in ("ttft", "tpot", "total"):
+            for stat in ("p50", "p99"):
+                est = row["latency_s"][metric][stat]
+                assert est["ci95"][0] <= est["value"] <= est["ci95"][1]
+        assert row["verdict"] in ("met", "missed", "uncertain")
+        assert set(row["slo_check"]) == {"ttft", "tpot"}
+    assert len(pids) == 1  # the same server processes for every point
+    for pid in next(iter(pids)):  # and all stopped at the end
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    with (folder / "summary.csv").open() as fh:
+        table = list(csv.DictReader(fh))
+    assert [float(r["rate"]) for r in table] == [2.0, 4.0, 8.0, 16.0]
+    assert {"ttft_p99_s", "ttft_p99_ci95_low_s", "tpot_p50_s", "itl_p99_s", "total_p99_s", "goodput_rps",
+            "slo_ttft_p99_s", "slo_ttft_verdict"} <= set(table[0])
+    # any two points compare with the report (their traces differ in arrivals only)
+    report = run_cli("report", str(folder / "rate-2"), str(folder / "rate-16"), "--allow-different-traces")
+    assert report.returncode == 0, report.stderr
+
+
+def test_overloaded_point_is_stopped_as_saturated(tmp_path: Path) -> None:
+    trace = _gen(tmp_path / "t.jsonl", "--rate", "40", "--num-requests", "400", "--input-len", "64",
+                 "--output-len", "128")
+    done = run_cli("sweep", str(trace), "--rates", "40", "--backend", "sim", "--speed", "10",
+                   "--max-running-requests", "8", "--saturation-window", "3", "--bootstrap", "100", "--quiet",
+                   "--out-dir", str(tmp_path), "--name", "sat")
+    assert done.returncode == 0, done.stderr
+    row = _summary(tmp_path / "sat")["points"][0]
+    assert row["saturated"] and row["status"] == "saturated" and row["verdict"] == "saturated"
+    assert row["latency_s"] is None  # no latency for an over-saturated point
+    assert "over-saturated at" in row["saturation"]
+    meta = json.loads((tmp_path / "sat" / "rate-40" / "run.json").read_text())
+    detected = meta["saturation"]["detected"]
+    assert meta["status"] == "saturated" and detected["rise"] >= 8 and 6 <= detected["t"] < 40
+    records = _records(tmp_path / "sat" / "rate-40")
+    assert len(records) == 400  # every request has its record, however the run ended
+    stopped = [r for r in records if r["status"] != "ok"]
+    assert stopped and all(r["error"].startswith("run stopped: over-saturated") for r in stopped)
+    assert "saturated" in done.stdout
+
+
+def test_capacity_search_converges_to_a_known_boundary(tmp_path: Path) -> None:
+    """One server that serves one request at a time (cap 1), constant arrivals, fixed lengths: a D/D/1 queue. Above
+    its capacity 1/S (S: the service cycle) request i waits i (S - 1/r) more than alone, so the p99 TTFT (index h =
+    0.99 (n - 1)) meets a limit X up to r* = 1 / (S - (X - TTFT alone) / h). Host jitter only adds waiting, so the
+    search must stop within its tolerance, at or somewhat below r*, never above it."""
+    n, limit = 30, 0.5
+    trace = _gen(tmp_path / "t.jsonl", "--rate", "2.4", "--num-requests", str(n), "--arrival", "constant",
+                 "--input-len", "32", "--output-len", "32")
+    done = run_cli("sweep", str(trace), "--find-max-rate", "--slo", f"ttft={limit}", "--backend", "sim",
+                   "--speed", "20", "--max-running-requests", "1", "--saturation-window", "0", "--bootstrap", "200",
+                   "--quiet", "--out-dir", str(tmp_path), "--name", "cap")
+    assert done.returncode == 0, done.stderr
+    doc = _summary(tmp_path / "cap")
+    (search,) = doc["capacity"]
+    lo, hi = search["max_rate"], search["lowest_rate_not_met"]
+    assert lo is not None and hi is not None and (hi - lo) / lo <= 0.05, search
+    assert search["stopped"].startswith("bracket within")
+    # S: dispatch to dispatch at the most overloaded point (the server never idle there), in simulated seconds
+    top = max(doc["points"], key=lambda row: row["rate"])
+    cycle = float(np.median(np.diff(np.sort([r["t_dispatch"] for r in _records(tmp_path / "cap" / top["run"])])))) * 20
+    alone = min(doc["points"], key=lambda row: row["rate"])["latency_s"]["ttft"]["p50"]["value"]
+    boundary = 1 / (cycle - (limit - alone) / (0.99 * (n - 1)))
+    assert 0.85 * boundary <= lo <= 1.03 * boundary, (lo, hi, boundary)
+    assert "max rate" in done.stdout
+
+
+def test_saturation_rule() -> None:
+    from tracebench.replay.saturation import SaturationWatch
+
+    def first_verdict(arrivals_per_s: float, completions_per_s: float, wobble: float, seconds: float = 60.0):
+        watch = SaturationWatch(10.0)
+        rng = np.random.default_rng(0)
+        for t in np.arange(watch.interval, seconds, watch.interval):
+            arrived = int(arrivals_per_s * t)
+            # a stable queue: completions follow arrivals, the outstanding count wobbling (up to ~wobble requests)
+            finished = min(arrived, int(completions_per_s * t - wobble * (1 + np.sin(t / 4)) - rng.integers(0, 5)))
+            verdict = watch.sample(float(t), arrived, max(finished, 0))
+            if verdict is not None:
+                return verdict
+        return None
+
+    assert first_verdict(10, 10, wobble=15) is None  # busy but stable
+    assert first_verdict(10, 9.5, wobble=5) is None  # 5% short: mild, not stopped
+    verdict = first_verdict(15, 10, wobble=5)  # 1.5x: stopped within two windows and a quarter
+    assert verdict is not None and 20 <= verdict.t <= 23 and verdict.slope == pytest.approx(5, rel=0.2)
+
+
+def test_rate_search() -> None:
+    from tracebench.sweep.search import RateSearch
+
+    def run(boundary: float, start: float, uncertain_band: float = 0.0) -> RateSearch:
+        search = RateSearch(start, 0.05, 12)
+        while (rate := search.next_rate()) is not None:
+            verdict = ("uncertain" if abs(rate - boundary) < uncertain_band
+                       else "met" if rate <= boundary else "missed")
+            search.record(rate, verdict)
+        return search
+
+    up = run(7.3, 2.0)  # bracket upwards, then bisect
+    assert up.lo <= 7.3 < up.hi and (up.hi - up.lo) / up.lo <= 0.05
+    down = run(0.9, 8.0)  # bracket downwards
+    assert down.lo <= 0.9 < down.hi and (down.hi - down.lo) / down.lo <= 0.05
+    noisy = run(7.3, 2.0, uncertain_band=1.0)  # the trace cannot resolve the boundary: two uncertain points stop it
+    assert "uncertain" in noisy.reason and noisy.lo <= 6.3
+    never = run(0.0, 1.0)
+    assert never.lo is None and "no rate met" in never.reason
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ((), "give one of --rates"),
+    (("--rates", "5", "--concurrency", "4"), "got --rates and --concurrency"),
+    (("--find-max-rate",), "--find-max-rate needs --slo"),
+    (("--rates", "5,x"), "expected numbers separated by commas"),
+    (("--rates", "5", "--slo", "ttft_p99=1"), "unknown key 'ttft_p99'"),
+    (("--rates", "5", "--start-rate", "3"), "--start-rate is for --find-max-rate"),
+])
+def test_bad_options_exit_2(tmp_path: Path, args: tuple[str, ...], expected: str) -> None:
+    from click.testing import CliRunner
+
+    from tracebench.cli import main
+
+    trace = _gen(tmp_path / "t.jsonl", "--rate", "8", "--num-requests", "10") if not (tmp_path / "t.jsonl").exists() \
+        else tmp_path / "t.jsonl"
+    result = CliRunner().invoke(main, ["sweep", str(trace), "--backend", "sim", "--out-dir", str(tmp_path), *args])
+    assert result.exit_code == 2 and expected in result.output, result.output
+    assert not list(tmp_path.glob("sweep-*"))  # nothing made
+
+
+def test_closed_loop_trace_refused(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tracebench.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    done = run_cli("generate", "--workload", "multi-turn", "--sessions", "3", "--turns", "2", "--closed-loop",
+                   "-o", str(trace))
+    assert done.returncode == 0, done.stderr
+    result = CliRunner().invoke(main, ["sweep", str(trace), "--rates", "1", "--backend", "sim"])
+    assert result.exit_code == 2 and "closed-loop" in result.output, result.output
