@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from tracebench.report.load import load_run
-from tracebench.report.metrics import (
-    CI_LEVEL, PERCENTILES, SLO_KEYS, _run_stats, bootstrap_percentile, latency_expr,
-)
+from tracebench.report.metrics import CI_LEVEL, PERCENTILES, SLO_KEYS, bootstrap_percentile, latency_expr
+from tracebench.report.metrics.stats import _run_stats
 
 HEADLINE_METRICS = ("ttft", "tpot", "itl", "total")  # the latencies of a sweep's table
 HEADLINE_STATS = ("p50", "p99")
