@@ -20,6 +20,11 @@ def _gen(path: Path, *args: str) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _gen(tmp_path_factory.mktemp("trace") / "t.jsonl", "--rate", "8", "--num-requests", "50")
+
+
 def _summary(folder: Path) -> dict:
     return json.loads((folder / "summary.json").read_text())
 
@@ -130,6 +135,23 @@ def test_capacity_search_converges_to_a_known_boundary(tmp_path: Path) -> None:
     assert "max rate" in done.stdout
 
 
+def test_point_traces(small_trace: Path, tmp_path: Path) -> None:
+    from tracebench.sweep.traces import trace_rate, write_point_trace
+    from tracebench.trace.format import load_trace
+
+    source = small_trace
+    header, requests = load_trace(source)
+    _, whole = load_trace(write_point_trace(tmp_path / "a.jsonl", source, header, requests, rate=2.0))
+    assert trace_rate(whole) == pytest.approx(2.0, rel=1e-4) and whole[0].arrival_s == 0
+    assert [(r.id, r.input_len, r.output_len) for r in whole] == [(r.id, r.input_len, r.output_len) for r in requests]
+    cut_header, cut = load_trace(write_point_trace(tmp_path / "b.jsonl", source, header, requests, rate=2.0,
+                                                   duration=5.0))
+    assert cut == whole[: len(cut)] and cut[-1].arrival_s <= 5.0 < whole[len(cut)].arrival_s
+    assert cut_header.num_requests == len(cut) and cut_header.fields["sweep_point"]["point_duration_s"] == 5.0
+    _, at_once = load_trace(write_point_trace(tmp_path / "c.jsonl", source, header, requests, at_once=True))
+    assert {r.arrival_s for r in at_once} == {0.0} and len(at_once) == 50
+
+
 def test_saturation_rule() -> None:
     from tracebench.replay.saturation import SaturationWatch
 
@@ -180,14 +202,12 @@ def test_rate_search() -> None:
     (("--rates", "5", "--slo", "ttft_p99=1"), "unknown key 'ttft_p99'"),
     (("--rates", "5", "--start-rate", "3"), "--start-rate is for --find-max-rate"),
 ])
-def test_bad_options_exit_2(tmp_path: Path, args: tuple[str, ...], expected: str) -> None:
+def test_bad_options_exit_2(small_trace: Path, tmp_path: Path, args: tuple[str, ...], expected: str) -> None:
     from click.testing import CliRunner
 
     from tracebench.cli import main
 
-    trace = _gen(tmp_path / "t.jsonl", "--rate", "8", "--num-requests", "10") if not (tmp_path / "t.jsonl").exists() \
-        else tmp_path / "t.jsonl"
-    result = CliRunner().invoke(main, ["sweep", str(trace), "--backend", "sim", "--out-dir", str(tmp_path), *args])
+    result = CliRunner().invoke(main, ["sweep", str(small_trace), "--backend", "sim", "--out-dir", str(tmp_path), *args])
     assert result.exit_code == 2 and expected in result.output, result.output
     assert not list(tmp_path.glob("sweep-*"))  # nothing made
 

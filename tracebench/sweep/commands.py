@@ -71,6 +71,9 @@ _SATURATION = click.option(
               help="--find-max-rate: stop bisecting when the bracket (hi - lo) / lo is at most F.")
 @click.option("--max-points", type=int, default=12, show_default=True, metavar="N",
               help="--find-max-rate: at most N points per search.")
+@click.option("--point-duration", type=float, default=None, metavar="S",
+              help="Rate points: replay only the requests arriving in the first S trace seconds at the point's rate "
+                   "(a prefix of the trace, in order), so every point lasts about S. [default: the whole trace]")
 @click.option("--warmup", type=float, default=0.0, show_default=True, metavar="S",
               help="Leave out of each point's figures the requests arriving in its first S trace seconds (the "
                    "report's --warmup).")
@@ -83,7 +86,7 @@ _SATURATION = click.option(
 @click.pass_context
 def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str | None, find_max_rate: bool,
           slo: str | None, slo_percentile: float, start_rate: float | None, rate_tolerance: float, max_points: int,
-          warmup: float, bootstrap: int, name: str | None, **options: Any) -> None:
+          point_duration: float | None, warmup: float, bootstrap: int, name: str | None, **options: Any) -> None:
     """Replay TRACE at several loads, or find the highest rate that meets SLOs: one run folder per point.
 
     \b
@@ -119,7 +122,7 @@ def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str |
         base=base, rates=_floats("--rates", rates), concurrency=_ints("--concurrency", concurrency),
         find_max_rate=find_max_rate, gpus=gpus, policies=policies, slo_spec=slo, slo_percentile=slo_percentile,
         warmup=warmup, bootstrap=bootstrap, name=name, start_rate=start_rate, rate_tolerance=rate_tolerance,
-        max_points=max_points,
+        max_points=max_points, point_duration=point_duration,
     )
     folder = run_sweep(cfg)
     click.echo(folder)

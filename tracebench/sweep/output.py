@@ -12,8 +12,8 @@ WIDTH = 100
 
 
 def _csv_columns(doc: dict[str, Any]) -> list[str]:
-    cols = ["point", "rate", "concurrency", "gpus", "policy", "status", "verdict", "requests", "ok", "not_ok",
-            "duration_s", "throughput_rps", "output_tokens_per_s", "goodput_rps", "slo_fraction"]
+    cols = ["point", "rate", "offered_rps", "concurrency", "gpus", "policy", "status", "verdict", "requests", "ok",
+            "not_ok", "duration_s", "throughput_rps", "output_tokens_per_s", "goodput_rps", "slo_fraction"]
     for metric in HEADLINE_METRICS:
         for stat in HEADLINE_STATS:
             cols += [f"{metric}_{stat}_s", f"{metric}_{stat}_ci95_low_s", f"{metric}_{stat}_ci95_high_s"]
@@ -41,8 +41,8 @@ def summary_csv(doc: dict[str, Any]) -> str:
     slo = doc.get("slo")
     for row in doc["points"]:
         counts = row["counts"]
-        line: dict[str, Any] = {k: row.get(k) for k in ("point", "rate", "concurrency", "gpus", "policy", "status",
-                                                       "verdict", "requests", "duration_s", "throughput_rps",
+        line: dict[str, Any] = {k: row.get(k) for k in ("point", "rate", "offered_rps", "concurrency", "gpus", "policy",
+                                                       "status", "verdict", "requests", "duration_s", "throughput_rps",
                                                        "output_tokens_per_s", "goodput_rps", "slo_fraction",
                                                        "saturation", "wall_s")}
         line["ok"] = counts.get("ok")

@@ -60,6 +60,7 @@ class SweepConfig:
     start_rate: float | None = None
     rate_tolerance: float = 0.05
     max_points: int = 12
+    point_duration: float | None = None  # trace seconds of arrivals per rate point (a prefix of the trace)
 
     @property
     def kind(self) -> str:
@@ -153,6 +154,10 @@ class Sweep:
             raise ConfigError(f"--rate-tolerance must be > 0, got {cfg.rate_tolerance:g}")
         if cfg.max_points < 2:
             raise ConfigError(f"--max-points must be >= 2, got {cfg.max_points}")
+        if cfg.point_duration is not None and not cfg.point_duration > 0:
+            raise ConfigError(f"--point-duration must be > 0, got {cfg.point_duration:g}")
+        if cfg.point_duration is not None and cfg.concurrency:
+            raise ConfigError("--point-duration is for rate points (a concurrency point releases every request at once)")
         if cfg.bootstrap < 0 or cfg.warmup < 0:
             raise ConfigError("--bootstrap and --warmup must be >= 0")
         if cfg.base.attach and cfg.base.gpus is not None:
@@ -190,7 +195,8 @@ class Sweep:
         point = Point(self._point_name(kind, value, gpus, policy), kind, value, gpus, policy)
         trace = self.dir / "traces" / f"{point.name}.jsonl"
         if kind == "rate":
-            write_point_trace(trace, self.cfg.base.trace, self.header, self.requests, rate=value)
+            write_point_trace(trace, self.cfg.base.trace, self.header, self.requests, rate=value,
+                              duration=self.cfg.point_duration)
         else:
             write_point_trace(trace, self.cfg.base.trace, self.header, self.requests, at_once=True)
         unit = "req/s" if kind == "rate" else "in flight"
@@ -214,6 +220,10 @@ class Sweep:
         row = point_row(point, h, run_json.get("saturation"), wall)
         row["trace"] = f"traces/{point.name}.jsonl"
         row["arrivals_s"] = run_json["trace"]["duration_s"]  # trace seconds from the first arrival to the last
+        n = run_json["trace"]["num_requests"]
+        # what the point's own trace offered ((n - 1) / span, inspect's mean rate): the rate itself for a whole
+        # trace, near it for a --point-duration prefix
+        row["offered_rps"] = (n - 1) / row["arrivals_s"] if point.kind == "rate" and n > 1 and row["arrivals_s"] > 0 else None
         self.rows.append(row)
         self.write_summary()
         return row
@@ -323,6 +333,7 @@ class Sweep:
             "slo": None if self.slo is None else {"spec": cfg.slo_spec, "limits_s": self.slo,
                                                   "percentile": cfg.slo_percentile},
             "warmup_s": cfg.warmup,
+            "point_duration_s": cfg.point_duration,
             "saturation_window_s": cfg.base.saturation_window,
             "speed": cfg.base.speed,
             "servers": None if self.servers is None else {"launched_by": "this sweep, once for every point",
@@ -334,8 +345,15 @@ class Sweep:
         }
 
     def warnings(self) -> list[str]:
-        """What the numbers cannot say: points too short for the saturation rule to judge."""
+        """What the numbers cannot say: points too short for the saturation rule to judge, or shorter than
+        --point-duration because the trace ran out."""
         out = []
+        if self.cfg.point_duration is not None:
+            cut = [row["point"] for row in self.rows if row["arrivals_s"] < 0.95 * self.cfg.point_duration]
+            if cut:
+                out.append(f"{len(cut)} point(s) ({', '.join(cut[:6])}{', ...' if len(cut) > 6 else ''}) had arrivals "
+                           f"for less than --point-duration {self.cfg.point_duration:g} s: the trace has too few "
+                           "requests for that rate (generate a longer one)")
         window = self.cfg.base.saturation_window
         if self.cfg.kind != "concurrency":
             short = [row["point"] for row in self.rows

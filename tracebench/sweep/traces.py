@@ -4,6 +4,9 @@
   `tracebench inspect` prints, its mean rate (requests - 1) / (last arrival - first arrival); the point's arrivals
   are (arrival_s - first arrival) x (trace rate / point rate), so its mean rate is the point's rate, it starts at 0,
   and the gaps keep their shape (a bursty trace stays as bursty).
+  With --point-duration S only the requests whose rescaled arrival is within S trace seconds are kept: a prefix of
+  the trace, in order, so every point lasts about S whatever its rate (a trace too short for S at a high rate
+  gives a shorter point; the summary says how long each point's arrivals lasted).
 - A concurrency point: the same requests, every one arriving at 0 (all released at once; the replay's
   --max-concurrency N keeps at most N in flight).
 Every other field of a request (prefix_blocks, extra fields) is written as it was. A closed-loop trace (requests with
@@ -50,9 +53,10 @@ def _line(request: TraceRequest, arrival_s: float) -> bytes:
 
 
 def write_point_trace(path: Path, source: Path, header: TraceHeader, requests: list[TraceRequest], *,
-                      rate: float | None = None, at_once: bool = False) -> Path:
-    """The trace of one point: rescaled to `rate` requests/s, or with every arrival at 0 (`at_once`). Its header is
-    the source's, with duration_s updated and `sweep_point` saying where it came from and how it was made."""
+                      rate: float | None = None, at_once: bool = False, duration: float | None = None) -> Path:
+    """The trace of one point: rescaled to `rate` requests/s (only the requests arriving within `duration` trace
+    seconds, when given), or with every arrival at 0 (`at_once`). Its header is the source's, with num_requests and
+    duration_s updated and `sweep_point` saying where it came from and how it was made."""
     if (rate is None) == (not at_once):
         raise ValueError("write_point_trace: give rate or at_once")
     first = requests[0].arrival_s
@@ -66,7 +70,12 @@ def write_point_trace(path: Path, source: Path, header: TraceHeader, requests: l
         arrivals = [(r.arrival_s - first) * factor for r in requests]
         made = {"arrivals": "rescaled", "rate": rate, "source_rate": source_rate, "scale": factor,
                 "rule": "arrival_s = (source arrival_s - first arrival) x source_rate / rate"}
+        if duration is not None:
+            keep = sum(1 for a in arrivals if a <= duration)
+            requests, arrivals = requests[:keep], arrivals[:keep]
+            made["point_duration_s"] = duration
     fields = {k: v for k, v in header.fields.items() if k != "tracebench_trace"}
+    fields["num_requests"] = len(requests)
     fields["duration_s"] = round(arrivals[-1], 6)
     fields["sweep_point"] = {"source": str(source), "source_sha256": sha256_file(source), **made}
     return write_trace(path, fields, (_line(r, a) for r, a in zip(requests, arrivals)))
