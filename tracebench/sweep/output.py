@@ -111,19 +111,20 @@ def _wrap(text: str, indent: str = "  ") -> list[str]:
 
 
 def terminal_summary(doc: dict[str, Any], folder: str) -> str:
-    """The sweep as a table that fits WIDTH columns, then the capacity found, the notes, the folder."""
+    """The sweep as a table that fits WIDTH columns (one block per --gpus / --policy combination), then the
+    capacity found, the notes, the folder."""
     points = doc["points"]
     kind = doc["kind"]
-    first = "conc." if kind == "concurrency" else "rate"
-    multi = len(doc["dimensions"]["gpus"]) > 1 or len(doc["dimensions"]["policies"]) > 1
-    head = ["point" if multi else first, "req/s", "good/s", "TTFT p50", "p99", "TPOT p50", "p99", "ITL p99",
-            "total p99", "result"]
-    rows = []
+    head = ["conc." if kind == "concurrency" else "rate", "req/s", "good/s", "TTFT p50", "p99", "TPOT p50", "p99",
+            "ITL p99", "total p99", "result"]
+    groups: dict[tuple[int, str], list[list[str]]] = {}
     for row in points:
-        label = row["point"] if multi else f"{row['rate'] if kind != 'concurrency' else row['concurrency']:.4g}"
-        rows.append([label, _num(row["throughput_rps"]), _num(row["goodput_rps"]), _lat(row, "ttft", "p50"),
-                     _lat(row, "ttft", "p99"), _lat(row, "tpot", "p50"), _lat(row, "tpot", "p99"),
-                     _lat(row, "itl", "p99"), _lat(row, "total", "p99"), _result(row)])
+        value = row["concurrency"] if kind == "concurrency" else row["rate"]
+        groups.setdefault((row["gpus"], row["policy"]), []).append([
+            f"{value:.4g}", _num(row["throughput_rps"]), _num(row["goodput_rps"]), _lat(row, "ttft", "p50"),
+            _lat(row, "ttft", "p99"), _lat(row, "tpot", "p50"), _lat(row, "tpot", "p99"), _lat(row, "itl", "p99"),
+            _lat(row, "total", "p99"), _result(row)])
+    rows = [r for block in groups.values() for r in block]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = []
     speed = f" at --speed {doc['speed']:g}" if doc.get("speed") else ""
@@ -132,11 +133,15 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
                    f"{doc['wall_s']:.1f} s, {doc['status']}", indent="")
 
     def fmt(cells: list[str]) -> str:
-        return "  " + "  ".join(c.ljust(w) if i in (0, len(cells) - 1) else c.rjust(w)
+        return "  " + "  ".join(c.ljust(w) if i == len(cells) - 1 else c.rjust(w)
                                 for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
+    multi = len(groups) > 1
     lines.append(fmt(head))
-    lines += [fmt(r) for r in rows]
+    for (gpus, policy), block in groups.items():
+        if multi:
+            lines.append(f"  {gpus} server{'s' if gpus > 1 else ''}, policy {policy}:")
+        lines += [fmt(r) for r in block]
     slo = doc.get("slo")
     notes = ["latencies in ms (p50/p99 over ok requests, the report's definitions; their 95% intervals are in "
              "summary.csv and summary.json); req/s: ok requests per second of the point's window; "

@@ -345,24 +345,24 @@ class Sweep:
         }
 
     def warnings(self) -> list[str]:
-        """What the numbers cannot say: points too short for the saturation rule to judge, or shorter than
-        --point-duration because the trace ran out."""
+        """What the numbers cannot say: points shorter than --point-duration because the trace ran out, points too
+        short for the saturation rule to judge, ITL distorted by --speed."""
         out = []
+        rates = [row for row in self.rows if row["rate"] is not None]
         if self.cfg.point_duration is not None:
-            cut = [row["point"] for row in self.rows if row["arrivals_s"] < 0.95 * self.cfg.point_duration]
+            cut = [row["point"] for row in rates if row["arrivals_s"] < 0.95 * self.cfg.point_duration]
             if cut:
-                out.append(f"{len(cut)} point(s) ({', '.join(cut[:6])}{', ...' if len(cut) > 6 else ''}) had arrivals "
-                           f"for less than --point-duration {self.cfg.point_duration:g} s: the trace has too few "
-                           "requests for that rate (generate a longer one)")
+                out.append(f"{_some(cut)} had arrivals for less than --point-duration {self.cfg.point_duration:g} s: "
+                           "the trace has too few requests for that rate (generate a longer one)")
         window = self.cfg.base.saturation_window
-        if self.cfg.kind != "concurrency":
-            short = [row["point"] for row in self.rows
-                     if not row["saturated"] and window is not None and row["arrivals_s"] < 2 * window]
-            if short:
-                out.append(f"{len(short)} point(s) ({', '.join(short[:6])}{', ...' if len(short) > 6 else ''}) "
-                           f"had arrivals for less than two saturation windows (2 x {window:g} s): an overload "
-                           "could not be stopped there, and their latencies depend on the trace's length (a longer "
-                           "trace, or a smaller --saturation-window, lets the rule judge them)")
+        short = [row["point"] for row in rates if not row["saturated"] and window is not None
+                 and row["arrivals_s"] < 2 * window]
+        if short:
+            out.append(f"{_some(short)} had arrivals for less than two saturation windows (2 x {window:g} s): the "
+                       "over-saturation rule could not judge them (their latencies then depend on the trace's length)")
+        if self.cfg.base.speed is not None and self.cfg.base.speed > 1 and self.rows:
+            out.append(f"ITL at --speed {self.cfg.base.speed:g} is distorted (the stream's chunks come "
+                       f"{self.cfg.base.speed:g} times closer and are read together): measure ITL at --speed 1")
         return out
 
     def write_summary(self) -> None:
@@ -424,14 +424,19 @@ def point_row(point: Point, h: Any, saturation: dict[str, Any] | None, wall: flo
     }
 
 
+def _some(points: list[str]) -> str:
+    return f"{len(points)} point(s) ({', '.join(points[:3])}{', ...' if len(points) > 3 else ''})"
+
+
 def capacity_line(entry: dict[str, Any]) -> str:
     lo, hi = entry.get("max_rate"), entry.get("lowest_rate_not_met")
     if lo is None:
         return f"no rate met the SLO (lowest tried {_fmt_value(hi)} req/s); {entry.get('stopped')}" if hi else "no point"
     if hi is None:
         return f"every rate tried met the SLO, up to {_fmt_value(lo)} req/s; {entry.get('stopped')}"
-    return (f"max rate {_fmt_value(lo)} req/s (met; {_fmt_value(hi)} did not), {len(entry.get('points', []))} points; "
-            f"{entry.get('stopped')}")
+    per = f", {_fmt_value(lo / entry['gpus'])} per server" if entry["gpus"] > 1 else ""
+    return (f"max rate {_fmt_value(lo)} req/s{per} (met; {_fmt_value(hi)} did not), {len(entry.get('points', []))} "
+            f"points; {entry.get('stopped')}")
 
 
 def _finite(value: float | None) -> float | None:

@@ -98,7 +98,7 @@ def load_latency(doc: dict[str, Any]) -> Figure:
                         xycoords=("axes fraction", "data"), va="bottom", color=SLO_COLOUR, fontsize=9)
         ax.set_title(title, fontsize=11)
         ax.set_xlabel(x_label)
-        ax.set_ylabel(f"{unit} (p50 dashed, p99 solid; bars: 95% interval)")
+        ax.set_ylabel(unit)
         ax.set_ylim(bottom=0)
         _style(ax)
     for ax in axes[:5]:
@@ -107,20 +107,27 @@ def load_latency(doc: dict[str, Any]) -> Figure:
         for i, entry in enumerate(doc.get("capacity") or []):
             if entry.get("max_rate") is not None:
                 ax.axvline(entry["max_rate"], color=_colour(i), linestyle="-.", linewidth=1.0)
-    handles, labels = axes[0].get_legend_handles_labels()
-    lat_handles, lat_labels = axes[1].get_legend_handles_labels()
-    axes[-1].axis("off")
-    axes[-1].legend(handles + lat_handles, labels + lat_labels, loc="center", frameon=False, fontsize=9)
-    notes = []
+    from matplotlib.lines import Line2D
+
+    grey = "#555555"
+    handles = [Line2D([], [], color=_colour(i), linewidth=2.5, label=label) for i, (label, _) in enumerate(series)]
+    handles += [Line2D([], [], color=grey, marker="o", linewidth=1.8, label="throughput achieved (circles)")]
+    if doc.get("slo"):
+        handles.append(Line2D([], [], color=grey, marker="s", linestyle="--", label="goodput (squares, dashed)"))
+    handles += [Line2D([], [], color=grey, marker="o", linestyle="--", label="latency p50 (dashed)"),
+                Line2D([], [], color=grey, marker="s", linestyle="-", label="latency p99 (solid); bars: 95% interval")]
+    if kind != "concurrency":
+        handles.append(Line2D([], [], color="#999999", linestyle=":", label="achieved = offered"))
     if any(r["saturated"] for r in doc["points"]):
-        notes.append("× over-saturated: stopped early, no latency")
+        handles.append(Line2D([], [], color="#c0392b", marker="x", linestyle="none", markersize=8,
+                              label="over-saturated: stopped early, no latency"))
+    if limits:
+        handles.append(Line2D([], [], color=SLO_COLOUR, linestyle="--", label="SLO limit"))
     if doc.get("capacity"):
-        notes.append("dash-dot line: the highest rate that met every SLO")
-    if doc.get("speed"):
-        notes.append(f"simulated seconds (--speed {doc['speed']:g})")
-    if notes:
-        axes[-1].text(0.5, 0.02, "\n".join(notes), ha="center", va="bottom", transform=axes[-1].transAxes,
-                      fontsize=9, color="#444444")
+        handles.append(Line2D([], [], color=grey, linestyle="-.", label="highest rate that met every SLO"))
+    axes[-1].axis("off")
+    title = f"simulated seconds (--speed {doc['speed']:g})" if doc.get("speed") else None
+    axes[-1].legend(handles=handles, loc="center", frameon=False, fontsize=9, title=title, title_fontsize=9)
     what = {"rate": "rate sweep", "concurrency": "concurrency sweep", "capacity": "capacity search"}[kind]
     fig.suptitle(f"Load and latency: {what} {doc['name']}", fontsize=14, fontweight="bold")
     return fig
