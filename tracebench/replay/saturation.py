@@ -17,13 +17,13 @@ of these hold (docs/sweep.md, "When a point is over-saturated"):
    has gone two windows.
 
 Why not "while throughput stays flat" (guidellm's detector also watches TTFT growing): with continuous batching the
-throughput of an overloaded server keeps rising as its batch grows, until its KV cache is full; on the simulator a
-run at 1.5x capacity took 35 s to look flat and 22 s by this rule (W = 10 s). A busy but stable run's outstanding
-count goes up and down: on the simulator at 0.95x capacity (Poisson arrivals) it never left 15% of two windows'
-arrivals behind, at 1.07x it did within 22 s (bench numbers in docs/sweep.md). Overload milder than that, or a run
-whose servers finish fewer than MIN_COMPLETIONS requests a window, is not stopped: it runs to its end and reports its
-(high) latencies. A request that takes longer than W to finish looks like a shortfall while the run fills up: choose
-W above the run's typical total latency (the default 10 s fits a few hundred output tokens on llama-2-7b).
+throughput of an overloaded server keeps rising as its batch grows, until its KV cache is full. Where the rule fires
+on the simulator, by load, is measured by bench/bench_saturation.py (table in docs/sweep.md): with W = 10 s never at
+0.9 x capacity or below, always at 1.25 x or above (at 22 s: two windows and the persistence), a toss-up in between.
+Overload milder than that, or a run whose servers finish fewer than MIN_COMPLETIONS requests a window, is not
+stopped: it runs to its end and reports its (high) latencies. A request that takes longer than W to finish looks
+like a shortfall while the run fills up: choose W above the run's typical total latency (the default 10 s of
+`tracebench sweep` fits a few hundred output tokens on llama-2-7b).
 """
 
 from __future__ import annotations

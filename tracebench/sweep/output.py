@@ -128,7 +128,8 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = []
     speed = f" at --speed {doc['speed']:g}" if doc.get("speed") else ""
-    lines += _wrap(f"tracebench sweep {doc['name']}: {kind} sweep of {doc['trace']['path']} "
+    what = {"rate": "rate sweep", "concurrency": "concurrency sweep", "capacity": "capacity search"}[kind]
+    lines += _wrap(f"tracebench sweep {doc['name']}: {what} of {doc['trace']['path']} "
                    f"({doc['trace']['num_requests']} requests){speed}, {len(points)} point(s) in "
                    f"{doc['wall_s']:.1f} s, {doc['status']}", indent="")
 

@@ -31,6 +31,7 @@ from tracebench.errors import ConfigError, RunInterrupted
 from tracebench.policies.registry import load_policy
 from tracebench.replay.client import SglangClient
 from tracebench.replay.run import ReplayConfig, SharedServers, launch_fleet, run_replay
+from tracebench.replay.saturation import PERSIST, SAMPLES_PER_WINDOW
 from tracebench.replay.saturation import RULE as SATURATION_RULE
 from tracebench.sweep.search import RULE as SEARCH_RULE
 from tracebench.sweep.search import RateSearch, SearchResult
@@ -38,6 +39,7 @@ from tracebench.sweep.traces import refuse_closed_loop, trace_rate, write_point_
 from tracebench.trace.format import load_trace, sha256_file
 
 SWEEP_FORMAT = 1
+WHAT = {"rate": "rate sweep", "concurrency": "concurrency sweep", "capacity": "capacity search"}
 DEFAULT_SATURATION_WINDOW_S = 10.0
 
 
@@ -207,7 +209,8 @@ class Sweep:
         try:
             run_dir = run_replay(self._point_config(point, trace), self.stderr, shared)
         except BaseException:
-            # the run folder is complete (the replay's promise): keep its row if it has one, then stop the sweep
+            # the run folder is complete (the replay's promise): keep its row when requests were sent, then stop
+            # the sweep with the replay's error
             if (self.dir / point.name / "requests.jsonl").exists():
                 self._add_row(point, self.dir / point.name, time.monotonic() - t0, headline)
             raise
@@ -241,16 +244,12 @@ class Sweep:
                     (self.dir / "servers").mkdir()
                     launch = dataclasses.replace(self.cfg.base, gpus=max(self.gpus), policy=self.policies[0])
                     fleet = launch_fleet(launch, self.dir / "servers")
-                    self.servers = [fleet.describe(i) for i in range(len(fleet.plans))]
-                    for server in self.servers:
-                        server["log"] = f"servers/{server['log']}"
-                    self.write_summary()
                     fleet.start()
-                    self.servers = [{**fleet.describe(i), "log": f"servers/{fleet.plans[i].log.name}"}  # type: ignore[union-attr]
+                    self.servers = [{**fleet.describe(i), "log": f"servers/{fleet.describe(i)['log']}"}
                                     for i in range(len(fleet.plans))]
                     asyncio.run(_wait_healthy(fleet, launch.resolve().startup_timeout))  # type: ignore[arg-type]
                     shared = SharedServers(fleet, f"tracebench sweep {self.name}", "../servers")
-                self.stderr.write(f"tracebench sweep: {self.cfg.kind} sweep, folder {self.dir}"
+                self.stderr.write(f"tracebench sweep: {WHAT[self.cfg.kind]}, folder {self.dir}"
                                   + (f", {len(fleet.plans)} server(s) launched once" if fleet is not None else "") + "\n")
                 if self.cfg.kind == "capacity":
                     self._search(shared)
@@ -355,11 +354,14 @@ class Sweep:
                 out.append(f"{_some(cut)} had arrivals for less than --point-duration {self.cfg.point_duration:g} s: "
                            "the trace has too few requests for that rate (generate a longer one)")
         window = self.cfg.base.saturation_window
-        short = [row["point"] for row in rates if not row["saturated"] and window is not None
-                 and row["arrivals_s"] < 2 * window]
+        # the rule judges from two windows on, and must hold a quarter window more (replay/saturation.py)
+        needed = None if window is None else window * (2 + PERSIST / SAMPLES_PER_WINDOW)
+        short = [row["point"] for row in rates if not row["saturated"] and needed is not None
+                 and row["arrivals_s"] < needed]
         if short:
-            out.append(f"{_some(short)} had arrivals for less than two saturation windows (2 x {window:g} s): the "
-                       "over-saturation rule could not judge them (their latencies then depend on the trace's length)")
+            out.append(f"{_some(short)} had arrivals for less than the {needed:g} s the over-saturation rule needs "
+                       f"(--saturation-window {window:g}): it could not judge them (their latencies then depend on "
+                       "the trace's length)")
         if self.cfg.base.speed is not None and self.cfg.base.speed > 1 and self.rows:
             out.append(f"ITL at --speed {self.cfg.base.speed:g} is distorted (the stream's chunks come "
                        f"{self.cfg.base.speed:g} times closer and are read together): measure ITL at --speed 1")
