@@ -89,24 +89,27 @@ def test_rate_sweep_end_to_end(tmp_path: Path) -> None:
 
 
 def test_overloaded_point_is_stopped_as_saturated(tmp_path: Path) -> None:
+    """A point at 4x what the capped server can serve is stopped and marked saturated; the next point still runs
+    (the sweep waits for the server to finish aborting the stopped point's requests before it flushes the cache)."""
     trace = _gen(tmp_path / "t.jsonl", "--rate", "40", "--num-requests", "400", "--input-len", "64",
                  "--output-len", "128")
-    done = run_cli("sweep", str(trace), "--rates", "40", "--backend", "sim", "--speed", "10",
-                   "--max-running-requests", "8", "--saturation-window", "3", "--bootstrap", "100", "--quiet",
-                   "--out-dir", str(tmp_path), "--name", "sat")
+    done = run_cli("sweep", str(trace), "--rates", "40,5", "--point-duration", "10", "--backend", "sim",
+                   "--speed", "10", "--max-running-requests", "8", "--saturation-window", "3", "--bootstrap", "100",
+                   "--quiet", "--out-dir", str(tmp_path), "--name", "sat")
     assert done.returncode == 0, done.stderr
-    row = _summary(tmp_path / "sat")["points"][0]
+    row, calm = _summary(tmp_path / "sat")["points"]
     assert row["saturated"] and row["status"] == "saturated" and row["verdict"] == "saturated"
     assert row["latency_s"] is None  # no latency for an over-saturated point
     assert "over-saturated at" in row["saturation"]
     meta = json.loads((tmp_path / "sat" / "rate-40" / "run.json").read_text())
     detected = meta["saturation"]["detected"]
-    assert meta["status"] == "saturated" and detected["rise"] >= 8 and 6 <= detected["t"] < 40
+    assert meta["status"] == "saturated" and detected["rise"] >= 8 and 6 <= detected["t"] < 10
     records = _records(tmp_path / "sat" / "rate-40")
-    assert len(records) == 400  # every request has its record, however the run ended
+    assert len(records) == meta["trace"]["num_requests"]  # every request has its record, however the run ended
     stopped = [r for r in records if r["status"] != "ok"]
     assert stopped and all(r["error"].startswith("run stopped: over-saturated") for r in stopped)
     assert "saturated" in done.stdout
+    assert calm["status"] == "completed" and not calm["saturated"] and calm["latency_s"] is not None
 
 
 def test_capacity_search_converges_to_a_known_boundary(tmp_path: Path) -> None:
@@ -223,3 +226,30 @@ def test_closed_loop_trace_refused(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     result = CliRunner().invoke(main, ["sweep", str(trace), "--rates", "1", "--backend", "sim"])
     assert result.exit_code == 2 and "closed-loop" in result.output, result.output
+
+
+def test_points_wait_for_idle_servers(sim_server) -> None:
+    """A point stopped early leaves its servers aborting what it cancelled, and sglang refuses to flush its cache while
+    requests run (the next point would fail to start): the sweep waits until /v1/loads shows them idle, and a server
+    that stays busy is a failure naming it."""
+    import asyncio
+
+    import aiohttp
+
+    from tracebench.errors import RunFailed
+    from tracebench.sweep.run import _wait_idle
+
+    server = sim_server()
+    body = {"input_ids": [1000] * 16, "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}  # ~2.5 s
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            request = asyncio.ensure_future(session.post(f"{server.url}/generate", json=body))
+            await asyncio.sleep(0.3)
+            with pytest.raises(RunFailed, match=r"still busy .*1 running"):
+                await _wait_idle([server.url], 0.5)
+            waited = asyncio.ensure_future(_wait_idle([server.url], 30))
+            (await request).release()
+            await waited
+
+    asyncio.run(scenario())

@@ -27,11 +27,12 @@ import numpy as np
 import orjson
 
 from tracebench import __version__
-from tracebench.errors import ConfigError, RunInterrupted
+from tracebench.errors import ConfigError, RunFailed, RunInterrupted
 from tracebench.policies.registry import load_policy
 from tracebench.replay.client import SglangClient
 from tracebench.replay.run import ReplayConfig, SharedServers, launch_fleet, run_replay
 from tracebench.replay.saturation import PERSIST, SAMPLES_PER_WINDOW
+from tracebench.replay.telemetry import parse_loads
 from tracebench.replay.saturation import RULE as SATURATION_RULE
 from tracebench.sweep.search import RULE as SEARCH_RULE
 from tracebench.sweep.search import RateSearch, SearchResult
@@ -39,6 +40,7 @@ from tracebench.sweep.traces import refuse_closed_loop, trace_rate, write_point_
 from tracebench.trace.format import load_trace, sha256_file
 
 SWEEP_FORMAT = 1
+IDLE_TIMEOUT_S = 120.0  # how long the servers may take to finish aborting a stopped point's requests
 WHAT = {"rate": "rate sweep", "concurrency": "concurrency sweep", "capacity": "capacity search"}
 DEFAULT_SATURATION_WINDOW_S = 10.0
 
@@ -205,9 +207,13 @@ class Sweep:
         self.stderr.write(f"tracebench sweep: point {len(self.rows) + 1}: {point.name} ({_fmt_value(value)} {unit}, "
                           f"{gpus} server(s), policy {policy})\n")
         self.stderr.flush()
+        config = self._point_config(point, trace)
+        if config.flush_cache:  # the flush needs idle servers: a point stopped early leaves them aborting its requests
+            urls = ([p.url for p in shared.fleet.plans[:gpus]] if shared is not None else list(config.attach))
+            asyncio.run(_wait_idle(urls, IDLE_TIMEOUT_S))
         t0 = time.monotonic()
         try:
-            run_dir = run_replay(self._point_config(point, trace), self.stderr, shared)
+            run_dir = run_replay(config, self.stderr, shared)
         except BaseException:
             # the run folder is complete (the replay's promise): keep its row when requests were sent, then stop
             # the sweep with the replay's error
@@ -444,6 +450,33 @@ def capacity_line(entry: dict[str, Any]) -> str:
 def _finite(value: float | None) -> float | None:
     """JSON has no infinity: a percentile that falls on failed requests is written null (docs/sweep.md)."""
     return None if value is None or not math.isfinite(value) else value
+
+
+async def _wait_idle(urls: list[str], timeout: float) -> None:
+    """Until every server reports nothing running or waiting (/v1/loads). A point stopped early (over-saturated)
+    leaves the servers aborting what it cancelled; the next point's cache flush needs them idle (sglang refuses to
+    flush while requests run or wait). A server still busy after `timeout` s (another client using it?) is a
+    RunFailed naming it."""
+    client = SglangClient(None, True)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            fetched = await asyncio.gather(*(client.get_json(f"{url}/v1/loads", 10.0) for url in urls))
+            busy = []
+            for url, got in zip(urls, fetched):
+                if got.error is not None:
+                    raise RunFailed(f"server {url}: /v1/loads: {got.error}")
+                running, waiting, _, _ = parse_loads(f"{url}/v1/loads", got.obj)
+                if running or waiting:
+                    busy.append(f"{url} ({running} running, {waiting} waiting)")
+            if not busy:
+                return
+            if time.monotonic() >= deadline:
+                raise RunFailed(f"server(s) still busy {timeout:g} s after the previous point ended: "
+                                f"{', '.join(busy)} (another client using them?)")
+            await asyncio.sleep(0.2)
+    finally:
+        await client.close()
 
 
 async def _wait_healthy(fleet: Any, timeout: float) -> None:
