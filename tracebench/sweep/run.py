@@ -90,9 +90,9 @@ def _fmt_value(value: float) -> str:
 
 
 class Sweep:
-    def __init__(self, cfg: SweepConfig, stdout: IO[str], stderr: IO[str]) -> None:
+    def __init__(self, cfg: SweepConfig, stderr: IO[str]) -> None:
         self.cfg = cfg
-        self.stdout, self.stderr = stdout, stderr
+        self.stderr = stderr
         self._check_options()
         base = cfg.base
         self.header, self.requests = load_trace(base.trace)
@@ -496,7 +496,7 @@ def _write(path: Path, data: bytes) -> None:
 def run_sweep(cfg: SweepConfig, stdout: IO[str] = sys.stdout, stderr: IO[str] = sys.stderr) -> Path:
     """Run the sweep; returns its folder. Every launched server is stopped whatever happens; the summary keeps the
     points that ran."""
-    sweep = Sweep(cfg, stdout, stderr)
+    sweep = Sweep(cfg, stderr)
     folder = sweep.run()
     from tracebench.sweep.output import terminal_summary
 

@@ -65,18 +65,19 @@ class RateSearch:
             return None
         if not self.points:
             return self.start
+        bracketed = self.lo is not None and self.hi is not None
+        if bracketed and (self.hi - self.lo) / self.lo <= self.tolerance:  # type: ignore[operator]
+            self.reason = f"bracket within --rate-tolerance {self.tolerance:g}"
+            return None
+        if bracketed and self._uncertain_bisections >= 2:
+            self.reason = ("two bisection points in a row were uncertain (an interval contained a limit): the "
+                           "trace cannot resolve the boundary more finely")
+            return None
         if len(self.points) >= self.max_points:
             self.reason = f"--max-points {self.max_points} reached"
             return None
-        if self.lo is not None and self.hi is not None:
-            if (self.hi - self.lo) / self.lo <= self.tolerance:
-                self.reason = f"bracket within --rate-tolerance {self.tolerance:g}"
-                return None
-            if self._uncertain_bisections >= 2:
-                self.reason = ("two bisection points in a row were uncertain (an interval contained a limit): the "
-                               "trace cannot resolve the boundary more finely")
-                return None
-            return (self.lo + self.hi) / 2
+        if bracketed:
+            return (self.lo + self.hi) / 2  # type: ignore[operator]
         last = self.points[-1][0]
         if self.lo is None:  # nothing met yet: go down
             if last / 2 < self.start * MIN_RATE_FRACTION:
