@@ -195,6 +195,10 @@ def test_rate_search() -> None:
     assert "uncertain" in noisy.reason and noisy.lo <= 6.3
     never = run(0.0, 1.0)
     assert never.lo is None and "no rate met" in never.reason
+    last = RateSearch(40.0, 0.15, 5)  # the fifth point closes the bracket: that is why it stops, not the count
+    for verdict in ("met", "missed", "missed", "met", "met"):
+        last.record(last.next_rate(), verdict)
+    assert last.next_rate() is None and last.reason.startswith("bracket within") and (last.lo, last.hi) == (55, 60)
 
 
 @pytest.mark.parametrize(("args", "expected"), [
