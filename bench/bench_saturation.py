@@ -4,7 +4,7 @@ applies the rule to each run's recorded counts (requests released and finished, 
 them) for each window, and prints when it first fired (or "-").
 
     .venv/bin/python bench/bench_saturation.py [--capacity 30.7] [--loads 0.7,0.8,0.9,0.95,1.07,1.15,1.5]
-        [--seeds 1,2] [--windows 5,10] [--speed 10] [--out /tmp/bench-saturation]
+        [--seeds 1,2] [--windows 5,10] [--speed 10] [--out reports/bench-saturation]
 
 The capacity is one server's throughput under overload on the default profile with this trace shape (512 in / 128
 out, lognormal): measure it with --measure (a run at 3x the given capacity; its ok requests per second of its
@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--windows", default="5,10", help="trace seconds")
     parser.add_argument("--speed", type=float, default=10.0)
     parser.add_argument("--duration", type=float, default=40.0, help="trace seconds of arrivals per run")
-    parser.add_argument("--out", type=Path, default=Path("/tmp/bench-saturation"))
+    parser.add_argument("--out", type=Path, default=Path("reports/bench-saturation"))
     parser.add_argument("--measure", action="store_true", help="measure the capacity first (a run at 3x --capacity)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -396,8 +396,7 @@ class SharedServers:
     starts nor stops them; `fleet` may hold more servers than the run uses (it takes the first --gpus)."""
 
     fleet: Fleet
-    launched_by: str  # e.g. "tracebench sweep reports/sweep-x": recorded in run.json `servers_launched_by`
-    log_dir: str  # where the servers' logs are, relative to the run folder (e.g. "..")
+    launched_by: dict[str, Any]  # run.json `servers_launched_by`: who launched them, and where their logs are
 
 
 def _vocab(cfg: ReplayConfig) -> int | None:
@@ -524,8 +523,8 @@ class Replay:
         for i in range(len(self.fleet.plans)):
             info = self.server_info[i]
             described = self.fleet.describe(i)
-            if self.shared is not None and described["log"] is not None:
-                described["log"] = f"{self.shared.log_dir}/{described['log']}"
+            if self.shared is not None:
+                described["log"] = None  # not in this run folder: servers_launched_by says where
             servers.append({
                 **described,
                 "server_info": info,

@@ -254,7 +254,8 @@ class Sweep:
                     self.servers = [{**fleet.describe(i), "log": f"servers/{fleet.describe(i)['log']}"}
                                     for i in range(len(fleet.plans))]
                     asyncio.run(_wait_healthy(fleet, launch.resolve().startup_timeout))  # type: ignore[arg-type]
-                    shared = SharedServers(fleet, f"tracebench sweep {self.name}", "../servers")
+                    shared = SharedServers(fleet, {"tool": "tracebench sweep", "sweep": self.name,
+                                                   "logs": "servers/server-<i>.log in the sweep folder"})
                 self.stderr.write(f"tracebench sweep: {WHAT[self.cfg.kind]}, folder {self.dir}"
                                   + (f", {len(fleet.plans)} server(s) launched once" if fleet is not None else "") + "\n")
                 if self.cfg.kind == "capacity":
