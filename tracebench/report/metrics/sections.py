@@ -32,12 +32,25 @@ def _row(section: str, metric: str, label: str, stat: str, unit: str, better: st
     return Row(section, metric, label, stat, unit, better, values, deltas)
 
 
+def _sweep_source(run: Run) -> str | None:
+    """The sha256 of the trace a `tracebench sweep` point's trace was made from (its header's sweep_point), else None."""
+    point = (run.meta["trace"].get("header") or {}).get("sweep_point")
+    return point.get("source_sha256") if isinstance(point, dict) else None
+
+
 def check_same_trace(runs: list[Run], baseline: int, allow_different: bool) -> list[str]:
-    """Refuse runs of different traces (ConfigError naming both) unless allowed; then return a warning instead."""
+    """Refuse runs of different traces (ConfigError naming both) unless allowed; then return a warning instead.
+    Points of a sweep made from one trace (arrivals rescaled, or all at 0) are compared with a note, not refused."""
     base = runs[baseline]
     warnings: list[str] = []
+    points = [run for run in runs if run.trace_sha256 != base.trace_sha256 and _sweep_source(run) is not None
+              and _sweep_source(run) == _sweep_source(base)]
+    if points:
+        warnings.append(f"{', '.join(repr(run.label) for run in [base, *points])} are points of a sweep made from one "
+                        f"trace (sha256 {_sweep_source(base)[:12]}; docs/sweep.md): the same requests in the same "
+                        "order at different loads (a --point-duration point keeps a prefix of them)")
     for run in runs:
-        if run.trace_sha256 != base.trace_sha256:
+        if run.trace_sha256 != base.trace_sha256 and run not in points:
             what = (f"runs replay different traces: '{base.label}' replayed {base.trace_path} (sha256 {base.trace_sha256[:12]}), "
                     f"'{run.label}' replayed {run.trace_path} (sha256 {run.trace_sha256[:12]})")
             if not allow_different:
