@@ -38,7 +38,7 @@ from typing import Any
 from tracebench.replay.clock import RunClock
 
 SAMPLES_PER_WINDOW = 20
-RULE = ("Over-saturated (the run stops; unsent requests and those in flight get the statuses of a stopped run): "
+RULE = ("Over-saturated (the run stops; requests never sent are recorded not_sent, those in flight cancelled): "
         "sampled 20 times per window of W seconds (--saturation-window), the requests outstanding (arrived, not "
         "finished) grow over the last window with a least-squares slope whose 95% interval (widened for the "
         "residuals' lag-1 autocorrelation) is above 0; that slope's rise over the window is >= 8 requests and >= 15% "

@@ -9,8 +9,8 @@ only for differences between runs) and the SLO check of a capacity search:
   interval (its values are gaps, not requests: the report gives it none either).
 - The SLO check (`--slo KEY=LIMIT,...` with the report's keys, and a percentile P): for each key, the P-th percentile
   of the request's value for that key (the report's per-request SLO definition: `ttft`, `total`, `tpot`, `server`,
-  `wait`, and `itl` = the request's largest gap) over the kept requests, where a kept request that did not finish
-  (error, timeout, cancelled) counts as an infinite value: a failure misses every limit. It is "met" when the
+  `wait`, and `itl` = the request's largest gap) over the kept requests, where a kept request that did not complete
+  (error, timeout, cancelled, not_sent) counts as an infinite value: a failure misses every limit. It is "met" when the
   interval's upper end is within the limit, "missed" when its lower end is above it, "uncertain" otherwise.
 """
 
@@ -26,6 +26,9 @@ from tracebench.report.metrics import CI_LEVEL, PERCENTILES, SLO_KEYS, bootstrap
 from tracebench.report.metrics.stats import _run_stats
 
 HEADLINE_METRICS = ("ttft", "tpot", "itl", "total")  # the latencies of a sweep's table
+# a closed loop (every request arriving at 0, held by --max-concurrency at the client): the latencies from dispatch,
+# when the client sent the request (bench_serving's closed-loop TTFT), not from arrival, which counts the client wait
+FROM_DISPATCH = {"ttft": "ttft_dispatch", "total": "server_client"}
 HEADLINE_STATS = ("p50", "p99")
 _FAILED = 1e300  # stands for an infinite value inside the bootstrap (inf - inf would be nan); >= _INF_FROM is inf
 _INF_FROM = 1e200
@@ -97,25 +100,31 @@ def percentile_estimate(sorted_values: np.ndarray, q: float, resamples: int, see
 
 
 def headline(folder: Path, *, warmup: float = 0.0, slo: dict[str, float] | None = None, slo_percentile: float = 99.0,
-             bootstrap: int = 1000, seed: int = 0) -> Headline:
-    """The figures of one run folder. `slo` in seconds (report's parse_slo); `slo_percentile` in (0, 100)."""
+             bootstrap: int = 1000, seed: int = 0, from_dispatch: bool = False) -> Headline:
+    """The figures of one run folder. `slo` in seconds (report's parse_slo); `slo_percentile` in (0, 100).
+    `from_dispatch` (a closed-loop run): TTFT and total latency, in the table and in the SLO check, are the
+    report's from-dispatch metrics (FROM_DISPATCH), and goodput (the report's, from arrival) is left out."""
+    source = FROM_DISPATCH if from_dispatch else {}
     run = load_run(folder)
     st = _run_stats(run, warmup, slo)
     latency: dict[str, dict[str, Estimate]] = {}
     for m_index, key in enumerate(HEADLINE_METRICS):
-        stats = st.latency[key]
-        if key in st.sorted_latency:
-            latency[key] = {stat: percentile_estimate(st.sorted_latency[key], PERCENTILES[stat], bootstrap,
+        metric = source.get(key, key)
+        stats = st.latency[metric]
+        if metric in st.sorted_latency:
+            latency[key] = {stat: percentile_estimate(st.sorted_latency[metric], PERCENTILES[stat], bootstrap,
                                                       [seed, m_index, s_index])
                             for s_index, stat in enumerate(HEADLINE_STATS)}
         else:  # pooled (ITL): the report's values, no interval
             latency[key] = {stat: Estimate(stats[stat]) for stat in HEADLINE_STATS}
     checks: dict[str, SloCheck] = {}
     if slo is not None:
-        # kept requests that did not finish ok: a miss of every limit (the report's SLO counts them as misses too)
+        # kept requests that did not complete (ok or mismatch): a miss of every limit (the report's SLO counts them
+        # as misses too)
         unfinished = st.kept.height - st.ok.height
         for k_index, (key, limit) in enumerate(slo.items()):
-            values = st.ok.select(latency_expr(SLO_KEYS[key]).alias("v"))["v"].drop_nulls().to_numpy()
+            metric = SLO_KEYS[key]
+            values = st.ok.select(latency_expr(source.get(metric, metric)).alias("v"))["v"].drop_nulls().to_numpy()
             values = np.sort(np.concatenate([values.astype(np.float64), np.full(unfinished, _FAILED)]))
             estimate = percentile_estimate(values, slo_percentile / 100.0, bootstrap, [seed, 100, k_index])
             if estimate.value is None:
@@ -130,7 +139,7 @@ def headline(folder: Path, *, warmup: float = 0.0, slo: dict[str, float] | None 
         run=folder.name, status=run.status, speed=run.speed, requests=st.kept.height, counts=counts,
         duration=st.summary.duration, requests_per_s=st.throughput["requests_per_s"],
         output_tokens_per_s=st.throughput["output_tokens_per_s"],
-        goodput=st.slo.get("goodput") if slo is not None else None,
-        slo_fraction=st.slo.get("fraction") if slo is not None else None,
+        goodput=st.slo.get("goodput") if slo is not None and not from_dispatch else None,
+        slo_fraction=st.slo.get("fraction") if slo is not None and not from_dispatch else None,
         latency=latency, slo=checks,
     )

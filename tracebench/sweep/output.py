@@ -13,7 +13,7 @@ WIDTH = 100
 
 def _csv_columns(doc: dict[str, Any]) -> list[str]:
     cols = ["point", "rate", "offered_rps", "concurrency", "gpus", "policy", "status", "verdict", "requests", "ok",
-            "not_ok", "duration_s", "throughput_rps", "output_tokens_per_s", "goodput_rps", "slo_fraction"]
+            "mismatch", "not_completed", "duration_s", "throughput_rps", "output_tokens_per_s", "goodput_rps", "slo_fraction"]
     for metric in HEADLINE_METRICS:
         for stat in HEADLINE_STATS:
             cols += [f"{metric}_{stat}_s", f"{metric}_{stat}_ci95_low_s", f"{metric}_{stat}_ci95_high_s"]
@@ -45,8 +45,8 @@ def summary_csv(doc: dict[str, Any]) -> str:
                                                        "status", "verdict", "requests", "duration_s", "throughput_rps",
                                                        "output_tokens_per_s", "goodput_rps", "slo_fraction",
                                                        "saturation", "wall_s")}
-        line["ok"] = counts.get("ok")
-        line["not_ok"] = sum(v for k, v in counts.items() if k != "ok")
+        line["ok"], line["mismatch"] = counts.get("ok", 0), counts.get("mismatch", 0)
+        line["not_completed"] = sum(v for k, v in counts.items() if k not in ("ok", "mismatch"))
         latency = row["latency_s"] or {}
         for metric in HEADLINE_METRICS:
             for stat in HEADLINE_STATS:
@@ -147,6 +147,10 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
     notes = ["latencies in ms (p50/p99 over ok requests, the report's definitions; their 95% intervals are in "
              "summary.csv and summary.json); req/s: ok requests per second of the point's window; "
              + ("good/s: requests meeting every --slo limit per second." if slo else "good/s needs --slo.")]
+    if kind == "concurrency":
+        notes.append("closed loop: TTFT and total latency are from dispatch (when the client sent the request, as "
+                     "bench_serving measures a closed loop), not from arrival (every request arrives at 0); the SLO "
+                     "check uses them too; goodput (the report's, from arrival) is left out.")
     if slo:
         limits = ", ".join(f"{k} <= {_ms(v)} ms" for k, v in slo["limits_s"].items())
         notes.append(f"result: the p{slo['percentile']:g} of each SLO key ({limits}) with its 95% bootstrap interval: "

@@ -168,7 +168,7 @@ class Sweep:
             raise ConfigError("--gpus with --attach: the points use the first N URLs; give --gpus as the list")
         if cfg.base.run_name is not None:
             raise ConfigError("a sweep names its points itself (give --name for the sweep folder)")
-        if cfg.concurrency and getattr(cfg.base, "max_concurrency", None) is not None:
+        if cfg.concurrency and cfg.base.max_concurrency is not None:
             raise ConfigError("--concurrency sets each point's --max-concurrency: do not give both")
 
     # ---- points ------------------------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ class Sweep:
 
     def _add_row(self, point: Point, run_dir: Path, wall: float, headline: Any) -> dict[str, Any]:
         h = headline(run_dir, warmup=self.cfg.warmup, slo=self.slo, slo_percentile=self.cfg.slo_percentile,
-                     bootstrap=self.cfg.bootstrap, seed=0)
+                     bootstrap=self.cfg.bootstrap, seed=0, from_dispatch=point.kind == "concurrency")
         run_json = orjson.loads((run_dir / "run.json").read_bytes())
         row = point_row(point, h, run_json.get("saturation"), wall)
         row["trace"] = f"traces/{point.name}.jsonl"

@@ -51,7 +51,7 @@ def load_latency(doc: dict[str, Any]) -> Figure:
         xs = np.array([_x(r, kind) for r in rows])
         thr = np.array([np.nan if r["throughput_rps"] is None else r["throughput_rps"] for r in rows])
         ax.plot(xs, thr, marker="o", color=_colour(i), linewidth=1.8, label=f"{label}: achieved")
-        if doc.get("slo"):
+        if doc.get("slo") and kind != "concurrency":
             good = np.array([np.nan if r["goodput_rps"] is None else r["goodput_rps"] for r in rows])
             ax.plot(xs, good, marker="s", linestyle="--", color=_colour(i), linewidth=1.2, label=f"{label}: goodput")
         sat = [r for r in rows if r["saturated"]]
@@ -69,6 +69,8 @@ def load_latency(doc: dict[str, Any]) -> Figure:
     _style(ax)
     limits = (doc.get("slo") or {}).get("limits_s", {})
     for ax, (metric, title) in zip(axes[1:5], _PANELS):
+        if kind == "concurrency" and metric in ("ttft", "total"):  # a closed loop: from dispatch (headline.py)
+            title = {"ttft": "Time to first token (from dispatch)", "total": "Latency (dispatch → finish)"}[metric]
         tops = [est["value"] for _, rows in series for r in rows if r["latency_s"]
                 for est in r["latency_s"][metric].values() if est["value"] is not None]
         in_ms = (max(tops) if tops else 0) < 2.0
@@ -103,7 +105,10 @@ def load_latency(doc: dict[str, Any]) -> Figure:
         _style(ax)
     for ax in axes[:5]:
         if kind == "concurrency":
+            from matplotlib.ticker import ScalarFormatter
+
             ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(ScalarFormatter())
         for i, entry in enumerate(doc.get("capacity") or []):
             if entry.get("max_rate") is not None:
                 ax.axvline(entry["max_rate"], color=_colour(i), linestyle="-.", linewidth=1.0)
@@ -112,7 +117,7 @@ def load_latency(doc: dict[str, Any]) -> Figure:
     grey = "#555555"
     handles = [Line2D([], [], color=_colour(i), linewidth=2.5, label=label) for i, (label, _) in enumerate(series)]
     handles += [Line2D([], [], color=grey, marker="o", linewidth=1.8, label="throughput achieved (circles)")]
-    if doc.get("slo"):
+    if doc.get("slo") and kind != "concurrency":  # a closed loop has no goodput (headline.py)
         handles.append(Line2D([], [], color=grey, marker="s", linestyle="--", label="goodput (squares, dashed)"))
     handles += [Line2D([], [], color=grey, marker="o", linestyle="--", label="latency p50 (dashed)"),
                 Line2D([], [], color=grey, marker="s", linestyle="-", label="latency p99 (solid); bars: 95% interval")]
