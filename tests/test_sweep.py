@@ -25,6 +25,13 @@ def small_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _gen(tmp_path_factory.mktemp("trace") / "t.jsonl", "--rate", "8", "--num-requests", "50")
 
 
+@pytest.fixture(scope="module")
+def short_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """30 requests of 32 tokens in, 32 out, constant arrivals at 2.4 req/s: short requests, a clean queue."""
+    return _gen(tmp_path_factory.mktemp("short") / "t.jsonl", "--rate", "2.4", "--num-requests", "30", "--arrival",
+                "constant", "--input-len", "32", "--output-len", "32")
+
+
 def _summary(folder: Path) -> dict:
     return json.loads((folder / "summary.json").read_text())
 
@@ -114,15 +121,13 @@ def test_overloaded_point_is_stopped_as_saturated(tmp_path: Path) -> None:
     assert calm["status"] == "completed" and not calm["saturated"] and calm["latency_s"] is not None
 
 
-def test_capacity_search_converges_to_a_known_boundary(tmp_path: Path) -> None:
+def test_capacity_search_converges_to_a_known_boundary(short_trace: Path, tmp_path: Path) -> None:
     """One server that serves one request at a time (cap 1), constant arrivals, fixed lengths: a D/D/1 queue. Above
     its capacity 1/S (S: the service cycle) request i waits i (S - 1/r) more than alone, so the p99 TTFT (index h =
     0.99 (n - 1)) meets a limit X up to r* = 1 / (S - (X - TTFT alone) / h). Host jitter only adds waiting, so the
     search must stop within its tolerance, at or somewhat below r*, never above it."""
     n, limit = 30, 0.5
-    trace = _gen(tmp_path / "t.jsonl", "--rate", "2.4", "--num-requests", str(n), "--arrival", "constant",
-                 "--input-len", "32", "--output-len", "32")
-    done = run_cli("sweep", str(trace), "--find-max-rate", "--slo", f"ttft={limit}", "--backend", "sim",
+    done = run_cli("sweep", str(short_trace), "--find-max-rate", "--slo", f"ttft={limit}", "--backend", "sim",
                    "--speed", "20", "--max-running-requests", "1", "--saturation-window", "0", "--bootstrap", "200",
                    "--quiet", "--out-dir", str(tmp_path), "--name", "cap")
     assert done.returncode == 0, done.stderr
@@ -140,9 +145,9 @@ def test_capacity_search_converges_to_a_known_boundary(tmp_path: Path) -> None:
     assert "max rate" in done.stdout
 
 
-def test_concurrency_sweep(small_trace: Path, tmp_path: Path) -> None:
+def test_concurrency_sweep(short_trace: Path, tmp_path: Path) -> None:
     """Closed loop: every request released at once behind the replay's --max-concurrency N; latencies from dispatch."""
-    done = run_cli("sweep", str(small_trace), "--concurrency", "1,4", "--backend", "sim", "--speed", "20",
+    done = run_cli("sweep", str(short_trace), "--concurrency", "1,4", "--backend", "sim", "--speed", "20",
                    "--slo", "ttft=500ms", "--bootstrap", "100", "--quiet", "--out-dir", str(tmp_path), "--name", "conc")
     assert done.returncode == 0, done.stderr
     rows = _summary(tmp_path / "conc")["points"]
@@ -263,7 +268,7 @@ def test_points_wait_for_idle_servers(sim_server) -> None:
     from tracebench.sweep.run import _wait_idle
 
     server = sim_server()
-    body = {"input_ids": [1000] * 16, "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}  # ~2.5 s
+    body = {"input_ids": [1000] * 16, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}  # ~1.5 s
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session:
