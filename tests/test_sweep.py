@@ -232,6 +232,8 @@ def test_rate_search() -> None:
     (("--rates", "5,x"), "expected numbers separated by commas"),
     (("--rates", "5", "--slo", "ttft_p99=1"), "unknown key 'ttft_p99'"),
     (("--rates", "5", "--start-rate", "3"), "--start-rate is for --find-max-rate"),
+    (("--concurrency", "4", "--max-concurrency", "2"), "--concurrency sets each point's --max-concurrency"),
+    (("--rates", "5", "--pd", "1:1"), "does not run PD points"),
 ])
 def test_bad_options_exit_2(small_trace: Path, tmp_path: Path, args: tuple[str, ...], expected: str) -> None:
     from click.testing import CliRunner

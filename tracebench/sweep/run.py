@@ -166,6 +166,9 @@ class Sweep:
             raise ConfigError("--bootstrap and --warmup must be >= 0")
         if cfg.base.attach and cfg.base.gpus is not None:
             raise ConfigError("--gpus with --attach: the points use the first N URLs; give --gpus as the list")
+        if cfg.base.is_pd:
+            raise ConfigError("tracebench sweep does not run PD points (--pd, --attach-prefill, --attach-decode) yet: "
+                              "sweep the PD setup with one tracebench replay per rate")
         if cfg.base.run_name is not None:
             raise ConfigError("a sweep names its points itself (give --name for the sweep folder)")
         if cfg.concurrency and cfg.base.max_concurrency is not None:
