@@ -27,6 +27,7 @@ _STOPS_AT_ONCE = {
     "generate": ["--num-requests", "3", "-o", "{tmp}/g.jsonl"],
     "inspect": ["{tmp}/none.jsonl"],
     "replay": ["{tmp}/none.jsonl", "--backend", "sim"],
+    "sweep": ["{tmp}/none.jsonl", "--backend", "sim", "--rates", "1,2"],
     "sim-server": ["--port", "1", "--profile", "{tmp}/none"],
     "report": ["{tmp}/none"],
     "pack": ["{tmp}/none"],

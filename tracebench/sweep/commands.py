@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from tracebench.errors import ConfigError
+from tracebench.options import FINITE, INT
 from tracebench.replay.commands import replay_config, replay_options
 
 
@@ -39,7 +40,7 @@ _POLICY = click.option(
     help="Routing policy, or a list (a dimension: every point, or search, once per policy). Each as replay's "
          "--policy: a built-in (`tracebench policies`), path/to/file.py:ClassName, or NAME for policies/NAME.py.")
 _SATURATION = click.option(
-    "--saturation-window", type=float, default=10.0, show_default=True, metavar="S",
+    "--saturation-window", type=FINITE, default=10.0, show_default=True, metavar="S",
     help="Stop a point early when it is over-saturated (requests arrive faster than the servers finish them: the "
          "outstanding count grows with a significant slope, leaving >= 15% of two windows' arrivals behind; "
          "docs/sweep.md), judged over windows of S trace seconds; the summary marks it saturated instead of "
@@ -61,23 +62,23 @@ _SATURATION = click.option(
               help="Objectives, the report's syntax (`tracebench report --help`): 'ttft=500ms,tpot=50ms' (keys ttft, "
                    "total, tpot, server, wait, itl; seconds, or with ms/s). Every point gets goodput and an SLO check; "
                    "--find-max-rate searches against them.")
-@click.option("--slo-percentile", type=float, default=99.0, show_default=True, metavar="P",
+@click.option("--slo-percentile", type=FINITE, default=99.0, show_default=True, metavar="P",
               help="The SLO check holds the P-th percentile of each key to its limit (its 95% interval's upper end "
                    "must be within it).")
-@click.option("--start-rate", type=float, default=None, metavar="R",
+@click.option("--start-rate", type=FINITE, default=None, metavar="R",
               help="--find-max-rate: the first rate tried (x N/min(--gpus) for N servers). [default: the trace's own "
                    "rate, as `tracebench inspect` gives it]")
-@click.option("--rate-tolerance", type=float, default=0.05, show_default=True, metavar="F",
+@click.option("--rate-tolerance", type=FINITE, default=0.05, show_default=True, metavar="F",
               help="--find-max-rate: stop bisecting when the bracket (hi - lo) / lo is at most F.")
-@click.option("--max-points", type=int, default=12, show_default=True, metavar="N",
+@click.option("--max-points", type=INT, default=12, show_default=True, metavar="N",
               help="--find-max-rate: at most N points per search.")
-@click.option("--point-duration", type=float, default=None, metavar="S",
+@click.option("--point-duration", type=FINITE, default=None, metavar="S",
               help="Rate points: replay only the requests arriving in the first S trace seconds at the point's rate "
                    "(a prefix of the trace, in order), so every point lasts about S. [default: the whole trace]")
-@click.option("--warmup", type=float, default=0.0, show_default=True, metavar="S",
+@click.option("--warmup", type=FINITE, default=0.0, show_default=True, metavar="S",
               help="Leave out of each point's figures the requests arriving in its first S trace seconds (the "
                    "report's --warmup).")
-@click.option("--bootstrap", type=int, default=1000, show_default=True, metavar="N",
+@click.option("--bootstrap", type=INT, default=1000, show_default=True, metavar="N",
               help="Bootstrap resamples of each percentile's 95% interval (seed 0).")
 @click.option("--name", default=None, metavar="NAME",
               help="Sweep folder name, under --out-dir. [default: sweep-<trace>-<rate|concurrency|capacity>-"
