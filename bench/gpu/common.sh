@@ -23,8 +23,12 @@ fi
 # start_server GPU PORT LOG [TEXT_MODEL_DIR]: one server in its own session (so its whole group can be stopped).
 # Without TEXT_MODEL_DIR it is started like tracebench starts it (--skip-tokenizer-init: ids in, ids out);
 # with it, in text mode (the tokenizer in that folder), which sglang's bench_serving needs.
+# KEEP_SERVERS=1 (one machine session, several calls): a server already answering /health on the port is used as it
+# is (started by an earlier script or call), and stop_server leaves servers running for the next call; the last
+# call stops them (stop_port).
 start_server() {
   local gpu=$1 port=$2 log=$3 model=${4:-} tok_args="--skip-tokenizer-init"
+  if reuse_server "$port" "$log"; then return; fi
   if [ -n "$model" ]; then tok_args=""; else model=$MODEL; fi
   if [ "${SIM:-0}" = 1 ]; then
     setsid $TB sim-server --port "$port" > "$log" 2>&1 &
@@ -47,8 +51,27 @@ wait_healthy() {
   echo "server on port $port healthy after $((SECONDS - t0)) s"
 }
 
+# reuse_server PORT LOG: with KEEP_SERVERS=1, true (and LOG.pid names its process) when a server answers on PORT
+reuse_server() {
+  local port=$1 log=$2
+  [ "${KEEP_SERVERS:-0}" = 1 ] || return 1
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 200 ] || return 1
+  pgrep -f -- "--port $port( |\$)" | head -1 > "$log.pid"
+  echo "reusing the server on port $port (pid $(cat "$log.pid"))" | tee "$log"
+}
+
+# stop_port PORT: stop the server listening on PORT (its whole session), whoever started it
+stop_port() {
+  local pid
+  pid=$(pgrep -f -- "--port $1( |\$)" | head -1) || return 0
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  sleep 5
+  kill -KILL -- "-$pid" 2>/dev/null || true
+}
+
 stop_server() {
   local log=$1
+  [ "${KEEP_SERVERS:-0}" = 1 ] && return 0
   kill -TERM -- "-$(cat "$log.pid")" 2>/dev/null || true  # its whole session (sglang has child processes)
   sleep 5
   kill -KILL -- "-$(cat "$log.pid")" 2>/dev/null || true

@@ -58,6 +58,7 @@ stamp() { echo "$1: $((SECONDS - t0)) s" | tee -a "$RES/timings.txt"; }
 # start GPU PORT LOG [server args...]: one server in its own session, then wait until it is healthy
 start() {
   local gpu=$1 port=$2 log=$3; shift 3
+  if reuse_server "$port" "$log"; then return; fi
   if [ "${SIM:-0}" = 1 ]; then
     setsid $TB sim-server --port "$port" --skip-tokenizer-init "$@" > "$log" 2>&1 &
   else
