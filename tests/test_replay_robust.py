@@ -131,6 +131,54 @@ def test_hung_server_is_taken_out_and_its_requests_time_out(tmp_path: Path, sim_
     assert sum(r["server"] == 0 and r["t_dispatch"] > down["t"] for r in records) > 10  # the run went on
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_queueing_on_a_busy_server_is_never_a_timeout(tmp_path: Path, sim_server, stream: bool) -> None:
+    # an overloaded but healthy server, no router cap: requests wait in its own queue far longer than the stall bound,
+    # with nothing on their streams (or no answer) until their turn; that wait is their TTFT, not a stall
+    server = sim_server("--max-running-requests", "1", "--speed", "0.25")
+    n = 24
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=500, inputs=(16, 64), outputs=(1, 3))
+    result = run_cli("replay", str(trace), "--attach", server.url, "--stall-timeout", "0.2", "--poll-interval", "0.1",
+                     "--stream" if stream else "--no-stream", "--run-name", "q", "--out-dir", str(tmp_path), "--quiet")
+    assert result.returncode == 0, result.stderr
+    run, records = read_run(tmp_path / "q")
+    check_every_request_once(records, n)
+    assert Counter(r["status"] for r in records) == {"ok": n}, [r["error"] for r in records if r["error"]][:3]
+    # the test means something: the longest wait for a first token (or a whole answer) went far past the bounds
+    waits = [(r["t_first_token"] if stream else r["t_finish"]) - r["t_dispatch"] for r in records]
+    assert max(waits) > 3 * run["stall"]["run_no_progress_s"], max(waits)
+    if not stream:
+        assert max(waits) > run["stall"]["run_no_stream_total_s"], (max(waits), run["stall"])
+    assert "never before" in run["stall"]["rule"]
+
+
+def test_a_scheduler_hung_behind_a_live_http_side_and_a_request_stalled_after_its_first_token(
+        tmp_path: Path, sim_server) -> None:
+    # server 0 hangs behind a live HTTP side (its polls answer the same snapshot again): nothing of it shows progress,
+    # so it is stalled, requests waiting for their first token there included (no --timeout: without this the run
+    # would never end); server 1 serves on, but holds one request after its first token: that request alone stalls
+    sims = [sim_server("--speed", "10"), sim_server("--speed", "10")]
+    n = 80
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=40, outputs=(16, 48))
+    with proxy(sims[0].url, "--freeze-after", "0.5") as hung, proxy(sims[1].url, "--hold-nth", "3") as holding:
+        proc = start_replay(str(trace), "--attach", hung, "--attach", holding, "--policy", "round_robin",
+                            "--stall-timeout", "1", "--poll-interval", "0.2", "--run-name", "f",
+                            "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path)
+        _, stderr = finish(proc, timeout=40)
+    assert proc.returncode == 0, stderr
+    run, records = read_run(tmp_path / "f")
+    check_every_request_once(records, n)
+    [down] = [e for e in run["events"] if e["kind"] == "server_down"]
+    assert down["server"] == 0 and "stalled" in down["detail"] and "/v1/loads snapshot" in down["detail"], down
+    hung_records = [r for r in records if r["server"] == 0 and r["status"] != "ok"]
+    assert hung_records and all(r["status"] == "timeout" and "server 0 stalled" in r["error"] for r in hung_records)
+    assert any(r["t_first_token"] is None for r in hung_records)  # waiting for a first token did not save them
+    [held] = [r for r in records if r["server"] == 1 and r["status"] != "ok"]
+    assert held["status"] == "timeout" and "after its first token" in held["error"], held
+    assert held["t_first_token"] is not None
+    assert sum(r["server"] == 1 and r["t_dispatch"] > down["t"] for r in records) > 10  # the run went on there
+
+
 def test_default_stall_bound_comes_from_the_trace() -> None:
     import numpy as np
 

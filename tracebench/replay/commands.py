@@ -112,14 +112,17 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
              "seconds: S/K run seconds at --speed K). [default: no limit; the stall bound, --stall-timeout, "
              "still applies]"),
     "stall_timeout": click.option("--stall-timeout", type=FINITE, default=None, metavar="S",
-        help="The stall bound (trace seconds: S/K run seconds at --speed K). A streamed request that receives "
-             "nothing for S is recorded as timeout; a non-streamed one gets S plus the trace's longest output at "
-             "5 tokens/s in all; a server with requests in flight from which nothing came for S (no stream event, "
-             "no /v1/loads answer) is taken out of routing and its requests in flight recorded as timeout; a "
-             "policy that assigns nothing for S while servers have free slots fails the run. Requests waiting "
-             "in a server's own queue count as making no progress: raise it for overload studies without a "
-             "router cap. run.json stall says what was used. [default: from the trace: max(60 s, twice the "
-             "longest prompt at 1000 tokens/s); at least 5 s of run time]"),
+        help="The stall bound (trace seconds: S/K run seconds at --speed K). A server that shows no progress "
+             "for S while requests wait on it (no stream event, no answer, no new /v1/loads snapshot of its "
+             "scheduler) is taken out of routing and its requests in flight recorded as timeout; a streamed "
+             "request that got its first token and then nothing for S is recorded as timeout. A request is "
+             "never cut while its server shows progress: waiting in a busy server's own queue (before the first "
+             "token, or for a whole answer without streaming) is its time to first token, bounded only by its "
+             "server's progress and --timeout. Behind sglang-router without streaming (no polls there) a "
+             "request is timeout when no answer came from the router for S plus the trace's longest output at "
+             "5 tokens/s. A policy that assigns nothing for S while servers have free slots fails the run. "
+             "run.json stall says what was used. [default: from the trace: max(60 s, twice the longest prompt "
+             "at 1000 tokens/s); at least 5 s of run time]"),
     "stream": click.option("--stream/--no-stream", default=True, show_default=True,
         help="Stream answers (gives time to first token) or wait for whole answers."),
     "api": click.option("--api", type=click.Choice(["generate", "completions", "chat"]), default="generate", show_default=True,

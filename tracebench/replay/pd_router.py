@@ -108,6 +108,7 @@ class PdRouter(Router):
                     rec.t_first_token = t_chunk = now()
                 elif isinstance(item, PrefillAnswer):
                     rec.t_prefill_answer = prefill.t_heard = now()
+                    flight.other_done = True   # from now on the pair waits on its decode server only (Router.watch)
                     prefill_answer = item.answer
                 else:
                     rec.t_finish = now()

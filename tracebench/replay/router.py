@@ -59,12 +59,13 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 class ServerState:
     """The router's own state of one server. `state`: `up` (routable), `probing` (a request or a poll lost its
     connection, or polls went unanswered; nothing is routed there until the health check answers), `down` (for the
-    rest of the run). `t_heard`: when something last came from it (a stream event, an answer, a poll answer)."""
+    rest of the run). `t_heard`: its last progress: a stream event or an answer from it, or a /v1/loads answer
+    showing its scheduler at work (`report_load`)."""
 
     __slots__ = (
         "index", "url", "generate_url", "require_stamps", "launch_cap", "state", "cap", "in_flight", "forming", "batch_seq",
         "batch_timer", "recent", "reported", "reported_t", "_observed", "_observed_t", "limits", "t_heard",
-        "polls_failed", "suspected_silent",
+        "polls_failed", "suspected_silent", "load_stamps",
     )
 
     def __init__(self, index: int, url: str, cap: int | None, require_stamps: bool, launch_cap: int | None = None,
@@ -91,6 +92,7 @@ class ServerState:
         self.t_heard = 0.0
         self.polls_failed = 0  # /v1/loads polls in a row that got no answer
         self.suspected_silent = False  # probing because it stopped answering (not because a connection was lost)
+        self.load_stamps: tuple[float, ...] | None = None  # the last /v1/loads answer's snapshot timestamps
 
     def observed(self, now: float) -> tuple[float, float | None, float | None, float | None]:
         """(completed_per_s, latency_p50, latency_p90, ttft_p50) over the recent window (cached briefly)."""
@@ -117,18 +119,31 @@ class ServerState:
 class _Flight:
     """One dispatched request until its record is written. `t_progress`: its last progress (dispatch, a stream
     event). `end_status`/`end_reason`: set when the router ends it (stalled, its server down) before cancelling it.
-    `other`: a second server it occupies (a PD run's prefill server), or None."""
+    `other`: a second server it occupies (a PD run's prefill server), or None; `other_done`: that server's part is
+    over (the prefill answer came)."""
 
-    __slots__ = ("rec", "server", "other", "task", "t_progress", "end_status", "end_reason")
+    __slots__ = ("rec", "server", "other", "other_done", "task", "t_progress", "end_status", "end_reason")
 
     def __init__(self, rec: RequestRecord, server: ServerState, t: float, other: ServerState | None = None) -> None:
         self.rec = rec
         self.server = server
         self.other = other
+        self.other_done = False
         self.task: asyncio.Task[None] | None = None
         self.t_progress = t
         self.end_status: str | None = None
         self.end_reason: str | None = None
+
+    def waits_on(self) -> ServerState:
+        """The server whose progress this request waits for now: a PD pair's prefill server until its answer or the
+        first token came (the decode server only waits for the KV meanwhile), else its server."""
+        if self.other is not None and not self.other_done and self.rec.t_first_token is None:
+            return self.other
+        return self.server
+
+    def uses(self, state: ServerState) -> bool:
+        """It still needs `state`: its server, or its PD prefill server before that one's answer came."""
+        return self.server is state or (self.other is state and not self.other_done)
 
 
 class Router:
@@ -287,12 +302,19 @@ class Router:
     def caps(self) -> list[int | None]:
         return [None if s.cap == UNCAPPED else s.cap for s in self.servers]
 
-    def report_load(self, server: int, load: tuple[int, int, float, float]) -> None:
-        """What the server reported (/v1/loads): num_running_reqs, num_waiting_reqs, token_usage, gen_throughput."""
+    def report_load(self, server: int, load: tuple[int, int, float, float], stamps: tuple[float, ...]) -> None:
+        """What the server reported (/v1/loads): num_running_reqs, num_waiting_reqs, token_usage, gen_throughput, and
+        its snapshots' `timestamp`s. The answer is the server's progress (`t_heard`) only when a snapshot is new:
+        sglang's scheduler rewrites it after every prefill batch, every 15 decode steps and every idle pass of its
+        loop (scheduler.py L776-787, L3819, L3925-3962 of 0.5.17); the HTTP side answers from shared memory even
+        when the scheduler hangs, with the same snapshot again."""
         state = self.servers[server]
         state.reported = load
-        state.reported_t = state.t_heard = self.clock.now()
+        state.reported_t = now = self.clock.now()
         state.polls_failed = 0
+        if stamps != state.load_stamps:
+            state.load_stamps = stamps
+            state.t_heard = now
 
     def poll_failed(self, server: int, got: Fetched) -> None:
         """A /v1/loads poll got no good answer. A lost connection is probed at once; polls that got no answer at all
@@ -306,8 +328,7 @@ class Router:
             if state.polls_failed >= POLLS_FAILED_TO_SUSPECT:
                 self.suspect(server, f"/v1/loads: no answer to {state.polls_failed} polls in a row ({got.error})",
                              silent=True)
-        else:  # it answered, with an error status: it is there
-            state.t_heard = self.clock.now()
+        # else it answered, with an error status: it is there (not suspected), but that shows no work (no t_heard)
 
     def suspect(self, server: int, why: str, silent: bool = False) -> None:
         """The server could not be reached (`silent`: it stopped answering): route nothing there until the health
@@ -343,7 +364,7 @@ class Router:
         state.state = "down"
         self._event("server_down", state.index, detail)
         for flight in list(self._flights.values()):
-            if flight.server is state or flight.other is state:
+            if flight.uses(state):  # a PD pair whose prefill answer came needs only its decode server
                 self._end_flight(flight, in_flight_status, in_flight_error or f"server {state.index} is down: {detail}")
         if state.forming:  # an unsent static batch goes back to the queue, in arrival order
             for rec in state.forming:
@@ -748,10 +769,13 @@ class Router:
     # ---- the watchdog: nothing waits forever ------------------------------------------------------------------
 
     async def watch(self) -> None:
-        """Runs beside the requests (replay/stall.py says why and what the bounds are): a server with requests in
-        flight that sent nothing for the stall bound is taken out of routing (`stalled`); a streamed request without
-        progress for the bound, or a non-streamed one without its answer within the no-stream total, is recorded
-        `timeout`; a policy that leaves requests queued while servers have free slots for the bound fails the run."""
+        """Runs beside the requests (replay/stall.py says why and what the bounds are): a server that shows no
+        progress for the stall bound while requests wait on it is taken out of routing (`stalled`), its requests in
+        flight `timeout`; a streamed request that got its first token and then nothing for the bound is recorded
+        `timeout` (before its first token it waits in the server's own queue: only its server's silence, or
+        --timeout, ends it); without streaming and polls, a request is `timeout` when nothing came from its server
+        for the no-stream total; a policy that leaves requests queued while servers have free slots for the bound
+        fails the run."""
         if self.stall is None:
             return
         period = min(1.0, self.stall.run_no_progress_s / 4)
@@ -776,26 +800,28 @@ class Router:
         bound = stall.run_no_progress_s
         if self._closing:
             return
-        # a server is heard while it works if its answers stream or its loads are polled (else, without streaming,
-        # only the per-request total bound below applies: one long answer is silent until it is complete)
-        audible = self.client.stream or self.polled
-        for server in self.servers:
-            silent = now - server.t_heard
-            if audible and server.state != "down" and server.in_flight and silent > bound:
-                why = (f"stalled: nothing came from it for {silent:.1f} s with {server.in_flight} request(s) in flight "
-                       f"(no stream event, answer or /v1/loads answer; {self._bound_text()})")
+        stream = self.client.stream
+        # a server's progress is seen while it works if its answers stream or its loads are polled; else (behind
+        # sglang-router, not streamed) only when an answer completes: the no-stream total bound applies then
+        audible = stream or self.polled
+        for flight in list(self._flights.values()):
+            if flight.end_status is not None:
+                continue
+            server = flight.waits_on()
+            # the server's silence counts from this request's own last progress at the earliest (its dispatch; a PD
+            # pair's prefill answer, after which it waits on its decode server)
+            silent = now - max(server.t_heard, flight.t_progress)
+            if audible and server.state != "down" and silent > bound:
+                why = (f"stalled: nothing came from it for {silent:.1f} s while request(s) waited on it (no stream "
+                       f"event, no answer, no /v1/loads snapshot showing its scheduler at work; {self._bound_text()})")
                 self._mark_down(server, why, "timeout", f"server {server.index} {why}")
-        if self.client.stream:
-            for flight in list(self._flights.values()):
-                if now - flight.t_progress > bound:
-                    self._end_flight(flight, "timeout", f"no progress for {now - flight.t_progress:.1f} s: nothing "
-                                     f"came on its stream ({self._bound_text()})")
-        else:  # a non-streamed answer shows no progress until it is complete: a total bound
-            total = stall.run_no_stream_total_s
-            for flight in list(self._flights.values()):
-                if now - flight.t_progress > total:
-                    self._end_flight(flight, "timeout", f"no answer within {total:g} s of run time without "
-                                     f"streaming ({self._bound_text(total=True)})")
+            elif stream and flight.rec.t_first_token is not None and now - flight.t_progress > bound:
+                self._end_flight(flight, "timeout", f"no progress for {now - flight.t_progress:.1f} s after its first "
+                                 f"token: nothing more came on its stream ({self._bound_text()})")
+            elif not audible and silent > stall.run_no_stream_total_s:
+                self._end_flight(flight, "timeout", f"no answer from its server for {silent:.1f} s, to this request "
+                                 "or another (not streamed, no /v1/loads: answers are the only sign of its work; "
+                                 f"{self._bound_text(total=True)})")
         if self._idle_since is not None and now - self._idle_since > bound:
             raise PolicyError(
                 f"policy {self.policy.name!r} assigned nothing for {bound:g} s of run time while {len(self._queue)} "

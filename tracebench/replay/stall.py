@@ -2,12 +2,20 @@
 trace unless `--stall-timeout S` gives it.
 
 No request may wait forever: a server that stops answering (a hung process, a stopped one: `kill -STOP`) leaves its
-streams open with nothing on them, and its load polls unanswered. The router's watchdog (Router.watch) then:
-- takes a server out of routing when it has requests in flight and nothing came from it (no stream event, no
-  answer, no /v1/loads answer) for the bound: event `server_down` ("stalled"), its requests in flight `timeout`;
-- records `timeout` for a streamed request whose stream brought nothing for the bound (waiting in the server's own
-  queue counts: an overloaded server without a router cap can exceed it), and for a non-streamed request without its
-  answer within the no-stream total bound (it shows no progress until the end).
+streams open with nothing on them, and its load polls unanswered. But a request waiting in a busy server's own queue
+gets nothing on its stream either, until its first token: its long wait is a true time to first token, not a fault.
+So a request is never cut for lack of its own progress while its server shows progress. The router's watchdog
+(Router.watch):
+- takes a server out of routing when requests wait on it and nothing showed its progress for the bound (no stream
+  event, no answer, no /v1/loads snapshot newer than the last: sglang's scheduler rewrites it while it works, and the
+  HTTP side answers with the old one when the scheduler hangs): event `server_down` ("stalled"), its requests in
+  flight `timeout`. A PD pair waits on its prefill server until the prefill answer (or the first token) came, then
+  on its decode server;
+- records `timeout` for a streamed request that got its first token and then nothing for the bound while its server
+  showed progress (a stall of that request); before its first token only its server's silence, or --timeout, ends it;
+- non-streamed requests are bounded by their server's progress the same way (the polls show it); only where nothing
+  is polled (behind sglang-router) is an answer the one sign of a server's work: a request is then `timeout` when no
+  answer came from its server (to it or another) within the no-stream total bound.
 The same bound limits how long a policy may leave requests queued while servers have free slots (Router.watch).
 
 Defaults, in trace seconds (the trace's time: divided by K at --speed K, like --timeout):
@@ -43,7 +51,14 @@ class StallBounds:
     source: str  # "--stall-timeout", or how the default was derived
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "rule": RULE}
+
+
+# run.json `stall.rule`: what the bounds apply to (the module docstring says why)
+RULE = ("no_progress_s: a server stalls when requests wait on it and nothing showed its progress for it (a stream "
+        "event, an answer, a new /v1/loads snapshot); a streamed request stalls after its first token, never before "
+        "(a busy server's queue); no_stream_total_s: a non-streamed request when nothing is polled (sglang-router) "
+        "and no answer came from its server for it")
 
 
 def stall_bounds(input_len: np.ndarray, output_len: np.ndarray, speed: float | None, given: float | None) -> StallBounds:

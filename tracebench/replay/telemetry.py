@@ -41,6 +41,18 @@ def parse_loads(url: str, obj: Any) -> tuple[int, int, float, float]:
     )
 
 
+def snapshot_stamps(url: str, obj: Any) -> tuple[float, ...]:
+    """The `timestamp` of each `loads` entry of a `/v1/loads` answer checked by `parse_loads`: when the server's
+    scheduler wrote that snapshot (.DUCUMENT/endpoints.md); a new one shows the scheduler at work (Router.report_load)."""
+    stamps = []
+    for i, entry in enumerate(obj["loads"]):
+        stamp = entry.get("timestamp")
+        if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
+            raise ServerProtocolError(f"{url}: field 'loads[{i}].timestamp' missing or not a number ({stamp!r})")
+        stamps.append(float(stamp))
+    return tuple(stamps)
+
+
 async def poll_loads(client: SglangClient, router: Router, clock: RunClock, interval: float, path: Path) -> None:
     """Every `interval` run seconds (absolute ticks; a slow poll skips ticks rather than drifting), ask every
     server that is not down for `/v1/loads`, hand the numbers to the router and append one line per server to
@@ -72,7 +84,7 @@ async def poll_loads(client: SglangClient, router: Router, clock: RunClock, inte
                         router.poll_failed(s.index, got)
                 else:
                     load = parse_loads(f"{s.url}/v1/loads", got.obj)
-                    router.report_load(s.index, load)
+                    router.report_load(s.index, load, snapshot_stamps(f"{s.url}/v1/loads", got.obj))
                     line.update(zip(_LOAD_FIELDS, load))
                 lines.append(orjson.dumps(line))
             fh.write(b"\n".join(lines) + b"\n")
