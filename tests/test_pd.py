@@ -307,3 +307,148 @@ def test_replay_sim_1p1d_through_sglang_routers_pd_mode(tmp_path: Path, pd_trace
     records = [json.loads(line) for line in (tmp_path / "r" / "requests.jsonl").read_text().splitlines()]
     assert all(r["status"] == "ok" and r["completion_tokens"] == r["output_len"] for r in records)
     assert run["pd"]["server_metrics"][0]["delta"]["kv_transfer_latency_ms_count"] == 24   # every KV went P -> D
+
+
+# ---- the replay's guarantees hold for PD runs too (docs/replay.md "Guarantees") ---------------------------------
+
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from collections import Counter  # noqa: E402
+
+from tests.conftest import tracebench_cmd  # noqa: E402
+from tracebench.trace.format import format_request_line, write_trace  # noqa: E402
+
+
+def _policy_file(tmp_path: Path, name: str, assign: str, on_complete: str = "") -> str:
+    """A policy `name` whose assign() gives each queued request to the first server with a free slot, after `assign`
+    (lines indented 8: may return, sleep, ...); `on_complete` (indented 8) runs on every completion."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        "import time\nfrom tracebench.policies import Policy\n\n"
+        "class P(Policy):\n"
+        f"    name = {name!r}\n"
+        "    description = 'a test policy'\n"
+        "    calls = 0\n"
+        "    completions = 0\n\n"
+        "    def assign(self, queue, servers):\n"
+        "        type(self).calls += 1\n"
+        f"{assign}"
+        "        picks, free = [], {s.index: s.free_slots for s in servers}\n"
+        "        for req in queue:\n"
+        "            s = next((s for s in servers if free[s.index] > 0), None)\n"
+        "            if s is None:\n"
+        "                break\n"
+        "            free[s.index] -= 1\n"
+        "            picks.append((req, s))\n"
+        "        return picks\n\n"
+        "    def on_complete(self, request_id, server, ok):\n"
+        "        type(self).completions += 1\n"
+        f"{on_complete or '        pass'}\n"
+    )
+    return f"{path}:P"
+
+
+def _run(tmp_path: Path, *args: str, name: str = "g", timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], dict, list[dict]]:
+    """A replay that must end within `timeout` s (a hung one fails the test); its run.json and records."""
+    try:
+        result = subprocess.run(tracebench_cmd("replay", *args, "--out-dir", str(tmp_path), "--run-name", name, "--quiet"),
+                                capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the replay hung (still running after {timeout} s)") from None
+    run = json.loads((tmp_path / name / "run.json").read_text())
+    records = [json.loads(line) for line in (tmp_path / name / "requests.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == list(range(len(records))) == list(range(run["trace"]["num_requests"]))
+    assert sum(run["counts"].values()) == len(records)
+    return result, run, records
+
+
+def _trace(path: Path, lens: list[tuple[int, int]], gap: float = 0.01) -> Path:
+    lines = [format_request_line(i, gap * i, n_in, n_out) for i, (n_in, n_out) in enumerate(lens)]
+    return write_trace(path, {"num_requests": len(lines), "duration_s": gap * len(lines)}, lines)
+
+
+def test_pd_policy_that_never_assigns_is_named(tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl", [(64, 4)] * 3)
+    never = _policy_file(tmp_path, "never", "        return []\n")
+    result, run, records = _run(tmp_path, str(trace), "--backend", "sim", "--pd", "1:1", "--speed", "10",
+                                "--decode-policy", never, timeout=40)
+    assert result.returncode == 1, result.stderr
+    assert ("policies 'random' (prefill pool) and 'never' (decode pool) assigned nothing" in result.stderr
+            and "nothing can ask it again" in result.stderr), result.stderr
+    assert run["status"] == "failed" and Counter(r["status"] for r in records) == {"not_sent": 3}
+
+
+def test_pd_prefill_policy_raising_on_complete_stops_the_run_with_every_request_recorded(tmp_path: Path) -> None:
+    # on_complete of the prefill pool's policy raised inside the pair's clean-up: the error was lost and the request
+    # recorded `cancelled`, the run went on
+    trace = _trace(tmp_path / "t.jsonl", [(64, 40)] * 30)
+    raiser = _policy_file(tmp_path, "raiser", "",
+                          "        if type(self).completions == 3:\n            raise ValueError('bad')\n")
+    result, run, records = _run(tmp_path, str(trace), "--backend", "sim", "--pd", "1:1", "--speed", "10",
+                                "--prefill-policy", raiser, "--max-running-requests", "4", timeout=40)
+    assert result.returncode == 1, result.stderr
+    assert "raised ValueError in on_complete: bad" in run["error"], run["error"]
+    statuses = Counter(r["status"] for r in records)
+    assert run["status"] == "failed" and set(statuses) <= {"ok", "cancelled", "not_sent"}, statuses
+    assert statuses["ok"] >= 3 and statuses["not_sent"], statuses   # the three it was told of were recorded ok
+
+
+def test_pd_answers_are_checked_and_the_policies_timed(tmp_path: Path) -> None:
+    # request 1 asks more than sglang's context rule gives (input + output 4096 > 4094): mismatch, not ok; the
+    # prefill policy's slow call (50 ms) is measured and warned about, naming both pools' policies
+    trace = _trace(tmp_path / "t.jsonl", [(64, 8), (4000, 96), (64, 8), (64, 8)])
+    sleepy = _policy_file(tmp_path, "sleepy", "        if type(self).calls == 1:\n            time.sleep(0.05)\n")
+    result, run, records = _run(tmp_path, str(trace), "--backend", "sim", "--pd", "1:1", "--speed", "10",
+                                "--prefill-policy", sleepy, timeout=40)
+    assert result.returncode == 0, result.stderr
+    by_id = {r["id"]: r for r in records}
+    assert by_id[1]["status"] == "mismatch" and "context" in by_id[1]["mismatch"], by_id[1]
+    assert all(by_id[i]["status"] == "ok" for i in (0, 2, 3))
+    assert run["counts"]["mismatch"] == 1
+    warning = run["policy_time"]["warning"]
+    assert warning.startswith("policy 'sleepy (prefill) / random (decode)' held the replay loop"), warning
+    assert max(r["policy_s"] for r in records) >= 0.05
+
+
+def test_pd_hung_prefill_server_stalls_and_the_run_stops(tmp_path: Path, sim_server) -> None:
+    # kill -STOP the only prefill server mid-run (no --timeout): it is stalled, the pairs waiting on it `timeout`; with
+    # no prefill server left no pair can be made, so the run stops (it used to wait forever)
+    boot = free_port()
+    prefill = sim_server("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot),
+                         "--speed", "10", "--skip-tokenizer-init")
+    decode = sim_server("--disaggregation-mode", "decode", "--speed", "10", "--skip-tokenizer-init")
+    n = 80
+    trace = _trace(tmp_path / "t.jsonl", [(64, 32)] * n, gap=0.03)
+    proc = subprocess.Popen(tracebench_cmd("replay", str(trace), "--attach-prefill", prefill.url, "--attach-decode",
+                                           decode.url, "--stall-timeout", "1", "--poll-interval", "0.2", "--out-dir",
+                                           str(tmp_path), "--run-name", "h", "--quiet"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "h" / "requests.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.6)
+        prefill.proc.send_signal(signal.SIGSTOP)
+        t_stop = time.monotonic()
+        try:
+            _, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=30)
+            raise AssertionError("the replay hung with its only prefill server stalled") from None
+    finally:
+        prefill.proc.send_signal(signal.SIGCONT)
+    assert proc.returncode == 1, stderr
+    assert time.monotonic() - t_stop < 15
+    run = json.loads((tmp_path / "h" / "run.json").read_text())
+    records = [json.loads(line) for line in (tmp_path / "h" / "requests.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == list(range(n))
+    assert run["status"] == "failed" and "every prefill server is down" in run["error"], run["error"]
+    [down] = [e for e in run["events"] if e["kind"] == "server_down"]
+    assert down["server"] == 0 and "stalled" in down["detail"], down
+    statuses = Counter(r["status"] for r in records)
+    assert statuses["timeout"] and statuses["not_sent"] and statuses["ok"], statuses
+    assert set(statuses) <= {"ok", "timeout", "cancelled", "not_sent"}, statuses
+    assert all("server 0 stalled" in r["error"] and r["prefill_server"] == 0 for r in records if r["status"] == "timeout")
+    assert run["pd"]["server_metrics"][0]["error"] == "down during the run: not asked after it"

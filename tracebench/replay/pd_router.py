@@ -16,7 +16,7 @@ from typing import Any
 
 from tracebench.errors import ServerProtocolError
 from tracebench.itl import ItlGaps
-from tracebench.policies.base import Policy
+from tracebench.policies.base import Policy, ServerView
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer
 from tracebench.replay.pd import PairClient, PrefillAnswer, Rooms, assign_pairs, with_bootstrap
 from tracebench.replay.records import COMPLETED, PdRecord, RequestRecord
@@ -55,26 +55,40 @@ class PdRouter(Router):
         self.rooms = Rooms(seed)
         self.pair_client = PairClient(self.client)
 
-    def _assign_round(self) -> None:
-        self._assign_scheduled = False
-        if self._closing or not self._queue:
-            return
-        now = self.clock.now()
-        views = self._views(now)
-        prefill_views = [views[i] for i in self.pools.prefill]
-        decode_views = [views[i] for i in self.pools.decode]
-        if not any(v.free_slots for v in prefill_views) or not any(v.free_slots for v in decode_views):
-            return  # nothing can be paired: the policies are not asked
+    def _can_assign(self, views: list[ServerView]) -> bool:
+        """A pair is possible: a free slot in each pool."""
+        return (any(views[i].free_slots for i in self.pools.prefill)
+                and any(views[i].free_slots for i in self.pools.decode))
+
+    def _ask(self, now: float, views: list[ServerView]) -> bool:
+        """Each pool's policy in turn (pd.assign_pairs, timed as one call); the pairs are dispatched."""
         self.pools.prefill_policy.now = self.policy.now = now
         triples = self.policy_time.call("assign", assign_pairs, self._queue, self.pools.prefill_policy, self.policy,
-                                        prefill_views, decode_views)  # timed; what a policy raises is a PolicyError
+                                        [views[i] for i in self.pools.prefill], [views[i] for i in self.pools.decode])
         if not triples:
-            return
+            return False   # what a policy raises, or a rule it breaks, is a PolicyError already
         chosen = {req.id for req, _, _ in triples}
         self._queue = [q for q in self._queue if q.id not in chosen]
         for req, prefill_view, decode_view in triples:
             del self._queued[req.id]
             self._dispatch_pair(self._pending[req.id], self.servers[prefill_view.index], self.servers[decode_view.index])
+        return True
+
+    def _policy_label(self) -> str:
+        return (f"policies {self.pools.prefill_policy.name!r} (prefill pool) and {self.policy.name!r} "
+                "(decode pool)")
+
+    def _free_text(self, views: list[ServerView]) -> str:
+        prefill = sum(views[i].free_slots for i in self.pools.prefill)
+        decode = sum(views[i].free_slots for i in self.pools.decode)
+        return f"{prefill} free prefill and {decode} free decode slot(s)"
+
+    def _none_left(self) -> str | None:
+        """A pair needs a server of each pool: the run cannot go on once either pool is all down."""
+        for role, pool in (("prefill", self.pools.prefill), ("decode", self.pools.decode)):
+            if all(self.servers[i].state == "down" for i in pool):
+                return f"every {role} server is down"
+        return None
 
     def _dispatch_pair(self, rec: RequestRecord, prefill: ServerState, decode: ServerState) -> None:
         rec = self._pending[rec.id] = PdRecord.of(rec)   # a plain run's records stay without the prefill fields
@@ -132,10 +146,10 @@ class PdRouter(Router):
             raise
         finally:
             prefill.in_flight -= 1
+            self._finish(rec, decode)   # the record first: what the prefill policy raises below stops the run
             if not self._closing:
                 self.policy_time.call("on_complete", self.pools.prefill_policy.on_complete, rec.id, prefill.index,
                                       rec.status in COMPLETED)
-            self._finish(rec, decode)
 
     def _take_prefill(self, rec: PdRecord, prefill: ServerState, answer: Answer) -> None:
         meta = answer.meta

@@ -375,10 +375,15 @@ class Router:
                 rec.batch = None
             state.forming = []
             self._queue.sort(key=lambda q: (q.t_released, q.id))
-        if all(s.state == "down" for s in self.servers):
-            self.fail(RunFailed(f"every server is down (the last: server {state.index}, {state.url}: {detail})"))
+        gone = self._none_left()
+        if gone is not None:
+            self.fail(RunFailed(f"{gone} (the last: server {state.index}, {state.url}: {detail})"))
         else:
             self._kick()
+
+    def _none_left(self) -> str | None:
+        """Why no request can be served any more (a server down: PdRouter, a whole pool), or None."""
+        return "every server is down" if all(s.state == "down" for s in self.servers) else None
 
     def _event(self, kind: str, server: int | None, detail: str) -> None:
         self.events.append({"t": self.clock.now(), "kind": kind, "server": server, "detail": detail})
@@ -422,6 +427,9 @@ class Router:
             self.fail(err)
 
     def _assign_round(self) -> None:
+        """One assignment round (coalesced by `_kick`), and the rule that a policy which assigns nothing cannot hang
+        the run: a PolicyError naming it at once when nothing can ask it again, else after the stall bound (watch).
+        What is asked, and how, is `_can_assign` and `_ask` (PdRouter: a policy per pool)."""
         self._assign_scheduled = False
         if self._closing:
             return
@@ -430,23 +438,37 @@ class Router:
             return
         now = self.clock.now()
         views = self._views(now)
-        if not any(v.free_slots for v in views):
+        if not self._can_assign(views):
             self._idle_since = None
             return  # nothing can be assigned: the policy is not asked
-        self.policy.now = now
-        picks = self.policy_time.call("assign", self.policy.assign, self._queue, views)
-        self._apply(picks, views)
-        if picks:
+        if self._ask(now, views):
             self._idle_since = None
             return
         if self._idle_since is None:
             self._idle_since = now
         if self._nothing_can_ask_again():
-            free = sum(v.free_slots for v in views)
             raise PolicyError(
-                f"policy {self.policy.name!r} assigned nothing while {len(self._queue)} request(s) waited at the router "
-                f"and servers had {free} free slot(s), and nothing can ask it again (nothing in flight, no arrival to "
-                "come): the run cannot go on")
+                f"{self._policy_label()} assigned nothing while {len(self._queue)} request(s) waited at the router "
+                f"and servers had {self._free_text(views)}, and nothing can ask it again (nothing in flight, no "
+                "arrival to come): the run cannot go on")
+
+    def _can_assign(self, views: list[ServerView]) -> bool:
+        """Some assignment is possible: a server has a free slot."""
+        return any(v.free_slots for v in views)
+
+    def _ask(self, now: float, views: list[ServerView]) -> bool:
+        """Ask the policy (timed) and carry out what it assigned; whether it assigned anything."""
+        self.policy.now = now
+        picks = self.policy_time.call("assign", self.policy.assign, self._queue, views)
+        self._apply(picks, views)
+        return bool(picks)
+
+    def _policy_label(self) -> str:
+        """The policy as error messages name it."""
+        return f"policy {self.policy.name!r}"
+
+    def _free_text(self, views: list[ServerView]) -> str:
+        return f"{sum(v.free_slots for v in views)} free slot(s)"
 
     def _nothing_can_ask_again(self) -> bool:
         """No event is left that would call the policy again: every request released, none in flight, no probe,
@@ -824,5 +846,5 @@ class Router:
                                  f"{self._bound_text(total=True)})")
         if self._idle_since is not None and now - self._idle_since > bound:
             raise PolicyError(
-                f"policy {self.policy.name!r} assigned nothing for {bound:g} s of run time while {len(self._queue)} "
+                f"{self._policy_label()} assigned nothing for {bound:g} s of run time while {len(self._queue)} "
                 f"request(s) waited at the router and servers had free slots ({self._bound_text()})")

@@ -877,7 +877,12 @@ class Replay:
     async def _pd_metrics_after(self, client: SglangClient) -> None:
         """Every PD server's counters after the run, as deltas over it (run.json pd.server_metrics)."""
         plans = self.fleet.plans
-        after = await read_pd_metrics(client, [p.url for p in plans], PROBE_TIMEOUT_S)
+        # a server tracebench's router found down is not asked (a hung one would hold the end of the run 30 s)
+        down = ({s.index for s in self.router.servers if s.state == "down"}
+                if self.external is None and self.router is not None else set())
+        asked = [p for p in plans if p.index not in down]
+        got = dict(zip([p.index for p in asked], await read_pd_metrics(client, [p.url for p in asked], PROBE_TIMEOUT_S)))
+        after = [got.get(p.index, (None, "down during the run: not asked after it")) for p in plans]
         assert self.pd_metrics_before is not None
         self.pd_metrics = [
             {"server": p.index, "role": p.role, "delta": metrics_delta(old, new), "error": old_err or new_err}
