@@ -332,6 +332,39 @@ def test_disk_full_mid_run_stops_it_and_says_so(tmp_path: Path, shared_sim: str)
         assert not (disk / "d" / ".reserve").exists()
 
 
+def test_disk_full_leaves_whole_lines_in_the_telemetry_files_too(tmp_path: Path, shared_sim: str) -> None:
+    # server_metrics.jsonl and gpu.jsonl are written as fast as they can be (a scrape every 20 ms, a stand-in
+    # nvidia-smi printing without pause) when the disk fills: each is cut back to its last whole line
+    smi = tmp_path / "smi"
+    smi.write_text("#!/bin/sh\nwhile :; do echo '0, GPU-aaaa, 37, 12, 1024, 81559, 123.45, NVIDIA H100 80GB HBM3'; "
+                   "sleep 0.002; done\n")
+    smi.chmod(0o755)
+    n = 400
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=100)
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        proc = subprocess.Popen(
+            tracebench_cmd("replay", str(trace), "--attach", shared_sim, "--quiet", "--run-name", "d", "--out-dir",
+                           str(disk), "--metrics-interval", "0.02"),
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "TRACEBENCH_NVIDIA_SMI": str(smi)})
+        wait_running(disk / "d", proc)
+        time.sleep(0.5)
+        with contextlib.suppress(OSError), (disk / "filler").open("wb") as fh:  # fill the disk
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        _, stderr = finish(proc, timeout=30)
+        assert proc.returncode == 1, stderr
+        assert "disk full" in stderr and "Traceback" not in stderr, stderr
+        run = json.loads((disk / "d" / "run.json").read_text())
+        assert run["status"] == "failed" and "disk full" in run["error"], run["error"]
+        for name, meta in (("server_metrics.jsonl", run["server_metrics"]), ("gpu.jsonl", run["gpu_telemetry"])):
+            text = (disk / "d" / name).read_bytes()
+            assert text.endswith(b"\n"), (name, text[-200:])  # whole lines only
+            rows = [json.loads(line) for line in text.splitlines()]
+            assert rows and meta["rows"] == len(rows), (name, meta["rows"], len(rows))
+
+
 # ---- 9. SSE lines, duplicate servers, a trace read once, unique run names, exit codes --------------------------
 
 

@@ -60,6 +60,10 @@ def small_trace(path: Path, n: int = 40, rate: float = 40.0) -> Path:
     return write_trace(path, {"num_requests": n, "duration_s": float(arrivals[-1])}, lines)
 
 
+def fail(err: BaseException) -> None:
+    raise AssertionError(f"a telemetry file could not be written: {err}")
+
+
 def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -101,7 +105,7 @@ def test_scraper_records_failures_as_rows(tmp_path: Path) -> None:
     """A server that cannot be reached: rows with `error`, no start/end text, the run not stopped."""
     async def scrape_nothing() -> MetricsScraper:
         client = SglangClient(None, True)
-        scraper = MetricsScraper(client, {0: f"http://127.0.0.1:{free_port()}"}, RunClock(), 0.05, tmp_path)
+        scraper = MetricsScraper(client, {0: f"http://127.0.0.1:{free_port()}"}, RunClock(), 0.05, tmp_path, fail)
         task = asyncio.ensure_future(scraper.run())
         await asyncio.sleep(0.22)
         task.cancel()
@@ -215,7 +219,7 @@ def run_sampler(tmp_path: Path, script: str, server_of: dict[str, int], seconds:
     async def sample() -> GpuSampler:
         sampler = GpuSampler([str(smi)], tmp_path / "gpu.jsonl", server_of)
         await sampler.start()
-        task = asyncio.ensure_future(sampler.read(RunClock()))
+        task = asyncio.ensure_future(sampler.read(RunClock(), fail))
         done, _ = await asyncio.wait([task], timeout=seconds)
         if not done:
             await sampler.stop()
@@ -251,7 +255,7 @@ def test_gpu_sampler_failures_are_said(tmp_path: Path) -> None:
     async def missing() -> GpuSampler:
         sampler = GpuSampler([str(tmp_path / "absent")], tmp_path / "gpu2.jsonl", {})
         await sampler.start()
-        await sampler.read(RunClock())
+        await sampler.read(RunClock(), fail)
         await sampler.stop()
         return sampler
 

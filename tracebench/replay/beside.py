@@ -11,6 +11,7 @@ from typing import Any
 from tracebench.replay.client import SglangClient
 from tracebench.replay.clock import RunClock
 from tracebench.replay.gpu import GpuSampler, find_command
+from tracebench.replay.records import OnFailure
 from tracebench.replay.server_metrics import MetricsScraper
 
 
@@ -40,16 +41,18 @@ class BesideTelemetry:
             self.gpu = GpuSampler(command, self.run_dir / "gpu.jsonl", server_of)
             await self.gpu.start()
 
-    def coroutines(self, clock: RunClock) -> list[Coroutine[Any, Any, None]]:
+    def coroutines(self, clock: RunClock, on_failure: OnFailure) -> list[Coroutine[Any, Any, None]]:
         """What runs beside the requests from the clock's start (each ends only when cancelled, or the scraper on a
-        server answer it cannot read: a ServerProtocolError that stops the run, like the poller's)."""
+        server answer it cannot read: a ServerProtocolError that stops the run, like the poller's). A write to their
+        files that fails (disk full) calls `on_failure` (the run stops; records.AppendFile)."""
         assert self.client is not None
         out: list[Coroutine[Any, Any, None]] = []
         if self.metrics_interval > 0 and self.urls:
-            self.scraper = MetricsScraper(self.client, self.urls, clock, self.metrics_interval, self.run_dir)
+            self.scraper = MetricsScraper(self.client, self.urls, clock, self.metrics_interval, self.run_dir,
+                                          on_failure)
             out.append(self.scraper.run())
         if self.gpu is not None:
-            out.append(self.gpu.read(clock))
+            out.append(self.gpu.read(clock, on_failure))
         return out
 
     async def finish(self) -> None:

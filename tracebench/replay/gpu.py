@@ -20,6 +20,7 @@ import orjson
 
 from tracebench.paths import portable_words, shareable_text
 from tracebench.replay.clock import RunClock
+from tracebench.replay.records import AppendFile, OnFailure
 from tracebench.replay.servers import _pdeathsig_preexec as pdeathsig_preexec
 
 ENV_COMMAND = "TRACEBENCH_NVIDIA_SMI"
@@ -92,28 +93,29 @@ class GpuSampler:
         except OSError as err:
             self.error = f"{self.command[0]} did not start: {err.strerror or err}"
 
-    async def read(self, clock: RunClock) -> None:
-        """Write a row per line until the process ends (stopped, or its own failure: then `error` says so)."""
+    async def read(self, clock: RunClock, on_failure: OnFailure) -> None:
+        """Write a row per line until the process ends (stopped, or its own failure: then `error` says so). Rows go
+        to gpu.jsonl in whole lines (records.AppendFile): a write that fails (disk full) is cut back to the last whole
+        line, nothing more is written (the lines are still read), and `on_failure` stops the run."""
         if self.proc is None:
             return
-        await asyncio.gather(self._lines(clock), self._drain_stderr())
+        await asyncio.gather(self._lines(clock, on_failure), self._drain_stderr())
         code = await self.proc.wait()
         if self.error is None and not self.stopping:
             why = self.stderr.decode("utf-8", "replace").strip()[-STDERR_KEEP:]
             self.error = f"nvidia-smi exited by itself (code {code}) during the run{': ' + why if why else ''}"
 
-    async def _lines(self, clock: RunClock) -> None:
+    async def _lines(self, clock: RunClock, on_failure: OnFailure) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        with self.path.open("ab") as fh:
+        with AppendFile(self.path, on_failure, flush_lines=1) as out:
             while line := await self.proc.stdout.readline():
                 row = self._row(clock.now(), line)
                 if row is None:
                     self.error = f"nvidia-smi printed a line that is not the queried CSV: {line[:300]!r}"
                     _terminate(self.proc)
                     return
-                fh.write(orjson.dumps(row) + b"\n")
-                fh.flush()
-                self.rows += 1
+                out.write(orjson.dumps(row) + b"\n")
+                self.rows = out.lines_on_disk  # rows that reached the file
 
     async def _drain_stderr(self) -> None:
         # read as it comes, so a talkative nvidia-smi never blocks on a full pipe; the last part is kept for the error

@@ -820,7 +820,7 @@ class Replay:
             if self.external is None:  # the poller asks each destination for /v1/loads: sglang-router has none
                 side.append(poll_loads(client, router, clock, cfg.poll_interval, self.run_dir / "telemetry.jsonl"))
                 router.polled = True
-            side.extend(self.beside.coroutines(clock))
+            side.extend(self.beside.coroutines(clock, router.fail))
             if self.cap_changes:
                 side.append(run_cap_schedule(self.cap_changes, clock, self._scheduled_set_cap(router)))
             if not cfg.quiet:

@@ -24,6 +24,7 @@ import orjson
 from tracebench.errors import ServerProtocolError
 from tracebench.replay.client import SglangClient
 from tracebench.replay.clock import RunClock
+from tracebench.replay.records import AppendFile, OnFailure
 
 DEFAULT_INTERVAL_S = 1.0
 
@@ -75,10 +76,12 @@ def parse_metrics(url: str, text: str) -> dict[str, float | None]:
 
 class MetricsScraper:
     """Scrapes `urls` (server index -> base URL) every `interval` run seconds, each server on its own absolute ticks
-    (a slow server skips ticks rather than drifting, and does not hold the others back)."""
+    (a slow server skips ticks rather than drifting, and does not hold the others back). Rows go to
+    server_metrics.jsonl in whole lines (records.AppendFile): a write that fails (disk full) is cut back to the last
+    whole line, nothing more is written, and `on_failure` stops the run."""
 
     def __init__(self, client: SglangClient, urls: dict[int, str], clock: RunClock, interval: float,
-                 run_dir: Path) -> None:
+                 run_dir: Path, on_failure: OnFailure) -> None:
         self.client = client
         self.urls = urls
         self.clock = clock
@@ -86,8 +89,8 @@ class MetricsScraper:
         self.timeout = max(2.0, 4 * interval)
         self.run_dir = run_dir
         self.path = run_dir / "server_metrics.jsonl"
-        self.fh = self.path.open("ab")
-        self.rows = 0
+        self.out = AppendFile(self.path, on_failure, flush_lines=1)
+        self.rows = 0  # rows that reached the file
         self.failed = 0
         # per server: where its whole text was kept, at start and end, and why one is missing
         self.kept: dict[int, dict[str, Any]] = {
@@ -125,9 +128,8 @@ class MetricsScraper:
                 name = f"metrics-{index}-{which}.txt"
                 (self.run_dir / name).write_text(text)
                 kept[which], kept[f"t_{which}"] = name, t
-        self.fh.write(orjson.dumps(row) + b"\n")
-        self.fh.flush()
-        self.rows += 1
+        self.out.write(orjson.dumps(row) + b"\n")
+        self.rows = self.out.lines_on_disk
         return row.get("error")
 
     async def finish(self) -> None:
@@ -137,7 +139,7 @@ class MetricsScraper:
             for i, why in zip(self.urls, errors):
                 self.kept[i]["end_error"] = why
         finally:
-            self.fh.close()
+            self.out.close()
 
     def describe(self) -> dict[str, Any]:
         return {
