@@ -422,7 +422,7 @@ def test_pd_hung_prefill_server_stalls_and_the_run_stops(tmp_path: Path, sim_ser
     trace = _trace(tmp_path / "t.jsonl", [(64, 32)] * n, gap=0.03)
     proc = subprocess.Popen(tracebench_cmd("replay", str(trace), "--attach-prefill", prefill.url, "--attach-decode",
                                            decode.url, "--stall-timeout", "1", "--poll-interval", "0.2", "--out-dir",
-                                           str(tmp_path), "--run-name", "h", "--quiet"),
+                                           str(tmp_path), "--run-name", "h", "--quiet", "--metrics-interval", "0"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
