@@ -21,6 +21,11 @@ TEST_DATA = REPO / "tests" / "data"  # kept in the repo: every test runs on a fr
 SGLANG_CAPTURES = TEST_DATA / "sglang-0.5.17"  # what real sglang 0.5.17 answered
 AZURE_CSV = TEST_DATA / "AzureLLMInferenceTrace_conv.csv.xz"
 
+# The terminal width every tracebench process of the tests lays its output out for (tracebench/termwidth.py): that of
+# a pipe or a file. Set explicitly because the process environment may carry another (readline, loaded by pytest,
+# exports COLUMNS=80 and LINES=24 to children when stdout is not a terminal); tests of other widths set their own.
+os.environ["COLUMNS"] = "120"
+
 
 def free_port(count: int = 1) -> int:
     """A port P with P..P+count-1 free on 127.0.0.1 (a launched server i listens on base + i), drawn at random from

@@ -347,13 +347,24 @@ def test_text_without_tokenizer_and_batches(tmp_path: Path, sim_server, recordin
     sim = sim_server("--speed", "50")
     rec = recordings(sim.url, tmp_path / "b.jsonl")
     for body in ({"text": "w5 w6 w7", "sampling_params": {"max_new_tokens": 2}},
-                 {"input_ids": [[1001, 1002], [1003]], "sampling_params": {"max_new_tokens": 2}}):
+                 {"input_ids": [[1001, 1002], [1003]], "sampling_params": {"max_new_tokens": 2}},
+                 {"text": "w5 w6 w8", "sampling_params": {"max_new_tokens": 2}},
+                 {"input_ids": [1001, 1002], "sampling_params": {"max_new_tokens": 2}}):
         assert _post(f"{rec.url}/generate", json.dumps(body).encode())[0] == 200
     out = rec.stop()
-    _, reqs = load_trace(tmp_path / "b.jsonl")
-    assert [(r.id, r.input_len, r.output_len, r.prefix_blocks) for r in reqs] == [(0, 3, 2, None)]
-    assert "text prompt and no --tokenizer was given" in out
-    batch = rec.statuses()[1]
+    header, reqs = load_trace(tmp_path / "b.jsonl")
+    assert [(r.id, r.input_len, r.output_len, r.prefix_blocks is None) for r in reqs] == \
+        [(0, 3, 2, True), (2, 3, 2, True), (3, 2, 2, False)]
+    # issue 23 item 3: which tokenizer to give, at the first such request and with the count at the end
+    assert out.count("text prompt and no --tokenizer was given") == 1
+    assert "2 of the trace's 3 requests lost their prefix structure" in out
+    assert out.count("--tokenizer wordlevel in front of a tracebench sim-server") == 2
+    assert "tokenizer.json of the served model" in out
+    assert header.fields["text_prompts_without_blocks"] == 2
+    statuses = rec.statuses()
+    assert [row.get("no_blocks") for row in statuses] == ["text prompt and no --tokenizer", None,
+                                                           "text prompt and no --tokenizer", None]
+    batch = statuses[1]
     assert batch["status"] == "ok" and not batch["in_trace"] and batch["not_in_trace"].startswith("batch request")
 
 

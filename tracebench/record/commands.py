@@ -46,8 +46,9 @@ def _upstream(value: str) -> str:
                    "sim-server and the GPU setup, built in), to turn text prompts into token ids for the "
                    "prefix blocks. WordLevel tokenizers with a whitespace pre-tokenizer are read by tracebench; any "
                    "other needs the optional 'tokenizers' package (pip install 'tracebench[record]'). [default: "
-                   "only requests that send token ids get prefix blocks]")
-@click.option("--quiet", is_flag=True, default=False, help="Print nothing but errors.")
+                   "only requests that send token ids get prefix blocks; text prompts lose their prefix structure, which the "
+                   "recorder warns about, with the count, when it stops]")
+@click.option("--quiet", is_flag=True, default=False, help="Print nothing but errors and warnings.")
 def record(listen: str | None, upstream: str | None, output: Path, recover: bool, block_size: int,
            tokenizer: Path | None, quiet: bool) -> None:
     """Record live traffic as a trace: a proxy in front of an sglang server or router.
@@ -60,7 +61,9 @@ def record(listen: str | None, upstream: str | None, output: Path, recover: bool
     tokens, salted and chained (equal ids = equal prompt prefix; the salt is random per recording and never
     written, so the ids mean nothing outside this file). No prompt text, token id or answer is stored.
     Blocks come from input_ids / a prompt of ids as sent, else from text (chat: the messages' contents in order)
-    tokenized with --tokenizer. An OpenAI stream whose client did not ask for usage gets include_usage added, and
+    tokenized with --tokenizer (--tokenizer wordlevel in front of a sim-server; the model's tokenizer.json in
+    front of a real server): without it a text prompt gets no blocks, and the recorder says how many lost them. An
+    OpenAI stream whose client did not ask for usage gets include_usage added, and
     the usage chunk is held back from the client. A batch of prompts or n > 1 is forwarded, not a trace line.
     docs/record.md says exactly what is kept.
     \b
@@ -86,11 +89,12 @@ def record(listen: str | None, upstream: str | None, output: Path, recover: bool
                               f"apply")
         from tracebench.record.part import recover as recover_part, status_path
 
-        count, counts, lost = recover_part(output)
+        count, counts, lost, text_without_blocks = recover_part(output)
         if not quiet:
             click.echo(f"{output}: {count} request(s) recovered (ok {counts['ok']}, error {counts['error']}, cancelled "
                        f"{counts['cancelled']}, of which {lost} in flight when the recording stopped); every "
                        f"request's status: {status_path(output)}", err=True)
+        _warn_lost_structure(text_without_blocks, count)
         click.echo(str(output))
         return
     for flag, value in (("--listen", listen), ("--upstream", upstream)):
@@ -107,8 +111,19 @@ def record(listen: str | None, upstream: str | None, output: Path, recover: bool
     tokenize, desc = load_tokenizer(tokenizer) if tokenizer is not None else (None, None)
     cfg = RecordConfig(host=host, port=port, upstream=_upstream(upstream), output=output, block_size=block_size,
                        tokenizer=tokenize, tokenizer_desc=desc, quiet=quiet)
-    count, trace, status, counts = run_record(cfg)
+    count, trace, status, counts, text_without_blocks = run_record(cfg)
     if not quiet:
         click.echo(f"{trace}: {count} request(s) (ok {counts['ok']}, error {counts['error']}, cancelled "
                    f"{counts['cancelled']}); every request's status: {status}", err=True)
+    _warn_lost_structure(text_without_blocks, count)
     click.echo(str(trace))
+
+
+def _warn_lost_structure(text_without_blocks: int, count: int) -> None:
+    """Said even with --quiet: the trace cannot show the prefix cache's effect for these requests."""
+    from tracebench.record.part import TOKENIZER_HINT
+
+    if text_without_blocks:
+        click.echo(f"tracebench record: warning: {text_without_blocks} of the trace's {count} requests lost their prefix "
+                   f"structure (text prompts, no --tokenizer: no prefix_blocks, so their replay shares no prefix and "
+                   f"hits no cache): {TOKENIZER_HINT}", err=True)

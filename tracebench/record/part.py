@@ -29,6 +29,10 @@ from tracebench.trace.format import HEADER_KEY, TRACE_VERSION, format_request_li
 
 PART_KEY = "tracebench_record_part"
 PART_VERSION = 1
+TEXT_NO_TOKENIZER = "text prompt and no --tokenizer"
+# what to pass to --tokenizer, said wherever a recording lost prefix structure for want of one
+TOKENIZER_HINT = ("record with --tokenizer wordlevel in front of a tracebench sim-server (its word-level tokenizer), "
+                  "or --tokenizer PATH/tokenizer.json of the served model in front of a real one")
 KILLED = ("the recorder stopped without finishing (killed?) while the request was in flight; recovered from the part "
           "file")
 
@@ -60,6 +64,7 @@ class Recorded:
     hashed_tokens: int | None = None  # prompt tokens the proxy saw, when not equal to input_len
     prefix_blocks: tuple[int, ...] | None = None
     not_in_trace: str | None = None  # why an ok request is not a trace line
+    no_blocks: str | None = None  # why a request of the trace has no prefix blocks (TEXT_NO_TOKENIZER), else None
     delivered: bool = False  # its end was seen ([DONE], or the whole body): a disconnect from now on is no cancel
 
 
@@ -193,13 +198,15 @@ def read_part(part: Path) -> tuple[dict[str, Any], list[Recorded], int]:
 
 
 def write_outputs(output: Path, meta: dict[str, Any], recs: list[Recorded],
-                  extra: dict[str, Any] | None = None) -> tuple[int, dict[str, int]]:
+                  extra: dict[str, Any] | None = None) -> tuple[int, dict[str, int], int]:
     """Write the trace (ok requests in arrival order, trace format v1) and the status file (every request), each
     under a temporary name then hard-linked into place: never over an existing file, never half-written. Returns
-    (trace lines, counts by status). Raises ConfigError (nothing left at either name) when either cannot be written."""
+    (trace lines, counts by status, trace lines without prefix blocks for a text prompt and no --tokenizer). Raises ConfigError (nothing left at either name) when either cannot be written."""
     counts = {"ok": 0, "error": 0, "cancelled": 0}
     for rec in recs:
         counts[rec.status] += 1
+    text_without_blocks = sum(1 for rec in recs if rec.status == "ok" and rec.not_in_trace is None
+                              and rec.no_blocks == TEXT_NO_TOKENIZER)
     t0 = recs[0].t_arrival if recs else 0.0
     lines: list[bytes] = []
     last_arrival = 0.0
@@ -220,6 +227,8 @@ def write_outputs(output: Path, meta: dict[str, Any], recs: list[Recorded],
         "prefix_blocks": "salted chained BLAKE2b of each block's token ids (docs/record.md); the salt is not kept",
         "tokenizer": meta["tokenizer"],
         "counts": counts,
+        # requests of the trace that lost their prefix structure: text prompts recorded without --tokenizer
+        "text_prompts_without_blocks": text_without_blocks,
         "status_file": status_path(output).name,
         **(extra or {}),
     }
@@ -233,9 +242,11 @@ def write_outputs(output: Path, meta: dict[str, Any], recs: list[Recorded],
             row["not_in_trace"] = rec.not_in_trace
         if rec.hashed_tokens is not None:
             row["hashed_tokens"] = rec.hashed_tokens
+        if rec.no_blocks is not None:
+            row["no_blocks"] = rec.no_blocks
         status_lines.append(orjson.dumps(row) + b"\n")
     _write_new({output: [orjson.dumps(header) + b"\n", *lines], status_path(output): status_lines})
-    return len(lines), counts
+    return len(lines), counts, text_without_blocks
 
 
 def _write_new(files: dict[Path, list[bytes]]) -> None:
@@ -267,9 +278,10 @@ def _write_new(files: dict[Path, list[bytes]]) -> None:
                 temp.unlink()
 
 
-def recover(output: Path) -> tuple[int, dict[str, int], int]:
+def recover(output: Path) -> tuple[int, dict[str, int], int, int]:
     """`tracebench record --recover -o NAME`: the trace and status file from a stopped recording's part file, which is
-    then removed. Returns (trace lines, counts by status, requests recovered as cancelled)."""
+    then removed. Returns (trace lines, counts by status, requests recovered as cancelled, trace lines of text prompts
+    without prefix blocks)."""
     part = part_path(output)
     try:
         fh = part.open("rb")
@@ -284,6 +296,6 @@ def recover(output: Path) -> tuple[int, dict[str, int], int]:
         meta, recs, lost = read_part(part)
         extra = {"recovered": f"from {part.name}, left by the recording of pid {meta['pid']}: {lost} request(s) that "
                               f"had not ended are recorded as cancelled"}
-        count, counts = write_outputs(output, meta, recs, extra)
+        count, counts, text_without_blocks = write_outputs(output, meta, recs, extra)
         part.unlink()
-    return count, counts, lost
+    return count, counts, lost, text_without_blocks

@@ -35,7 +35,8 @@ from aiohttp import web
 
 from tracebench.errors import ConfigError
 from tracebench.record.blocks import Tokenize, prefix_blocks
-from tracebench.record.part import PartFile, Recorded, claim, read_part, status_path, write_outputs
+from tracebench.record.part import (TEXT_NO_TOKENIZER, TOKENIZER_HINT, PartFile, Recorded, claim, read_part, status_path,
+                                    write_outputs)
 
 RECORDED_PATHS = {"/generate": "generate", "/v1/completions": "completions", "/v1/chat/completions": "chat"}
 # hop-by-hop and framing headers: aiohttp sets its own on each side
@@ -87,9 +88,10 @@ class Recorder:
         self.counts[rec.status] += 1
         self.part.ended(rec)  # a crash keeps what finished (the part file), Ctrl-C turns it into the trace
 
-    def close(self) -> tuple[int, Path, Path]:
+    def close(self) -> tuple[int, Path, Path, int]:
         """Record what is still in flight as cancelled, then write the trace and the status file (never over a
-        file, never half-written) and remove the part file. Returns (trace lines, trace path, status path). When
+        file, never half-written) and remove the part file. Returns (trace lines, trace path, status path, trace
+        lines of text prompts without prefix blocks). When
         they cannot be written, the part file stays, with every request: the error says how to recover it."""
         for rec in list(self.in_flight.values()):
             rec.status, rec.error = "cancelled", STOPPED
@@ -97,13 +99,13 @@ class Recorder:
         _, recs, lost = read_part(self.part.path)
         assert lost == 0, f"{lost} request(s) of the part file have no end"
         try:
-            count, _ = write_outputs(self.cfg.output, self.part.meta, recs)
+            count, _, text_without_blocks = write_outputs(self.cfg.output, self.part.meta, recs)
         except ConfigError as err:
             self.part.release(remove=False)
             raise ConfigError(f"{err}; every request of the recording is kept in {self.part.path}: move the "
                               f"file in the way, then: tracebench record --recover -o {self.cfg.output}") from None
         self.part.release(remove=True)
-        return count, self.cfg.output, self.cfg.status_path
+        return count, self.cfg.output, self.cfg.status_path, text_without_blocks
 
 
 # ---- what a request and its answer say ----------------------------------------------------------------------------
@@ -130,7 +132,7 @@ def _prompt_tokens(api: str, obj: dict[str, Any], tokenize: Tokenize | None) -> 
     if not isinstance(prompt, str):
         return None
     if tokenize is None:
-        return "text prompt and no --tokenizer: no prefix blocks"
+        return TEXT_NO_TOKENIZER
     return tokenize(prompt)
 
 
@@ -387,10 +389,13 @@ class Proxy:
         if isinstance(tokens, str):
             if tokens.startswith("batch"):
                 rec.not_in_trace = tokens
-            elif not self.warned_text:
-                self.warned_text = True
-                print(f"tracebench record: request {rec.id} has a text prompt and no --tokenizer was given: such "
-                      "requests are recorded without prefix blocks", file=sys.stderr)
+            else:
+                rec.no_blocks = tokens
+                if not self.warned_text:
+                    self.warned_text = True
+                    print(f"tracebench record: request {rec.id} has a text prompt and no --tokenizer was given: such "
+                          f"requests are recorded without prefix blocks (no prefix structure; the count comes at the "
+                          f"end): {TOKENIZER_HINT}", file=sys.stderr)
             return
         if tokens is None:
             return
@@ -409,7 +414,7 @@ async def check_upstream(session: aiohttp.ClientSession, upstream: str) -> None:
         raise ConfigError(f"--upstream {upstream}: no answer ({type(err).__name__}: {err}); is the server up?") from None
 
 
-async def _record(cfg: RecordConfig, part: PartFile, out: IO[str]) -> tuple[int, Path, Path, dict[str, int]]:
+async def _record(cfg: RecordConfig, part: PartFile, out: IO[str]) -> tuple[int, Path, Path, dict[str, int], int]:
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None),
                                     auto_decompress=False)
     recorder = Recorder(cfg, part)
@@ -442,8 +447,8 @@ async def _record(cfg: RecordConfig, part: PartFile, out: IO[str]) -> tuple[int,
             await runner.cleanup()  # in-flight handlers are cancelled: recorded as cancelled
             for sig in (signal.SIGINT, signal.SIGTERM):
                 asyncio.get_running_loop().remove_signal_handler(sig)
-        count, trace, status = recorder.close()
-        return count, trace, status, recorder.counts
+        count, trace, status, text_without_blocks = recorder.close()
+        return count, trace, status, recorder.counts, text_without_blocks
     finally:
         # a recording that never saw a request leaves nothing; one that did keeps its part file (--recover)
         part.release(remove=recorder.next_id == 0)
@@ -459,8 +464,9 @@ async def _warm_up(session: aiohttp.ClientSession, cfg: RecordConfig) -> None:
         await resp.read()
 
 
-def run_record(cfg: RecordConfig, out: IO[str] = sys.stderr) -> tuple[int, Path, Path, dict[str, int]]:
-    """Record until SIGINT or SIGTERM. Returns (trace lines, trace path, status path, counts by status). The name is
+def run_record(cfg: RecordConfig, out: IO[str] = sys.stderr) -> tuple[int, Path, Path, dict[str, int], int]:
+    """Record until SIGINT or SIGTERM. Returns (trace lines, trace path, status path, counts by status, trace lines of
+    text prompts without prefix blocks). The name is
     claimed first (part.claim: refused when taken, or when a stopped recording left its part file there)."""
     part = claim(cfg.output, {"trace": cfg.output.name, "upstream": cfg.upstream, "block_size": cfg.block_size,
                               "tokenizer": cfg.tokenizer_desc,

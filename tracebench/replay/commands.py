@@ -272,19 +272,34 @@ def replay(ctx: click.Context, trace: Path, **options: Any) -> None:
 
 @click.command("policies")
 def policies_cmd() -> None:
-    """List the built-in routing policies (use one with `tracebench replay --policy NAME`).
+    """List the built-in routing policies (use one with `tracebench replay --policy NAME`), laid out for the
+    terminal's width (COLUMNS, else the terminal's, else 120).
 
     A policy of your own: `--policy path/to/file.py:ClassName`, or a file in policies/ by name
     (policies/example_least_loaded.py is a commented example; docs/policies.md is the guide).
     """
-    from tracebench.policies.registry import builtin_policies
+    import textwrap
 
+    from tracebench.policies.registry import builtin_policies
+    from tracebench.termwidth import terminal_width
+
+    width = terminal_width()
     policies = builtin_policies()
-    width = max(len(name) for name in policies)
+    name_width = max(len(name) for name in policies)
+
+    def lines(first: str, text: str, indent: int) -> list[str]:
+        # the text wraps under itself, at the terminal's width (COLUMNS)
+        return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=" " * indent,
+                             break_on_hyphens=False) or [first]
+
+    out: list[str] = []
     for name, cls in policies.items():
-        click.echo(f"{name:<{width}}  {cls.description}")
+        out += lines(f"{name:<{name_width}}  ", cls.description, name_width + 2)
         for key, text in cls.options_help.items():
-            click.echo(f"{'':<{width}}    --policy-opt {key}=...: {text}")
-    click.echo("\n  sglang's own router as the reference, instead of --policy (`pip install 'tracebench[router]'`):\n"
-               "    --router sglang-router --router-policy cache_aware|round_robin|random|power_of_two\n"
-               "    (runs named sglang-router-<policy>; how its cache_aware decides: .DUCUMENT/sglang-router.md)")
+            out += lines(f"{'':<{name_width}}    --policy-opt {key}=...: ", text, name_width + 8)
+    out += ["", *lines("  ", "sglang's own router as the reference, instead of --policy (`pip install "
+                             "'tracebench[router]'`):", 4),
+            *lines("    ", "--router sglang-router --router-policy cache_aware|round_robin|random|power_of_two", 6),
+            *lines("    ", "(runs named sglang-router-<policy>; how its cache_aware decides: "
+                           ".DUCUMENT/sglang-router.md)", 5)]
+    click.echo("\n".join(out))

@@ -22,6 +22,12 @@ class Table:
     rows: list[list[Cell]]
     align: list[str]  # "l" / "r" per column
     notes: list[str] = field(default_factory=list)
+    # How the terminal table narrows a table wider than the terminal (render/table.py): the first `keys` columns are
+    # repeated in every part when the columns are split; columns with the same `groups` value stay in one part
+    # (None: each column on its own); the body cells of the `wrap` columns may wrap at spaces (headers always may).
+    keys: int = 1
+    groups: list[int] | None = None
+    wrap: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -146,6 +152,10 @@ def _section_table(report: Report, title: str, rows: list[Row], with_stat: bool)
         if with_ci:
             header.append(f"{int(CI_LEVEL * 100)}% CI of Δ")
             align.append("l")
+    keys = 2 if with_stat else 1
+    # a run's Δ and its interval stay side by side when the terminal splits the table
+    groups = list(range(len(header))) if not with_ci else \
+        list(range(keys + len(report.runs))) + [keys + len(report.runs) + i // 2 for i in range(2 * len(others))]
     out: list[list[Cell]] = []
     previous = None
     for row in rows:
@@ -162,7 +172,8 @@ def _section_table(report: Report, title: str, rows: list[Row], with_stat: bool)
             if with_ci:
                 cells.append(fmt_ci(row, delta))
         out.append(cells)
-    return Table(title, header, out, align)
+    ci_columns = frozenset(i for i, name in enumerate(header) if name.endswith("CI of Δ"))
+    return Table(title, header, out, align, keys=keys, groups=groups, wrap=ci_columns)
 
 
 def _runs_table(report: Report) -> Table:
@@ -183,7 +194,9 @@ def _runs_table(report: Report) -> Table:
         ])
         if header[0] == "column":
             rows[-1].insert(0, Cell(shorts[i]))
-    return Table("Runs", header, rows, ["l"] * (len(header) - 3) + ["r", "r", "r"])
+    offset = 1 if header[0] == "column" else 0
+    wrap = frozenset(offset + i for i in (0, 2, 3, 6))  # run, backend, trace, window
+    return Table("Runs", header, rows, ["l"] * (len(header) - 3) + ["r", "r", "r"], wrap=wrap)
 
 
 # replay options worth repeating when they are the same everywhere (all the others are listed only when they differ)
@@ -200,7 +213,8 @@ def _config_table(report: Report) -> Table:
     hidden = len(report.config.same) - len(shown)
     same = " · ".join(f"{k} {v}" for k, v in shown) + (f" (+{hidden} more options alike)" if hidden else "")
     notes.append(("same in all runs: " if len(report.runs) > 1 else "settings: ") + same)
-    return Table("What changed" if len(report.runs) > 1 else "Settings", header, rows, ["l"] * len(header), notes)
+    return Table("What changed" if len(report.runs) > 1 else "Settings", header, rows, ["l"] * len(header), notes,
+                 wrap=frozenset(range(1, len(header))))
 
 
 def _servers_table(report: Report) -> Table:
@@ -227,7 +241,8 @@ def _servers_table(report: Report) -> Table:
             ratio = "inf (a server got none)" if bal.max_min_ratio is None else f"{bal.max_min_ratio:.2f}"
             detail = f" (CV of request counts {bal.cv:.3f} {'<=' if bal.cv <= BALANCE_CV_MAX else '>'} {BALANCE_CV_MAX:.2f}; max/min {ratio})"
         notes.append(f"{report.runs[i].label}: {bal.verdict}{detail}")
-    return Table("Per server", header, rows, ["l", "l"] + ["r"] * (len(header) - 2), notes)
+    return Table("Per server", header, rows, ["l", "l"] + ["r"] * (len(header) - 2), notes, keys=2,
+                 wrap=frozenset((1,)))
 
 
 def _pd_servers_table(report: Report) -> Table:
@@ -251,7 +266,8 @@ def _pd_servers_table(report: Report) -> Table:
                 Cell(fmt_value("MiB", row.kv_mib)), Cell(fmt_value("", row.kv_ms_mean)),
                 Cell(fmt_value("GiB/s", row.kv_gib_s)), Cell(stages or ("-" if row.error is None else row.error)),
             ])
-    return Table("PD servers", header, rows, ["l", "l", "l"] + ["r"] * 5 + ["l"], notes)
+    return Table("PD servers", header, rows, ["l", "l", "l"] + ["r"] * 5 + ["l"], notes, keys=3,
+                 wrap=frozenset((2, 8)))
 
 
 def document(report: Report) -> Document:
