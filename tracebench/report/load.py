@@ -205,7 +205,9 @@ def load_runs(specs: list[str], reports_dir: Path) -> list[Run]:
         if real in seen:
             raise ConfigError(f"run '{spec}' is given twice (also as '{seen[real]}'): compare different runs")
         seen[real] = spec
-    runs = [load_run(folder) for folder in dirs]
+    from tracebench.report.threads import per_run
+
+    runs = per_run(load_run, dirs)
     names = [run.meta["run_name"] for run in runs]
     for run in runs:
         if names.count(run.meta["run_name"]) > 1:

@@ -17,6 +17,7 @@ from tracebench.report.metrics.schema import Delta, Report, Row, Section
 from tracebench.report.pd import STAGES
 from tracebench.report.metrics.series import _common_time_axis, _series
 from tracebench.report.metrics.stats import _run_stats, _RunStats
+from tracebench.report.threads import per_run
 
 
 def _delta(value: float | None, base: float | None) -> Delta | None:
@@ -295,7 +296,7 @@ def build_report(
     if bootstrap < 0:
         raise ConfigError(f"--bootstrap must be >= 0, got {bootstrap}")
     warnings = check_same_trace(runs, baseline, allow_different_traces)
-    stats = [_run_stats(run, warmup, slo) for run in runs]
+    stats = per_run(lambda run: _run_stats(run, warmup, slo), runs)
     warnings += _warnings(runs, stats)
     inputs = _Inputs(stats, baseline, warmup, slo, bootstrap, seed)
     sections = [section for build in SECTIONS if (section := build(inputs)) is not None]

@@ -24,16 +24,19 @@ def pooled_itl(ok: pl.DataFrame, speed: float | None) -> tuple[dict[str, float |
     """ITL statistics over every gap of the given records (their histograms summed), how many records had gaps, and
     the fraction of gaps in bucket 0 (chunks read together). Percentiles interpolate linearly between order
     statistics, as for the other latencies."""
-    pairs = pl.col("itl_hist").str.split(",").explode().str.split_exact(":", 1).struct.rename_fields(["b", "n"])
-    hist = (ok.lazy().filter(pl.col("itl_hist").is_not_null()).select(pairs.alias("pair")).unnest("pair")
-            .select(pl.col("b").cast(pl.Int64), pl.col("n").cast(pl.Int64))
-            .group_by("b").agg(pl.col("n").sum()).sort("b").collect())
+    # "b:n,b:n,..." -> b, n, b, n, ... as one integer column (the loader checked every string against HIST_PATTERN),
+    # then the buckets' counts summed: one polars pass and a bincount (2.5x the split-into-pairs-and-group_by's speed)
+    numbers = (ok.lazy().filter(pl.col("itl_hist").is_not_null())
+               .select(pl.col("itl_hist").str.replace_all(":", ",", literal=True).str.split(",").explode()
+                       .cast(pl.Int64)).collect().to_series().to_numpy())
     n_requests = int(ok.select(pl.col("itl_hist").is_not_null().sum()).item())
-    counts = hist["n"].to_numpy()
+    per_bucket = np.bincount(numbers[0::2], weights=numbers[1::2]).astype(np.int64) if numbers.size else numbers
+    buckets = np.flatnonzero(per_bucket)
+    counts = per_bucket[buckets]
     total = int(counts.sum()) if counts.size else 0
     if total == 0:
         return {name: None for name in LATENCY_STATS}, 0, 0.0
-    values = np.array([bucket_value(int(b)) for b in hist["b"].to_numpy()]) * (speed or 1.0)
+    values = np.array([bucket_value(int(b)) for b in buckets]) * (speed or 1.0)
     ends = np.cumsum(counts)  # order statistics 0..ends[i]-1 hold values[<= i]
 
     def order_stat(j: int) -> float:
@@ -45,7 +48,7 @@ def pooled_itl(ok: pl.DataFrame, speed: float | None) -> tuple[dict[str, float |
         h = (total - 1) * q
         j = math.floor(h)
         stats[name] = order_stat(j) + (h - j) * (order_stat(min(j + 1, total - 1)) - order_stat(j))
-    zero = float(counts[0]) / total if int(hist["b"][0]) == 0 else 0.0
+    zero = float(counts[0]) / total if int(buckets[0]) == 0 else 0.0
     return stats, n_requests, zero
 
 
@@ -288,8 +291,8 @@ def _throughput(kept: pl.DataFrame, counts: dict[str, int]
 def _latency(ok: pl.DataFrame, speed: float | None
              ) -> tuple[dict[str, dict[str, float | None]], dict[str, int], dict[str, np.ndarray], float]:
     """Per metric: its statistics, how many requests it covers, its sorted values; and ITL's fraction of zero gaps."""
-    # Each latency column is sorted once (numpy's sort is the fastest here); polars then aggregates the sorted
-    # Series, where its sorted flag makes quantiles O(1). The sorted arrays also feed the bootstrap and the CDFs.
+    # Each latency column is sorted once, by polars (3x numpy's np.sort on 2 cores: it sorts in parallel), which then
+    # aggregates the sorted Series in O(1) (its sorted flag). The sorted arrays also feed the bootstrap and the CDFs.
     per_request = [m.key for m in LATENCY if not m.pooled]
     columns = ok.lazy().select([latency_expr(key).alias(key) for key in per_request]).collect()
     latency: dict[str, dict[str, float | None]] = {}
@@ -297,9 +300,8 @@ def _latency(ok: pl.DataFrame, speed: float | None
     sorted_latency: dict[str, np.ndarray] = {}
     latency["itl"], latency_n["itl"], zero_gaps = pooled_itl(ok, speed)
     for key in per_request:
-        values = np.sort(columns[key].drop_nulls().to_numpy())
-        ordered = pl.Series(key, values).set_sorted()
-        sorted_latency[key] = values
+        ordered = columns[key].drop_nulls().sort()
+        sorted_latency[key] = ordered.to_numpy()
         latency_n[key] = ordered.len()
         latency[key] = {"mean": ordered.mean(), "max": ordered.max()}
         latency[key].update({name: ordered.quantile(q, interpolation="linear") for name, q in PERCENTILES.items()})
