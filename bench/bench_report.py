@@ -1,5 +1,8 @@
 """Speed of `tracebench report` on two synthetic runs of 1,000,000 requests each (docs/run-format.md, written here
-with numpy + polars). Prints the figures; the target is < 5 s for `tracebench report A B` (table and JSON).
+with numpy + polars). Prints the figures; the target is < 3 s for `tracebench report A B` (table and JSON) on a quiet
+2-core machine (issue 23; it was 5 s before). Beside the wall clock it prints the CPU time (user + system), which other
+work on the machine does not inflate as much: the report reads both runs at once, one thread each, so on a quiet
+machine the wall clock is about half the CPU time.
 
     .venv/bin/python bench/bench_report.py [--requests 1000000] [--keep DIR]
 """
@@ -127,7 +130,7 @@ def main() -> None:
         runs = [_time(cmd) for _ in range(args.repeat)]
         wall = statistics.median(t for t, _ in runs)
         cpu = statistics.median(c for _, c in runs)
-        verdict = "" if name.startswith("html") else ("  target < 5 s: met" if wall < 5 else "  target < 5 s: MISSED")
+        verdict = "" if name.startswith("html") else ("  target < 3 s: met" if wall < 3 else "  target < 3 s: MISSED")
         print(f"  tracebench report A B  {name:<28} {wall:6.2f} s  ({', '.join(f'{t:.2f}' for t, _ in runs)})  "
               f"CPU {cpu:.2f} s{verdict}")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} (other work on the machine slows the wall clock)")
