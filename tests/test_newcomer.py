@@ -118,3 +118,52 @@ def test_tracebench_policies_fits_the_terminal() -> None:
         assert done.returncode == 0, done.stderr
         assert max(map(len, done.stdout.splitlines())) <= columns
         assert "--policy-opt w_speed=..." in done.stdout and "--router sglang-router" in done.stdout
+
+
+# ---- item 9: a run that never started does not keep its name -------------------------------------------------------
+
+def test_a_retry_replaces_a_run_that_never_started(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    assert run_cli("generate", "--rate", "50", "--num-requests", "5", "-o", str(trace)).returncode == 0
+    # nothing listens on port 1: the run never starts (exit 1), its folder says not_started
+    failed = run_cli("replay", str(trace), "--attach", "http://127.0.0.1:1", "--run-name", "r", "--out-dir",
+                     str(tmp_path), "--quiet")
+    assert failed.returncode == 1 and "never started, no request was sent" in failed.stderr
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "not_started"
+    retry = run_cli("replay", str(trace), "--backend", "sim", "--speed", "10", "--run-name", "r", "--out-dir",
+                    str(tmp_path), "--quiet")
+    assert retry.returncode == 0, retry.stderr
+    assert f"replacing {tmp_path / 'r'}: its run never started, no request was sent (ServerStartError" in retry.stderr
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "completed"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # nothing left aside
+    # a run that started keeps its name, whatever its end
+    again = run_cli("replay", str(trace), "--backend", "sim", "--speed", "10", "--run-name", "r", "--out-dir",
+                    str(tmp_path), "--quiet")
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_only_a_never_started_folder_is_replaced(tmp_path: Path) -> None:
+    from tracebench.errors import ConfigError
+    from tracebench.replay.run import claim_run_dir, never_started
+
+    def folder(name: str, status: str, *files: str) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "run.json").write_text(json.dumps({"status": status, "error": "ServerStartError: no\nmore"}))
+        for file in files:
+            (path / file).write_text("x")
+        return path
+
+    assert never_started(folder("a", "not_started", "server-0.log", "server-1.log", "router.log")) == \
+        "ServerStartError: no"
+    for name, status, files in (("b", "failed", ()), ("c", "running", ()), ("d", "not_started", ("notes.txt",)),
+                                ("e", "not_started", ("requests.jsonl",))):
+        path = folder(name, status, *files)
+        assert never_started(path) is None
+        with pytest.raises(ConfigError, match="already exists"):
+            claim_run_dir(tmp_path, name, generated=False)
+        assert (path / "run.json").is_file()  # untouched
+    (tmp_path / "f").mkdir()  # no run.json at all
+    assert never_started(tmp_path / "f") is None
+    assert claim_run_dir(tmp_path, "a", generated=False) == tmp_path / "a"
+    assert list((tmp_path / "a").iterdir()) == []

@@ -102,7 +102,9 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
         help="--backend sim: choose the profile by the GPU it stands in for (sim-server --gpu), e.g. H100 or "
              "the accelerator a real run recorded (run.json servers[].accelerator)."),
     "run_name": click.option("--run-name", default=None, metavar="NAME",
-        help="Run folder name. [default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>, with -2, -3, ... when "
+        help="Run folder name; a folder of that name is never overwritten (refused), except one whose run never "
+             "started (run.json status not_started: no request was sent), which a retry replaces, saying so. "
+             "[default: <trace>-<policy>-<mode>-<N>g-<YYYYmmdd-HHMMSS>, with -2, -3, ... when "
              "that folder exists (two replays started in the same second); no <policy>- for one server without "
              "a cap, where it decides nothing]"),
     "out_dir": click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("reports"),

@@ -13,7 +13,10 @@ import asyncio
 import dataclasses
 import errno
 import gc
+import json
 import os
+import re
+import shutil
 import signal
 import socket
 import sys
@@ -294,10 +297,50 @@ def default_run_name(cfg: ReplayConfig, policy: Policy) -> str:
     return f"{cfg.trace.stem}-{routed}{cfg.mode}-{cfg.num_servers}g-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def claim_run_dir(out_dir: Path, name: str, generated: bool) -> Path:
+# what a run folder whose run never started holds: its run.json (status not_started) and the logs of the servers and
+# router it tried to start
+_NEVER_STARTED_FILES = re.compile(r"^(run\.json|server-\d+\.log|router\.log|\.reserve)$")
+
+
+def never_started(run_dir: Path) -> str | None:
+    """Why the run of `run_dir` never started (its run.json's error), when the folder is a never-started run's: run.json
+    says `not_started` (no request was sent, nothing was measured) and the folder holds nothing but run.json and the
+    logs of the servers it tried to start. None for anything else: a run that started, a folder run.json does not
+    describe, one holding other files."""
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+        names = [path.name for path in run_dir.iterdir()]
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("status") != "not_started":
+        return None
+    if not all(_NEVER_STARTED_FILES.match(name) for name in names):
+        return None
+    return str(meta.get("error") or "no error recorded").splitlines()[0]
+
+
+def _replace_never_started(run_dir: Path) -> str | None:
+    """Remove `run_dir` when it is a never-started run's folder (a retry with the same --run-name takes its name);
+    returns its error, or None (then nothing was touched). It is renamed away first, so a replay claiming the name at
+    the same moment never sees half of it."""
+    why = never_started(run_dir)
+    if why is None:
+        return None
+    aside = run_dir.with_name(f".{run_dir.name}.replaced-{os.getpid()}")
+    try:
+        run_dir.rename(aside)
+    except OSError:
+        return None  # gone or taken meanwhile: the caller refuses the name as before
+    shutil.rmtree(aside)
+    return why
+
+
+def claim_run_dir(out_dir: Path, name: str, generated: bool, stderr: IO[str] | None = None) -> Path:
     """Create the run folder `out_dir/name` (exclusively: two replays never share one). A name the user gave that
-    exists is refused; a generated one (one-second resolution) that exists gets the next free suffix -2, -3, ...
-    (still readable, and sorting after the plain name)."""
+    exists is refused, unless that folder is a never-started run's (`never_started`: run.json status not_started,
+    only its logs beside it), which the retry replaces, saying so on `stderr`; a generated name (one-second
+    resolution) that exists gets the next free suffix -2, -3, ... (still readable, and sorting after the plain
+    name)."""
     for attempt in range(1, 1000):
         run_dir = out_dir / (name if attempt == 1 else f"{name}-{attempt}")
         try:
@@ -305,8 +348,14 @@ def claim_run_dir(out_dir: Path, name: str, generated: bool) -> Path:
             return run_dir
         except FileExistsError:
             if not generated:
+                why = _replace_never_started(run_dir)
+                if why is not None:
+                    if stderr is not None:
+                        stderr.write(f"tracebench replay: replacing {run_dir}: its run never started, no request was "
+                                     f"sent ({why})\n")
+                    return claim_run_dir(out_dir, name, generated, None)
                 raise ConfigError(f"run folder {run_dir} already exists: choose another --run-name (runs are never "
-                                  "overwritten)") from None
+                                  "overwritten; only a run that never started is replaced by a retry)") from None
         except OSError as err:
             raise ConfigError(f"cannot create the run folder {run_dir}: {err.strerror}") from None
     raise ConfigError(f"run folders {out_dir / name} and -2 ... -999 all exist: give --run-name")
@@ -442,14 +491,15 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr, shared: Share
     run_name = cfg.run_name or default_run_name(cfg, policy)
     if not run_name or "/" in run_name or run_name in (".", ".."):
         raise ConfigError(f"--run-name {run_name!r}: must be a plain folder name")
-    if cfg.run_name is not None and (cfg.out_dir / run_name).exists():
-        raise ConfigError(f"run folder {cfg.out_dir / run_name} already exists: choose another --run-name (runs are never overwritten)")
+    if cfg.run_name is not None and (cfg.out_dir / run_name).exists() and never_started(cfg.out_dir / run_name) is None:
+        raise ConfigError(f"run folder {cfg.out_dir / run_name} already exists: choose another --run-name (runs are never "
+                          "overwritten; only a run that never started is replaced by a retry)")
     fleet = (Fleet(cfg.backend, plan_servers(cfg, cfg.out_dir / run_name, vocab, cap_changes))  # type: ignore[arg-type]
              if shared is None else shared.fleet.first(cfg.num_servers))
     check_free_space(cfg.out_dir, cfg, header)
     control_sock = bind_control_socket(cfg.control_port)
     try:
-        run_dir = claim_run_dir(cfg.out_dir, run_name, generated=cfg.run_name is None)
+        run_dir = claim_run_dir(cfg.out_dir, run_name, generated=cfg.run_name is None, stderr=stderr)
     except BaseException:
         control_sock.close()
         raise
