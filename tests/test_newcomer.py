@@ -167,3 +167,62 @@ def test_only_a_never_started_folder_is_replaced(tmp_path: Path) -> None:
     assert never_started(tmp_path / "f") is None
     assert claim_run_dir(tmp_path, "a", generated=False) == tmp_path / "a"
     assert list((tmp_path / "a").iterdir()) == []
+
+
+# ---- items 2 and 8: what the OpenAI routes report, on the simulator as on sglang -----------------------------------
+
+def _post(url: str, body: dict) -> dict:
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def test_sim_openai_routes_report_cached_tokens_only_with_enable_cache_report_and_read_lengths_as_sglang(
+        sim_server) -> None:
+    prompt = list(range(1000, 1064))
+    reporting, silent = sim_server("--speed", "50", "--enable-cache-report"), sim_server("--speed", "50")
+    for server, reported in ((reporting, True), (silent, False)):
+        first = _post(f"{server.url}/v1/completions", {"prompt": prompt, "max_tokens": 2})
+        again = _post(f"{server.url}/v1/completions", {"prompt": prompt, "max_tokens": 2})
+        assert first["usage"]["prompt_tokens_details"] is None  # nothing cached yet: sglang says nothing
+        assert again["usage"]["prompt_tokens_details"] == ({"cached_tokens": 63} if reported else None)
+        chat = _post(f"{server.url}/v1/chat/completions", {"messages": [{"role": "user", "content": "w5 w6 w7"}]} |
+                     {"max_completion_tokens": None, "max_tokens": 3})
+        assert chat["usage"]["completion_tokens"] == 3  # max_completion_tokens or max_tokens, as serving_chat.py
+        info = json.loads(__import__("urllib.request").request.urlopen(f"{server.url}/server_info").read())
+        assert info["enable_cache_report"] is reported
+    # /v1/completions has no max_completion_tokens (sglang 0.5.17's CompletionRequest): ignored, max_tokens 16
+    ignored = _post(f"{silent.url}/v1/completions", {"prompt": [1001, 1002], "max_completion_tokens": 5})
+    assert ignored["usage"]["completion_tokens"] == 16
+    help_text = run_cli("sim-server", "--help").stdout
+    assert "/v1/completions" in help_text and "/v1/chat/completions" in help_text and "--enable-cache-report" in help_text
+
+
+def test_openai_replays_know_their_cache_hits_or_say_they_cannot(tmp_path: Path, sim_server) -> None:
+    trace = tmp_path / "p.jsonl"
+    assert run_cli("generate", "--workload", "shared-prompt", "--groups", "2", "--prefix-len", "256", "--rate", "40",
+                   "--num-requests", "24", "-o", str(trace)).returncode == 0
+    # launched: replay starts the simulators with --enable-cache-report
+    done = run_cli("replay", str(trace), "--backend", "sim", "--speed", "10", "--api", "chat", "--run-name", "chat",
+                   "--out-dir", str(tmp_path), "--quiet")
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in (tmp_path / "chat" / "requests.jsonl").read_text().splitlines()]
+    assert all(r["cached_tokens"] is not None for r in records) and sum(r["cached_tokens"] > 0 for r in records) >= 20
+    assert json.loads((tmp_path / "chat" / "run.json").read_text())["cache_reported"] is True
+    report = " ".join(run_cli("report", str(tmp_path / "chat")).stdout.split())  # words, not the lines they wrap into
+    assert "Prefix cache" in report and "exist only for --api generate runs" in report
+    assert "cannot know its prefix-cache hits" not in report
+    # attached without --enable-cache-report: the run says it cannot know, and so does the report
+    server = sim_server("--speed", "10")
+    done = run_cli("replay", str(trace), "--attach", server.url, "--api", "completions", "--run-name", "blind",
+                   "--out-dir", str(tmp_path), "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert "server(s) 0 run without --enable-cache-report" in done.stderr and "cannot know its cache hits" in done.stderr
+    records = [json.loads(line) for line in (tmp_path / "blind" / "requests.jsonl").read_text().splitlines()]
+    assert all(r["cached_tokens"] is None for r in records)
+    assert json.loads((tmp_path / "blind" / "run.json").read_text())["cache_reported"] is False
+    report = " ".join(run_cli("report", str(tmp_path / "blind")).stdout.split())
+    assert "cannot know its prefix-cache hits (its servers ran without --enable-cache-report" in report
+    assert "Prefix cache" not in report

@@ -274,11 +274,15 @@ def _refusal(obj: dict[str, Any]) -> Answer | None:
 
 class Api:
     """How one request is sent and its answer read. `server_meta`: answers carry sglang's `meta_info`
-    (e2e_latency and, with --enable-metrics, the server's stamps); OpenAI answers carry only `usage`."""
+    (e2e_latency and, with --enable-metrics, the server's stamps); OpenAI answers carry only `usage`.
+    `cache_reported`: every server reports the prompt tokens its prefix cache served (/generate always, in
+    meta_info.cached_tokens; the OpenAI routes only when the server runs with --enable-cache-report, in
+    usage.prompt_tokens_details, left out when 0). Without it a record's cached_tokens is null: unknown."""
 
     name = ""
     path = ""
     server_meta = False
+    cache_reported = True
 
     def body(self, input_ids: np.ndarray, output_len: int, stream: bool) -> bytes:
         raise NotImplementedError
@@ -346,6 +350,8 @@ _STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
 class _OpenAIApi(Api):
+    cache_reported = False  # until the servers' /server_info say enable_cache_report (run.py _server_facts)
+
     def _request(self, output_len: int, stream: bool) -> dict[str, Any]:
         request: dict[str, Any] = {"max_tokens": output_len, "temperature": 0, "ignore_eos": True, "stream": stream}
         if stream:
@@ -370,6 +376,8 @@ class _OpenAIApi(Api):
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):  # only with sglang's --enable-cache-report
             meta["cached_tokens"] = details.get("cached_tokens")
+        elif self.cache_reported:  # with it, sglang leaves the details out when nothing was cached (usage_processor.py)
+            meta["cached_tokens"] = 0
         choices = obj.get("choices")
         if choices:  # non-stream answers; a stream's final chunk has choices []
             finish = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None

@@ -432,6 +432,8 @@ def plan_servers(cfg: ReplayConfig, run_dir: Path, vocab: int | None, cap_change
         max_running_requests=launch_cap(cfg.max_running_requests, cap_changes),
         server_args=[*user_args, *sim_args], speed=cfg.speed,
         skip_tokenizer_init=cfg.api == "generate",
+        # the OpenAI routes report cache hits only so (.DUCUMENT/openai-api.md); /generate's meta_info always does
+        cache_report=cfg.api != "generate",
     )
     if cfg.is_pd:
         add_pd_launch_args(plans, cfg.pd_sizes[0], cfg.port_base)
@@ -604,6 +606,9 @@ class Replay:
             "stream": self.cfg.stream,
             "flush_cache": self.cfg.flush_cache,
             "api": self.cfg.api,
+            # the servers report how many prompt tokens their prefix cache served (null: not known yet)
+            "cache_reported": (None if all(info is None for info in self.server_info)
+                               else self.cache_unreported() is None),
             "policy": self.policy.describe(),
             "seed": self.cfg.seed,
             "vocab_size": self.vocab,
@@ -801,6 +806,9 @@ class Replay:
             startup = cfg.startup_timeout if cfg.startup_timeout is not None else PROBE_TIMEOUT_S
             await self.fleet.wait_healthy(client, startup)
             await self._server_facts(client)
+            api.cache_reported = api.server_meta or not self.cache_unreported()
+            if not api.cache_reported:
+                self.stderr.write(f"tracebench replay: warning: {self.cache_unreported()}\n")
             if cfg.flush_cache:
                 await self._flush_caches(client)
             await self.beside.start(client, self._beside_servers())
@@ -1005,6 +1013,21 @@ class Replay:
             return why
 
         return check
+
+    def cache_unreported(self) -> str | None:
+        """Why this run cannot know its prefix-cache hits (records' cached_tokens null), or None when it can: with
+        --api completions|chat the servers must run with --enable-cache-report (launched ones do), and /server_info
+        says whether they do. run.json `cache_reported` keeps the answer; the report says it."""
+        if self.cfg.api == "generate":
+            return None
+        without = [str(p.index) for p, info in zip(self.fleet.plans, self.server_info)
+                   if not (isinstance(info, dict) and info.get("enable_cache_report") is True)]
+        if not without:
+            return None
+        return (f"--api {self.cfg.api}: server(s) {', '.join(without)} run without --enable-cache-report, so their "
+                f"OpenAI answers do not say how many prompt tokens the prefix cache served: this run cannot know its "
+                f"cache hits (records' cached_tokens null; the report has no prefix-cache figures). Start them with "
+                f"--enable-cache-report, or replay with --api generate")
 
     async def _server_facts(self, client: SglangClient) -> None:
         """/server_info and /v1/loads of every server (recorded in run.json), and the vocabulary size where the

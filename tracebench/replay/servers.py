@@ -109,11 +109,13 @@ def plan_launched(
     server_args: list[str],
     speed: float | None,
     skip_tokenizer_init: bool = True,
+    cache_report: bool = False,
 ) -> list[ServerPlan]:
     """N servers on ports port_base+i (port_base None: free ports, `free_ports`). sglang: one GPU each
     (CUDA_VISIBLE_DEVICES, honouring a list the user already set); sim: `tracebench sim-server` processes.
     `skip_tokenizer_init`: sglang gets --skip-tokenizer-init (ids in, ids out; the OpenAI APIs need the tokenizer, so
-    --api completions/chat drop it)."""
+    --api completions/chat drop it). `cache_report`: sglang and the simulator get --enable-cache-report, so that
+    OpenAI answers report the prompt tokens the prefix cache served (usage.prompt_tokens_details.cached_tokens)."""
     for word in server_args:
         flag = word.split("=", 1)[0]
         if flag in _OWNED_FLAGS[backend]:
@@ -128,6 +130,7 @@ def plan_launched(
         if not 0 < port < 65536:
             raise ConfigError(f"--port-base {port_base}: port {port} is out of range")
         cap_args = ["--max-running-requests", str(max_running_requests)] if max_running_requests is not None else []
+        cap_args += ["--enable-cache-report"] if cache_report else []
         env = {"PYTHONUNBUFFERED": "1"}
         if backend == "sglang":
             assert model is not None  # checked with the other options

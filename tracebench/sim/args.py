@@ -38,6 +38,8 @@ class SimArgs:
     disable_overlap_schedule: bool
     skip_tokenizer_init: bool
     disable_radix_cache: bool = False
+    # sglang's --enable-cache-report: OpenAI answers carry usage.prompt_tokens_details.cached_tokens (openai_routes.py)
+    enable_cache_report: bool = False
     # PD disaggregation (pd.py): sglang's --disaggregation-mode/-transfer-backend/-bootstrap-port, and the simulated
     # link's bandwidth (GiB/s)
     disaggregation_mode: str = "null"

@@ -67,6 +67,11 @@ def check_can_listen(host: str, port: int) -> None:
               help="sglang's flag: no prefix cache (every prompt is prefilled in full, cached_tokens is always 0). "
                    "Default: sglang's radix cache on the token ids received (or a text prompt's words), LRU eviction "
                    "when KV is full, emptied by POST /flush_cache.")
+@click.option("--enable-cache-report", is_flag=True, default=False,
+              help="sglang's flag: OpenAI answers (/v1/completions, /v1/chat/completions) report the prompt tokens "
+                   "served from the prefix cache in usage.prompt_tokens_details.cached_tokens (only when > 0, as "
+                   "sglang; without it they say nothing of the cache). tracebench replay --api completions|chat "
+                   "launches sglang and the simulator with it. /generate's meta_info has cached_tokens either way.")
 @click.option("--skip-tokenizer-init", is_flag=True, default=False,
               help="sglang's flag: answers carry no 'text' and text prompts are refused (tracebench launches real "
                    "sglang with it). Default: a word-level tokenizer (one token per word, output text ' w<id>').")
@@ -93,14 +98,19 @@ def check_can_listen(host: str, port: int) -> None:
 def sim_server(port: int, host: str, profile_name: str | None, gpu: str | None, speed: float, max_running_requests: int | None,
                max_total_tokens: int | None, context_length: int, chunked_prefill_size: int, startup_delay: float,
                seed: int, vocab_size: int, crash_on_bad_token: bool, enable_metrics: bool,
-               disable_overlap_schedule: bool, disable_radix_cache: bool, skip_tokenizer_init: bool,
-               disaggregation_mode: str, disaggregation_bootstrap_port: int, disaggregation_transfer_backend: str,
+               disable_overlap_schedule: bool, disable_radix_cache: bool, enable_cache_report: bool,
+               skip_tokenizer_init: bool, disaggregation_mode: str, disaggregation_bootstrap_port: int, disaggregation_transfer_backend: str,
                kv_transfer_bandwidth: float) -> None:
     """A simulated sglang 0.5.17 server (llama-2-7b-hf): sglang's HTTP API, timed like a continuous-batching GPU.
 
     \b
-    POST /generate (input_ids or text, batch, stream), /health, /health_generate, /server_info, /get_server_info,
-    /model_info, /v1/models, /v1/loads, /get_load, /metrics, /flush_cache, /set_internal_state.
+    POST /generate (input_ids or text, batch, stream); the OpenAI-compatible POST /v1/completions (prompt: text or
+    token ids; output length from max_tokens, default 16: like sglang 0.5.17's CompletionRequest it has no
+    max_completion_tokens field and ignores one) and POST /v1/chat/completions (messages, rendered by the word-level
+    chat template; max_completion_tokens, else max_tokens, else 128), streamed or not, with usage (and
+    stream_options include_usage / continuous_usage_stats); GET /health, /health_generate, /server_info,
+    /get_server_info, /model_info, /v1/models, /v1/loads, /get_load, /metrics; POST /flush_cache,
+    /set_internal_state.
     There is no EOS: every request gets exactly max_new_tokens output tokens (as with ignore_eos).
     Serves until SIGINT or SIGTERM. Exit 2: bad input, including a --port taken and a --host that is not an
     address of this machine (said before anything starts).
@@ -138,7 +148,8 @@ def sim_server(port: int, host: str, profile_name: str | None, gpu: str | None, 
                   chunked_prefill_size=chunked_prefill_size, startup_delay=startup_delay, seed=seed,
                   vocab_size=vocab_size, crash_on_bad_token=crash_on_bad_token, enable_metrics=enable_metrics,
                   disable_overlap_schedule=disable_overlap_schedule, skip_tokenizer_init=skip_tokenizer_init,
-                  disable_radix_cache=disable_radix_cache, disaggregation_mode=disaggregation_mode,
+                  disable_radix_cache=disable_radix_cache, enable_cache_report=enable_cache_report,
+                  disaggregation_mode=disaggregation_mode,
                   disaggregation_transfer_backend=disaggregation_transfer_backend,
                   disaggregation_bootstrap_port=disaggregation_bootstrap_port,
                   kv_transfer_bandwidth=kv_transfer_bandwidth))

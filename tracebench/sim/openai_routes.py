@@ -23,10 +23,12 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    """UsageInfo as dumped by pydantic (prompt_tokens_details only with --enable-cache-report)."""
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """UsageInfo as dumped by pydantic: prompt_tokens_details {"cached_tokens": n} only when the server runs with
+    --enable-cache-report (`cached_tokens` given) and n > 0, else null (usage_processor.py L13-15, L39-45)."""
+    details = {"cached_tokens": cached_tokens} if cached_tokens else None
     return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": None, "reasoning_tokens": 0}
+            "completion_tokens": completion_tokens, "prompt_tokens_details": details, "reasoning_tokens": 0}
 
 
 def _openai_error(message: str) -> web.Response:
@@ -65,9 +67,18 @@ class OpenAIRoute:
         """The stream chunks for one output of the model: `delta` is the new text, `first` the first output."""
         raise NotImplementedError
 
-    def usage_chunk(self, head: dict, prompt_tokens: int, completion_tokens: int) -> dict:
+    def usage_chunk(self, head: dict, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+                    ) -> dict:
         """The last chunk when the client asked for usage."""
-        return {**head, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)}
+        return {**head, "choices": [], "usage": _usage(prompt_tokens, completion_tokens, cached_tokens)}
+
+    def cached(self, pend: Pending) -> int | None:
+        """The prompt tokens the cache served, as usage reports them: only with --enable-cache-report."""
+        return pend.sim.cached_tokens if self.args.enable_cache_report else None
+
+    def continuous_usage(self, prompt_tokens: int, sent: int, pend: Pending) -> dict:
+        """A chunk's usage with continuous_usage_stats (completions: no cached tokens, serving_completions.py L383-388)."""
+        return _usage(prompt_tokens, sent)
 
     # ---- the template
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -132,7 +143,8 @@ class OpenAIRoute:
         """A whole answer from the /generate outputs (one per prompt)."""
         choices = [self.choice(index, out["text"]) for index, out in enumerate(outs)]
         metas = [out["meta_info"] for out in outs]
-        usage = _usage(sum(m["prompt_tokens"] for m in metas), sum(m["completion_tokens"] for m in metas))
+        cached = sum(m["cached_tokens"] for m in metas) if self.args.enable_cache_report else None
+        usage = _usage(sum(m["prompt_tokens"] for m in metas), sum(m["completion_tokens"] for m in metas), cached)
         return {"id": metas[0]["id"], "object": self.answer_object, "created": int(time.time()), "model": model,
                 "choices": choices, "usage": usage, "metadata": {"weight_version": "default"}}
 
@@ -167,13 +179,13 @@ class OpenAIRoute:
             text = out["text"]
             first = text_sent == 0
             delta, text_sent = text[text_sent:], len(text)
-            usage = _usage(prompt_tokens, sent) if continuous else None
+            usage = self.continuous_usage(prompt_tokens, sent, pend) if continuous else None
             for chunk in self.chunks(head, delta, first, final, usage):
                 await response.write(_sse(chunk))
             if final:
                 break
         if include_usage:
-            await response.write(_sse(self.usage_chunk(head, prompt_tokens, sent)))
+            await response.write(_sse(self.usage_chunk(head, prompt_tokens, sent, self.cached(pend))))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -205,7 +217,9 @@ class CompletionsRoute(OpenAIRoute):
         prompt = obj.get("prompt")
         if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
             raise BadRequest("Prompt cannot be empty")
-        return prompt, obj.get("max_tokens", 16)  # CompletionRequest.max_tokens defaults to 16
+        # CompletionRequest.max_tokens defaults to 16; it has no max_completion_tokens field, so one sent is ignored
+        # (protocol.py L317-331, serving_completions.py L146)
+        return prompt, obj.get("max_tokens", 16)
 
     def choice(self, index: int, text: str) -> dict:
         return {"index": index, "text": text, "logprobs": None, "finish_reason": "length", "matched_stop": None}
@@ -215,9 +229,11 @@ class CompletionsRoute(OpenAIRoute):
                   "matched_stop": None}
         return [{**head, "choices": [choice], "usage": usage}]
 
-    def usage_chunk(self, head: dict, prompt_tokens: int, completion_tokens: int) -> dict:
-        chunk = super().usage_chunk(head, prompt_tokens, completion_tokens)
-        del chunk["usage"]["prompt_tokens_details"]  # completions dump the usage chunk with exclude_none
+    def usage_chunk(self, head: dict, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+                    ) -> dict:
+        chunk = super().usage_chunk(head, prompt_tokens, completion_tokens, cached_tokens)
+        if chunk["usage"]["prompt_tokens_details"] is None:
+            del chunk["usage"]["prompt_tokens_details"]  # completions dump the usage chunk with exclude_none
         return chunk
 
 
@@ -241,7 +257,13 @@ class ChatRoute(OpenAIRoute):
             raise BadRequest("tracebench sim-server: each message needs a string content.")
         # the word-level tokenizer's chat template: "{% for m in messages %}{{ m['content'] }} {% endfor %}"
         prompt = "".join([m["content"] + " " for m in messages])
-        return prompt, obj.get("max_completion_tokens", obj.get("max_tokens"))
+        # sglang: max_completion_tokens or max_tokens (a null or 0 max_completion_tokens falls through; serving_chat.py
+        # L855, protocol.py L1013)
+        return prompt, obj.get("max_completion_tokens") or obj.get("max_tokens")
+
+    def continuous_usage(self, prompt_tokens: int, sent: int, pend: Pending) -> dict:
+        """chat's chunks report the cached tokens too (serving_chat.py L645-652 _continuous_usage_cached_details)."""
+        return _usage(prompt_tokens, sent, self.cached(pend))
 
     def choice(self, index: int, text: str) -> dict:
         message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}

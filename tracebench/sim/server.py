@@ -219,6 +219,7 @@ class SimServer:
             "disable_overlap_schedule": args.disable_overlap_schedule,
             "skip_tokenizer_init": args.skip_tokenizer_init,
             "disable_radix_cache": args.disable_radix_cache,
+            "enable_cache_report": args.enable_cache_report,
         }
         if self.pd is not None:
             overrides.update(self.pd.server_info())

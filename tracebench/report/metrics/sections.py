@@ -74,6 +74,7 @@ def _warnings(runs: list[Run], stats: list[_RunStats]) -> list[str]:
                 f"run '{run.label}' attached simulators running at --speed {'/'.join(_show(v) for v in sorted(set(speeds)))}: "
                 "the run itself was not compressed, so its server times are that many times shorter than simulated "
                 "seconds (use --backend sim --speed K for a compressed run)")
+    warnings += [w for run, st in zip(runs, stats) if (w := api_warning(run, st)) is not None]
     for st in stats:
         if st.lag is not None and (lagging := lag_warning(st.summary.label, st.summary.speed, st.lag)) is not None:
             warnings.append(lagging)
@@ -96,6 +97,25 @@ def _warnings(runs: list[Run], stats: list[_RunStats]) -> list[str]:
             warnings.append(f"run '{s.label}': {s.missing} requests of the trace have no record")
     warnings += [w for st in stats if (w := mismatch_warning(st)) is not None]
     return warnings
+
+
+def api_warning(run: Run, st: _RunStats) -> str | None:
+    """What a run replayed through an OpenAI route cannot give (docs/report.md, "What each API gives"): sglang's
+    meta_info (e2e_latency, the queue time and time stamps) comes only with /generate; cache hits only when the
+    servers ran with --enable-cache-report (replay launches them so since issue 23; run.json `cache_reported`)."""
+    api = run.meta.get("api") or "generate"
+    if api == "generate":
+        return None
+    text = (f"run '{run.label}' replayed --api {api}: OpenAI answers carry no sglang meta_info, so 'server latency, "
+            f"sglang' and sglang's own stamps (queue time, prefill and finish times, the simulators' lag) exist only "
+            f"for --api generate runs")
+    if st.cache is None:
+        why = ("its servers ran without --enable-cache-report" if run.meta.get("cache_reported") is False
+               else "it was recorded before tracebench launched servers with --enable-cache-report"
+               if "cache_reported" not in run.meta else "no answer reported them")
+        text += (f"; it cannot know its prefix-cache hits ({why}: usage had no prompt_tokens_details), so it has no "
+                 f"prefix-cache figures")
+    return text
 
 
 # what completed-but-mismatched answers distort (docs/report.md, "Mismatches")
