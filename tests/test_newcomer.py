@@ -226,3 +226,21 @@ def test_openai_replays_know_their_cache_hits_or_say_they_cannot(tmp_path: Path,
     report = " ".join(run_cli("report", str(tmp_path / "blind")).stdout.split())
     assert "cannot know its prefix-cache hits (its servers ran without --enable-cache-report" in report
     assert "Prefix cache" not in report
+
+
+# ---- item 7: closed loop said where the user looks -----------------------------------------------------------------
+
+def test_closed_loop_is_explained_by_generate_replay_and_report(tmp_path: Path) -> None:
+    trace = tmp_path / "chat.jsonl"
+    done = run_cli("generate", "--workload", "multi-turn", "--sessions", "4", "--turns", "3", "--think-time", "0.5",
+                   "--input-len", "64", "--output-len", "8", "--closed-loop", "-o", str(trace))
+    assert done.returncode == 0, done.stderr
+    assert "12 requests, closed loop: 4 sessions starting at 8/s (poisson)" in done.stdout
+    assert "req/s, poisson" not in done.stdout  # no rate: the servers set it
+    assert "Closed loop:" in run_cli("replay", "--help").stdout
+    done = run_cli("replay", str(trace), "--backend", "sim", "--speed", "20", "--run-name", "cl", "--out-dir",
+                   str(tmp_path), "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "cl" / "run.json").read_text())["trace"]["closed_loop"] == 8
+    report = " ".join(run_cli("report", str(tmp_path / "cl")).stdout.split())
+    assert "closed loop: 8 of its 12 requests are sent their delay_s after the request they follow finished" in report

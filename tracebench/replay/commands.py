@@ -242,7 +242,13 @@ def replay(ctx: click.Context, trace: Path, **options: Any) -> None:
     \b
     Each request is released at its arrival time (an absolute schedule) into tracebench's router; the policy
     sends it to a server under the per-server cap; its three moments are recorded (t_released, t_dispatch,
-    t_finish, plus t_first_token and sglang's own stamps). The run folder <out-dir>/<run-name>/ holds
+    t_finish, plus t_first_token and sglang's own stamps).
+    Closed loop: a request with the trace fields after = ID and delay_s = S (generate --workload multi-turn
+    --closed-loop) has no arrival time of its own: it is released S seconds after request ID finished (ok or
+    not), as a user sends the next turn after reading the answer; its arrival_s is only the generator's
+    open-loop estimate and is not used. So a closed-loop trace offers load at the pace the servers answer: a
+    faster run is sent its later turns sooner, and the report warns that throughput then measures speed, not
+    load handled (docs/replay.md, "Closed loop"). The run folder <out-dir>/<run-name>/ holds
     run.json, requests.jsonl, telemetry.jsonl, server_metrics.jsonl (and gpu.jsonl on a GPU host) and the servers'
     logs (docs/run-format.md).
     --speed K (simulator) compresses the whole run K times: every trace time is divided by K, and

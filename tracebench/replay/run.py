@@ -596,6 +596,8 @@ class Replay:
             "trace": {
                 "path": portable_path(self.cfg.trace), "sha256": self.trace_sha, "num_requests": self.header.num_requests,
                 "duration_s": self.header.duration_s, "header": self.header.fields, "prefix": self.trace_prefix,
+                # requests sent delay_s after the one they follow finished (after/delay_s), not at their arrival_s
+                "closed_loop": int((~self.table.open_loop).sum()),
             },
             "options": self.cfg.to_json(),
             "speed": self.cfg.speed,

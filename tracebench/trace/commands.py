@@ -204,8 +204,17 @@ def _report_generated(result: GeneratedTrace, default_context: bool) -> None:
     rate = f"{(count - 1) / duration:.2f} req/s" if count > 1 and duration > 0 else "- req/s"
     arrivals = header["arrivals"]
     how = arrivals["process"] + (f" (burstiness {arrivals['burstiness']:g})" if arrivals.get("burstiness") else "")
-    click.echo(f"{count} requests over {duration:.1f} s ({rate}, {how}); mean input {result.input_mean:.1f} / "
-               f"output {result.output_mean:.1f} tokens" + (f"; {clamped} clamped" if clamped else ""))
+    lengths = (f"mean input {result.input_mean:.1f} / output {result.output_mean:.1f} tokens"
+               + (f"; {clamped} clamped" if clamped else ""))
+    if workload is not None and workload.get("closed_loop"):
+        # no arrival schedule: only the sessions' starts are; the rest follows the servers (replay --help)
+        args = header["args"]
+        click.echo(f"{count} requests, closed loop: {workload['sessions']} sessions starting at {arrivals['rate']:g}/s "
+                   f"({how}), each later turn sent {args['think_time']:g} s ({args['think_dist']}, mean) after the "
+                   f"previous one finished, so the request rate depends on the servers (the arrival_s written, "
+                   f"{duration:.1f} s in all, is only an open-loop estimate); {lengths}")
+        return
+    click.echo(f"{count} requests over {duration:.1f} s ({rate}, {how}); {lengths}")
 
 
 @click.command("inspect", context_settings={"max_content_width": 110})

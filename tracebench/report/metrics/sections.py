@@ -75,6 +75,8 @@ def _warnings(runs: list[Run], stats: list[_RunStats]) -> list[str]:
                 "the run itself was not compressed, so its server times are that many times shorter than simulated "
                 "seconds (use --backend sim --speed K for a compressed run)")
     warnings += [w for run, st in zip(runs, stats) if (w := api_warning(run, st)) is not None]
+    if (loop := closed_loop_note(runs)) is not None:
+        warnings.append(loop)
     for st in stats:
         if st.lag is not None and (lagging := lag_warning(st.summary.label, st.summary.speed, st.lag)) is not None:
             warnings.append(lagging)
@@ -97,6 +99,26 @@ def _warnings(runs: list[Run], stats: list[_RunStats]) -> list[str]:
             warnings.append(f"run '{s.label}': {s.missing} requests of the trace have no record")
     warnings += [w for st in stats if (w := mismatch_warning(st)) is not None]
     return warnings
+
+
+def closed_loop_note(runs: list[Run]) -> str | None:
+    """A closed-loop trace (after/delay_s) is not an arrival schedule: its requests come when earlier ones finished
+    (docs/replay.md, "Closed loop"). Runs recorded before run.json kept the count: the generator's header says it."""
+    counts = []
+    for run in runs:
+        trace = run.meta["trace"]
+        count = trace.get("closed_loop")
+        if count is None and ((trace.get("header") or {}).get("workload") or {}).get("closed_loop"):
+            count = -1  # a closed-loop multi-turn trace, how many of its requests is not recorded
+        counts.append(count or 0)
+    if not any(counts):
+        return None
+    base = runs[0].meta["trace"]
+    how_many = (f"{max(counts)} of its {base['num_requests']} requests" if max(counts) > 0 else "its later turns")
+    return (f"closed loop: {how_many} are sent their delay_s after the request they follow finished (trace fields "
+            f"after/delay_s, generate --closed-loop), not at a fixed time: a run whose requests finish sooner is sent "
+            f"them sooner, so the offered load, the duration and the throughput follow the servers' speed (compare "
+            f"latencies; a higher req/s here means faster answers, not more load handled)")
 
 
 def api_warning(run: Run, st: _RunStats) -> str | None:
