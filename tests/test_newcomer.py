@@ -244,3 +244,38 @@ def test_closed_loop_is_explained_by_generate_replay_and_report(tmp_path: Path) 
     assert json.loads((tmp_path / "cl" / "run.json").read_text())["trace"]["closed_loop"] == 8
     report = " ".join(run_cli("report", str(tmp_path / "cl")).stdout.split())
     assert "closed loop: 8 of its 12 requests are sent their delay_s after the request they follow finished" in report
+
+
+# ---- item 5: TTFT of hits and misses, like with like ----------------------------------------------------------------
+
+def test_ttft_by_prefix_hit_is_per_prompt_band_with_n_and_no_tiny_groups(four_runs: Path) -> None:
+    from tracebench.report.metrics.definitions import MIN_GROUP, PROMPT_BANDS
+
+    names = _names(four_runs, 4)
+    doc = json.loads(_report(four_runs, names, 120, "--format", "json"))
+    expected: dict[str, dict[str, tuple[int, float | None]]] = {}
+    for name in names:
+        groups: dict[str, list[float]] = {}
+        for line in (four_runs / "reports" / name / "requests.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            band = PROMPT_BANDS[int(np.searchsorted(PROMPT_BANDS[1:], r["input_len"], side="right"))]
+            key = f"{band}.{'hit' if r['cached_tokens'] > 0 else 'miss'}"
+            groups.setdefault(key, []).append(r["t_first_token"] - r["t_dispatch"])
+        expected[name] = {k: (len(v), float(np.percentile(v, 50)) if len(v) >= MIN_GROUP else None)
+                          for k, v in groups.items()}
+    shown = {k for e in expected.values() for k, (n, _) in e.items() if n >= MIN_GROUP}
+    hidden = {k for e in expected.values() for k in e} - shown
+    assert hidden and any(n < MIN_GROUP for e in expected.values() for k, (n, _) in e.items() if k in shown), \
+        "the fixture must have a tiny group hidden and one shown beside a big one"
+    for run, name in zip(doc["runs"], names):
+        section = run["cache_ttft"]
+        assert set(section) == shown  # groups too small in every run are left out
+        for key in shown:
+            n, p50 = expected[name].get(key, (0, None))
+            assert section[key]["n"] == (n or None)
+            assert (section[key]["p50"] is None) == (p50 is None)  # a tiny group shows its n, no percentile
+            if p50 is not None:
+                assert section[key]["p50"] == pytest.approx(p50, rel=1e-9)
+    assert "ttft_hit" not in doc["runs"][0]["latency"]  # the pooled split (short first turns as misses) is gone
+    table = _report(four_runs, names[:2], 120)
+    assert "TTFT from dispatch by prefix hit, within prompt-length bands" in table and "prompt 512-1,023 tokens, hit" in table

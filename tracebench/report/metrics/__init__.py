@@ -5,7 +5,7 @@
 from tracebench.report.metrics.ci import bootstrap_ci, bootstrap_percentile, ratio_ci
 from tracebench.report.metrics.config import (SPEED_SENSITIVE, attached_sim_speeds, backend_text, config_of, diff_config,
                                               simulated_accelerators, speed_text, speed_warning, time_note)
-from tracebench.report.metrics.definitions import (BALANCE_CV_MAX, CACHE_SPLIT_METRICS, CI_LEVEL, LATENCY,
+from tracebench.report.metrics.definitions import (BALANCE_CV_MAX, CI_LEVEL, LATENCY,
                                                    LATENCY_LABELS, LATENCY_METRICS, LATENCY_STATS, PERCENTILES, POOLED,
                                                    SLO_KEYS, MetricDef, latency_expr, parse_slo)
 from tracebench.report.metrics.schema import (Balance, ConfigDiff, Delta, Report, Row, RunSeries, RunSummary, Section,
@@ -16,7 +16,7 @@ from tracebench.report.metrics.series import (CDF_METRICS, CDF_POINTS, COMPLETIO
 from tracebench.report.metrics.stats import CacheStats, _busy_time, pooled_itl
 
 __all__ = [
-    "BALANCE_CV_MAX", "CACHE_SPLIT_METRICS", "CDF_METRICS", "CDF_POINTS", "CI_LEVEL", "COMPLETIONS_PER_WINDOW",
+    "BALANCE_CV_MAX", "CDF_METRICS", "CDF_POINTS", "CI_LEVEL", "COMPLETIONS_PER_WINDOW",
     "LATENCY", "LATENCY_LABELS", "LATENCY_METRICS", "LATENCY_STATS", "PERCENTILES", "POOLED", "SCATTER_POINTS",
     "SECTIONS", "SLO_KEYS", "SPEED_SENSITIVE", "TIME_BINS", "Balance", "CacheStats", "ConfigDiff", "Delta",
     "MetricDef", "Report", "Row", "RunSeries", "RunSummary", "Section", "ServerLoad", "ServerSeries", "_busy_time",

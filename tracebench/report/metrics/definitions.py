@@ -21,14 +21,16 @@
   difference is "significant" only when the interval excludes 0.
 - Prefix cache (runs whose records carry sglang's `cached_tokens`): hit rate = sum(cached_tokens) / sum(prompt_tokens)
   over kept completed requests (token-weighted), per run and per server; prefill tokens computed = sum(prompt_tokens -
-  cached_tokens); a request "hits" when cached_tokens > 0 (TTFT is split by that). The hit-rate delta's 95% interval
+  cached_tokens); a request "hits" when cached_tokens > 0. TTFT from dispatch is compared between hits and misses
+  like with like: within bands of prompt length (PROMPT_BANDS), each group with its request count, its percentiles
+  only from MIN_GROUP requests up. The hit-rate delta's 95% interval
   is the delta method's for a ratio of sums (normal approximation, requests independent), fast at any run size. The
   trace's ceiling (the reusable fraction of prompt tokens with one unbounded cache) comes from run.json.
 
 Every latency metric is one `MetricDef` row of `LATENCY`: key, label, definition (the words docs/report.md and the
 HTML page show), expression over a run's records, unit, which way is better, whether it is pooled over gaps, whether
-it is one side of the prefix-cache split, and its --slo key. LATENCY_METRICS, latency_expr, POOLED,
-CACHE_SPLIT_METRICS, LATENCY_LABELS and SLO_KEYS are views of that table, kept for their readers.
+and its --slo key. LATENCY_METRICS, latency_expr, POOLED, LATENCY_LABELS and SLO_KEYS are views of that table, kept
+for their readers.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ from tracebench.errors import ConfigError
 PERCENTILES: dict[str, float] = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
 LATENCY_STATS = ("mean", "p50", "p90", "p99", "max")
 BALANCE_CV_MAX = 0.10
+# TTFT by prefix hit (cache section): prompt-length bands (input_len in tokens, [edge, next edge); the last is open),
+# and the fewest requests a group needs for its percentiles to be shown (fewer: n only; p50 of 3 requests is noise)
+PROMPT_BANDS = (0, 256, 512, 1024, 2048, 4096)
+MIN_GROUP = 20
 CI_LEVEL = 0.95
 
 
@@ -57,7 +63,6 @@ class MetricDef:
     unit: str = "s"
     better: str = "lower"
     pooled: bool = False          # over gaps, not one value per request: no bootstrap interval, no CDF
-    cache_split: bool = False     # shown only when some run had a prefix hit
     slo_key: str | None = None    # its key in --slo
     client_gate: bool = False     # shown only when some run had --max-concurrency's client gate
 
@@ -90,19 +95,12 @@ LATENCY: tuple[MetricDef, ...] = (
     MetricDef("itl", "ITL", "every gap between a streamed answer's chunks after its first token, pooled over requests "
               "(vllm's ITL); percentiles and mean from the records' 2% histograms (within 1%), max exact",
               _c("itl_max"), pooled=True, slo_key="itl"),
-    MetricDef("ttft_hit", "TTFT, prefix hit", "t_first_token - t_arrival, requests with cached_tokens > 0",
-              pl.when(_c("cached_tokens") > 0).then(_c("t_first_token") - _c("t_arrival")).otherwise(None),
-              cache_split=True),
-    MetricDef("ttft_miss", "TTFT, no prefix hit", "t_first_token - t_arrival, requests with cached_tokens == 0",
-              pl.when(_c("cached_tokens") == 0).then(_c("t_first_token") - _c("t_arrival")).otherwise(None),
-              cache_split=True),
 )
 _BY_KEY = {m.key: m for m in LATENCY}
 
 # views of the table, for their readers
 LATENCY_METRICS: tuple[tuple[str, str, str], ...] = tuple((m.key, m.label, m.definition) for m in LATENCY)
 POOLED = tuple(m.key for m in LATENCY if m.pooled)
-CACHE_SPLIT_METRICS = tuple(m.key for m in LATENCY if m.cache_split)
 LATENCY_LABELS = {m.key: m.label for m in LATENCY}
 _SLO_ORDER = ("ttft", "total", "tpot", "server", "wait", "itl")  # as --help and the errors list them
 # --slo keys -> latency metric

@@ -11,7 +11,7 @@ from tracebench.errors import ConfigError
 from tracebench.report.load import REQUEST_STATUSES, Run
 from tracebench.report.metrics.ci import bootstrap_ci, ratio_ci
 from tracebench.report.metrics.config import _show, attached_sim_speeds, diff_config, speed_warning
-from tracebench.report.metrics.definitions import LATENCY, LATENCY_STATS, PERCENTILES
+from tracebench.report.metrics.definitions import LATENCY, LATENCY_STATS, MIN_GROUP, PERCENTILES, PROMPT_BANDS
 from tracebench.report.metrics.lag import FIGURES, LAG_BOUND, lag_warning
 from tracebench.report.metrics.schema import Delta, Report, Row, Section
 from tracebench.report.pd import STAGES
@@ -201,14 +201,11 @@ def throughput_section(inp: _Inputs) -> Section:
 def latency_section(inp: _Inputs) -> Section:
     """One row per metric and statistic; percentile deltas get a bootstrap interval (seeded per cell)."""
     stats, baseline, bootstrap, seed = inp.stats, inp.baseline, inp.bootstrap, inp.seed
-    any_hit = any(st.cache is not None and st.cache.hit_requests for st in stats)
     rows: list[Row] = []
     for m_index, metric in enumerate(LATENCY):
         key = metric.key
         if all(st.latency_n[key] == 0 for st in stats):
             continue  # e.g. no first-token stamps in any run (not streamed): the metric does not exist here
-        if metric.cache_split and not any_hit:
-            continue  # no request hit the prefix cache anywhere: the split says nothing the TTFT rows do not
         if metric.client_gate and not any(st.summary.max_concurrency is not None for st in stats):
             continue  # no run had --max-concurrency: nothing waited at the client
         for s_index, stat in enumerate(LATENCY_STATS):
@@ -273,6 +270,39 @@ def cache_section(inp: _Inputs) -> Section | None:
     return Section("cache", "Prefix cache", rows)
 
 
+def _band_label(band: int) -> str:
+    low = PROMPT_BANDS[band]
+    high = PROMPT_BANDS[band + 1] - 1 if band + 1 < len(PROMPT_BANDS) else None
+    return f"prompt {low:,}+ tokens" if high is None else f"prompt {low:,}-{high:,} tokens"
+
+
+def cache_ttft_section(inp: _Inputs) -> Section | None:
+    """TTFT from dispatch of prefix hits and misses, per prompt-length band (stats.py `_ttft_groups`): n, the uncached
+    prompt tokens and the percentiles of each group. A group is shown when some run has MIN_GROUP requests in it;
+    a run with fewer there has its n and '-' (too few for a percentile). Only when some run had a hit."""
+    caches = [st.cache for st in inp.stats]
+    if not any(c is not None and c.hit_requests for c in caches):
+        return None
+    keys = sorted({key for c in caches if c is not None for key in c.ttft_groups}, key=lambda k: (k[0], not k[1]))
+    rows: list[Row] = []
+    for band, hit in keys:
+        groups = [None if c is None else c.ttft_groups.get((band, hit)) for c in caches]
+        if not any(g is not None and g.n >= MIN_GROUP for g in groups):
+            continue
+        metric = f"{PROMPT_BANDS[band]}.{'hit' if hit else 'miss'}"
+        label = f"{_band_label(band)}, {'hit' if hit else 'miss'}"
+        for stat, unit, better, get in (("n", "requests", None, lambda g: float(g.n)),
+                                        ("uncached mean", "tokens", None, lambda g: g.uncached_mean),
+                                        ("p50", "s", "lower", lambda g: g.ttft_p50),
+                                        ("p90", "s", "lower", lambda g: g.ttft_p90)):
+            rows.append(_row("cache_ttft", metric, label, stat, unit, better,
+                             [None if g is None else get(g) for g in groups], inp.baseline))
+    if not rows:
+        return None
+    return Section("cache_ttft", f"TTFT from dispatch by prefix hit, within prompt-length bands (ms; groups under "
+                                 f"{MIN_GROUP} requests: n only)", rows)
+
+
 def pd_section(inp: _Inputs) -> Section | None:
     """PD runs (report/pd.py): TTFT split into its stages, KV per request and the prefill servers' transfer rate.
     A plain run's cells are empty: its TTFT is compared in the latency section."""
@@ -325,7 +355,8 @@ def lag_section(inp: _Inputs) -> Section | None:
     return Section("lag", f"Host lag (simulated runs; warned past {LAG_BOUND:.0%})", rows)
 
 
-SECTIONS = (requests_section, throughput_section, latency_section, slo_section, cache_section, pd_section,
+SECTIONS = (requests_section, throughput_section, latency_section, slo_section, cache_section, cache_ttft_section,
+            pd_section,
             lag_section)
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -15,8 +15,8 @@ from tracebench.report.load import COMPLETED_STATUSES, REQUEST_STATUSES, Run
 from tracebench.report.metrics.lag import LagStats, lag_stats
 from tracebench.report.pd import PdRunStats, pd_stats
 from tracebench.report.metrics.config import backend_text
-from tracebench.report.metrics.definitions import (BALANCE_CV_MAX, LATENCY, LATENCY_STATS, PERCENTILES, SLO_KEYS,
-                                                   latency_expr)
+from tracebench.report.metrics.definitions import (BALANCE_CV_MAX, LATENCY, LATENCY_STATS, MIN_GROUP, PERCENTILES,
+                                                   PROMPT_BANDS, SLO_KEYS, latency_expr)
 from tracebench.report.metrics.schema import Balance, RunSummary, ServerLoad
 
 
@@ -72,6 +72,45 @@ class CacheStats:
     prefill_tokens: int
     hit_requests: float | None  # fraction with cached_tokens > 0
     ceiling: float | None  # the trace's reusable fraction with one unbounded cache (run.json), None when unknown
+    # TTFT from dispatch of hits and misses within prompt-length bands: (band index, hit) -> its group
+    ttft_groups: dict[tuple[int, bool], TtftGroup] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TtftGroup:
+    """The completed requests of one prompt-length band (PROMPT_BANDS) that hit the prefix cache, or missed it."""
+
+    n: int
+    uncached_mean: float | None  # prompt tokens the server computed (prompt_tokens - cached_tokens), mean
+    ttft_p50: float | None  # TTFT from dispatch (seconds); None below MIN_GROUP requests
+    ttft_p90: float | None
+
+
+def _ttft_groups(have: pl.DataFrame) -> dict[tuple[int, bool], TtftGroup]:
+    """Hits and misses compared like with like: a miss computes its whole prompt, a hit only the uncached part, and
+    prompts of different lengths take different times, so each prompt-length band is split apart (first turns of a
+    conversation are short and miss: pooled, misses would look faster than hits)."""
+    frame = have.select(pl.col("input_len"), (pl.col("cached_tokens") > 0).alias("hit"),
+                        (pl.col("prompt_tokens") - pl.col("cached_tokens")).alias("uncached"),
+                        (pl.col("t_first_token") - pl.col("t_dispatch")).alias("ttft")
+                        ).filter(pl.col("ttft").is_not_null())
+    bands = np.searchsorted(np.asarray(PROMPT_BANDS[1:]), frame["input_len"].to_numpy(), side="right")
+    hits = frame["hit"].to_numpy()
+    uncached = frame["uncached"].to_numpy().astype(np.float64)
+    ttft = frame["ttft"].to_numpy()
+    groups = {}
+    for band in np.unique(bands).tolist():
+        for hit in (False, True):
+            mine = (bands == band) & (hits == hit)
+            n = int(mine.sum())
+            if n == 0:
+                continue
+            enough = n >= MIN_GROUP
+            groups[(band, hit)] = TtftGroup(
+                n=n, uncached_mean=float(uncached[mine].mean()) if enough else None,
+                ttft_p50=float(np.percentile(ttft[mine], 50)) if enough else None,
+                ttft_p90=float(np.percentile(ttft[mine], 90)) if enough else None)
+    return groups
 
 
 def _cache_stats(run: Run, ok: pl.DataFrame) -> CacheStats | None:
@@ -91,6 +130,7 @@ def _cache_stats(run: Run, ok: pl.DataFrame) -> CacheStats | None:
         prefill_tokens=int(prompt.sum() - cached.sum()),
         hit_requests=float((cached > 0).mean()),
         ceiling=None if prefix is None else float(prefix["reusable_fraction"]),
+        ttft_groups=_ttft_groups(have),
     )
 
 

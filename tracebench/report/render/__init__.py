@@ -71,7 +71,7 @@ def fmt_value(unit: str, value: float | None) -> str:
 
 def unit_shown(row: Row) -> str:
     """Latencies are shown in ms (they are stored in seconds); everything else in its own unit."""
-    return "ms" if row.unit == "s" and row.section in ("latency", "pd") else row.unit
+    return "ms" if row.unit == "s" and row.section in ("latency", "pd", "cache_ttft") else row.unit
 
 
 def fmt_signed(unit: str, value: float) -> str:
@@ -294,6 +294,13 @@ def document(report: Report) -> Document:
         tables.append(_section_table(report, by_key["slo"].title, by_key["slo"].rows, with_stat=False))
     if "cache" in by_key:
         tables.append(_section_table(report, by_key["cache"].title, by_key["cache"].rows, with_stat=False))
+    if "cache_ttft" in by_key:
+        table = _section_table(report, by_key["cache_ttft"].title, by_key["cache_ttft"].rows, with_stat=True)
+        table.notes.append("like with like: a miss computes its whole prompt, a hit only its uncached part, and a "
+                           "longer prompt takes longer either way, so hits and misses are compared within bands of "
+                           "prompt length (input_len); TTFT from dispatch leaves out the router's queue, which "
+                           "does not depend on the cache; 'uncached mean': prompt tokens computed per request")
+        tables.append(table)
     if "pd" in by_key:
         table = _section_table(report, by_key["pd"].title, by_key["pd"].rows, with_stat=True)
         table.notes.append("stages from both servers' sglang stamps (prefill queue = dispatch -> prefill forward; "

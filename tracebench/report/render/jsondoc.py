@@ -9,6 +9,8 @@ import orjson
 
 from tracebench.report.metrics import BALANCE_CV_MAX, CI_LEVEL, LATENCY_METRICS, Report, time_note
 
+MULTI_STAT = ("latency", "pd", "cache_ttft")  # sections with several statistics per metric: metric -> stat -> value
+
 REPORT_FORMAT_VERSION = 1
 
 
@@ -35,7 +37,7 @@ def report_dict(report: Report) -> dict[str, Any]:
             values: dict[str, Any] = {}
             section_deltas: dict[str, Any] = {}
             for row in section.rows:
-                if section.key in ("latency", "pd"):
+                if section.key in MULTI_STAT:
                     values.setdefault(row.metric, {})[row.stat] = row.values[i]
                 else:
                     values[row.metric] = _value(row.unit, row.values[i])
@@ -45,7 +47,7 @@ def report_dict(report: Report) -> dict[str, Any]:
                 d = {"abs": _value(row.unit, delta.abs), "pct": delta.pct}
                 if delta.ci_low is not None:
                     d |= {"ci95_low": delta.ci_low, "ci95_high": delta.ci_high, "significant": delta.significant}
-                if section.key in ("latency", "pd"):
+                if section.key in MULTI_STAT:
                     section_deltas.setdefault(row.metric, {})[row.stat] = d
                 else:
                     section_deltas[row.metric] = d

@@ -128,14 +128,14 @@ def _rows(table: Table, columns: list[int], widths: list[int], colour: bool) -> 
 def _table(table: Table, colour: bool, width: int) -> list[str]:
     prose = min(PROSE_WIDTH, width)
     if not table.rows:  # e.g. nothing changed between the runs: the notes say so
-        return [table.title] + [line for note in table.notes for line in _wrapped(note, "  ", prose)]
+        return _wrapped(table.title, "", width) + [line for note in table.notes for line in _wrapped(note, "  ", prose)]
     parts = _parts(table, width)
     out: list[str] = []
     for number, columns in enumerate(parts):
         title = table.title if len(parts) == 1 else f"{table.title} ({number + 1}/{len(parts)})"
         if number:
             out.append("")
-        out.append(_paint(Cell(title, strong=True), colour) if colour else title)
+        out += [_paint(Cell(line, strong=True), colour) if colour else line for line in _wrapped(title, "", width)]
         out += _rows(table, columns, _widths(table, columns, width)[0], colour)
     out += [line for note in table.notes for line in _wrapped(note, "  ", prose)]
     return out
