@@ -273,12 +273,13 @@ def trace_prefix(header: TraceHeader, table: TraceTable) -> dict[str, Any] | Non
     """What run.json keeps of the trace's prefix structure (the report's ceiling), None for a trace without blocks."""
     if header.block_size is None or table.blocks is None:
         return None
-    from tracebench.trace.prefix import build_tree, reusable_per_request
+    from tracebench.trace.prefix import build_tree, reusable_per_request, working_set
 
     tree = build_tree(table.block_counts(), table.blocks, table.input_len, header.block_size)
     reusable, total = int(reusable_per_request(tree).sum()), int(tree.input_len.sum())
+    shared, _ = working_set(tree)
     return {"block_size": header.block_size, "reusable_tokens": reusable, "prompt_tokens": total,
-            "reusable_fraction": reusable / total}
+            "reusable_fraction": reusable / total, "shared_tokens": shared}
 
 
 def one_line(err: BaseException) -> str:

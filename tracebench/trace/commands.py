@@ -226,7 +226,16 @@ def _report_generated(result: GeneratedTrace, default_context: bool) -> None:
 @click.option("--max-context", type=INT, default=None, metavar="C",
               help="The model's context length the trace is checked against (context fit).  [default: the trace "
                    "header's max_context, else 4096, llama-2's]")
-def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None, max_context: int | None) -> None:
+@click.option("--servers", type=INT, default=1, show_default=True, metavar="N",
+              help="Servers the trace is weighed against (KV capacity, offered load).")
+@click.option("--gpu", type=str, default=None, metavar="NAME",
+              help="The GPU of those servers: a built-in simulator profile's (H200, H100), for its KV capacity and "
+                   "step costs.  [default: H200]")
+@click.option("--max-running-requests", "cap", type=INT, default=None, metavar="N",
+              help="The per-server cap the replay will use (the largest batch in the load estimate).  [default: "
+                   "what the KV holds]")
+def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None, max_context: int | None, servers: int,
+                gpu: str | None, cap: int | None) -> None:
     """Statistics of a trace: requests, duration, mean rate, CV of the inter-arrival gaps, peak rate over 1 s windows,
     input/output length mean/p50/p90/p99/max and offered tokens/s, and, where requests carry prefix_blocks, the
     prefix structure. The whole trace is validated while it is read: a broken trace is an error naming the line and
@@ -251,6 +260,16 @@ def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None, max_context: 
                         per request (sglang always computes one prompt token)
     LRU N tokens        the same with one LRU cache of N tokens holding whole blocks; estimated on a
                         spatial sample of the blocks above 1,000,000 block ids (the sample rate is shown)
+
+    \b
+    Against --servers N servers of --gpu (docs/trace-format.md "Capacity"):
+    KV capacity         each server's KV pool in tokens (the simulator's profile: sglang 0.5.17, llama-2-7b)
+    working set         tokens of the prefix blocks two or more requests send; if they fit in one server's KV
+                        every server can hold them (routing by prefix saves little); if they need several
+                        servers' KV, routing by prefix (cache_aware, prefix_hash) is what lets them fit
+    offered load        rate x (prefill + decode) GPU time per request / N, from the profile's step costs at
+                        the largest batch, the prompt's cacheable share (the ceiling) taken as cached; over
+                        100%: more arrives than the servers can do, queues grow, and it is said as a warning
     """
     from tracebench.errors import ConfigError
     from tracebench.trace.inspect import format_table, trace_stats
@@ -267,7 +286,14 @@ def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None, max_context: 
     if max_context is not None and max_context <= 7:
         raise ConfigError(f"--max-context must be more than 7 (sglang keeps 6 positions of the context from the "
                           f"prompt), got {max_context}")
+    if servers < 1 or (cap is not None and cap < 1):
+        raise ConfigError("--servers and --max-running-requests must be >= 1")
+    from dataclasses import replace
+
+    from tracebench.trace.inspect import capacity_fit
+
     stats = trace_stats(trace, sizes, max_context)
+    stats = replace(stats, capacity=capacity_fit(stats, servers, gpu, cap))
     if as_json:
         import orjson
 

@@ -41,6 +41,22 @@ class ContextFit:
 
 
 @dataclass(frozen=True)
+class CapacityFit:
+    """The trace against `servers` servers of one profile (tracebench/capacity.py): their KV beside its working set,
+    and its offered load as a share of what they serve."""
+
+    profile: str
+    accelerator: str
+    servers: int
+    kv_tokens_per_server: int
+    shared_tokens: int | None  # None: no prefix blocks
+    working_set: str | None  # what the working set means for routing
+    load: float | None  # None: fewer than 2 requests (no rate)
+    capacity_rate: float | None
+    batch: int
+
+
+@dataclass(frozen=True)
 class LengthStats:
     mean: float
     p50: int
@@ -64,6 +80,7 @@ class TraceStats:
     offered_tokens_per_s: float | None
     prefix: PrefixStats | None = None
     context: ContextFit | None = None
+    capacity: CapacityFit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,6 +129,31 @@ def context_fit(header: TraceHeader, input_len: np.ndarray, output_len: np.ndarr
         context, source = LLAMA2_CONTEXT, "llama-2 default"
     over = int(((input_len + output_len) > context - OUTPUT_RESERVE).sum())
     return ContextFit(context, source, over, int((input_len > context - PROMPT_RESERVE).sum()))
+
+
+def capacity_fit(stats: TraceStats, servers: int, gpu: str | None, cap: int | None) -> CapacityFit:
+    """`stats` against `servers` servers of the built-in profile of `gpu` (None: the simulator's default, H200)."""
+    from tracebench.capacity import costs_named, costs_of_gpu, offered_load, working_set_line
+    from tracebench.errors import ConfigError
+
+    costs = costs_named("llama-2-7b-h200-triton") if gpu is None else costs_of_gpu(gpu)
+    if costs is None:
+        raise ConfigError(f"--gpu {gpu!r}: no single built-in profile for this GPU (tracebench sim-server --help lists "
+                          f"them)")
+    shared = stats.prefix.shared_tokens if stats.prefix is not None else None
+    load = None
+    if stats.mean_rate is not None and stats.input_len is not None and stats.output_len is not None:
+        load = offered_load(costs, rate=stats.mean_rate, input_mean=stats.input_len.mean,
+                            output_mean=stats.output_len.mean,
+                            cached_fraction=stats.prefix.reusable_fraction if stats.prefix is not None else 0.0,
+                            servers=servers, cap=cap)
+    room = costs.kv_tokens if load is None else load.cache_room
+    return CapacityFit(profile=costs.name, accelerator=costs.accelerator, servers=servers,
+                       kv_tokens_per_server=costs.kv_tokens, shared_tokens=shared,
+                       working_set=None if shared is None else working_set_line(shared, room, servers),
+                       load=None if load is None else load.share,
+                       capacity_rate=None if load is None else load.capacity_rate,
+                       batch=0 if load is None else load.batch)
 
 
 def trace_stats(path: str | os.PathLike[str], lru_tokens: tuple[int, ...] = DEFAULT_LRU_TOKENS,
@@ -168,7 +210,39 @@ def format_table(stats: TraceStats) -> str:
         lines += [line]
     if stats.prefix is not None:
         lines += ["", *_prefix_lines(stats.prefix)]
+    if stats.capacity is not None:
+        lines += ["", *_capacity_lines(stats.capacity)]
     return "\n".join(lines)
+
+
+def _capacity_lines(fit: CapacityFit) -> list[str]:
+    """The capacity lines, wrapped to the terminal's width under their label."""
+    import textwrap
+
+    from tracebench.termwidth import terminal_width
+
+    width = terminal_width()
+    return [wrapped for line in _capacity_text(fit)
+            for wrapped in textwrap.wrap(line, width, subsequent_indent=" " * 18, break_on_hyphens=False)]
+
+
+def _capacity_text(fit: CapacityFit) -> list[str]:
+    from tracebench.capacity import LOAD_WARN
+
+    lines = [f"KV capacity       {fit.kv_tokens_per_server:,} tokens per server x {fit.servers} = "
+             f"{fit.kv_tokens_per_server * fit.servers:,} ({fit.profile}, {fit.accelerator}; --servers, --gpu)"]
+    if fit.shared_tokens is not None:
+        lines.append(f"working set       {fit.shared_tokens:,} tokens of prefix blocks sent by 2+ requests: "
+                     f"{fit.working_set}")
+    if fit.load is not None:
+        lines.append(f"offered load      {fit.load:.0%} of what {fit.servers} server(s) can serve at best (at most "
+                     f"{fit.capacity_rate:.1f} req/s of this mix, batch {fit.batch}, the ceiling's hits; a lower "
+                     f"bound, rule: docs/trace-format.md \"Capacity\")")
+        if fit.load > LOAD_WARN:
+            lines.append(f"warning: the offered load is {fit.load:.0%} of the servers' estimated capacity, past "
+                         f"{LOAD_WARN:.0%} (where simulated runs start to queue): expect queues that grow through the "
+                         f"run, so latency measures the backlog; lower the rate (generate --rate) or add servers")
+    return lines
 
 
 def _prefix_lines(p: PrefixStats) -> list[str]:

@@ -158,6 +158,19 @@ def reusable_per_request(tree: PrefixTree) -> np.ndarray:
     return per_request(tree, tree.available)
 
 
+def working_set(tree: PrefixTree) -> tuple[int, int]:
+    """(shared tokens, distinct tokens): the tokens of the prefix blocks that two or more requests send (what a cache
+    must hold for the trace's sharing to pay: the prefixes worth keeping), and of every distinct block (all the prompt
+    content there is, once). A block counts with the most tokens any request sends of it."""
+    if tree.node.size == 0:
+        return 0, 0
+    size = int(tree.node.max()) + 1
+    senders = np.bincount(tree.node, minlength=size)  # a node appears at most once per request: requests sending it
+    tokens = np.zeros(size, dtype=np.int64)
+    np.maximum.at(tokens, tree.node, tree.tokens)
+    return int(tokens[senders >= 2].sum()), int(tokens.sum())
+
+
 def _tree_of(blocks_per_request: Sequence[Sequence[int] | None], input_lens: Sequence[int], block_size: int) -> PrefixTree:
     counts = np.fromiter((0 if b is None else len(b) for b in blocks_per_request), dtype=np.int64,
                          count=len(blocks_per_request))
@@ -284,6 +297,8 @@ class PrefixStats:
     reusable_tokens: int  # the ceiling: one unbounded cache
     reusable_fraction: float
     lru: tuple[LruResult, ...]
+    shared_tokens: int = 0  # the working set: tokens of blocks two or more requests send (`working_set`)
+    distinct_tokens: int = 0  # tokens of every distinct block
 
 
 def prefix_stats(counts: np.ndarray, flat_blocks: np.ndarray, input_len: np.ndarray, block_size: int,
@@ -291,9 +306,11 @@ def prefix_stats(counts: np.ndarray, flat_blocks: np.ndarray, input_len: np.ndar
     tree = build_tree(counts, flat_blocks, input_len, block_size)
     total = int(tree.input_len.sum())
     reusable = int(reusable_per_request(tree).sum())
+    shared, distinct = working_set(tree)
     return PrefixStats(
         block_size=block_size, requests_with_blocks=int(tree.has_blocks.sum()), block_refs=int(tree.node.size),
         distinct_blocks=tree.distinct_blocks, distinct_prefixes=tree.nodes, prompt_tokens=total,
         reusable_tokens=reusable, reusable_fraction=reusable / total if total else 0.0,
         lru=tuple(lru_hit_tokens(tree, lru_tokens)),
+        shared_tokens=shared, distinct_tokens=distinct,
     )

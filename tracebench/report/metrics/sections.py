@@ -75,6 +75,7 @@ def _warnings(runs: list[Run], stats: list[_RunStats]) -> list[str]:
                 "the run itself was not compressed, so its server times are that many times shorter than simulated "
                 "seconds (use --backend sim --speed K for a compressed run)")
     warnings += [w for run, st in zip(runs, stats) if (w := api_warning(run, st)) is not None]
+    warnings += [w for run, st in zip(runs, stats) if (w := load_warning(run, st)) is not None]
     if (loop := closed_loop_note(runs)) is not None:
         warnings.append(loop)
     for st in stats:
@@ -119,6 +120,39 @@ def closed_loop_note(runs: list[Run]) -> str | None:
             f"after/delay_s, generate --closed-loop), not at a fixed time: a run whose requests finish sooner is sent "
             f"them sooner, so the offered load, the duration and the throughput follow the servers' speed (compare "
             f"latencies; a higher req/s here means faster answers, not more load handled)")
+
+
+def load_warning(run: Run, st: _RunStats) -> str | None:
+    """The trace's offered load against the run's servers (tracebench/capacity.py, the rule `inspect` applies): a
+    warning from LOAD_WARN of their estimated capacity on, where queues grow and latency measures the backlog.
+    Servers of no known profile (a simulator's, or a real GPU with a built-in one) are not judged."""
+    from tracebench.capacity import LOAD_WARN, costs_named, costs_of_gpu, offered_load
+
+    meta = run.meta
+    names = {((s.get("server_info") or {}).get("tracebench_sim") or {}).get("profile") for s in meta["servers"]}
+    gpus = {s.get("accelerator") for s in meta["servers"]}
+    costs = None
+    if len(names) == 1 and None not in names:
+        costs = costs_named(names.pop())
+    elif len(gpus) == 1 and None not in gpus:
+        costs = costs_of_gpu(str(gpus.pop()))
+    trace = meta["trace"]
+    requests, duration = trace["num_requests"], trace.get("duration_s")
+    if costs is None or meta.get("pd") or requests < 2 or not duration or st.kept.height == 0:
+        return None
+    caps = [c for c in meta["caps"]["initial"] if c is not None] if meta.get("caps") else []
+    ceiling = ((trace.get("prefix") or {}).get("reusable_fraction")) or 0.0
+    load = offered_load(costs, rate=(requests - 1) / duration, input_mean=float(st.kept["input_len"].mean()),
+                        output_mean=float(st.kept["output_len"].mean()), cached_fraction=float(ceiling),
+                        servers=len(meta["servers"]), cap=max(caps) if caps else None)
+    if load.share <= LOAD_WARN:
+        return None
+    return (f"run '{run.label}': its trace offers {load.share:.0%} of what its {len(meta['servers'])} server(s) can "
+            f"serve at best ({(requests - 1) / duration:.1f} req/s against at most {load.capacity_rate:.1f}; "
+            f"{costs.name}, the trace's ceiling as hits; docs/trace-format.md \"Capacity\"), past {LOAD_WARN:.0%}: "
+            f"the servers fall behind and queues grow through the run, so latencies grow with its length (the "
+            f"backlog) as much as they measure the servers and the policy; for a steady state, lower the rate or add "
+            f"servers (tracebench inspect --servers N says it before a run)")
 
 
 def api_warning(run: Run, st: _RunStats) -> str | None:
@@ -266,6 +300,10 @@ def cache_section(inp: _Inputs) -> Section | None:
              values(lambda c: float(c.prefill_tokens)), baseline),
         _row("cache", "ceiling", "trace ceiling (one unbounded cache)", "value", "fraction", None,
              values(lambda c: c.ceiling), baseline),
+        _row("cache", "kv_tokens", "KV capacity, all servers (tokens)", "count", "tokens", None,
+             values(lambda c: None if c.kv_tokens is None else float(c.kv_tokens)), baseline),
+        _row("cache", "shared_tokens", "trace working set (shared blocks, tokens)", "count", "tokens",
+             None, values(lambda c: None if c.shared_tokens is None else float(c.shared_tokens)), baseline),
     ]
     return Section("cache", "Prefix cache", rows)
 

@@ -72,6 +72,8 @@ class CacheStats:
     prefill_tokens: int
     hit_requests: float | None  # fraction with cached_tokens > 0
     ceiling: float | None  # the trace's reusable fraction with one unbounded cache (run.json), None when unknown
+    kv_tokens: int | None = None  # the servers' KV pools together (/server_info max_total_num_tokens), None: unknown
+    shared_tokens: int | None = None  # the trace's working set (run.json trace.prefix.shared_tokens), None: unknown
     # TTFT from dispatch of hits and misses within prompt-length bands: (band index, hit) -> its group
     ttft_groups: dict[tuple[int, bool], TtftGroup] = field(default_factory=dict)
 
@@ -131,7 +133,14 @@ def _cache_stats(run: Run, ok: pl.DataFrame) -> CacheStats | None:
         hit_requests=float((cached > 0).mean()),
         ceiling=None if prefix is None else float(prefix["reusable_fraction"]),
         ttft_groups=_ttft_groups(have),
+        kv_tokens=kv_tokens(run.meta), shared_tokens=None if prefix is None else prefix.get("shared_tokens"),
     )
+
+
+def kv_tokens(meta: dict) -> int | None:
+    """The KV pool of all the run's servers in tokens, as their /server_info said (max_total_num_tokens)."""
+    sizes = [(server.get("server_info") or {}).get("max_total_num_tokens") for server in meta["servers"]]
+    return sum(sizes) if sizes and all(isinstance(n, int) for n in sizes) else None
 
 
 @dataclass
