@@ -279,3 +279,92 @@ def test_ttft_by_prefix_hit_is_per_prompt_band_with_n_and_no_tiny_groups(four_ru
     assert "ttft_hit" not in doc["runs"][0]["latency"]  # the pooled split (short first turns as misses) is gone
     table = _report(four_runs, names[:2], 120)
     assert "TTFT from dispatch by prefix hit, within prompt-length bands" in table and "prompt 512-1,023 tokens, hit" in table
+
+
+# ---- items 4 and 6: capacity beside the trace, and examples where routing matters ----------------------------------
+
+def test_inspect_puts_kv_beside_the_working_set_and_warns_of_overload(tmp_path: Path) -> None:
+    from tracebench.capacity import costs_named, offered_load
+
+    fits, spread = tmp_path / "fits.jsonl", tmp_path / "spread.jsonl"
+    for path, groups, prefix, rate in ((fits, 16, 1024, 5), (spread, 128, 2048, 60)):
+        done = run_cli("generate", "--workload", "shared-prompt", "--groups", str(groups), "--prefix-len", str(prefix),
+                       "--input-len", "256", "--output-len", "128", "--rate", str(rate), "--num-requests", "600",
+                       "-o", str(path))
+        assert done.returncode == 0, done.stderr
+    small = json.loads(run_cli("inspect", str(fits), "--servers", "4", "--json").stdout)["capacity"]
+    assert small["kv_tokens_per_server"] == 231_818 and small["servers"] == 4
+    assert small["shared_tokens"] == 16 * 1024  # every group's prompt is sent by more than one request
+    assert small["working_set"].startswith("they fit in what one server's KV has") and small["load"] < 0.75
+    big = run_cli("inspect", str(spread), "--servers", "4")
+    fit = json.loads(run_cli("inspect", str(spread), "--servers", "4", "--json").stdout)["capacity"]
+    assert fit["shared_tokens"] > 231_818 and "routing matters here" in fit["working_set"]
+    assert fit["load"] > 1 and "warning: the offered load is" in big.stdout
+    # the rule by hand, for the stats inspect gives
+    stats = json.loads(run_cli("inspect", str(spread), "--json").stdout)
+    costs = costs_named("llama-2-7b-h200-triton")
+    assert costs is not None
+    i, o, f = stats["input_len"]["mean"], stats["output_len"]["mean"], stats["prefix"]["reusable_fraction"]
+    batch = int(costs.kv_tokens // (i + o))
+    per_request = (costs.prefill_per_token_s * i * (1 - f) + costs.prefill_per_token_sq_s * i * i * (1 - f * f)
+                   + o * (costs.decode_base_s / batch + costs.decode_per_req_s + costs.decode_per_kv_token_s * (i + o / 2)))
+    assert fit["load"] == pytest.approx(stats["mean_rate"] * per_request / 4, rel=1e-9)
+    assert offered_load(costs, rate=stats["mean_rate"], input_mean=i, output_mean=o, cached_fraction=f,
+                        servers=4, cap=8).batch == 8  # a cap bounds the batch
+    assert "--servers" in run_cli("inspect", "--help").stdout
+
+
+def test_report_shows_kv_beside_the_working_set_and_warns_of_overload(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    assert run_cli("generate", "--workload", "shared-prompt", "--groups", "2", "--prefix-len", "256", "--rate", "200",
+                   "--num-requests", "40", "-o", str(trace)).returncode == 0
+    done = run_cli("replay", str(trace), "--backend", "sim", "--speed", "10", "--max-running-requests", "2",
+                   "--run-name", "busy", "--out-dir", str(tmp_path), "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "busy" / "run.json").read_text())["trace"]["prefix"]["shared_tokens"] == 512
+    report = " ".join(run_cli("report", str(tmp_path / "busy")).stdout.split())
+    assert "KV capacity, all servers (tokens) 231,818" in report
+    assert "trace working set (shared blocks, tokens) 512" in report
+    assert "run 'busy': its trace offers" in report and "the servers fall behind" in report
+
+
+def test_readme_routing_examples_use_shared_prefixes() -> None:
+    from test_readme import README_BLOCKS
+
+    text = "\n".join(block.text for block in README_BLOCKS if block.skip is None)
+    router = next(b for b in README_BLOCKS if "--router sglang-router" in b.text and b.skip is None)
+    trace = re.search(r"replay (\S+) ", router.text)[1]  # type: ignore[index]
+    made = next(line for line in re.sub(r"\\\n\s*", "", text).splitlines() if f"-o {trace}" in line)
+    assert "--workload shared-prompt" in made  # its cache_aware has prefixes to route by (issue 23 item 6)
+    assert "--gpus 4" in text and "routing-cache_aware" in text and "inspect traces/routing.jsonl --servers 4" in text
+
+
+# ---- item 10: one unit, one percentile, and nothing written unsaid --------------------------------------------------
+
+def test_html_says_ms_and_names_the_png_it_writes(four_runs: Path) -> None:
+    names = _names(four_runs, 2)
+    out = four_runs / "cmp.html"
+    done = subprocess.run(tracebench_cmd("report", *names, "-o", str(out)), cwd=four_runs, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"{out.with_suffix('.png')} (its latency CDFs as an image)" in done.stderr and out.with_suffix(".png").is_file()
+    page = out.read_text()
+    assert "over completed requests (seconds)" not in page and "shown in ms, as in the tables and plots" in page
+    # every latency CDF panel in ms, whatever its range (total latency reaches seconds here)
+    for label in ("total", "TTFT from arrival", "server latency, client", "router wait", "TPOT"):
+        assert f"{label} (ms)" in page and f"{label} (s)" not in page, label
+
+
+def test_inspect_percentiles_are_the_reports_and_the_package_installs_without_warnings() -> None:
+    from tracebench.trace.inspect import length_stats
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    values = np.array([1, 2, 3, 4, 100])
+    stats = length_stats(values)
+    assert stats is not None and (stats.p50, stats.p90) == (3.0, pytest.approx(61.6))  # numpy's linear, as the report
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"  # an SPDX string: no deprecated license table
+    assert project["build-system"]["requires"] == ["setuptools>=77"]
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "512 in / 128 out" not in readme.split("## Quick tour")[1].split("On GPUs")[0].replace(
+        "lognormal lengths, means 512 in / 128 out", "")

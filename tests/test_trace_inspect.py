@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import orjson
+import pytest
 
 from conftest import run_cli
 
@@ -35,8 +36,10 @@ def test_inspect_json_gives_the_hand_computed_statistics(tmp_path: Path) -> None
     assert math.isclose(stats["mean_rate"], 4 / 3.0)
     assert math.isclose(stats["gap_cv"], cv)
     assert stats["peak_rate_1s"] == 3  # 0.5, 1.0 and 1.2 lie within [0.5, 1.5)
-    assert stats["input_len"] == {"mean": 30.0, "p50": 30, "p90": 50, "p99": 50, "max": 50}
-    assert stats["output_len"] == {"mean": 22.0, "p50": 3, "p90": 100, "p99": 100, "max": 100}
+    # percentiles by linear interpolation, as the report's (issue 23 item 10): h = (n - 1) q between order statistics
+    assert stats["input_len"] == {"mean": 30.0, "p50": 30.0, "p90": 46.0, "p99": pytest.approx(49.6), "max": 50}
+    assert stats["output_len"] == {"mean": 22.0, "p50": 3.0, "p90": pytest.approx(61.6), "p99": pytest.approx(96.16),
+                                   "max": 100}
     assert math.isclose(stats["offered_input_tokens_per_s"], 4 / 3.0 * 30)
     assert math.isclose(stats["offered_tokens_per_s"], 4 / 3.0 * 52)
 
@@ -50,5 +53,5 @@ def test_inspect_table_names_every_statistic(tmp_path: Path) -> None:
     for row in ("requests          5", "duration          3.000 s", "mean rate         1.333 req/s",
                 "peak rate (1 s)   3 req/s", "offered tokens/s  69.3 (input 40.0, output 29.3)"):
         assert row in text
-    assert text.splitlines()[8].split() == ["input_len", "30.0", "30", "50", "50", "50"]
-    assert text.splitlines()[9].split() == ["output_len", "22.0", "3", "100", "100", "100"]
+    assert text.splitlines()[8].split() == ["input_len", "30.0", "30.0", "46.0", "49.6", "50"]
+    assert text.splitlines()[9].split() == ["output_len", "22.0", "3.0", "61.6", "96.2", "100"]

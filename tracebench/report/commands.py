@@ -183,7 +183,9 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
         if telemetry_png is not None:  # the runs' /metrics scrapes and GPU samples, per server
             files[output.with_suffix(".telemetry.png")] = telemetry_png
         _write_files(files)
-        click.echo(f"wrote {', '.join(map(str, files))}", err=True)
+        what = {output: "the report", output.with_suffix(".png"): "its latency CDFs as an image",
+                output.with_suffix(".telemetry.png"): "the servers' telemetry as an image"}
+        click.echo("wrote " + ", ".join(f"{path} ({what[path]})" for path in files), err=True)
         _gate(result, fail_on_slo, percentile)
         return
     if out_format == "table":

@@ -246,7 +246,7 @@ def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None, max_context: 
     mean rate           (requests - 1) / duration = 1 / mean gap
     gap CV              std / mean of the gaps between arrivals (1 Poisson, 0 constant)
     peak rate (1 s)     the most requests arriving within any 1-second interval
-    p50/p90/p99         nearest-rank percentiles (values that occur in the trace)
+    p50/p90/p99         percentiles by linear interpolation (numpy's default), as tracebench report's
     offered tokens/s    mean rate x mean length
     context fit         requests with input_len + output_len > C - 2 (4094 for a 4096 context): sglang
                         0.5.17 answers them 200 but generates only C - 2 - input_len tokens (replay

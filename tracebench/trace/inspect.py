@@ -5,7 +5,7 @@ Definitions (docs/trace-format.md):
 - mean rate: 1 / mean inter-arrival gap = (requests - 1) / duration;
 - gap CV: std / mean of the inter-arrival gaps (population std; 1 for Poisson, 0 for constant);
 - peak rate (1 s): the most requests arriving within any 1-second interval [t, t + 1);
-- length percentiles: nearest-rank (a value that occurs in the trace);
+- length percentiles: linear interpolation between order statistics (numpy's default), as `tracebench report`'s;
 - offered tokens/s: mean rate x mean length (input, output, and both).
 Statistics that need more requests than the trace has (a rate needs 2, a CV 3) are None.
 Prefix structure (`prefix`, None when no request has prefix_blocks): tracebench/trace/prefix.py.
@@ -59,9 +59,9 @@ class CapacityFit:
 @dataclass(frozen=True)
 class LengthStats:
     mean: float
-    p50: int
-    p90: int
-    p99: int
+    p50: float
+    p90: float
+    p99: float
     max: int
 
 
@@ -89,8 +89,9 @@ class TraceStats:
 def length_stats(values: np.ndarray) -> LengthStats | None:
     if values.size == 0:
         return None
-    p50, p90, p99 = np.percentile(values, [50, 90, 99], method="inverted_cdf")
-    return LengthStats(mean=float(values.mean()), p50=int(p50), p90=int(p90), p99=int(p99), max=int(values.max()))
+    # the report's percentiles (linear interpolation, numpy's default): one definition for both commands
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return LengthStats(mean=float(values.mean()), p50=float(p50), p90=float(p90), p99=float(p99), max=int(values.max()))
 
 
 def stats_from_columns(path: str, arrival_s: np.ndarray, input_len: np.ndarray, output_len: np.ndarray) -> TraceStats:
@@ -190,7 +191,7 @@ def format_table(stats: TraceStats) -> str:
         if ls is None:
             lines.append(f"{name:18}{'-':>10}{'-':>8}{'-':>8}{'-':>8}{'-':>8}")
         else:
-            lines.append(f"{name:18}{ls.mean:>10.1f}{ls.p50:>8d}{ls.p90:>8d}{ls.p99:>8d}{ls.max:>8d}")
+            lines.append(f"{name:18}{ls.mean:>10.1f}{ls.p50:>8.1f}{ls.p90:>8.1f}{ls.p99:>8.1f}{ls.max:>8d}")
     lines += [
         "",
         f"offered tokens/s  {_fmt(stats.offered_tokens_per_s, '.1f')} "

@@ -71,8 +71,8 @@ def render_html(report: Report, doc: Document) -> tuple[str, bytes, bytes | None
     if telemetry_svg is not None:
         body.append(f'<figure id="server-telemetry">{telemetry_svg}</figure>')
     body.append("<h2>Definitions</h2><dl>")
-    body += [f"<dt>{escape(label)}</dt><dd>{escape(definition)}, over completed requests (seconds)</dd>"
-             for _, label, definition in LATENCY_METRICS]
+    body += [f"<dt>{escape(label)}</dt><dd>{escape(definition)}, over completed requests (shown in ms, as in the "
+             f"tables and plots; JSON and CSV keep seconds)</dd>" for _, label, definition in LATENCY_METRICS]
     body.append("<dt>completed</dt><dd>ok and mismatch requests: mismatch = finished, but the server generated or "
                 "counted something else than the trace asked (the record's mismatch field says what)</dd>")
     body.append("<dt>duration</dt><dd>first arrival of a kept request to the last finish of a kept completed request; "

@@ -65,8 +65,7 @@ def latency_cdfs(report: Report) -> Figure:
     axes = grid.flatten()
     for ax, key in zip(axes, keys):
         top = max((float(s.cdf[key][0][-1]) for s in report.series if s.cdf[key][0].size), default=0.0)
-        in_ms = top < 2.0
-        scale, unit = (1000.0, "ms") if in_ms else (1.0, "s")
+        scale, unit = 1000.0, "ms"  # every panel in ms, as the tables (issue 23: panels mixed s and ms)
         drawn = False
         for i, ser in enumerate(report.series):
             x, p = ser.cdf[key]
@@ -137,8 +136,7 @@ def over_time(report: Report) -> Figure:
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
     ax = axes[3]
-    top = max((float(ser.by_arrival[1].max()) for ser in report.series if ser.by_arrival[1].size), default=0.0)
-    scale, unit = (1000.0, "ms") if top < 2.0 else (1.0, "s")
+    scale, unit = 1000.0, "ms"  # as the tables and the CDFs
     for i, ser in enumerate(report.series):
         arrival, total = ser.by_arrival
         ax.scatter(arrival, total * scale, s=4, color=_colour(i), alpha=0.5, linewidths=0)
