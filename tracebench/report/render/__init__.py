@@ -172,8 +172,9 @@ def _section_table(report: Report, title: str, rows: list[Row], with_stat: bool)
             if with_ci:
                 cells.append(fmt_ci(row, delta))
         out.append(cells)
-    ci_columns = frozenset(i for i, name in enumerate(header) if name.endswith("CI of Δ"))
-    return Table(title, header, out, align, keys=keys, groups=groups, wrap=ci_columns)
+    # the metric's label and the intervals may wrap (at spaces; an interval stays whole)
+    wrap = frozenset([0, *(i for i, name in enumerate(header) if name.endswith("CI of Δ"))])
+    return Table(title, header, out, align, keys=keys, groups=groups, wrap=wrap)
 
 
 def _runs_table(report: Report) -> Table:
