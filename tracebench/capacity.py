@@ -14,7 +14,7 @@ trace's ceiling: the best any routing reaches), b, q the prefill costs per token
 decode step's fixed cost, cost per request and per KV token, and B the batch a server runs at most: its cap, else
 sglang's max_running_requests, and no more requests than its KV holds (KV tokens / (I + O)). Means stand for whole
 distributions, and the steps' fixed costs (a, the prefill floor, the scheduler's lag) are left out, so the load is a
-lower bound: measured on the simulator (the README's routing example, 4 servers), runs queued from about 75% of it
+lower bound: measured on the simulator (the README's routing example at 40 req/s, 480 requests, 4 servers), runs queued from about 75% of it
 (cache_aware served at most 30.7 req/s where the rule says 42), hence the warning from LOAD_WARN on.
 
 The working set (the tokens of prefix blocks two or more requests send) competes in the KV with what the running
