@@ -24,6 +24,9 @@ from conftest import free_port, run_cli, tracebench_cmd
 from tracebench.record.blocks import load_tokenizer, prefix_blocks
 from tracebench.trace.format import format_request_line, load_trace, write_trace
 
+# the round trips compare two runs' latencies: `make test` runs this file alone, after the parallel part (Makefile)
+pytestmark = pytest.mark.serial
+
 WORDLEVEL = Path("wordlevel")  # the built-in word-level tokenizer (tracebench/wordlevel.py): `--tokenizer wordlevel`
 BLOCK = 16
 SERVED_METRICS = ("total", "server_client", "server_sglang", "ttft", "ttft_dispatch", "tpot")

@@ -8,7 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import run_cli
+
+# compares the latencies of runs at two speeds: `make test` runs this file alone, after the parallel part (Makefile)
+pytestmark = pytest.mark.serial
 
 
 def test_speed_1_and_4_agree_on_ttft(tmp_path: Path) -> None:
