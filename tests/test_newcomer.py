@@ -318,15 +318,16 @@ def test_inspect_puts_kv_beside_the_working_set_and_warns_of_overload(tmp_path: 
 def test_report_shows_kv_beside_the_working_set_and_warns_of_overload(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     assert run_cli("generate", "--workload", "shared-prompt", "--groups", "2", "--prefix-len", "256", "--rate", "200",
-                   "--num-requests", "40", "-o", str(trace)).returncode == 0
+                   "--num-requests", "120", "--output-len", "16", "-o", str(trace)).returncode == 0
     done = run_cli("replay", str(trace), "--backend", "sim", "--speed", "10", "--max-running-requests", "2",
                    "--run-name", "busy", "--out-dir", str(tmp_path), "--quiet")
     assert done.returncode == 0, done.stderr
+    assert "tracebench replay: warning: the trace offers" in done.stderr  # said before the run, too
     assert json.loads((tmp_path / "busy" / "run.json").read_text())["trace"]["prefix"]["shared_tokens"] == 512
     report = " ".join(run_cli("report", str(tmp_path / "busy")).stdout.split())
     assert "KV capacity, all servers (tokens) 231,818" in report
     assert "trace working set (shared blocks, tokens) 512" in report
-    assert "run 'busy': its trace offers" in report and "the servers fall behind" in report
+    assert "run 'busy': the trace offers" in report and "the servers fall behind" in report
 
 
 def test_readme_routing_examples_use_shared_prefixes() -> None:

@@ -33,6 +33,8 @@ from typing import Any
 
 # the estimated load from which `inspect` and the report warn: the rule is a lower bound (module doc)
 LOAD_WARN = 0.75
+# traces shorter than this are not judged: a few requests are a burst, not a load that builds a queue
+MIN_REQUESTS = 100
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,36 @@ def costs_of_gpu(gpu: str) -> Costs | None:
     words = gpu.lower().split()
     found = [p for p in builtin_profiles() if words and set(words) <= set(p.accelerator.lower().split())]
     return _from_profile(found[0]) if len(found) == 1 else None
+
+
+def costs_of_servers(infos: list[Any], accelerators: list[Any]) -> Costs | None:
+    """The costs of a run's servers: the simulators' profile (their /server_info tracebench_sim.profile, one for all),
+    else the built-in profile of their GPU (/v1/loads accelerator, one for all); None when neither is known."""
+    names = {((info or {}).get("tracebench_sim") or {}).get("profile") for info in infos}
+    if len(names) == 1 and None not in names:
+        return costs_named(str(names.pop()))
+    gpus = set(accelerators)
+    if len(gpus) == 1 and None not in gpus:
+        return costs_of_gpu(str(gpus.pop()))
+    return None
+
+
+def load_warning(costs: Costs, *, requests: int, rate: float, input_mean: float, output_mean: float,
+                 cached_fraction: float, servers: int, cap: int | None) -> str | None:
+    """The warning `replay` (at start) and the report give when the offered load of a trace of MIN_REQUESTS requests
+    or more passes LOAD_WARN, else None."""
+    if requests < MIN_REQUESTS:
+        return None
+    load = offered_load(costs, rate=rate, input_mean=input_mean, output_mean=output_mean,
+                        cached_fraction=cached_fraction, servers=servers, cap=cap)
+    if load.share <= LOAD_WARN:
+        return None
+    return (f"the trace offers {load.share:.0%} of what its {servers} server(s) can serve at best ({rate:.1f} req/s "
+            f"against at most {load.capacity_rate:.1f}; {costs.name}, the trace's ceiling as hits; "
+            f"docs/trace-format.md \"Capacity\"), past {LOAD_WARN:.0%}: the servers fall behind and queues grow "
+            f"through the run, so latencies grow with its length (the backlog) as much as they measure the servers "
+            f"and the policy; for a steady state, lower the rate or add servers (tracebench inspect --servers N says "
+            f"it before a run)")
 
 
 @dataclass(frozen=True)

@@ -812,6 +812,8 @@ class Replay:
             api.cache_reported = api.server_meta or not self.cache_unreported()
             if not api.cache_reported:
                 self.stderr.write(f"tracebench replay: warning: {self.cache_unreported()}\n")
+            if (overload := self.load_warning()) is not None:
+                self.stderr.write(f"tracebench replay: warning: {overload}\n")
             if cfg.flush_cache:
                 await self._flush_caches(client)
             await self.beside.start(client, self._beside_servers())
@@ -1016,6 +1018,21 @@ class Replay:
             return why
 
         return check
+
+    def load_warning(self) -> str | None:
+        """The trace's offered load against these servers, past what they serve (tracebench/capacity.py): said before
+        the run, since a run that falls behind measures its backlog. None when under, or the servers' costs are not
+        known (neither simulators nor a GPU with a built-in profile), or a PD run."""
+        from tracebench.capacity import costs_of_servers, load_warning
+
+        costs = costs_of_servers(self.server_info, self.accelerators)
+        count, duration = len(self.table), self.header.duration_s
+        if costs is None or self.cfg.is_pd or count < 2 or not duration:
+            return None
+        return load_warning(costs, requests=count, rate=(count - 1) / duration, input_mean=float(self.table.input_len.mean()),
+                            output_mean=float(self.table.output_len.mean()),
+                            cached_fraction=float((self.trace_prefix or {}).get("reusable_fraction") or 0.0),
+                            servers=len(self.fleet.plans), cap=self.cfg.max_running_requests)
 
     def cache_unreported(self) -> str | None:
         """Why this run cannot know its prefix-cache hits (records' cached_tokens null), or None when it can: with

@@ -54,6 +54,7 @@ class CapacityFit:
     load: float | None  # None: fewer than 2 requests (no rate)
     capacity_rate: float | None
     batch: int
+    requests: int = 0  # the trace's (fewer than capacity.MIN_REQUESTS: a burst, not judged)
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ def capacity_fit(stats: TraceStats, servers: int, gpu: str | None, cap: int | No
                        working_set=None if shared is None else working_set_line(shared, room, servers),
                        load=None if load is None else load.share,
                        capacity_rate=None if load is None else load.capacity_rate,
-                       batch=0 if load is None else load.batch)
+                       batch=0 if load is None else load.batch, requests=stats.requests)
 
 
 def trace_stats(path: str | os.PathLike[str], lru_tokens: tuple[int, ...] = DEFAULT_LRU_TOKENS,
@@ -228,7 +229,7 @@ def _capacity_lines(fit: CapacityFit) -> list[str]:
 
 
 def _capacity_text(fit: CapacityFit) -> list[str]:
-    from tracebench.capacity import LOAD_WARN
+    from tracebench.capacity import LOAD_WARN, MIN_REQUESTS
 
     lines = [f"KV capacity       {fit.kv_tokens_per_server:,} tokens per server x {fit.servers} = "
              f"{fit.kv_tokens_per_server * fit.servers:,} ({fit.profile}, {fit.accelerator}; --servers, --gpu)"]
@@ -239,7 +240,7 @@ def _capacity_text(fit: CapacityFit) -> list[str]:
         lines.append(f"offered load      {fit.load:.0%} of what {fit.servers} server(s) can serve at best (at most "
                      f"{fit.capacity_rate:.1f} req/s of this mix, batch {fit.batch}, the ceiling's hits; a lower "
                      f"bound, rule: docs/trace-format.md \"Capacity\")")
-        if fit.load > LOAD_WARN:
+        if fit.load > LOAD_WARN and fit.requests >= MIN_REQUESTS:
             lines.append(f"warning: the offered load is {fit.load:.0%} of the servers' estimated capacity, past "
                          f"{LOAD_WARN:.0%} (where simulated runs start to queue): expect queues that grow through the "
                          f"run, so latency measures the backlog; lower the rate (generate --rate) or add servers")

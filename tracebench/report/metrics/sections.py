@@ -123,36 +123,25 @@ def closed_loop_note(runs: list[Run]) -> str | None:
 
 
 def load_warning(run: Run, st: _RunStats) -> str | None:
-    """The trace's offered load against the run's servers (tracebench/capacity.py, the rule `inspect` applies): a
-    warning from LOAD_WARN of their estimated capacity on, where queues grow and latency measures the backlog.
-    Servers of no known profile (a simulator's, or a real GPU with a built-in one) are not judged."""
-    from tracebench.capacity import LOAD_WARN, costs_named, costs_of_gpu, offered_load
+    """The trace's offered load against the run's servers (tracebench/capacity.py, the rule `inspect` and `replay`
+    apply): a warning from LOAD_WARN of their estimated capacity on. Servers of no known profile (a simulator's, or a
+    real GPU with a built-in one) and PD runs are not judged."""
+    from tracebench.capacity import costs_of_servers
+    from tracebench.capacity import load_warning as warning_for
 
     meta = run.meta
-    names = {((s.get("server_info") or {}).get("tracebench_sim") or {}).get("profile") for s in meta["servers"]}
-    gpus = {s.get("accelerator") for s in meta["servers"]}
-    costs = None
-    if len(names) == 1 and None not in names:
-        costs = costs_named(names.pop())
-    elif len(gpus) == 1 and None not in gpus:
-        costs = costs_of_gpu(str(gpus.pop()))
+    costs = costs_of_servers([s.get("server_info") for s in meta["servers"]],
+                             [s.get("accelerator") for s in meta["servers"]])
     trace = meta["trace"]
     requests, duration = trace["num_requests"], trace.get("duration_s")
     if costs is None or meta.get("pd") or requests < 2 or not duration or st.kept.height == 0:
         return None
     caps = [c for c in meta["caps"]["initial"] if c is not None] if meta.get("caps") else []
-    ceiling = ((trace.get("prefix") or {}).get("reusable_fraction")) or 0.0
-    load = offered_load(costs, rate=(requests - 1) / duration, input_mean=float(st.kept["input_len"].mean()),
-                        output_mean=float(st.kept["output_len"].mean()), cached_fraction=float(ceiling),
-                        servers=len(meta["servers"]), cap=max(caps) if caps else None)
-    if load.share <= LOAD_WARN:
-        return None
-    return (f"run '{run.label}': its trace offers {load.share:.0%} of what its {len(meta['servers'])} server(s) can "
-            f"serve at best ({(requests - 1) / duration:.1f} req/s against at most {load.capacity_rate:.1f}; "
-            f"{costs.name}, the trace's ceiling as hits; docs/trace-format.md \"Capacity\"), past {LOAD_WARN:.0%}: "
-            f"the servers fall behind and queues grow through the run, so latencies grow with its length (the "
-            f"backlog) as much as they measure the servers and the policy; for a steady state, lower the rate or add "
-            f"servers (tracebench inspect --servers N says it before a run)")
+    text = warning_for(costs, requests=requests, rate=(requests - 1) / duration, input_mean=float(st.kept["input_len"].mean()),
+                       output_mean=float(st.kept["output_len"].mean()),
+                       cached_fraction=float((trace.get("prefix") or {}).get("reusable_fraction") or 0.0),
+                       servers=len(meta["servers"]), cap=max(caps) if caps else None)
+    return None if text is None else f"run '{run.label}': {text}"
 
 
 def api_warning(run: Run, st: _RunStats) -> str | None:
