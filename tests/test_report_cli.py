@@ -160,6 +160,15 @@ def _records(runs: Path, name: str) -> list[dict]:
                         r[field] = r["t_released"] + raw[field] - raw["t_released"]
                     else:
                         r[field] = raw[field] * k
+        # the breakdown's stamps: host time around the stamp they follow or precede, sglang's dispatch inside it
+        streamed = raw["t_first_token"] is not None
+        for field, anchor in (("t_assigned", "t_dispatch"), ("t_built", "t_dispatch"), ("t_written", "t_dispatch"),
+                              ("t_headers", "t_dispatch" if streamed else "t_finish"), ("t_last_chunk", "t_finish"),
+                              ("t_parsed", "t_finish"), ("server_first_sent", "t_first_token" if streamed else "t_finish")):
+            if raw[field] is not None:
+                r[field] = r[anchor] + raw[field] - raw[anchor]
+        if raw["server_dispatched"] is not None:
+            r["server_dispatched"] = r["server_received"] + (raw["server_dispatched"] - raw["server_received"]) * k
     return records
 
 

@@ -21,9 +21,10 @@ without meta_info, an event that is not JSON) is a ServerProtocolError and stops
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from types import SimpleNamespace
+from typing import Any, Literal, Protocol
 
 import aiohttp
 import numpy as np
@@ -99,6 +100,22 @@ def _error_text(body: bytes) -> str:
     return body.decode("utf-8", "replace").strip()[:500]
 
 
+class Stamps(Protocol):
+    """The moments `SglangClient.generate` stamps on its caller's record (replay/records.py RequestRecord)."""
+
+    t_written: float | None
+    t_headers: float | None
+
+
+async def _body_sent(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
+    """aiohttp's request tracing (TraceConfig.on_request_chunk_sent): called as each piece of a request body is handed
+    to the socket (a /generate body is one piece). The last call's moment is the record's t_written."""
+    stamped = ctx.trace_request_ctx
+    if stamped is not None:
+        stamps, now = stamped
+        stamps.t_written = now()
+
+
 class SglangClient:
     """One aiohttp session for the whole run: no connection limit (the router decides what is in flight), no
     session-wide timeout (aiohttp's default of 300 s would cut long requests); `request_timeout` applies per
@@ -115,20 +132,29 @@ class SglangClient:
             timeout_reason = f"no complete answer within --timeout {request_timeout:g} s"
         self.timeout_reason = timeout_reason
         self._gen_timeout = aiohttp.ClientTimeout(total=request_timeout)
+        tracing = aiohttp.TraceConfig()  # t_written: when a request's body went to the socket (_body_sent)
+        tracing.on_request_chunk_sent.append(_body_sent)
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None), trace_configs=[tracing]
         )
 
     async def close(self) -> None:
         await self.session.close()
 
-    async def generate(self, generate_url: str, body: bytes) -> AsyncIterator[Answer | str]:
+    async def generate(self, generate_url: str, body: bytes, stamps: Stamps | None = None,
+                       now: Callable[[], float] | None = None) -> AsyncIterator[Answer | str]:
         """POST the request (a body made by `self.api`); yields FIRST_TOKEN when the first output token arrives
         (streaming only), CHUNK for each later event (sglang sends one per stream_interval tokens, the last with the
-        last tokens and finish_reason), then exactly one Answer. The caller stamps the moments as the items arrive."""
+        last tokens and finish_reason), then exactly one Answer. The caller stamps the moments as the items arrive;
+        the two it cannot see are stamped on `stamps` with `now` (the run clock), when given: `t_written` (the body
+        went to the socket) and `t_headers` (the response's headers arrived)."""
         api = self.api
+        stamped = None if stamps is None else (stamps, now)
         try:
-            async with self.session.post(generate_url, data=body, headers=_JSON_HEADERS, timeout=self._gen_timeout) as resp:
+            async with self.session.post(generate_url, data=body, headers=_JSON_HEADERS, timeout=self._gen_timeout,
+                                         trace_request_ctx=stamped) as resp:
+                if stamped is not None:
+                    stamps.t_headers = now()  # type: ignore[misc,union-attr]
                 if resp.status != 200:
                     yield Answer("error", f"HTTP {resp.status}: {_error_text(await resp.read())}")
                     return

@@ -63,6 +63,19 @@ class RequestRecord:
     # a tracebench simulator's lag: how late it handed out this request's first token and its end against its
     # model's schedule (the larger), wall seconds (meta_info tracebench_sim_lag); null for real sglang
     sim_lag: float | None = None
+    # where the request's time went, step by step (docs/overhead.md; the report's breakdown): run-clock stamps taken
+    # as the request passes each step (null: it never got there, or the API/mode has no such step)
+    t_assigned: float | None = None  # the policy's assign() returned this request's server
+    t_built: float | None = None  # its request body was ready (t_dispatch follows: the HTTP request is started)
+    t_written: float | None = None  # its request body went to the socket (aiohttp's on_request_chunk_sent)
+    t_headers: float | None = None  # the response's status line and headers arrived
+    t_last_chunk: float | None = None  # the answer's last data arrived (a stream's last event before [DONE])
+    t_parsed: float | None = None  # the answer was read and checked: the record is complete
+    # two more of sglang's meta_info stamps, on the run clock: api_server_dispatch_finish_ts (its HTTP server handed
+    # the request to the scheduler) and response_sent_to_client_ts (a stream's first chunk, or the whole answer, left
+    # sglang); null when the server sends none (OpenAI APIs, sglang without --enable-metrics)
+    server_dispatched: float | None = None
+    server_first_sent: float | None = None
 
 
 @dataclass(slots=True)

@@ -48,6 +48,12 @@ _STAMPS = (
     ("prefill_finished_time", "server_prefill_finished"),
     ("request_finished_ts", "server_finished"),
 )
+# meta_info stamps taken when the server sends them (the breakdown's; docs/overhead.md): sglang's HTTP server handed
+# the request to its scheduler, and its first stream chunk (or its whole answer) left
+_OPTIONAL_STAMPS = (
+    ("api_server_dispatch_finish_ts", "server_dispatched"),
+    ("response_sent_to_client_ts", "server_first_sent"),
+)
 
 HealthCheck = Callable[[int], Awaitable["str | None"]]  # server index -> None if healthy, else why not
 
@@ -460,7 +466,7 @@ class Router:
         """Ask the policy (timed) and carry out what it assigned; whether it assigned anything."""
         self.policy.now = now
         picks = self.policy_time.call("assign", self.policy.assign, self._queue, views)
-        self._apply(picks, views)
+        self._apply(picks, views, self.clock.now())
         return bool(picks)
 
     def _policy_label(self) -> str:
@@ -476,8 +482,9 @@ class Router:
         return (self._engine_done and not self._flights and not self._probes and self.pending_wakeups == 0
                 and not any(s.in_flight or s.forming or s.batch_timer is not None for s in self.servers))
 
-    def _apply(self, picks: Any, views: list[ServerView]) -> None:
-        """Check every assignment against the rules (all or nothing), then carry them out."""
+    def _apply(self, picks: Any, views: list[ServerView], t_assigned: float) -> None:
+        """Check every assignment against the rules (all or nothing), then carry them out (`t_assigned`: when the
+        policy returned them)."""
         name = self.policy.name
         if not isinstance(picks, list):
             raise PolicyError(f"policy {name!r}: assign() must return a list of (request, server) pairs, got {type(picks).__name__}")
@@ -516,6 +523,7 @@ class Router:
             del self._queued[req.id]
             server = self.servers[view.index]
             rec = self._pending[req.id]
+            rec.t_assigned = t_assigned
             if self.static:
                 server.forming.append(rec)
                 touched.add(server.index)
@@ -596,8 +604,8 @@ class Router:
         gaps = ItlGaps()
         t_chunk = 0.0
         try:
-            rec.t_dispatch = now()
-            async for item in self.client.generate(server.generate_url, body):
+            rec.t_built = rec.t_dispatch = now()
+            async for item in self.client.generate(server.generate_url, body, rec, now):
                 t = now()
                 flight.t_progress = server.t_heard = t
                 if item is CHUNK:
@@ -609,10 +617,16 @@ class Router:
                     rec.t_finish = t
                     answer = item  # type: ignore[assignment]
             assert answer is not None  # generate() always ends with an Answer
+            # the answer's last data: a stream's last event with tokens, or the whole body
+            if not self.client.stream:
+                rec.t_last_chunk = rec.t_finish
+            elif rec.t_first_token is not None:
+                rec.t_last_chunk = t_chunk
             rec.itl_max, rec.itl_hist = gaps.fields()
             self._take_answer(rec, server, answer)
             if rec.status == "ok":
                 self._check_answer(rec, server)
+            rec.t_parsed = now()
         except BaseException as err:  # recorded, then re-raised: the run stops on anything but a measurement
             if rec.t_finish is None:
                 rec.t_finish = now()
@@ -688,6 +702,10 @@ class Router:
                     raise ServerProtocolError(f"{url}: meta_info.{key} missing (the server runs with --enable-metrics), request {rec.id}")
                 continue  # an attached server without --enable-metrics: the stamp stays null
             setattr(rec, field, from_wall(stamp))
+        for key, field in _OPTIONAL_STAMPS:
+            stamp = meta.get(key)
+            if stamp is not None:
+                setattr(rec, field, from_wall(stamp))
 
     def _check_answer(self, rec: RequestRecord, server: ServerState) -> None:
         """A finished answer that differs from the trace (answer_check.py) is recorded as `mismatch`, never `ok`."""

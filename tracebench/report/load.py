@@ -40,23 +40,27 @@ COMPLETED_STATUSES = ("ok", "mismatch")
 PD_FLOAT_FIELDS = ("t_prefill_answer", "prefill_received", "prefill_forward_entry", "prefill_done", "prefill_finished",
                    "prefill_queue_time", "prefill_e2e_latency")
 PD_COLUMNS = ("prefill_server", "bootstrap_room", *PD_FLOAT_FIELDS)
+# the breakdown's stamps (records.py, docs/overhead.md): where a request's time went, step by step
+BREAKDOWN_FIELDS = ("t_assigned", "t_built", "t_written", "t_headers", "t_last_chunk", "t_parsed", "server_dispatched",
+                    "server_first_sent")
 # the columns of requests.jsonl, in the order replay writes them (tracebench/replay/records.py RequestRecord)
 REQUEST_COLUMNS = (
     "id", "input_len", "output_len", "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server",
     "batch", "status", "error", "completion_tokens", "prompt_tokens", "cached_tokens", "server_e2e_latency", "server_queue_time",
     "server_received", "server_forward_entry", "server_prefill_finished", "server_finished", "itl_max", "itl_hist",
-    "mismatch", "t_admitted", "policy_s", "sim_lag",
+    "mismatch", "t_admitted", "policy_s", "sim_lag", *BREAKDOWN_FIELDS,
     *PD_COLUMNS,
 )
 INT_FIELDS = ("id", "input_len", "output_len", "server", "batch", "completion_tokens", "prompt_tokens", "cached_tokens",
               "prefill_server", "bootstrap_room")
 # columns the run format gained after its first runs: a run recorded before has none (read as null: not recorded)
 LATER_COLUMNS = frozenset({"cached_tokens", "itl_max", "itl_hist", "mismatch", "t_admitted", "policy_s", "sim_lag",
-                           *PD_COLUMNS})
+                           *BREAKDOWN_FIELDS, *PD_COLUMNS})
 FLOAT_FIELDS = (
     "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
     "server_e2e_latency", "server_queue_time", "server_received", "server_forward_entry",
-    "server_prefill_finished", "server_finished", "itl_max", "t_admitted", "policy_s", "sim_lag", *PD_FLOAT_FIELDS,
+    "server_prefill_finished", "server_finished", "itl_max", "t_admitted", "policy_s", "sim_lag", *BREAKDOWN_FIELDS,
+    *PD_FLOAT_FIELDS,
 )
 # itl_hist: inter-token gaps, "bucket:count,..." (tracebench/itl.py); mismatch: what differs from the trace, and why
 STR_FIELDS = ("status", "error", "itl_hist", "mismatch")
@@ -66,8 +70,9 @@ REQUIRED_FIELDS = ("id", "input_len", "output_len", "t_arrival", "status")
 # never null in a completed (`ok` or `mismatch`) record: an answer that completed went through every step
 OK_REQUIRED_FIELDS = ("t_released", "t_dispatch", "t_finish", "server", "completion_tokens")
 # the run-format invariant for completed records: each stamp is >= the one before it (t_first_token may be null, and
-# t_admitted in runs recorded before it)
-OK_ORDER = ("t_arrival", "t_released", "t_admitted", "t_dispatch", "t_first_token", "t_finish")
+# t_admitted and the breakdown's stamps in runs recorded before them)
+OK_ORDER = ("t_arrival", "t_released", "t_admitted", "t_assigned", "t_built", "t_dispatch", "t_written", "t_headers",
+            "t_first_token", "t_last_chunk", "t_finish", "t_parsed")
 
 ROW = "_row"  # 0-based index of the record among the file's records
 

@@ -18,6 +18,12 @@ speed 4). So each request's stamps are rebuilt on the simulated timeline, part b
   clock, exact simulated time / K, so multiplied by K;
 - the first token leaves the simulator `output_s` (its profile, in run.json `tracebench_sim.output_s`) after the
   prefill step; from then to `t_first_token`, and from `request_finished_ts` to `t_finish`: host time.
+- the breakdown's stamps (records.py): the client's own steps stay host time around the stamp they follow or
+  precede (t_assigned and t_built before the dispatch, t_written after it; t_headers after the dispatch when the
+  answer streams, before the finish when it does not; t_last_chunk before and t_parsed after the finish), the
+  simulator's `api_server_dispatch_finish_ts` is its model clock (x K from the received stamp) and its
+  `response_sent_to_client_ts` host time before the first token (the whole answer's, before the finish, when not
+  streamed).
 
 A PD run (two servers per request, run.json `pd`) is converted the simple way, every time x K (its prefill side
 too): the decode server's stamps depend on the prefill server's, which this per-part rebuild does not follow.
@@ -37,6 +43,8 @@ import numpy as np
 import polars as pl
 
 SERVER_SPAN = ("server_forward_entry", "server_prefill_finished", "server_finished")
+BREAKDOWN_STAMPS = ("t_assigned", "t_built", "t_written", "t_headers", "t_last_chunk", "t_parsed", "server_dispatched",
+                    "server_first_sent")
 # a PD run's prefill side (records.py): stamps, then the two durations
 PD_STAMPS = ("t_prefill_answer", "prefill_received", "prefill_forward_entry", "prefill_done", "prefill_finished")
 PD_DURATIONS = ("prefill_queue_time", "prefill_e2e_latency")
@@ -71,7 +79,8 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     delays = output_delays(meta)
     if delays is None or meta.get("pd"):
         scaled = [c(name) * k for name in ("t_arrival", "t_released", "t_admitted", "t_dispatch", "t_first_token",
-                                           "t_finish", "server_received", *SERVER_SPAN, *PD_STAMPS, *PD_DURATIONS)]
+                                           "t_finish", "server_received", *SERVER_SPAN, *PD_STAMPS, *PD_DURATIONS,
+                                           *BREAKDOWN_STAMPS)]
         why = "a PD run" if meta.get("pd") else "the simulators did not report output_s"
         return requests.with_columns(scaled + durations), (
             f"every time x{k:g} ({why}: host overheads are multiplied too)")
@@ -108,20 +117,37 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     finish = inside("server_finished") + (c("t_finish") - c("server_finished"))
     has_stamps = c("server_received").is_not_null() & c("server_finished").is_not_null()
     dispatched_k = dispatch + (c("t_first_token") - c("t_dispatch")) * k  # no simulator stamps: K x after dispatch
+    finish_k = (pl.when(has_stamps).then(finish)
+                .when(c("t_dispatch").is_not_null()).then(dispatch + (c("t_finish") - c("t_dispatch")) * k)
+                .when(c("t_released").is_not_null() & host_wait).then(released + (c("t_finish") - c("t_released")))
+                .otherwise(c("t_finish") * k))
+    first_k = pl.when(has_stamps & c("server_prefill_finished").is_not_null()).then(first).otherwise(dispatched_k)
+    streamed = c("t_first_token").is_not_null()
+
+    def near(anchor: pl.Expr, anchor_stamp: str, name: str) -> pl.Expr:
+        """A host-time stamp: as far from its converted anchor as it was from the anchor's own stamp."""
+        return anchor + (c(name) - c(anchor_stamp))
+
     columns = [
         arrival.alias("t_arrival"),
         released.alias("t_released"),
         admitted.alias("t_admitted"),
         dispatch.alias("t_dispatch"),
-        pl.when(has_stamps & c("server_prefill_finished").is_not_null()).then(first)
-        .otherwise(dispatched_k).alias("t_first_token"),
-        pl.when(has_stamps).then(finish)
-        .when(c("t_dispatch").is_not_null()).then(dispatch + (c("t_finish") - c("t_dispatch")) * k)
-        .when(c("t_released").is_not_null() & host_wait).then(released + (c("t_finish") - c("t_released")))
-        .otherwise(c("t_finish") * k).alias("t_finish"),
+        first_k.alias("t_first_token"),
+        finish_k.alias("t_finish"),
         received.alias("server_received"),
         *(inside(name).alias(name) for name in SERVER_SPAN),
         *durations,
+        near(dispatch, "t_dispatch", "t_assigned").alias("t_assigned"),
+        near(dispatch, "t_dispatch", "t_built").alias("t_built"),
+        near(dispatch, "t_dispatch", "t_written").alias("t_written"),
+        pl.when(streamed).then(near(dispatch, "t_dispatch", "t_headers"))
+        .otherwise(near(finish_k, "t_finish", "t_headers")).alias("t_headers"),
+        near(finish_k, "t_finish", "t_last_chunk").alias("t_last_chunk"),
+        near(finish_k, "t_finish", "t_parsed").alias("t_parsed"),
+        inside("server_dispatched").alias("server_dispatched"),
+        pl.when(streamed).then(near(first_k, "t_first_token", "server_first_sent"))
+        .otherwise(near(finish_k, "t_finish", "server_first_sent")).alias("server_first_sent"),
     ]
     how = ("simulator time x{k:g}, host time as measured (release lag, HTTP hops{wait})"
            .format(k=k, wait=", router wait" if host_wait else (

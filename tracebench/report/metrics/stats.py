@@ -11,6 +11,7 @@ import polars as pl
 
 from tracebench.errors import ConfigError
 from tracebench.itl import bucket_value
+from tracebench.report.breakdown import StageStats, breakdown_stats
 from tracebench.report.load import COMPLETED_STATUSES, REQUEST_STATUSES, Run
 from tracebench.report.metrics.lag import LagStats, lag_stats
 from tracebench.report.pd import PdRunStats, pd_stats
@@ -160,6 +161,7 @@ class _RunStats:
     zero_gaps: float = 0.0  # fraction of the ITL gaps under 10 us (chunks read together)
     pd: PdRunStats | None = None  # a PD run's stages, transfers and pools (report/pd.py)
     lag: LagStats | None = None  # a simulated run's lag and what it could account for (metrics/lag.py)
+    breakdown: dict[str, StageStats] | None = None  # where the requests' time went (report/breakdown.py)
 
 
 def _mark(status: str) -> str | None:
@@ -429,4 +431,5 @@ def _run_stats(run: Run, warmup: float, slo: dict[str, float] | None) -> _RunSta
     loads, balance = _server_loads(run, kept, start, end)
     summary = _summary(run, kept, start, end, duration)
     return _RunStats(summary, kept, ok, counts, throughput, latency, latency_n, sorted_latency, slo_out, loads, balance,
-                     _cache_stats(run, ok), zero_gaps, pd_stats(run.meta, ok), lag_stats(ok, run.speed))
+                     _cache_stats(run, ok), zero_gaps, pd_stats(run.meta, ok), lag_stats(ok, run.speed),
+                     breakdown_stats(ok))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tracebench.report.breakdown import BY_KEY as BREAKDOWN_STAGES
 from tracebench.report.metrics import BALANCE_CV_MAX, CI_LEVEL, PERCENTILES, Delta, Report, Row, time_note
 
 
@@ -71,7 +72,7 @@ def fmt_value(unit: str, value: float | None) -> str:
 
 def unit_shown(row: Row) -> str:
     """Latencies are shown in ms (they are stored in seconds); everything else in its own unit."""
-    return "ms" if row.unit == "s" and row.section in ("latency", "pd", "cache_ttft") else row.unit
+    return "ms" if row.unit == "s" and row.section in ("latency", "pd", "cache_ttft", "breakdown") else row.unit
 
 
 def fmt_signed(unit: str, value: float) -> str:
@@ -271,6 +272,27 @@ def _pd_servers_table(report: Report) -> Table:
                  wrap=frozenset((2, 8)))
 
 
+def _breakdown_table(report: Report, rows: list[Row], title: str) -> Table:
+    """The breakdown's stages with whose time each is and the two stamps it lies between."""
+    table = _section_table(report, title, rows, with_stat=True)
+    table.header[1:1] = ["whose", "from -> to"]
+    table.align[1:1] = ["l", "l"]
+    previous = None
+    for row, cells in zip(rows, table.rows):
+        stage = BREAKDOWN_STAGES[row.metric]
+        first = row.metric != previous
+        previous = row.metric
+        cells[1:1] = [Cell(stage.whose if first else ""), Cell(f"{stage.start} -> {stage.end}" if first else "")]
+    table.notes += [
+        "each stage lies between two stamps of a request's record (docs/overhead.md); the main stages follow one "
+        "another from release lag to answer checked (their means add up to arrival -> record complete); first token "
+        "out/in run beside them, on the way to the first token; sglang's stamps are its time.time() on the run clock",
+        "whose: tracebench (this client), sglang (the server), both (the wire and both ends' reads and writes, not "
+        "split further by the stamps), --max-concurrency (the run's own client limit)",
+    ]
+    return table
+
+
 def document(report: Report) -> Document:
     n = len(report.runs)
     lines = []
@@ -311,6 +333,8 @@ def document(report: Report) -> Document:
                            "in the PD servers table)")
         tables.append(table)
         tables.append(_pd_servers_table(report))
+    if "breakdown" in by_key:
+        tables.append(_breakdown_table(report, by_key["breakdown"].rows, by_key["breakdown"].title))
     tables.append(_servers_table(report))
     title = "tracebench report: " + " vs ".join(run.label for run in report.runs)
     return Document(title, lines, report.warnings, tables)

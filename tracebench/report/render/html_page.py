@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
+from tracebench.report.breakdown import ALL_STAGES
 from tracebench.report.metrics import LATENCY_METRICS, Report
 from tracebench.report.render import Cell, Document, Table
 
@@ -73,6 +74,9 @@ def render_html(report: Report, doc: Document) -> tuple[str, bytes, bytes | None
     body.append("<h2>Definitions</h2><dl>")
     body += [f"<dt>{escape(label)}</dt><dd>{escape(definition)}, over completed requests (shown in ms, as in the "
              f"tables and plots; JSON and CSV keep seconds)</dd>" for _, label, definition in LATENCY_METRICS]
+    if "breakdown" in {s.key for s in report.sections}:
+        body += [f"<dt>{escape(s.label)} ({escape(s.whose)})</dt><dd>{escape(s.start)} -> {escape(s.end)}: "
+                 f"{escape(s.what)}</dd>" for s in ALL_STAGES]
     body.append("<dt>completed</dt><dd>ok and mismatch requests: mismatch = finished, but the server generated or "
                 "counted something else than the trace asked (the record's mismatch field says what)</dd>")
     body.append("<dt>duration</dt><dd>first arrival of a kept request to the last finish of a kept completed request; "

@@ -7,9 +7,11 @@ from typing import Any
 
 import orjson
 
+from tracebench.report.breakdown import ALL_STAGES
 from tracebench.report.metrics import BALANCE_CV_MAX, CI_LEVEL, LATENCY_METRICS, Report, time_note
 
-MULTI_STAT = ("latency", "pd", "cache_ttft")  # sections with several statistics per metric: metric -> stat -> value
+# sections with several statistics per metric: metric -> stat -> value
+MULTI_STAT = ("latency", "pd", "cache_ttft", "breakdown")
 
 REPORT_FORMAT_VERSION = 1
 
@@ -70,10 +72,13 @@ def report_dict(report: Report) -> dict[str, Any]:
             "balance_cv_max": BALANCE_CV_MAX,
         },
         "units": {"requests": "requests", "throughput": {"duration": "s", "requests_per_s": "req/s",
-                  "input_tokens_per_s": "tok/s", "output_tokens_per_s": "tok/s"}, "latency": "s",
+                  "input_tokens_per_s": "tok/s", "output_tokens_per_s": "tok/s"}, "latency": "s", "breakdown": "s",
                   "slo": {"met": "requests", "fraction": "fraction of kept requests", "goodput": "req/s",
                           **{f"fraction_{key}": "fraction of kept requests" for key in report.slo or {}}}},
         "latency_definitions": {key: definition for key, _, definition in LATENCY_METRICS},
+        # the breakdown's stages (report/breakdown.py, docs/overhead.md): the two stamps and whose time it is
+        "breakdown_stages": {s.key: {"label": s.label, "from": s.start, "to": s.end, "whose": s.whose, "what": s.what}
+                             for s in ALL_STAGES},
         "warnings": report.warnings,
         "notes": [note] if (note := time_note(report.runs)) is not None else [],
         "config": {

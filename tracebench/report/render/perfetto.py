@@ -6,7 +6,10 @@ Layout, per run:
   parts its record's stamps allow: `router wait` (arrival → dispatch), then sglang's own `server queue` (received →
   forward entry), `prefill` (forward entry → prefill finished) and `decode` (prefill finished → finished); without
   sglang's stamps (OpenAI APIs, a server without --enable-metrics) `to first token` (dispatch → first token) and
-  `decode` (first token → finish). The gaps between the parts are the HTTP hops. A server runs many requests at
+  `decode` (first token → finish). The gaps between the parts are the HTTP hops. Records with the breakdown's
+  stamps (report/breakdown.py) split the router wait into tracebench's own steps — `release lag`, `router` (queue,
+  client gate and policy), `request body`, `request written` — then `sglang HTTP intake` (written → received),
+  and end with `last chunk in` (sglang's finish → the answer's last data here). A server runs many requests at
   once, and slices on one track must nest, so a server's requests are spread over lanes (its threads: "lane k"),
   each request in the lowest lane free at its arrival;
 - the requests without a server (never dispatched, or sent through sglang-router, which does not say where) in a
@@ -38,9 +41,13 @@ SERVER_PARTS = (("server queue", "server_received", "server_forward_entry"),
                 ("prefill", "server_forward_entry", "server_prefill_finished"),
                 ("decode", "server_prefill_finished", "server_finished"))
 CLIENT_PARTS = (("to first token", "t_dispatch", "t_first_token"), ("decode", "t_first_token", "t_finish"))
+# before the dispatch, with the breakdown's stamps: tracebench's own steps
+OWN_PARTS = (("release lag", "t_arrival", "t_released"), ("router", "t_released", "t_assigned"),
+             ("request body", "t_assigned", "t_built"), ("request written", "t_built", "t_written"))
 ARGS = ("id", "status", "input_len", "output_len", "completion_tokens", "prompt_tokens", "cached_tokens", "error",
-        "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server_received",
-        "server_forward_entry", "server_prefill_finished", "server_finished")
+        "t_arrival", "t_released", "t_admitted", "t_assigned", "t_built", "t_dispatch", "t_written", "t_headers",
+        "t_first_token", "t_last_chunk", "t_finish", "t_parsed", "server_received", "server_dispatched",
+        "server_forward_entry", "server_prefill_finished", "server_first_sent", "server_finished")
 
 
 def _us(t: float) -> int:
@@ -58,14 +65,19 @@ def request_slices(rec: dict[str, Any]) -> list[tuple[str, int, int]]:
     out = [(name, start, end)]
     parts: list[tuple[str, str, str]] = []
     if rec["t_dispatch"] is not None:
-        parts.append(("router wait", "t_arrival", "t_dispatch"))
+        breakdown = rec.get("t_written") is not None
+        parts.extend(OWN_PARTS if breakdown else [("router wait", "t_arrival", "t_dispatch")])
         has_server = all(rec[a] is not None and rec[b] is not None for _, a, b in SERVER_PARTS)
+        if has_server and breakdown:
+            parts.append(("sglang HTTP intake", "t_written", "server_received"))
         parts.extend(SERVER_PARTS if has_server else CLIENT_PARTS)
+        if has_server and breakdown:
+            parts.append(("last chunk in", "server_finished", "t_last_chunk"))
     else:
         parts.append(("router wait", "t_arrival", "t_finish"))  # never sent: it waited until the run let it go
     cursor = start
     for part, a, b in parts:
-        if rec[a] is None or rec[b] is None:
+        if rec.get(a) is None or rec.get(b) is None:
             continue
         lo = min(max(_us(rec[a]), cursor), end)
         hi = min(max(_us(rec[b]), lo), end)

@@ -4,13 +4,15 @@ metric is `section.name` (`latency.total`, `throughput.requests_per_s`, `server.
 baseline is the stat with a suffix: `p50.delta`, `p50.delta_pct`, `p50.ci95_low`, `p50.ci95_high`,
 `p50.significant` (1/0). A few descriptive lines (`run.status`, `run.times`, `balance.verdict`) carry text in
 `value`. `run.speed` is the replay's --speed K (empty: real time); the times of such a run are simulated seconds.
-`mismatch_reason` lines count a run's mismatch records by reason (the reason in `stat`, the count in `value`)."""
+`mismatch_reason` lines count a run's mismatch records by reason (the reason in `stat`, the count in `value`).
+`breakdown.<stage>` lines (where the time went, report/breakdown.py) have a `whose` line: tracebench, sglang, both."""
 
 from __future__ import annotations
 
 import csv
 import io
 
+from tracebench.report.breakdown import BY_KEY as BREAKDOWN_STAGES
 from tracebench.report.metrics import Report
 
 HEADER = ("run", "metric", "stat", "value", "unit")
@@ -44,6 +46,8 @@ def render_csv(report: Report) -> str:
         for section in report.sections:
             for row in section.rows:
                 metric = f"{section.key}.{row.metric}"
+                if section.key == "breakdown" and row.stat == "p50":  # once per stage: whose time it is
+                    out.writerow((label, metric, "whose", BREAKDOWN_STAGES[row.metric].whose, ""))
                 out.writerow((label, metric, row.stat, _num(row.values[i], row.unit), row.unit))
                 delta = row.deltas[i]
                 if delta is None:

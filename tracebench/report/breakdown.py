@@ -1,0 +1,124 @@
+"""Where a request's time went: its life cut at every stamp the record has (replay/records.py; docs/overhead.md), each
+stage with whose time it is (tracebench's, sglang's, or both: the wire and each end's I/O), so a reader sees how much
+of a latency is the server's.
+
+The main stages follow one another, from the arrival to the complete record (they add up, in the mean):
+
+    t_arrival -> t_released -> t_admitted -> t_assigned -> t_built -> t_written -> server_received
+    -> server_dispatched -> server_forward_entry -> server_prefill_finished -> server_finished -> t_last_chunk
+    -> t_finish -> t_parsed
+
+and two more run beside them, on the way to the first token: server_prefill_finished -> server_first_sent ->
+t_first_token. sglang's stamps are its time.time() on the run clock (same host: RunClock.from_wall); records without
+them (OpenAI APIs, sglang without --enable-metrics, runs recorded before the breakdown) leave those stages out, and
+the span "written -> last chunk" still shows the server and the wire as the client saw them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+OURS = "tracebench"
+SGLANG = "sglang"
+BOTH = "both"  # the wire and both ends' I/O: not split further by the stamps
+GATE = "--max-concurrency"  # the run's own client limit: a wait it asked for
+
+
+@dataclass(frozen=True)
+class Stage:
+    key: str
+    label: str
+    start: str  # the record's stamp it starts at
+    end: str  # and ends at
+    whose: str
+    what: str  # what happens there (docs/overhead.md says more)
+
+    @property
+    def expr(self) -> pl.Expr:
+        return pl.col(self.end) - pl.col(self.start)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("release_lag", "release lag", "t_arrival", "t_released", OURS,
+          "the engine wakes for the arrival and releases the request into the router"),
+    Stage("client_gate", "client gate", "t_released", "t_admitted", GATE,
+          "held by --max-concurrency until fewer than N requests are in flight"),
+    Stage("assign", "router and policy", "t_admitted", "t_assigned", OURS,
+          "the router queue and the policy's assign() (with a router cap: also the wait for a free slot)"),
+    Stage("build", "request body", "t_assigned", "t_built", OURS,
+          "the request's task starts; its input ids and JSON body are made (or taken ready-made)"),
+    Stage("send", "request written", "t_built", "t_written", OURS,
+          "aiohttp makes the HTTP request, takes a kept-alive connection and hands the body to the socket"),
+    Stage("intake", "sglang HTTP intake", "t_written", "server_received", SGLANG,
+          "the loopback hop, then sglang's HTTP server reads and parses the request (uvicorn, FastAPI, JSON, "
+          "pydantic) until its tokenizer manager takes it (request_received_ts)"),
+    Stage("to_scheduler", "sglang to its scheduler", "server_received", "server_dispatched", SGLANG,
+          "the tokenizer manager hands the request to the scheduler (api_server_dispatch_finish_ts)"),
+    Stage("queue", "sglang queue", "server_dispatched", "server_forward_entry", SGLANG,
+          "the scheduler's waiting queue, until the request's first forward pass"),
+    Stage("prefill", "prefill", "server_forward_entry", "server_prefill_finished", SGLANG, "the prompt's forward passes"),
+    Stage("decode", "decode", "server_prefill_finished", "server_finished", SGLANG,
+          "the output tokens, until sglang's tokenizer manager has the last one (request_finished_ts)"),
+    Stage("last_in", "last chunk in", "server_finished", "t_last_chunk", BOTH,
+          "the answer's last data: sglang's HTTP write, the loopback hop, tracebench's read"),
+    Stage("end", "end of answer", "t_last_chunk", "t_finish", BOTH,
+          "the stream's data: [DONE] (sglang's last write) and the final event's parse"),
+    Stage("record", "answer checked", "t_finish", "t_parsed", OURS,
+          "meta_info read, the answer checked against the trace: the record is complete"),
+    # beside the main line: the first token's way out
+    Stage("first_out", "first token out of sglang", "server_prefill_finished", "server_first_sent", SGLANG,
+          "detokenizer and tokenizer manager, until the stream's first chunk leaves (response_sent_to_client_ts)"),
+    Stage("first_in", "first token in", "server_first_sent", "t_first_token", BOTH,
+          "the first chunk's way: the loopback hop, tracebench's read and parse up to the first token"),
+    # spans over several stages
+    Stage("server_seen", "written -> last chunk", "t_written", "t_last_chunk", BOTH,
+          "the server and the wire as the client saw them (also without sglang's stamps)"),
+)
+# tracebench's own time, per request: from the arrival until the request is on the wire (without the client gate's
+# wait, which the run asked for), and from the answer's last data until the record is complete
+OWN_BEFORE = Stage("own_before", "tracebench before the wire", "t_arrival", "t_written", OURS,
+                   "release lag + router and policy + body + request written (the client gate's wait taken out)")
+OWN_AFTER = Stage("own_after", "tracebench after the last chunk", "t_last_chunk", "t_parsed", OURS,
+                  "end of answer + answer checked")
+ALL_STAGES: tuple[Stage, ...] = (*STAGES, OWN_BEFORE, OWN_AFTER)
+BY_KEY = {stage.key: stage for stage in ALL_STAGES}
+STATS = ("p50", "p99", "mean")
+
+
+def stage_expr(stage: Stage) -> pl.Expr:
+    if stage is OWN_BEFORE:
+        gate = (pl.col("t_admitted") - pl.col("t_released")).fill_null(0.0)
+        return pl.col("t_written") - pl.col("t_arrival") - gate
+    if stage.key == "first_out":  # not streamed, response_sent_to_client_ts is the whole answer's: no first token
+        return pl.when(pl.col("t_first_token").is_not_null()).then(stage.expr)
+    return stage.expr
+
+
+@dataclass
+class StageStats:
+    key: str
+    n: int  # requests with both stamps
+    p50: float | None
+    p99: float | None
+    mean: float | None
+
+
+def breakdown_stats(ok: pl.DataFrame) -> dict[str, StageStats]:
+    """Each stage's statistics (seconds) over the given records (a run's kept completed ones); a column the records
+    lack counts as null."""
+    missing = {name for stage in ALL_STAGES for name in (stage.start, stage.end, "t_admitted", "t_released")
+               if name not in ok.columns}
+    frame = ok.with_columns([pl.lit(None, dtype=pl.Float64).alias(name) for name in sorted(missing)])
+    values = frame.select([stage_expr(stage).alias(stage.key) for stage in ALL_STAGES])
+    out = {}
+    for stage in ALL_STAGES:
+        v = values[stage.key].drop_nulls().to_numpy().astype(float)
+        if v.size == 0:
+            out[stage.key] = StageStats(stage.key, 0, None, None, None)
+        else:
+            p50, p99 = np.percentile(v, [50, 99])
+            out[stage.key] = StageStats(stage.key, int(v.size), float(p50), float(p99), float(v.mean()))
+    return out
