@@ -61,7 +61,8 @@ class Engine:
 
     async def run(self) -> None:
         now = self.clock.now
-        release = self.router.release
+        router = self.router
+        release = router.release
         request_at = self.table.request
         arrivals = self.table.arrival_s
         rows = self._open
@@ -70,17 +71,23 @@ class Engine:
         for index in range(len(rows)):  # by index: a list of a million rows would cost tens of MB
             row = rows[index].item()
             due = run_seconds(arrivals[row].item(), speed)
+            request = request_at(row)
             if now() < due:
                 burst = 0
+                # before waiting: what was released goes to the policy (and out) now, and this request's body is made
+                router.assign_now()
+                router.prepare(request)
                 # loop: asyncio may wake a hair early; a request is never released before its arrival
                 while (delay := due - now()) > 0:
                     await asyncio.sleep(delay)
             else:
                 burst += 1
                 if burst % YIELD_EVERY == 0:
+                    router.assign_now()
                     await asyncio.sleep(0)
-            release(request_at(row), due)
+            release(request, due)
             self.next_index = index + 1
+        router.assign_now()
         self._schedule_done = True
         self._maybe_done()
 
@@ -99,6 +106,7 @@ class Engine:
     def _release_follower(self, request: TraceRequest, due: float) -> None:
         del self._held[request.id]
         self.router.release(request, due)
+        self.router.assign_now()
         self._maybe_done()
 
     def _maybe_done(self) -> None:

@@ -14,6 +14,7 @@ first member arrived, or when the trace has nothing more to release.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from functools import partial
@@ -56,6 +57,9 @@ _OPTIONAL_STAMPS = (
 )
 
 HealthCheck = Callable[[int], Awaitable["str | None"]]  # server index -> None if healthy, else why not
+# Python 3.12+ can start a task at once (eager_start): a dispatched request runs up to its first wait (its bytes are on
+# the wire by then) instead of on the loop's next turn
+_EAGER = sys.version_info >= (3, 12)
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -199,7 +203,9 @@ class Router:
         self._tasks: set[asyncio.Task[None]] = set()  # one _serve per dispatched request
         self._flights: dict[int, _Flight] = {}  # the dispatched requests whose record is not written yet
         self._probes: set[asyncio.Task[None]] = set()
-        self._assign_scheduled = False
+        self._assign_handle: asyncio.Handle | None = None  # a scheduled assignment round (_kick)
+        # (request id, body) made ahead by prepare(): the next arrival's, while the engine waits for it
+        self._ready_body: tuple[int, bytes] | None = None
         self._engine_done = False  # nothing more will enter the router queue (every request released and admitted)
         self._all_released = False  # the engine released every request (some may still wait at the client gate)
         # --max-concurrency: requests released but not admitted wait here, before the router queue
@@ -248,6 +254,21 @@ class Router:
         self.released += 1
         if self.gate is None or self.gate.offer(request):
             self._admit(request, rec, t_released)
+
+    def prepare(self, request: TraceRequest) -> None:
+        """The engine has time before `request` arrives: its body is made now, so that its dispatch does not wait for
+        it (one request ahead; `_body` takes it, or makes the body itself when this was another request's)."""
+        if not self._closing:
+            self._ready_body = (request.id, self._make_body(request.id, request.input_len, request.output_len,
+                                                            request.prefix_blocks))
+
+    def assign_now(self) -> None:
+        """The engine released what was due and is about to wait: an assignment round scheduled for those releases
+        runs now instead of on the loop's next turn (one hop less between a release and its dispatch)."""
+        handle = self._assign_handle
+        if handle is not None:
+            handle.cancel()
+            self.guarded(self._assign_round)
 
     def _admit(self, request: TraceRequest, rec: RequestRecord, t_admitted: float) -> None:
         """The request enters the router queue (the policy sees it from now on)."""
@@ -408,9 +429,8 @@ class Router:
 
     def _kick(self) -> None:
         # Coalesced: a burst of arrivals or completions in one loop iteration makes one call to the policy.
-        if not self._assign_scheduled and not self._closing:
-            self._assign_scheduled = True
-            self._loop.call_soon(self.guarded, self._assign_round)
+        if self._assign_handle is None and not self._closing:
+            self._assign_handle = self._loop.call_soon(self.guarded, self._assign_round)
 
     def _views(self, now: float) -> list[ServerView]:
         views = []
@@ -436,7 +456,7 @@ class Router:
         """One assignment round (coalesced by `_kick`), and the rule that a policy which assigns nothing cannot hang
         the run: a PolicyError naming it at once when nothing can ask it again, else after the stall bound (watch).
         What is asked, and how, is `_can_assign` and `_ask` (PdRouter: a policy per pool)."""
-        self._assign_scheduled = False
+        self._assign_handle = None
         if self._closing:
             return
         if not self._queue:
@@ -583,15 +603,24 @@ class Router:
         server.in_flight += 1
         flight = _Flight(rec, server, now, other)
         self._flights[rec.id] = flight
-        flight.task = task = self._loop.create_task(serve(flight))
+        if _EAGER:
+            flight.task = task = asyncio.Task(serve(flight), loop=self._loop, eager_start=True)
+        else:
+            flight.task = task = self._loop.create_task(serve(flight))
         self._tasks.add(task)
         task.add_done_callback(partial(self._serve_done, flight))
 
     def _body(self, rec: RequestRecord) -> bytes:
+        ready = self._ready_body
+        if ready is not None and ready[0] == rec.id:
+            self._ready_body = None
+            return ready[1]
+        return self._make_body(rec.id, rec.input_len, rec.output_len, self._prefix_blocks.get(rec.id))
+
+    def _make_body(self, rid: int, input_len: int, output_len: int, blocks: tuple[int, ...] | None) -> bytes:
         # the body of the run's --api (client.Api): /generate, /v1/completions or /v1/chat/completions
-        blocks = self._prefix_blocks.get(rec.id)
-        ids = self.input_ids.ids(rec.id, rec.input_len) if blocks is None else self.input_ids.block_ids(blocks, rec.input_len)
-        return self.client.api.body(ids, rec.output_len, self.client.stream)
+        ids = self.input_ids.ids(rid, input_len) if blocks is None else self.input_ids.block_ids(blocks, input_len)
+        return self.client.api.body(ids, output_len, self.client.stream)
 
     async def _serve(self, rec: RequestRecord, server: ServerState, flight: _Flight) -> None:
         """Send one request and stamp t_dispatch, t_first_token and t_finish as its answer arrives (and the gaps

@@ -41,6 +41,7 @@ from tracebench.replay.caps import (
 from tracebench.replay.client import APIS, SglangClient
 from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.engine import Engine, Rows
+from tracebench.replay.loop import run as run_loop
 from tracebench.replay.pd import (
     PdPolicies, add_pd_launch_args, bootstrap_host, check_pd_config, check_role, metrics_delta, parse_ratio,
     read_pd_metrics,
@@ -687,7 +688,7 @@ class Replay:
             try:
                 if self.shared is None:
                     self.fleet.start()
-                asyncio.run(self._main())
+                run_loop(self._main())  # asyncio.run, with timers that wake when due (replay/loop.py)
             except KeyboardInterrupt:  # Ctrl-C before the loop's own handler was in place (or after it)
                 self.signal = self.signal or "SIGINT"
             except BaseException as err:
