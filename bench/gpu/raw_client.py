@@ -78,16 +78,26 @@ def finish(rec: dict[str, Any], last: bytes | None, clock: RunClock) -> None:
     rec["t_parsed"] = clock.now()
 
 
+class StampedBody(aiohttp.BytesPayload):
+    """t_written once aiohttp has handed the body to the socket (as tracebench's client stamps it)."""
+
+    def __init__(self, body: bytes, rec: dict[str, Any], clock: RunClock) -> None:
+        super().__init__(body, content_type="application/json")
+        self.rec, self.clock = rec, clock
+
+    async def write(self, writer: Any) -> None:
+        await super().write(writer)
+        self.rec["t_written"] = self.clock.now()
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        await super().write_with_length(writer, content_length)
+        self.rec["t_written"] = self.clock.now()
+
+
 class AiohttpSender:
     def __init__(self, clock: RunClock) -> None:
         self.clock = clock
-        tracing = aiohttp.TraceConfig()
-
-        async def sent(session: Any, ctx: Any, params: Any) -> None:
-            ctx.trace_request_ctx["t_written"] = clock.now()
-
-        tracing.on_request_chunk_sent.append(sent)
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trace_configs=[tracing],
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                              timeout=aiohttp.ClientTimeout(total=None))
 
     async def send(self, url: str, body: bytes, rec: dict[str, Any]) -> None:
@@ -95,8 +105,7 @@ class AiohttpSender:
         first = last = None
         tail = b""
         rec["t_dispatch"] = now()
-        async with self.session.post(f"{url}/generate", data=body, headers={"Content-Type": "application/json"},
-                                     trace_request_ctx=rec) as resp:
+        async with self.session.post(f"{url}/generate", data=StampedBody(body, rec, self.clock)) as resp:
             rec["t_headers"] = now()
             if resp.status != 200:
                 rec["status"], rec["error"] = "error", f"HTTP {resp.status}"

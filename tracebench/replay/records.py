@@ -67,7 +67,7 @@ class RequestRecord:
     # as the request passes each step (null: it never got there, or the API/mode has no such step)
     t_assigned: float | None = None  # the policy's assign() returned this request's server
     t_built: float | None = None  # its request body was ready (t_dispatch follows: the HTTP request is started)
-    t_written: float | None = None  # its request body went to the socket (aiohttp's on_request_chunk_sent)
+    t_written: float | None = None  # its request was written: the socket took the body's last byte (client.py)
     t_headers: float | None = None  # the response's status line and headers arrived
     t_last_chunk: float | None = None  # the answer's last data arrived (a stream's last event before [DONE])
     t_parsed: float | None = None  # the answer was read and checked: the record is complete

@@ -256,8 +256,12 @@ class Router:
             self._admit(request, rec, t_released)
 
     def prepare(self, request: TraceRequest) -> None:
-        """The engine has time before `request` arrives: its body is made now, so that its dispatch does not wait for
-        it (one request ahead; `_body` takes it, or makes the body itself when this was another request's)."""
+        """The engine has time before `request` arrives: its body is made on the loop's next turn (after what was
+        just dispatched has gone out), so that its own dispatch does not wait for it (one request ahead; `_body` takes
+        it, or makes the body itself when this was another request's)."""
+        self._loop.call_soon(self.guarded, self._make_ready, request)
+
+    def _make_ready(self, request: TraceRequest) -> None:
         if not self._closing:
             self._ready_body = (request.id, self._make_body(request.id, request.input_len, request.output_len,
                                                             request.prefix_blocks))

@@ -51,10 +51,12 @@ STAGES: tuple[Stage, ...] = (
     Stage("build", "request body", "t_assigned", "t_built", OURS,
           "the request's task starts; its input ids and JSON body are made (or taken ready-made)"),
     Stage("send", "request written", "t_built", "t_written", OURS,
-          "aiohttp makes the HTTP request, takes a kept-alive connection and hands the body to the socket"),
+          "aiohttp makes the HTTP request and takes a kept-alive connection; the socket takes the headers and body "
+          "(the kernel's send, which on loopback also delivers them)"),
     Stage("intake", "sglang HTTP intake", "t_written", "server_received", SGLANG,
-          "the loopback hop, then sglang's HTTP server reads and parses the request (uvicorn, FastAPI, JSON, "
-          "pydantic) until its tokenizer manager takes it (request_received_ts)"),
+          "sglang's HTTP server wakes, reads and parses the request (uvicorn, FastAPI, JSON, pydantic) until its "
+          "tokenizer manager takes it (request_received_ts); on loopback the server may start while tracebench's send "
+          "returns, so a fast server can show a slightly negative intake"),
     Stage("to_scheduler", "sglang to its scheduler", "server_received", "server_dispatched", SGLANG,
           "the tokenizer manager hands the request to the scheduler (api_server_dispatch_finish_ts)"),
     Stage("queue", "sglang queue", "server_dispatched", "server_forward_entry", SGLANG,

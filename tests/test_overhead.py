@@ -1,0 +1,228 @@
+"""Issue 19 part 2: the client's own time, found (each record's breakdown stamps, the report's "Where the time went")
+and cut (the replay loop's timers, the stream reader). docs/overhead.md. Speed targets are checked by
+bench/bench_replay.py and bench/gpu/overhead.sh, not here: these tests check what can fail whatever the machine's
+load (stamps present, in order, converted right, shown in every format; the stream read right however it is cut)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from conftest import free_port, run_cli, tracebench_cmd, wait_healthy
+from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, SglangClient
+from tracebench.replay.loop import run as run_loop
+from tracebench.replay.records import RequestRecord
+from tracebench.report.breakdown import ALL_STAGES, OURS, SGLANG
+
+BREAKDOWN = ("t_assigned", "t_built", "t_written", "t_headers", "t_last_chunk", "t_parsed", "server_dispatched",
+             "server_first_sent")
+APIS = [(api, stream) for api in ("generate", "completions", "chat") for stream in (True, False)]
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("overhead-sim") / "sim.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(tracebench_cmd("sim-server", "--port", str(port), "--speed", "10"), stdout=fh,
+                                stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, sim: str) -> Path:
+    """One run folder per (API, streamed or not), of one small trace, against one sim-server."""
+    out = tmp_path_factory.mktemp("overhead-runs")
+    trace = out / "t.jsonl"
+    done = run_cli("generate", "--rate", "40", "--num-requests", "8", "--input-len", "300", "--output-len", "6",
+                   "--length-dist", "fixed", "--seed", "3", "-o", str(trace))
+    assert done.returncode == 0, done.stderr
+    for api, stream in APIS:
+        done = run_cli("replay", str(trace), "--attach", sim, "--api", api, "--stream" if stream else "--no-stream",
+                       "--run-name", f"{api}-{stream}", "--out-dir", str(out), "--quiet")
+        assert done.returncode == 0, done.stderr
+    return out
+
+
+def _records(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("api, stream", APIS)
+def test_breakdown_stamps_are_recorded_in_order(runs: Path, api: str, stream: bool) -> None:
+    records = _records(runs / f"{api}-{stream}")
+    assert len(records) == 8 and {r["status"] for r in records} == {"ok"}
+    # the new fields come last, after every field a run recorded before them had
+    assert list(records[0])[-len(BREAKDOWN):] == list(BREAKDOWN) == list(RequestRecord.__dataclass_fields__)[-len(BREAKDOWN):]
+    for r in records:
+        for name in ("t_assigned", "t_built", "t_written", "t_headers", "t_last_chunk", "t_parsed"):
+            assert r[name] is not None, (name, r)
+        assert (r["t_first_token"] is not None) == stream
+        # sglang's meta_info stamps come with /generate only (OpenAI answers carry usage, no meta_info)
+        assert (r["server_dispatched"] is not None) == (api == "generate")
+        assert (r["server_first_sent"] is not None) == (api == "generate")
+        order = ["t_arrival", "t_released", "t_admitted", "t_assigned", "t_built", "t_dispatch", "t_written",
+                 "t_headers", *(["t_first_token"] if stream else []), "t_last_chunk", "t_finish", "t_parsed"]
+        stamps = [r[name] for name in order]
+        assert stamps == sorted(stamps), dict(zip(order, stamps))
+        if not stream:
+            assert r["t_last_chunk"] == r["t_finish"]  # the whole body is the one chunk
+        if api == "generate":
+            assert r["server_received"] <= r["server_dispatched"] <= r["server_forward_entry"]
+            assert r["server_prefill_finished"] <= r["server_first_sent"]  # sent once the prefill is done
+
+
+FORMATS = {"table": None, "md": "r.md", "csv": "r.csv", "json": "r.json", "html": "r.html"}
+
+
+def test_the_report_shows_the_breakdown_in_every_format(runs: Path, tmp_path: Path) -> None:
+    stream, plain = runs / "generate-True", runs / "completions-False"
+    records = _records(stream)
+    texts = {}
+    for fmt, name in FORMATS.items():
+        args = ["report", str(stream), str(plain), "--format", fmt] + (["-o", str(tmp_path / name)] if name else [])
+        done = run_cli(*args)
+        assert done.returncode == 0, done.stderr
+        texts[fmt] = done.stdout if name is None else (tmp_path / name).read_text()
+    for fmt in ("table", "md", "html"):
+        text = texts[fmt]
+        assert "Where the time went" in text and "whose" in text
+        for label in ("release lag", "request written", "sglang HTTP intake", "prefill", "tracebench before the wire"):
+            assert label in text, (fmt, label)
+    doc = json.loads(texts["json"])
+    stages = doc["breakdown_stages"]
+    assert stages["intake"] == {**stages["intake"], "from": "t_written", "to": "server_received", "whose": SGLANG}
+    assert stages["send"]["whose"] == OURS and set(stages) == {s.key for s in ALL_STAGES}
+    mine = doc["runs"][0]["breakdown"]
+    send = np.array([r["t_written"] - r["t_built"] for r in records])
+    assert mine["send"]["p50"] == pytest.approx(float(np.percentile(send, 50)))
+    assert mine["send"]["p99"] == pytest.approx(float(np.percentile(send, 99)))
+    intake = np.array([r["server_received"] - r["t_written"] for r in records])
+    assert mine["intake"]["mean"] == pytest.approx(float(intake.mean()))
+    # the OpenAI run has no sglang stamps: its server-side stages are empty, its own steps are not
+    other = doc["runs"][1]["breakdown"]
+    assert other["intake"]["p50"] is None and other["server_seen"]["p50"] is not None and other["send"]["p50"] is not None
+    csv = texts["csv"].splitlines()
+    assert any(line.startswith("generate-True,breakdown.intake,p50,") for line in csv), csv[:5]
+    assert "generate-True,breakdown.intake,whose,sglang," in csv and "generate-True,breakdown.send,whose,tracebench," in csv
+    done = run_cli("report", str(stream), "--format", "perfetto", "-o", str(tmp_path / "r.json.trace"))
+    assert done.returncode == 0, done.stderr
+    parts = {e["name"] for e in json.loads((tmp_path / "r.json.trace").read_text())["traceEvents"] if e.get("cat") == "part"}
+    assert {"release lag", "router", "request written", "sglang HTTP intake", "prefill"} <= parts
+
+
+def test_a_sped_up_run_keeps_host_stages_as_measured(tmp_path: Path) -> None:
+    """At --speed K the report multiplies the simulator's own time by K, never tracebench's: the breakdown's host
+    stages read as measured, its sglang stages K times the run clock's."""
+    trace = tmp_path / "t.jsonl"
+    assert run_cli("generate", "--rate", "20", "--num-requests", "8", "--input-len", "500", "--output-len", "4",
+                   "-o", str(trace)).returncode == 0
+    done = run_cli("replay", str(trace), "--backend", "sim", "--speed", "4", "--port-base", str(free_port()),
+                   "--run-name", "k4", "--out-dir", str(tmp_path), "--quiet")
+    assert done.returncode == 0, done.stderr
+    records = _records(tmp_path / "k4")
+    done = run_cli("report", str(tmp_path / "k4"), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)["runs"][0]["breakdown"]
+    for key, start, end, k in (("send", "t_built", "t_written", 1), ("record", "t_finish", "t_parsed", 1),
+                               ("prefill", "server_forward_entry", "server_prefill_finished", 4),
+                               ("to_scheduler", "server_received", "server_dispatched", 4)):
+        values = np.array([r[end] - r[start] for r in records]) * k
+        assert got[key]["mean"] == pytest.approx(float(values.mean()), rel=1e-6, abs=1e-9), key
+
+
+# ---- the stream reader: events however the bytes are cut -----------------------------------------------------------
+
+def _events(n: int, crlf: bool) -> bytes:
+    out, ids = [], []
+    for i in range(n):
+        ids.append(1000 + i)
+        meta = {"completion_tokens": i + 1, "prompt_tokens": 3, "cached_tokens": 0, "e2e_latency": 0.01,
+                "finish_reason": {"type": "length", "length": n} if i == n - 1 else None}
+        out.append(b": keepalive\n\n")  # a comment event: ignored
+        out.append(b"data: " + json.dumps({"output_ids": ids, "meta_info": meta}).encode() + b"\n\n")
+    out.append(b"event: message\nid: 9\ndata: [DONE]\n\n")
+    body = b"".join(out)
+    return body.replace(b"\n", b"\r\n") if crlf else body
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+def test_the_stream_is_read_whole_however_it_is_cut(crlf: bool) -> None:
+    """The server writes the stream in pieces cut at every few bytes (events split anywhere, CR and LF apart):
+    the client yields the first token once, one CHUNK per later event, then the final answer from the last event."""
+    body = _events(5, crlf)
+
+    async def main() -> list:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for k in range(0, len(body), 7):  # 7-byte pieces, each flushed on its own
+                await resp.write(body[k:k + 7])
+                await asyncio.sleep(0)
+            return resp
+
+        app = web.Application()
+        app.router.add_post("/generate", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        site = web.SockSite(runner, sock)
+        await site.start()
+        client = SglangClient(None, True)
+        rec = RequestRecord(0, 3, 5, 0.0)
+        try:
+            items = [item async for item in client.generate(f"http://127.0.0.1:{sock.getsockname()[1]}/generate",
+                                                           b"{}", rec, time.monotonic)]
+        finally:
+            await client.close()
+            await runner.cleanup()
+        assert rec.t_written is not None and rec.t_headers is not None and rec.t_written <= rec.t_headers
+        return items
+
+    items = run_loop(main())
+    assert items[:5] == [FIRST_TOKEN, CHUNK, CHUNK, CHUNK, CHUNK]
+    answer = items[5]
+    assert isinstance(answer, Answer) and answer.status == "ok" and len(items) == 6
+    assert answer.meta is not None and answer.meta["completion_tokens"] == 5
+
+
+def test_the_replay_loop_keeps_asyncio_semantics() -> None:
+    """The precise loop is asyncio's own with another wait: timers fire in order and not early, I/O wakes a wait
+    before its timeout, the coroutine's value is returned."""
+    async def main() -> tuple[list[str], float, bool]:
+        loop = asyncio.get_running_loop()
+        order: list[str] = []
+        t0 = loop.time()
+        for delay, name in ((0.004, "b"), (0.0023, "a"), (0.006, "c")):
+            loop.call_later(delay, order.append, name)
+        await asyncio.sleep(0.0023)
+        slept = loop.time() - t0
+        await asyncio.sleep(0.006)
+        a, b = socket.socketpair()
+        ready = loop.create_future()
+        loop.add_reader(a.fileno(), lambda: ready.done() or ready.set_result(True))
+        t1 = time.monotonic()
+        loop.call_soon(b.send, b"x")
+        woke = await asyncio.wait_for(ready, timeout=5)
+        loop.remove_reader(a.fileno())
+        a.close()
+        b.close()
+        return order, slept, woke and time.monotonic() - t1 < 4
+
+    order, slept, woke = run_loop(main())
+    assert order == ["a", "b", "c"] and slept >= 0.0023 and woke
