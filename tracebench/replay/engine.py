@@ -76,7 +76,7 @@ class Engine:
                 burst = 0
                 # before waiting: what was released goes to the policy (and out) now, and this request's body is made
                 router.assign_now()
-                router.prepare(request)
+                router.prepare(request, due)
                 # loop: asyncio may wake a hair early; a request is never released before its arrival
                 while (delay := due - now()) > 0:
                     await asyncio.sleep(delay)

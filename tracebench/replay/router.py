@@ -41,6 +41,7 @@ OBSERVED_WINDOW_S = 10.0  # ServerView's observed figures cover this much recent
 OBSERVED_MAX = 256  # ...and at most this many recent completions
 OBSERVED_REFRESH_S = 0.1  # recomputed at most this often (policies may be asked hundreds of times a second)
 POLLS_FAILED_TO_SUSPECT = 2  # /v1/loads polls in a row without an answer: stop routing there, probe it
+PREPARE_AFTER_S = 0.001  # the next arrival's body is made this long after the engine starts waiting (or halfway)
 
 # meta_info stamp (time.time() on the server) -> record field on the run clock
 _STAMPS = (
@@ -255,14 +256,17 @@ class Router:
         if self.gate is None or self.gate.offer(request):
             self._admit(request, rec, t_released)
 
-    def prepare(self, request: TraceRequest) -> None:
-        """The engine has time before `request` arrives: its body is made on the loop's next turn (after what was
-        just dispatched has gone out), so that its own dispatch does not wait for it (one request ahead; `_body` takes
-        it, or makes the body itself when this was another request's)."""
-        self._loop.call_soon(self.guarded, self._make_ready, request)
+    def prepare(self, request: TraceRequest, due: float) -> None:
+        """The engine has time before `request` arrives (at `due`, run clock): its body is made meanwhile, so that its
+        dispatch does not wait for it (one request ahead; `_body` takes it, or makes the body itself when this was
+        another request's). Not at once: halfway to the arrival, at most PREPARE_AFTER_S from now, so the work does not
+        compete with the intake of what was just sent (on a machine whose cores the servers share, it did: +0.3 ms
+        from dispatch to sglang's receipt)."""
+        delay = min(PREPARE_AFTER_S, (due - self.clock.now()) / 2)
+        self._loop.call_later(max(delay, 0.0), self.guarded, self._make_ready, request)
 
     def _make_ready(self, request: TraceRequest) -> None:
-        if not self._closing:
+        if not self._closing and request.id not in self._pending:  # not released yet (else its body is made)
             self._ready_body = (request.id, self._make_body(request.id, request.input_len, request.output_len,
                                                             request.prefix_blocks))
 
