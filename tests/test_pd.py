@@ -269,6 +269,12 @@ def test_replay_sim_1p1d_through_tracebenchs_router(tmp_path: Path, pd_trace: Pa
         kv_arrival = r["server_forward_entry"] - r["server_queue_time"]
         assert r["prefill_done"] <= kv_arrival <= r["t_first_token"] + 0.01   # KV came before the first token
         assert r["t_prefill_answer"] <= r["t_finish"]
+        # the breakdown's stamps are the decode request's (docs/overhead.md), in order as in a plain run
+        order = ["t_arrival", "t_released", "t_admitted", "t_assigned", "t_built", "t_dispatch", "t_written",
+                 "t_headers", "t_first_token", "t_last_chunk", "t_finish", "t_parsed"]
+        stamps = [r[name] for name in order]
+        assert None not in stamps and stamps == sorted(stamps), dict(zip(order, stamps))
+        assert r["server_dispatched"] is not None and r["server_first_sent"] is not None
     report = run_cli("report", str(tmp_path / "pd"), "--format", "json")
     assert report.returncode == 0, report.stderr
     doc = json.loads(report.stdout)["runs"][0]

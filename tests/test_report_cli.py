@@ -165,8 +165,8 @@ def _records(runs: Path, name: str) -> list[dict]:
         for field, anchor in (("t_assigned", "t_dispatch"), ("t_built", "t_dispatch"), ("t_written", "t_dispatch"),
                               ("t_headers", "t_dispatch" if streamed else "t_finish"), ("t_last_chunk", "t_finish"),
                               ("t_parsed", "t_finish"), ("server_first_sent", "t_first_token" if streamed else "t_finish")):
-            if raw[field] is not None:
-                r[field] = r[anchor] + raw[field] - raw[anchor]
+            if raw[field] is not None:  # (the difference first: 0 stays 0 exactly; no anchor: unknown, as speed.py)
+                r[field] = None if raw[anchor] is None else r[anchor] + (raw[field] - raw[anchor])
         if raw["server_dispatched"] is not None:
             r["server_dispatched"] = r["server_received"] + (raw["server_dispatched"] - raw["server_received"]) * k
     return records

@@ -12,12 +12,14 @@
 # source has, and the profile's groups and top frames. Results: $OUT/overhead.tgz (run folders, raw_*.jsonl,
 # pyspy.txt, summary.md, env.txt). About 3.5 minutes at the defaults (3 x 66 s of load + ~10 s); py-spy is looked
 # for on PATH, then under /opt/pyspy (where the lead installs the py_spy-0.4.3 wheel); without it (b) is skipped.
+# KEEP_SERVERS=1 (common.sh): servers already answering /health on PORT0 and PORT0+1 are used as they are (started
+# by an earlier call of the machine session), others are started, and none is stopped at the end.
 # Checked here with `SIM=1 N=60 RATE=20 bash bench/gpu/overhead.sh` (two sim-servers started and stopped by it).
 source bench/gpu/common.sh
 PORT0=${PORT0:-30100}; N=${N:-400}; RATE=${RATE:-6.1}; RAW=${RAW:-aiohttp}; PYSPY_RATE=${PYSPY_RATE:-250}
-START=${START:-${SIM:-0}}
+START=${START:-${SIM:-0}}; [ "${KEEP_SERVERS:-0}" = 1 ] && START=1  # start_server reuses a healthy one
 NAME=overhead
-RES=$RES_ROOT/$NAME; mkdir -p "$RES"
+RES=$RES_ROOT/$NAME; rm -rf "$RES"; mkdir -p "$RES"  # this script's own folder: a second call starts afresh
 trap 'tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"; ls -la "$PACK_TO"' EXIT
 PY=${TB% -m tracebench}
 S0=http://127.0.0.1:$PORT0; S1=http://127.0.0.1:$((PORT0 + 1))
@@ -33,7 +35,7 @@ PYSPY=${PYSPY:-$(command -v py-spy || echo /opt/pyspy/bin/py-spy)}
   [ -x "$PYSPY" ] && "$PYSPY" --version || echo "py-spy: not found ($PYSPY)"
   echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; uptime; } > "$RES/env.txt" 2>&1
 cat "$RES/env.txt"
-$TB generate --dataset tests/data/mooncake_synthetic_trace_last1000.jsonl --dataset-format mooncake --in-order \
+$TB generate --dataset tests/data/mooncake_synthetic_trace_last1000.jsonl.xz --dataset-format mooncake --in-order \
   --rate "$RATE" --num-requests "$N" --seed 1 -o "$RES/trace.jsonl"
 REPLAY=(replay "$RES/trace.jsonl" --attach "$S0" --attach "$S1" "${VOCAB[@]}" --policy round_robin --out-dir "$RES" --quiet)
 t0=$SECONDS
@@ -43,7 +45,8 @@ RUNS=(--run "tracebench=$RES/overhead-plain")
 if [ -x "$PYSPY" ]; then
   "$PYSPY" record --rate "$PYSPY_RATE" --nonblocking --idle --format raw -o "$RES/pyspy.txt" -- \
     $TB "${REPLAY[@]}" --run-name overhead-pyspy > "$RES/pyspy.log" 2>&1 || echo "py-spy run failed: $(tail -5 "$RES/pyspy.log")"
-  RUNS+=(--run "under-py-spy=$RES/overhead-pyspy")
+  # py-spy may be refused (no ptrace in the container): the rest of the summary is made without (b)
+  if [ -s "$RES/overhead-pyspy/requests.jsonl" ]; then RUNS+=(--run "under-py-spy=$RES/overhead-pyspy"); fi
 else
   echo "py-spy not found ($PYSPY): (b) skipped" | tee "$RES/pyspy.log"
 fi
@@ -55,6 +58,6 @@ for http in $RAW; do
   RAWS+=(--raw "raw-$http=$RES/raw-$http.jsonl")
   echo "(c) raw $http: $((SECONDS - t0)) s"
 done
-PROFILE=(); [ -f "$RES/pyspy.txt" ] && PROFILE=(--profile "$RES/pyspy.txt")
+PROFILE=(); if [ -s "$RES/pyspy.txt" ]; then PROFILE=(--profile "$RES/pyspy.txt"); fi
 $PY bench/gpu/overhead_compare.py "${RUNS[@]}" "${RAWS[@]}" "${PROFILE[@]}" > "$RES/summary.md"
 cat "$RES/summary.md"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,7 +29,7 @@ import orjson
 
 from tracebench.errors import ConfigError, PolicyError, ServerStartError
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
-from tracebench.replay.client import Answer, SglangClient
+from tracebench.replay.client import Answer, SglangClient, Stamps
 from tracebench.replay.servers import free_ports
 
 ROLES = ("prefill", "decode")
@@ -252,11 +252,14 @@ class PairClient:
     def __init__(self, client: SglangClient) -> None:
         self.client = client
 
-    async def generate(self, prefill_url: str, decode_url: str, body: bytes) -> AsyncIterator[Any]:
+    async def generate(self, prefill_url: str, decode_url: str, body: bytes, stamps: Stamps | None = None,
+                       now: Callable[[], float] | None = None) -> AsyncIterator[Any]:
+        """`stamps`/`now`: as SglangClient.generate's, for the decode request (the one whose stream is read); the
+        prefill request's moments are the record's prefill_* fields."""
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
         async def pump(who: str, url: str) -> None:
-            async for item in self.client.generate(url, body):
+            async for item in self.client.generate(url, body, *((stamps, now) if who == "decode" else ())):
                 queue.put_nowait((who, item))
 
         # both sent at once, the prefill first (sglang-router: tokio::join!(prefill.send(), decode.send()))

@@ -69,9 +69,12 @@ class PdRouter(Router):
             return False   # what a policy raises, or a rule it breaks, is a PolicyError already
         chosen = {req.id for req, _, _ in triples}
         self._queue = [q for q in self._queue if q.id not in chosen]
+        t_assigned = self.clock.now()
         for req, prefill_view, decode_view in triples:
             del self._queued[req.id]
-            self._dispatch_pair(self._pending[req.id], self.servers[prefill_view.index], self.servers[decode_view.index])
+            rec = self._pending[req.id]
+            rec.t_assigned = t_assigned
+            self._dispatch_pair(rec, self.servers[prefill_view.index], self.servers[decode_view.index])
         return True
 
     def _policy_label(self) -> str:
@@ -109,8 +112,10 @@ class PdRouter(Router):
         gaps = ItlGaps()
         t_chunk = 0.0
         try:
-            rec.t_dispatch = now()
-            async for item in self.pair_client.generate(prefill.generate_url, decode.generate_url, body):
+            # the breakdown's stamps (t_written, t_headers, t_last_chunk, sglang's) are the decode request's: its
+            # stream is the answer; the prefill request goes out beside it (its moments: the prefill_* fields)
+            rec.t_built = rec.t_dispatch = now()
+            async for item in self.pair_client.generate(prefill.generate_url, decode.generate_url, body, rec, now):
                 t = flight.t_progress = now()  # progress (Router.watch)
                 if not isinstance(item, PrefillAnswer):
                     decode.t_heard = t
@@ -128,6 +133,11 @@ class PdRouter(Router):
                     rec.t_finish = now()
                     answer = item
             assert answer is not None and prefill_answer is not None  # PairClient ends with both
+            # the decode answer's last data: its stream's last event with tokens, or its whole body
+            if not self.client.stream:
+                rec.t_last_chunk = rec.t_finish
+            elif rec.t_first_token is not None:
+                rec.t_last_chunk = t_chunk
             rec.itl_max, rec.itl_hist = gaps.fields()
             if prefill_answer.connection_lost:
                 self.suspect(prefill.index, f"request {rec.id} (prefill): {prefill_answer.error}")
@@ -136,6 +146,7 @@ class PdRouter(Router):
                 self._take_prefill(rec, prefill, prefill_answer)
                 self._check_decode_stamps(rec, decode)
                 self._check_answer(rec, decode)   # the decode answer against the trace: ok or mismatch
+            rec.t_parsed = now()
         except BaseException as err:  # recorded, then re-raised: the run stops on anything but a measurement
             if rec.t_finish is None:
                 rec.t_finish = now()

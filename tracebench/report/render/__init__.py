@@ -277,6 +277,11 @@ def _breakdown_table(report: Report, rows: list[Row], title: str) -> Table:
     table = _section_table(report, title, rows, with_stat=True)
     table.header[1:1] = ["whose", "from -> to"]
     table.align[1:1] = ["l", "l"]
+    # the two new columns are keys too (repeated in every part of a split table); whose and the stamps may wrap
+    table.keys += 2
+    if table.groups is not None:
+        table.groups[1:1] = [-1, -2]
+    table.wrap = frozenset([*(i if i < 1 else i + 2 for i in table.wrap), 1, 2])
     previous = None
     for row, cells in zip(rows, table.rows):
         stage = BREAKDOWN_STAGES[row.metric]
