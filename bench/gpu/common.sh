@@ -16,6 +16,8 @@ if [ "${SIM:-0}" = 1 ]; then
 else
   source .carry/sglang-device/setup-on-device.sh
   export PYTHONPATH=$PWD:$PYTHONPATH
+  # polars for the report side (sweep summaries, checks), when bench/gpu/stage_report.sh put it there
+  if [ -d /opt/report ]; then export PYTHONPATH=$PYTHONPATH:/opt/report; fi
   TB="python3 -m tracebench"
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$PACK_TO/gpus.csv"
 fi
