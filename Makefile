@@ -20,10 +20,10 @@ DEMO_ID := $(shell date +%Y%m%d-%H%M%S)
 demo: venv
 	$(BIN)/tracebench generate --rate 20 --num-requests 400 --seed 0 -o traces/demo.jsonl
 	$(BIN)/tracebench inspect traces/demo.jsonl
-	$(BIN)/tracebench replay traces/demo.jsonl --backend sim --gpus 2 --speed 4 --max-running-requests 8 \
-		--policy round_robin --run-name demo-round_robin-$(DEMO_ID) --quiet
-	$(BIN)/tracebench replay traces/demo.jsonl --backend sim --gpus 2 --speed 4 --max-running-requests 8 \
-		--policy sjf --run-name demo-sjf-$(DEMO_ID) --quiet
+	$(BIN)/tracebench replay traces/demo.jsonl --backend sim --gpus 2 --speed 4 --adapt-speed \
+		--max-running-requests 8 --policy round_robin --run-name demo-round_robin-$(DEMO_ID) --quiet
+	$(BIN)/tracebench replay traces/demo.jsonl --backend sim --gpus 2 --speed 4 --adapt-speed \
+		--max-running-requests 8 --policy sjf --run-name demo-sjf-$(DEMO_ID) --quiet
 	$(BIN)/tracebench report demo-round_robin-$(DEMO_ID) demo-sjf-$(DEMO_ID) -o reports/demo-report.html
 	$(BIN)/tracebench report demo-round_robin-$(DEMO_ID) demo-sjf-$(DEMO_ID)
 

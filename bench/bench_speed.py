@@ -1,6 +1,7 @@
 """Does `--speed K` give the figures of `--speed 1`? (issue 24; first asked in issue 15)
 
     .venv/bin/python bench/bench_speed.py [--speeds 1,2,4] [--hog] [--policy round_robin] [--out DIR]
+    .venv/bin/python bench/bench_speed.py --speeds 1,4,4,4+hog,4adapt,4adapt+hog     # issue 24's table (~4-6 min)
 
 Replays one trace on simulated servers at each speed (default: the issue's workload, reports/examples/sim4-routing/
 azure4.jsonl on 4 servers with cap 24, round_robin), one run after another, and prints one line per run: TTFT p50/p99,
@@ -9,7 +10,9 @@ total p50/p99 and router wait p99 against the real four-H200 run of the same tra
 (the issue's target: within 2%), the simulators' lag (p99, wall ms, and x K: what the report bounds; its warning
 past 2%), the client's release lag p99, the CPU seconds the servers and the replay used, the wall time and the load
 average (`uptime`) before each run. `--hog` repeats every run with a CPU-bound process beside it (one busy Python
-loop, started before the run and killed after). Each run folder stays in --out (a temporary folder by default).
+loop, started before the run and killed after). A speed may carry its own suffixes instead: `4+hog` (this run beside
+the hog), `4adapt` (replay --adapt-speed: the row shows the speed asked for -> the speed the run was kept at). Each run
+folder stays in --out (a temporary folder by default).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def replay(args: argparse.Namespace, speed: float, name: str) -> tuple[Path, float, float, float]:
+def replay(args: argparse.Namespace, speed: float, name: str, adapt: bool) -> tuple[Path, float, float, float]:
     """One run; returns its folder, wall seconds, the replay's and the servers' CPU seconds (sampled until the end)."""
     cmd = [sys.executable, "-m", "tracebench", "replay", str(args.trace), "--backend", "sim", "--gpus", str(args.gpus),
            "--policy", args.policy, "--run-name", name, "--out-dir", str(args.out), "--quiet"]
@@ -51,6 +54,8 @@ def replay(args: argparse.Namespace, speed: float, name: str) -> tuple[Path, flo
         cmd += ["--max-running-requests", str(args.cap)]
     if speed != 1:
         cmd += ["--speed", f"{speed:g}"]
+    if adapt:
+        cmd += ["--adapt-speed"]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     servers: dict[int, float] = {}
@@ -89,29 +94,35 @@ def main() -> None:
     args.out = args.out or Path(tempfile.mkdtemp(prefix="bench-speed-"))
     args.out.mkdir(parents=True, exist_ok=True)
     real = figures(load_run(args.real / args.policy)) if args.real is not None else None
-    plan = [(float(s), False) for s in args.speeds.split(",")]
+    plan = []
+    for item in args.speeds.split(","):
+        hog = item.endswith("+hog")
+        item = item.removesuffix("+hog")
+        adapt = item.endswith("adapt")
+        plan.append((float(item.removesuffix("adapt")), adapt, hog))
     if args.hog:
-        plan += [(speed, True) for speed, _ in plan]
+        plan += [(speed, adapt, True) for speed, adapt, hog in plan if not hog]
     rows = []
     base: dict | None = None
-    for speed, hog in plan:
-        name = f"{args.policy}-speed{speed:g}{'-hog' if hog else ''}-{time.strftime('%H%M%S')}"
+    for speed, adapt, hog in plan:
+        name = f"{args.policy}-speed{speed:g}{'adapt' if adapt else ''}{'-hog' if hog else ''}-{time.strftime('%H%M%S')}"
         load = load_average()
         hogger = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if hog else None
         try:
-            folder, wall, replay_cpu, server_cpu = replay(args, speed, name)
+            folder, wall, replay_cpu, server_cpu = replay(args, speed, name, adapt)
         finally:
             if hogger is not None:
                 hogger.kill()
                 hogger.wait()
         run = load_run(folder)
         fig = figures(run)
-        if speed == 1 and not hog:
+        if speed == 1 and not hog and not adapt:
             base = fig
         ok = run.requests.filter(pl.col("status").is_in(COMPLETED_STATUSES))
         lag = lag_stats(ok, run.speed)
         release = ok.select((pl.col("t_released") - pl.col("t_arrival")).alias("v"))["v"].to_numpy()
-        cells = [f"{speed:g}{' + hog' if hog else ''}", load]
+        used = f"{speed:g}" if not adapt else f"{speed:g} adapt -> {run.speed or 1:g}"
+        cells = [f"{used}{' + hog' if hog else ''}", load]
         for key in (*KEYS, ("router_wait", "p99")):
             cells.append(f"{fig[key] * 1e3:,.1f}" + ("" if real is None else f" ({fig[key] / real[key] - 1:+.1%})"))
         cells += ["-" if base is None else f"{fig[key] / base[key] - 1:+.1%}" for key in KEYS]

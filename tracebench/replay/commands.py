@@ -235,8 +235,14 @@ def replay_config(ctx: click.Context, trace: Path, options: Mapping[str, Any]) -
 @click.command("replay")
 @click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
 @replay_options()
+@click.option("--adapt-speed", is_flag=True, default=False,
+    help="--backend sim --speed K: when the host cannot hold K (the run's lag could account for more than the "
+         "report's Host lag bound, 6%, of TTFT or total latency p50/p99), delete the run and make it again from the "
+         "start at a lower K (K/2 or less, from the lag measured; down to 1), saying so here; run.json "
+         "speed_guard records the K asked for, the K used and each attempt. A run at speed 1 that still passes the "
+         "bound is kept and flagged. [default: K is kept; the report warns]")
 @click.pass_context
-def replay(ctx: click.Context, trace: Path, **options: Any) -> None:
+def replay(ctx: click.Context, trace: Path, adapt_speed: bool, **options: Any) -> None:
     """Replay TRACE against sglang servers (launched or attached) and record every request.
 
     \b
@@ -261,6 +267,7 @@ def replay(ctx: click.Context, trace: Path, **options: Any) -> None:
     The final line counts each status, mismatches by reason.
     \b
     tracebench replay t.jsonl --backend sim --gpus 2 --speed 4 --policy sjf --max-running-requests 16
+    tracebench replay t.jsonl --backend sim --gpus 4 --speed 4 --adapt-speed --max-running-requests 24
     tracebench replay t.jsonl --model models/llama-2-7b-hf --gpus 4 --policy round_robin \\
         --server-arg "--load-format dummy --attention-backend triton --sampling-backend pytorch"
     tracebench replay t.jsonl --backend sim --mode static --batch-size 8
@@ -275,7 +282,13 @@ def replay(ctx: click.Context, trace: Path, **options: Any) -> None:
     """
     from tracebench.replay.run import run_replay
 
-    click.echo(run_replay(replay_config(ctx, trace, options)))
+    cfg = replay_config(ctx, trace, options)
+    if adapt_speed:
+        from tracebench.speedguard import adapt
+
+        click.echo(adapt(cfg))
+    else:
+        click.echo(run_replay(cfg))
 
 
 @click.command("policies")

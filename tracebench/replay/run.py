@@ -745,7 +745,7 @@ class Replay:
         counts = self._counts()
         summary = ", ".join(f"{k} {counts[k]}" for k in STATUSES)
         took = f" in {self.t_end:.1f} s of run time" if self.t_end is not None else ""
-        if took and self.cfg.speed is not None:
+        if took and self.cfg.speed is not None and self.cfg.speed != 1:  # (speed 1: run time is simulated time)
             took += f" ({self._simulated_duration()})"
         self.stderr.write(f"{self.run_dir}: {self.status}{took} ({summary})\n")
         if counts["mismatch"] and self.router is not None:

@@ -79,6 +79,14 @@ def _warnings(runs: list[Run], stats: list[_RunStats]) -> list[str]:
     warnings += [w for run, st in zip(runs, stats) if (w := load_warning(run, st)) is not None]
     if (loop := closed_loop_note(runs)) is not None:
         warnings.append(loop)
+    for run in runs:  # replay --adapt-speed lowered the speed (tracebench/speedguard.py)
+        if (guard := run.meta.get("speed_guard")) is not None and guard["used"] != guard["requested"]:
+            tried = "; ".join(f"--speed {_show(a['speed'])}: {max(a['shares'].values()):.0%}"
+                              for a in guard["attempts"][:-1])
+            warnings.append(f"run '{run.label}' was made at --speed {_show(guard['used'])}, not the "
+                            f"{_show(guard['requested'])} asked for: --adapt-speed found the host could not hold the "
+                            f"faster speeds (the largest share of a latency figure their lag could account for: "
+                            f"{tried}; bound {guard['bound']:.0%}) and replayed the run again")
     for st in stats:
         if st.lag is not None and (lagging := lag_warning(st.summary.label, st.summary.speed, st.lag)) is not None:
             warnings.append(lagging)
