@@ -28,6 +28,7 @@ ALLOWED = {
     "/opt/router": "bench/gpu/README.md installs the sglang-router wheel there (two-call recipe)",
     "/opt/pd": "bench/gpu/stage.sh stages PD's mooncake and sglang-router there for bench/gpu/pd.sh (issue 21)",
     "/opt/pyspy": "bench/gpu/stage.sh installs the py-spy profiler there for bench/gpu/overhead.sh (issue 19)",
+    "/opt/report": "bench/gpu/stage_report.sh unpacks polars there for the sweep and the telemetry check on the GPU machine",
     "/tmp/sglang_weight_cache_rank{global_rank}.sock": "sglang's own --weight-cache-socket default (server_args.py "
                                                        "L3406 of 0.5.17), in its captured --help",
 }

@@ -4,7 +4,7 @@
 # Carried in: .stage-report/ (ignored; 34.7 MB): polars-2.1.0.tar.xz, the polars 2.1.0 package and its
 # polars_runtime_32 (abi3) as installed in a Linux x86_64 venv:
 #   (cd .venv/lib/python3.*/site-packages && tar -cf - polars polars-2.1.0.dist-info _polars_runtime_32 \
-#      polars_runtime_32-2.1.0.dist-info | xz -T2 -6 > ../../../../.stage-report/polars-2.1.0.tar.xz)
+#      polars_runtime_32-2.1.0.dist-info | xz -T2 -6) > .stage-report/polars-2.1.0.tar.xz   (from the repository root)
 # Unpacks it into /opt/report, which bench/gpu/common.sh puts on PYTHONPATH. /opt/report lasts while the machine is
 # warm (30 s after a call): the next call must follow at once.
 #   run(command="bash bench/gpu/stage_report.sh", carry=[".stage-report"], kind=...)
