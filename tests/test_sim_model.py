@@ -150,6 +150,48 @@ def test_prefill_pauses_decode_and_overlap_delays_admission_by_one_step() -> Non
         assert waited == expected_wait
 
 
+def test_two_4087_token_prompts_share_a_step_only_if_both_were_queued_when_it_was_planned() -> None:
+    # sglang 0.5.17 takes requests into its waiting queue only when its loop polls (scheduler.py L1731-1733: a
+    # non-blocking drain, request_receiver.py L104-124), once per step: with the overlap scheduler, R after the step
+    # before starts. PrefillAdder puts two 4087-token prompts in one step (4087 <= chunked_prefill_size 8192 - 4087,
+    # schedule_policy.py L1195-1217, L767-778) and gives a third the 18 tokens left as a chunk (L1213-1253,
+    # budget_state L718-740). A prompt that reaches the queue after the poll is prefilled alone in the next step, back
+    # to back: real H100 routing run, request 14 received 0.4 ms before the poll that formed request 12's step
+    # (reports/examples/h100-sim-vs-real/README.md); on the other server 13 + 15 (8,174 tokens) shared one step.
+    profile = load_profile("llama-2-7b-h100-triton")
+    lim = Limits(4096, profile.max_total_num_tokens, profile.chunked_prefill_size)
+
+    def steps_after_arrivals(offsets_in_r: list[float]) -> list[tuple[str, list[str], int]]:
+        model = BatchModel(profile, lim)
+        model.submit(SimRequest("d", 64, 200, t_ready=0.0))
+        t_free = 0.0
+        for _ in range(3):  # prefill + 2 decode steps
+            step = model.start_step(model.next_start(t_free))
+            model.finish_step(step)
+            t_free = step.t_end
+        step = model.start_step(t_free)          # a decode step: the next one is planned R after its start
+        assert step.kind == "decode"
+        for i, k in enumerate(offsets_in_r):
+            model.submit(SimRequest(f"p{i}", 4087, 7, t_ready=step.t_start + k * profile.plan_lag_s))
+        model.finish_step(step)
+        t_free, out = step.t_end, []
+        for _ in range(3):
+            step = model.start_step(model.next_start(t_free))
+            out.append((step.kind, [r.rid for r in step.requests], step.batch_tokens))
+            model.finish_step(step)
+            t_free = step.t_end
+        return out
+
+    # both queued by the poll: one step of 8,174 tokens
+    assert steps_after_arrivals([0.5, 0.9])[0] == ("prefill", ["p0", "p1"], 8174)
+    assert profile.prefill_duration([(0, 4087), (0, 4087)]) > 1.9 * profile.prefill_duration([(0, 4087)])
+    # the second queued after the poll: two steps back to back (it was planned while the first ran)
+    assert steps_after_arrivals([0.5, 1.1])[:2] == [("prefill", ["p0"], 4087), ("prefill", ["p1"], 4087)]
+    # a third one queued in time: the 18 tokens left in the chunk budget, the rest in the next step
+    assert steps_after_arrivals([0.2, 0.5, 0.9])[:2] == [("prefill", ["p0", "p1", "p2"], 8192),
+                                                        ("prefill", ["p2"], 4087 - 18)]
+
+
 def test_abort_frees_slot_and_kv() -> None:
     model = BatchModel(PROFILE, limits(max_running_requests=1))
     a, b = SimRequest("a", 64, 1000, t_ready=0.0), SimRequest("b", 64, 3, t_ready=0.0)

@@ -487,6 +487,9 @@ class BatchModel:
         return Step("prebuilt", t_start, t_start, reqs)
 
     def _plan_prefill(self, t_start: float, cutoff: float) -> Step | None:
+        # sglang's PrefillAdder (.DUCUMENT/scheduler-loop.md): a request whose tokens fit the chunk budget left is
+        # taken whole, else cut to it (schedule_policy.py L1195-1253), while budget is left (budget_state L718-740);
+        # only requests the plan's poll found in the queue (ready by `cutoff`) are seen (scheduler.py L1731-1738)
         budget = self.limits.chunked_prefill_size
         reqs: list[SimRequest] = []
         chunks: list[int] = []
