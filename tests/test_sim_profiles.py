@@ -15,7 +15,7 @@ from conftest import run_cli
 from tracebench.errors import ConfigError
 from tracebench.replay.run import ReplayConfig
 from tracebench.report.metrics.lag import LAG_BOUND, lag_stats, lag_warning
-from tracebench.report.speed import to_simulated_times
+from tracebench.report.speed import BREAKDOWN_STAMPS, to_simulated_times
 from tracebench.sim.catalog import profile_for_gpu, resolve_profile
 from test_sim_server import gen, get, post
 
@@ -110,7 +110,9 @@ def test_capped_dispatch_counts_the_routers_host_time_once() -> None:
         "t_dispatch": [0.001, 1.501], "t_first_token": [0.0112, 1.5112], "t_finish": [1.5005, 2.0005], "server": [0, 0],
         "server_e2e_latency": [1.4988, 0.4983], "server_queue_time": [0.0, 0.0], "itl_max": [None, None],
         **stamps,
-    }, schema_overrides={"itl_max": pl.Float64})
+        # the breakdown stamps, null as in a run recorded before them (the loader adds them so)
+        **{name: [None, None] for name in BREAKDOWN_STAMPS},
+    }, schema_overrides={"itl_max": pl.Float64, **{name: pl.Float64 for name in BREAKDOWN_STAMPS}})
     meta = {"mode": "continuous", "caps": {"initial": [1], "changes": []},
             "servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002}}}]}
     out, how = to_simulated_times(requests, meta, k)
