@@ -19,11 +19,19 @@ sglang's e2e_latency (p50/p99: a simulator whose loop falls behind delivers toke
 `--summary`: one line per pair with the starred rows only; `--overview`: one line per pair with throughput, total
 p50/p99, router wait p99, TTFT p50 and TPOT p50.
 
+PD runs (run.json `pd`, issue 21): both runs through PD servers add rows of their own: the KV transfer (prefill done
+-> KV at the decode server, from both servers' stamps) p50/p99, the prefill answer (dispatch -> the prefill server's
+answer complete) p50/p99, and sglang's own mean transfer time (the prefill server's `prefill_transfer_kv_cache` stage
+over the run); a run through sglang-router has only the last (its records carry no prefill stamps).
+
 `--replay REAL TRACE` (repeatable) first makes the sim runs: TRACE (a trace file, or one compressed with xz; its
 sha256 must be the real run's) replayed with `tracebench replay --backend sim` as the real run was (its servers, policy
 and options, seed, caps and cap schedule, mode, API, streaming, cache flush), the simulators' profile chosen from the
 real run's accelerator (`--sim-gpu`, run.json servers[].accelerator) unless `--sim-profile` names one, at `--speed K`
-(default 1), into `--out DIR/<real run name>`; then compares each pair.
+(default 1), into `--out DIR/<real run name>`; then compares each pair. A PD run is replayed with its ratio (`--pd
+P:D`) and its pools' policies, a run through sglang-router (plain or PD) through sglang-router with its policy and
+arguments; `--server-arg ARG` (repeatable) passes sim-server flags to every sim run (e.g. `--kv-transfer-bandwidth
+1.53`).
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ sys.path.insert(0, str(REPO))
 
 from tracebench.report.load import COMPLETED_STATUSES, Run, load_run  # noqa: E402
 from tracebench.report.metrics import latency_expr  # noqa: E402
+from tracebench.report.pd import is_pd, pd_stats, stage_exprs  # noqa: E402
 
 TOLERANCE = 0.15  # issue 6: refit the profile when the simulator is off by more than this (--tolerance)
 
@@ -70,6 +79,14 @@ ROWS: tuple[tuple[str, str, Metric], ...] = (
     ("ttft_dispatch", "p50", Metric("TTFT from dispatch p50", "ms", False)),
     ("tpot", "p50", Metric("TPOT p50", "ms", False)),
 )
+# PD runs (both runs with run.json `pd`): key -> expression over the records, None where a run has no such stamps
+PD_ROWS: tuple[tuple[str, str, Metric], ...] = (
+    ("pd_kv_transfer", "p50", Metric("PD: KV transfer p50", "ms", False)),
+    ("pd_kv_transfer", "p99", Metric("PD: KV transfer p99", "ms", False)),
+    ("pd_prefill_answer", "p50", Metric("PD: prefill answer from dispatch p50", "ms", False)),
+    ("pd_prefill_answer", "p99", Metric("PD: prefill answer from dispatch p99", "ms", False)),
+    ("pd_kv_server_mean", "", Metric("PD: KV transfer mean, sglang's counters", "ms", False)),
+)
 QUANTILES = {"p50": 0.50, "p99": 0.99}
 # --overview: the columns issue 11 asks for, one line per policy
 OVERVIEW = (("requests_per_s", ""), ("total", "p50"), ("total", "p99"), ("router_wait", "p99"), ("ttft", "p50"),
@@ -94,6 +111,27 @@ def figures(run: Run) -> dict[tuple[str, str], float]:
             if values.size == 0:
                 raise SystemExit(f"{run.path}: no value of {key} (a run without streaming has no TTFT)")
             out[(key, stat)] = float(np.quantile(values, QUANTILES[stat]))
+    if is_pd(run.meta):
+        out.update(pd_figures(run, ok))
+    return out
+
+
+def pd_figures(run: Run, ok: pl.DataFrame) -> dict[tuple[str, str], float]:
+    """The PD rows' figures of one PD run (simulated seconds); a figure the run cannot give is left out."""
+    out: dict[tuple[str, str], float] = {}
+    exprs = {"pd_kv_transfer": stage_exprs()["kv_transfer"],
+             "pd_prefill_answer": pl.col("t_prefill_answer") - pl.col("t_dispatch")}
+    for key, expr in exprs.items():
+        if "t_prefill_answer" not in ok.columns:
+            break
+        values = ok.select(expr.alias("v"))["v"].drop_nulls().to_numpy()
+        for stat in ("p50", "p99") if values.size else ():
+            out[(key, stat)] = float(np.quantile(values, QUANTILES[stat]))
+    stats = pd_stats(run.meta, ok)
+    assert stats is not None
+    means = [row.stages.get("prefill_transfer_kv_cache") for row in stats.servers if row.role == "prefill"]
+    if means and None not in means:
+        out[("pd_kv_server_mean", "")] = float(np.mean(means))   # one prefill server in these runs; else the mean
     return out
 
 
@@ -135,7 +173,8 @@ def table(real: Run, sim: Run, tolerance: float) -> list[str]:
     lines = [f"### {real.meta['run_name']} ({real.meta['policy']['name']})", "",
              "| metric | unit | real | sim | sim − real |", "| --- | --- | ---: | ---: | ---: |"]
     off = []
-    for key, stat, metric in ROWS:
+    rows = ROWS + tuple(row for row in PD_ROWS if row[:2] in fr and row[:2] in fs)
+    for key, stat, metric in rows:
         scale = 1e3 if metric.unit == "ms" else 1.0
         r, s = fr[(key, stat)] * scale, fs[(key, stat)] * scale
         diff = s / r - 1
@@ -177,7 +216,8 @@ def summary(pairs: list[tuple[Run, Run]], rows: list[tuple[str, str, Metric]], t
     return lines
 
 
-def sim_replay(real_dir: Path, trace: Path, out: Path, speed: float, sim_profile: str | None) -> Path:
+def sim_replay(real_dir: Path, trace: Path, out: Path, speed: float, sim_profile: str | None,
+               server_args: list[str]) -> Path:
     """Replay `trace` on simulators as the real run `real_dir` replayed it; returns the sim run folder."""
     real = load_run(real_dir)
     meta = real.meta
@@ -190,18 +230,35 @@ def sim_replay(real_dir: Path, trace: Path, out: Path, speed: float, sim_profile
     if hashlib.sha256(data).hexdigest() != real.trace_sha256:
         raise SystemExit(f"{trace}: not the trace {real_dir} replayed (sha256 differs from its run.json)")
     opts = meta["options"]
-    if meta.get("external_router") is not None:
-        raise SystemExit(f"{real_dir}: a run through sglang-router; this script replays tracebench's router only")
+    router = meta.get("external_router")
     # runs recorded before --api and --flush-cache existed used /generate and started from whatever cache the
     # server had (a fresh simulator's is empty: the same as a flush)
-    args = [sys.executable, "-m", "tracebench", "replay", str(trace), "--backend", "sim",
-            "--gpus", str(len(meta["servers"])), "--policy", meta["policy"]["name"], "--seed", str(meta["seed"]),
+    args = [sys.executable, "-m", "tracebench", "replay", str(trace), "--backend", "sim", "--seed", str(meta["seed"]),
             "--mode", meta["mode"], "--api", meta.get("api", "generate"),
             "--stream" if meta["stream"] else "--no-stream",
             "--flush-cache" if meta.get("flush_cache", True) else "--no-flush-cache",
             "--run-name", meta["run_name"], "--out-dir", str(out), "--quiet"]
-    for key, value in meta["policy"]["options"].items():
-        args += ["--policy-opt", f"{key}={value}"]
+    pd = meta.get("pd")
+    if pd:   # the same ratio; the pools' policies (tracebench's router) or sglang-router's, below
+        args += ["--pd", pd["ratio"]]
+        if router is None:
+            for pool in ("prefill", "decode"):
+                policy = pd["policies"][pool]
+                args += [f"--{pool}-policy", policy["name"]]
+                for key, value in policy["options"].items():
+                    args += [f"--{pool}-policy-opt", f"{key}={value}"]
+    else:
+        args += ["--gpus", str(len(meta["servers"]))]
+    if router is not None:
+        args += ["--router", "sglang-router", "--router-policy", router["policy"]]
+        for arg in opts.get("router_args") or []:   # as given to the real run (each split like a shell)
+            args += ["--router-arg", arg]
+    elif not pd:
+        args += ["--policy", meta["policy"]["name"]]
+        for key, value in meta["policy"]["options"].items():
+            args += ["--policy-opt", f"{key}={value}"]
+    for arg in server_args:
+        args += ["--server-arg", arg]
     for flag, key in (("--max-running-requests", "max_running_requests"), ("--cap-schedule", "cap_schedule"),
                       ("--batch-size", "batch_size"), ("--batch-timeout", "batch_timeout"),
                       ("--timeout", "timeout")):
@@ -228,6 +285,9 @@ def main() -> None:
     parser.add_argument("--speed", type=float, default=1.0, help="--replay: the sim runs' --speed")
     parser.add_argument("--sim-profile", default=None,
                         help="--replay: this profile instead of the one of the real run's accelerator")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="--replay: a sim-server flag for every sim run (tracebench replay --server-arg), "
+                             "e.g. '--kv-transfer-bandwidth 1.53'")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE,
                         help="the * rows are held to this relative difference (default 0.15, issue 6)")
     parser.add_argument("--title", default="Simulator vs real sglang")
@@ -243,7 +303,7 @@ def main() -> None:
     pairs_dirs = list(zip(map(Path, opts.runs[::2]), map(Path, opts.runs[1::2])))
     for real_dir, trace in opts.replay:
         pairs_dirs.append((Path(real_dir), sim_replay(Path(real_dir), Path(trace), opts.out, opts.speed,
-                                                      opts.sim_profile)))
+                                                      opts.sim_profile, opts.server_arg)))
     if not pairs_dirs:
         parser.error("give RUN_REAL RUN_SIM pairs or --replay RUN_REAL TRACE")
     if opts.summary or opts.overview:

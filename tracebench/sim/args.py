@@ -9,12 +9,14 @@ from tracebench.sim.model import Profile, resolve_max_running_requests
 
 MODEL_NAME = "llama-2-7b-hf"
 # PD disaggregation (pd.py): sglang's choices and default port (server_args.py L230-237, L2983-3000), and the
-# simulated link's bandwidth. PROVISIONAL: 2 GiB/s is a guess for mooncake_tcp between two GPUs of one host, not a
-# measurement yet (bench/gpu/pd.sh measures it from the real prefill server's sglang:kv_transfer_speed_gb_s).
+# simulated link's bandwidth: 1.41 GiB/s, measured (bench/gpu/pd.sh stage bw, 2026-11-26) for mooncake_tcp between two
+# NVIDIA H200s of one host (sglang 0.5.17, mooncake-transfer-engine cu13 0.3.14): 12 sequential 2,048-token transfers
+# (1 GiB each), the prefill server's sglang:kv_transfer_total_mb / kv_transfer_latency_ms = 1.407 GiB/s; tracebench's
+# stamps (prefill done -> KV at the decode server) give a median 1.38 (reports/examples/h200x2-pd/README.md).
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
 DEFAULT_BOOTSTRAP_PORT = 8998
-DEFAULT_KV_BANDWIDTH_GIB_S = 2.0
+DEFAULT_KV_BANDWIDTH_GIB_S = 1.41
 SGLANG_VERSION = "0.5.17"
 
 

@@ -93,8 +93,10 @@ def check_can_listen(host: str, port: int) -> None:
               metavar="GIB_S",
               help="PD: the prefill server's KV link in GiB/s. A request's KV (524,288 bytes per prompt token for "
                    "llama-2-7b: 32 layers x 32 KV heads x 128 x K,V x 2 bytes) goes over it in "
-                   "bytes / bandwidth (divided by --speed), one transfer at a time. PROVISIONAL default, not "
-                   "measured yet (bench/gpu/pd.sh measures it on two GPUs).")
+                   "bytes / bandwidth (divided by --speed), one transfer at a time. The default is measured: "
+                   "mooncake over TCP (mooncake_tcp) between two NVIDIA H200s of one host, sglang 0.5.17, "
+                   "2026-11-26: 12 sequential 1 GiB transfers (bench/gpu/pd.sh stage bw), the prefill server's "
+                   "kv_transfer_total_mb / kv_transfer_latency_ms (tracebench's stamps: 1.38).")
 def sim_server(port: int, host: str, profile_name: str | None, gpu: str | None, speed: float, max_running_requests: int | None,
                max_total_tokens: int | None, context_length: int, chunked_prefill_size: int, startup_delay: float,
                seed: int, vocab_size: int, crash_on_bad_token: bool, enable_metrics: bool,
