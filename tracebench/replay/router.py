@@ -175,13 +175,16 @@ class Router:
         block_size: int | None = None,
         max_concurrency: int | None = None,
         stall: StallBounds | None = None,
+        decode_answers: bool = False,
     ) -> None:
-        """`batch_timeout` is in run seconds; `speed` (--speed K, 1.0 when not sped up) turns the trace's arrival
+        """`decode_answers`: the answers are a PD decode server's (through tracebench's PD router or sglang-router's
+        PD mode), whose `prefill_finished_time` is not its own (below). `batch_timeout` is in run seconds; `speed` (--speed K, 1.0 when not sped up) turns the trace's arrival
         times into run seconds (`run_seconds`); `block_size` is the trace header's (tokens per prefix block);
         `max_concurrency`: --max-concurrency N, the client's gate before the router queue (gate.py); `stall`: the
         run's stall bounds (replay/stall.py; None: the watchdog does nothing)."""
         self.clock = clock
         self.speed = speed
+        self.decode_answers = decode_answers
         self.servers = servers
         self.policy = policy
         self.client = client
@@ -733,6 +736,11 @@ class Router:
         rec.sim_lag = meta.get("tracebench_sim_lag")   # a tracebench simulator says how late it ran (sim/answers.py)
         from_wall = self.clock.from_wall
         for key, field in _STAMPS:
+            if self.decode_answers and field == "server_prefill_finished":
+                # a decode server's prefill_finished_time is one stale value in every answer (sglang 0.5.17, seen on
+                # 2x H200: .DUCUMENT/pd-disaggregation.md section 3): not a stamp of this request; the prefill
+                # server's own is the record's prefill_done
+                continue
             stamp = meta.get(key)
             if stamp is None:
                 if server.require_stamps:

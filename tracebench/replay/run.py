@@ -865,9 +865,9 @@ class Replay:
                                 [p.index for p in plans if p.role == "decode"], self.policy.prefill,
                                 self.policy.decode, self.pd_bootstrap,
                                 {p.index: self.enable_metrics[p.index] for p in plans})
-                self.router = router = PdRouter(pools=pools, seed=cfg.seed, **common)
-            else:
-                self.router = router = Router(policy=self.policy, **common)
+                self.router = router = PdRouter(pools=pools, seed=cfg.seed, decode_answers=True, **common)
+            else:  # sglang-router's PD mode passes the decode server's answer on
+                self.router = router = Router(policy=self.policy, decode_answers=cfg.is_pd, **common)
             if self.external is None:  # behind sglang-router there are no tracebench caps to change
                 control = ControlServer(self.control_sock, len(states), router.set_cap, router.caps)
                 await control.start()

@@ -419,6 +419,10 @@ def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
     if meta["status"] == "completed" and frame.height != num_requests:
         raise RunFolderError(path, None, None,
                              f"has {frame.height} records but the trace has {num_requests} requests and run.json says the run completed")
+    if meta.get("pd"):
+        # a PD decode server's prefill_finished_time is one stale value, not the request's (.DUCUMENT/
+        # pd-disaggregation.md section 3): PD runs recorded before the replay dropped it read it as null
+        frame = frame.with_columns(pl.lit(None, pl.Float64).alias("server_prefill_finished"))
     return frame
 
 

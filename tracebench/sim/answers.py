@@ -29,6 +29,9 @@ class Answers:
     def __init__(self, args: SimArgs, wall: Callable[[float], float]) -> None:
         self.args = args
         self.wall = wall
+        # what a real 0.5.17 decode server sends as every answer's prefill_finished_time: one stale value, the host's
+        # boot time (a monotonic stamp near 0 made wall time; .DUCUMENT/pd-disaggregation.md section 3)
+        self.stale_prefill_finished = time.time() - time.monotonic()
 
     def with_text(self, ids: list[int], meta: dict, pend: Pending | None = None) -> dict:
         if self.args.skip_tokenizer_init:
@@ -58,8 +61,10 @@ class Answers:
                       "weight_version": "default", "num_retractions": 0}
         if self.args.enable_metrics:
             meta["forward_entry_time"] = self.wall(sim.t_forward_entry)
-            if sim.t_prefill_finished is not None:   # a PD decode server has none (req_time_stats.py L1150-1165)
+            if sim.t_prefill_finished is not None:
                 meta["prefill_finished_time"] = self.wall(sim.t_prefill_finished)
+            elif self.args.disaggregation_mode == "decode":   # none of its own, yet one is sent
+                meta["prefill_finished_time"] = self.stale_prefill_finished
             meta["queue_time"] = sim.t_forward_entry - sim.t_ready
         else:
             meta["queue_time"] = 0.0
