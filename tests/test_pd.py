@@ -19,16 +19,29 @@ from tracebench.sim.pd import KV_BYTES_PER_TOKEN, KvLink, transfer_seconds
 
 SPEED = 4.0
 BANDWIDTH = 0.5   # GiB/s: a 1024-token prompt (0.5 GiB of KV) takes 1 simulated second, 0.25 s at --speed 4
+LATENCY = 0.2     # s a transfer takes on top of its bytes: 0.05 s at --speed 4
 
 
 def test_kv_bytes_and_transfer_time_from_bandwidth() -> None:
     assert KV_BYTES_PER_TOKEN == 32 * 32 * 128 * 2 * 2 == 524_288   # llama-2-7b: layers x KV heads x dim x K,V x fp16
     assert transfer_seconds(1024, 0.5) == pytest.approx(1.0)
     assert transfer_seconds(2048, 2.0) == pytest.approx(0.5)
-    link = KvLink(0.5, speed=4.0)   # one transfer at a time, first come first served
+    link = KvLink(0.5, latency_s=0.0, speed=4.0)   # one transfer at a time, first come first served
     assert link.book(10.0, 1024) == pytest.approx((10.0, 10.25))
     assert link.book(10.1, 512) == pytest.approx((10.25, 10.375))   # waits for the first
     assert link.book(11.0, 1024) == pytest.approx((11.0, 11.25))
+
+
+def test_kv_link_latency_overlaps_the_next_transfer_while_the_bytes_hold_the_link() -> None:
+    # 0.5 GiB/s at --speed 4: 1024 tokens' bytes hold the link 0.25 s; the latency (0.4 s simulated) is 0.1 s
+    link = KvLink(0.5, latency_s=0.4, speed=4.0)
+    assert link.book(10.0, 1024) == pytest.approx((10.0, 10.35))   # bytes until 10.25, then the latency
+    # ready while the first is in its latency: starts when the first's bytes are through (10.25), not at its
+    # arrival (10.35); back to back, arrivals are one transfer's bytes apart (10.35 -> 10.475)
+    assert link.book(10.1, 512) == pytest.approx((10.25, 10.475))
+    # ready before the second's bytes are through (10.375): waits for them, the bytes hold the link
+    assert link.book(10.3, 1024) == pytest.approx((10.375, 10.725))
+    assert link.book(20.0, 1024) == pytest.approx((20.0, 20.35))   # alone: bytes + latency
 
 
 def _decode_model(max_total: int = 10_000, max_running: int = 8) -> BatchModel:
@@ -72,7 +85,8 @@ def test_decode_prealloc_waits_for_kv_room_fifo() -> None:
 
 def _pair(sim_server, *extra: str) -> tuple[Any, Any, int]:
     boot = free_port()
-    common = ("--speed", str(SPEED), "--skip-tokenizer-init", "--kv-transfer-bandwidth", str(BANDWIDTH), *extra)
+    common = ("--speed", str(SPEED), "--skip-tokenizer-init", "--kv-transfer-bandwidth", str(BANDWIDTH),
+              "--kv-transfer-latency", str(LATENCY), *extra)
     prefill = sim_server("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot), *common)
     decode = sim_server("--disaggregation-mode", "decode", *common)
     return prefill, decode, boot
@@ -112,6 +126,8 @@ def test_bootstrap_server_answers_like_sglangs(sim_server) -> None:
     p_info, d_info = json.loads(_get(f"{prefill.url}/server_info")), json.loads(_get(f"{decode.url}/server_info"))
     assert p_info["disaggregation_mode"] == "prefill" and p_info["disaggregation_bootstrap_port"] == boot
     assert d_info["disaggregation_mode"] == "decode" and d_info["disable_radix_cache"] is True
+    assert p_info["tracebench_sim"]["kv_transfer_bandwidth_gib_s"] == BANDWIDTH
+    assert p_info["tracebench_sim"]["kv_transfer_latency_s"] == LATENCY
 
 
 def test_a_pair_request_goes_through_the_handshake_and_the_transfer(sim_server) -> None:
@@ -135,8 +151,8 @@ def test_a_pair_request_goes_through_the_handshake_and_the_transfer(sim_server) 
     assert "prefill_finished_time" in p_meta
     # the decode server's is one stale value, before the server started (real 0.5.17's: the host's boot time)
     assert d_meta["prefill_finished_time"] < d_meta["request_received_ts"] - 1.0
-    # the decode took the request in (forward_entry_time) only after the KV went over the link
-    transfer = transfer_seconds(1024, BANDWIDTH) / SPEED
+    # the decode took the request in (forward_entry_time) only after the KV went over the link: bytes + latency
+    transfer = (transfer_seconds(1024, BANDWIDTH) + LATENCY) / SPEED
     kv_arrival = d_meta["forward_entry_time"] - d_meta["queue_time"]
     assert kv_arrival >= p_meta["prefill_finished_time"] + transfer - 0.005
     assert p_meta["request_finished_ts"] >= p_meta["prefill_finished_time"] + transfer

@@ -9,14 +9,22 @@ from tracebench.sim.model import Profile, resolve_max_running_requests
 
 MODEL_NAME = "llama-2-7b-hf"
 # PD disaggregation (pd.py): sglang's choices and default port (server_args.py L230-237, L2983-3000), and the
-# simulated link's bandwidth: 1.41 GiB/s, measured (bench/gpu/pd.sh stage bw, 2026-11-26) for mooncake_tcp between two
-# NVIDIA H200s of one host (sglang 0.5.17, mooncake-transfer-engine cu13 0.3.14): 12 sequential 2,048-token transfers
-# (1 GiB each), the prefill server's sglang:kv_transfer_total_mb / kv_transfer_latency_ms = 1.407 GiB/s; tracebench's
-# stamps (prefill done -> KV at the decode server) give a median 1.38 (reports/examples/h200x2-pd/README.md).
+# simulated link (reports/examples/h200x2-pd/sim-vs-real.md "The link model"): mooncake_tcp between two NVIDIA H200s of
+# one host (sglang 0.5.17, mooncake-transfer-engine cu13 0.3.14), 2026-11-26, from tracebench's per-transfer stamps
+# (the prefill server's prefill_finished_time -> the decode server's KV arrival, forward_entry_time - queue_time):
+# - bandwidth 1.54 GiB/s: the 99 back-to-back transfers of the PD runs pd-shared and pd-mooncake (each began when
+#   the previous one arrived): their bytes over the time between arrivals, 1.536 (1.526 and 1.551 per run). These
+#   are the stamps of the very runs sim-vs-real.md compares with, so the PD rows there are a calibration, not a
+#   held-out check.
+# - latency 0.07 s: what a lone transfer (the link idle when its prefill ended) took beyond its bytes at 1.536, median
+#   of 25 (the bw stage's 12 sequential 1 GiB transfers and 13 of the PD runs): 69 ms (the bw run alone: 73).
+# The bw stage's one figure, sglang's kv_transfer_total_mb / kv_transfer_latency_ms = 1.407 GiB/s, is the lone rate
+# (bytes and latency together), the default before the two-figure link.
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
 DEFAULT_BOOTSTRAP_PORT = 8998
-DEFAULT_KV_BANDWIDTH_GIB_S = 1.41
+DEFAULT_KV_BANDWIDTH_GIB_S = 1.54
+DEFAULT_KV_LATENCY_S = 0.07
 SGLANG_VERSION = "0.5.17"
 
 
@@ -43,11 +51,12 @@ class SimArgs:
     # sglang's --enable-cache-report: OpenAI answers carry usage.prompt_tokens_details.cached_tokens (openai_routes.py)
     enable_cache_report: bool = False
     # PD disaggregation (pd.py): sglang's --disaggregation-mode/-transfer-backend/-bootstrap-port, and the simulated
-    # link's bandwidth (GiB/s)
+    # link's bandwidth (GiB/s) and per-transfer latency (s, overlapping the next transfer)
     disaggregation_mode: str = "null"
     disaggregation_transfer_backend: str = "mooncake"
     disaggregation_bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT
     kv_transfer_bandwidth: float = DEFAULT_KV_BANDWIDTH_GIB_S
+    kv_transfer_latency: float = DEFAULT_KV_LATENCY_S
 
     @property
     def effective_max_running_requests(self) -> int:

@@ -6,7 +6,7 @@ import click
 
 from tracebench.errors import ConfigError
 from tracebench.sim.args import (
-    DEFAULT_BOOTSTRAP_PORT, DEFAULT_KV_BANDWIDTH_GIB_S, DISAGGREGATION_MODES, TRANSFER_BACKENDS,
+    DEFAULT_BOOTSTRAP_PORT, DEFAULT_KV_BANDWIDTH_GIB_S, DEFAULT_KV_LATENCY_S, DISAGGREGATION_MODES, TRANSFER_BACKENDS,
 )
 from tracebench.options import FINITE, INT, SEED, SPEED_RANGE
 
@@ -91,18 +91,27 @@ def check_can_listen(host: str, port: int) -> None:
                    "simulated transfer is the same for all. A prefill server refuses fake, as sglang 0.5.17 does.")
 @click.option("--kv-transfer-bandwidth", type=FINITE, default=DEFAULT_KV_BANDWIDTH_GIB_S, show_default=True,
               metavar="GIB_S",
-              help="PD: the prefill server's KV link in GiB/s. A request's KV (524,288 bytes per prompt token for "
-                   "llama-2-7b: 32 layers x 32 KV heads x 128 x K,V x 2 bytes) goes over it in "
-                   "bytes / bandwidth (divided by --speed), one transfer at a time. The default is measured: "
-                   "mooncake over TCP (mooncake_tcp) between two NVIDIA H200s of one host, sglang 0.5.17, "
-                   "2026-11-26: 12 sequential 1 GiB transfers (bench/gpu/pd.sh stage bw), the prefill server's "
-                   "kv_transfer_total_mb / kv_transfer_latency_ms (tracebench's stamps: 1.38).")
+              help="PD: the prefill server's KV link in GiB/s while it moves bytes. A request's KV (524,288 bytes per "
+                   "prompt token for llama-2-7b: 32 layers x 32 KV heads x 128 x K,V x 2 bytes) holds the link for "
+                   "bytes / bandwidth (divided by --speed), one transfer at a time, first come first served. The "
+                   "default is measured: mooncake over TCP (mooncake_tcp) between two NVIDIA H200s of one host, "
+                   "sglang 0.5.17, 2026-11-26, from tracebench's per-transfer stamps (prefill done -> KV at the "
+                   "decode server) of the 99 back-to-back transfers of the real 1P1D runs in "
+                   "reports/examples/h200x2-pd (1.536 GiB/s). Those are the runs the simulator is compared with there: "
+                   "a calibration, not a held-out figure. The older one-figure link was 1.41 with no latency.")
+@click.option("--kv-transfer-latency", type=FINITE, default=DEFAULT_KV_LATENCY_S, show_default=True,
+              metavar="SECONDS",
+              help="PD: a fixed time each transfer takes on top of its bytes, which does not hold the link (the "
+                   "next transfer's bytes go meanwhile; in sglang the decode server's poll and the status message). "
+                   "Divided by --speed. The default is measured on the same machine and date: what 25 lone transfers "
+                   "(bench/gpu/pd.sh stage bw's 12 sequential 1 GiB transfers, and those of the 1P1D runs that found "
+                   "the link idle) took beyond their bytes at 1.536 GiB/s, median (69 ms; the bw stage alone: 73).")
 def sim_server(port: int, host: str, profile_name: str | None, gpu: str | None, speed: float, max_running_requests: int | None,
                max_total_tokens: int | None, context_length: int, chunked_prefill_size: int, startup_delay: float,
                seed: int, vocab_size: int, crash_on_bad_token: bool, enable_metrics: bool,
                disable_overlap_schedule: bool, disable_radix_cache: bool, enable_cache_report: bool,
                skip_tokenizer_init: bool, disaggregation_mode: str, disaggregation_bootstrap_port: int, disaggregation_transfer_backend: str,
-               kv_transfer_bandwidth: float) -> None:
+               kv_transfer_bandwidth: float, kv_transfer_latency: float) -> None:
     """A simulated sglang 0.5.17 server (llama-2-7b-hf): sglang's HTTP API, timed like a continuous-batching GPU.
 
     \b
@@ -138,6 +147,8 @@ def sim_server(port: int, host: str, profile_name: str | None, gpu: str | None, 
         raise ConfigError(f"--disaggregation-bootstrap-port must be in 1..65535, got {disaggregation_bootstrap_port}")
     if not kv_transfer_bandwidth > 0:
         raise ConfigError(f"--kv-transfer-bandwidth must be > 0, got {kv_transfer_bandwidth}")
+    if kv_transfer_latency < 0:
+        raise ConfigError(f"--kv-transfer-latency must be >= 0, got {kv_transfer_latency}")
     if disaggregation_mode == "prefill" and disaggregation_transfer_backend == "fake":
         # pd_disaggregation_hook.py L100-103
         raise ConfigError("Prefill server does not support 'fake' as the transfer backend")
@@ -154,4 +165,4 @@ def sim_server(port: int, host: str, profile_name: str | None, gpu: str | None, 
                   disaggregation_mode=disaggregation_mode,
                   disaggregation_transfer_backend=disaggregation_transfer_backend,
                   disaggregation_bootstrap_port=disaggregation_bootstrap_port,
-                  kv_transfer_bandwidth=kv_transfer_bandwidth))
+                  kv_transfer_bandwidth=kv_transfer_bandwidth, kv_transfer_latency=kv_transfer_latency))

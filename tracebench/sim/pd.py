@@ -13,8 +13,10 @@
   processes on 127.0.0.1: the KV destination (`POST /tracebench_sim/kv_dest` on the prefill's bootstrap port) and the
   KV itself (`POST /tracebench_sim/kv_arrived` on the decode server, sent when the simulated transfer ends).
 - **The transfer** moves the whole prompt's KV (cached prefix included, as sglang sends it) at `KV_BYTES_PER_TOKEN`
-  bytes per token over the prefill server's link at `--kv-transfer-bandwidth` GiB/s, first come first served; at
-  `--speed K` it takes 1/K as long, like every simulated duration.
+  bytes per token over the prefill server's link at `--kv-transfer-bandwidth` GiB/s, first come first served, then
+  arrives `--kv-transfer-latency` seconds later (a fixed cost per transfer that does not hold the link: the next
+  transfer's bytes start as soon as this one's bytes are through); at `--speed K` both take 1/K as long, like every
+  simulated duration.
 
 Simplification (said in docs/sim-server.md): the prefill model frees a request's KV when its prefill ends, where
 sglang holds it until the transfer is done; only a prefill server short of KV would notice.
@@ -114,18 +116,24 @@ def parse_bootstrap(obj: dict[str, Any], mode: str) -> Bootstrap:
 
 
 class KvLink:
-    """The prefill server's outgoing link: one transfer at a time, first come first served, at a fixed bandwidth."""
+    """The prefill server's outgoing link: the bytes go one transfer at a time, first come first served, at a fixed
+    bandwidth; each transfer then arrives a fixed latency later, which overlaps the next transfer's bytes. Two
+    figures because the real link (mooncake_tcp, reports/examples/h200x2-pd/sim-vs-real.md) moved 1.54 GiB/s back
+    to back while a lone transfer took its bytes at that rate plus ~70 ms: the decode server's poll and the status
+    message, which do not hold the link."""
 
-    def __init__(self, bandwidth_gib_s: float, speed: float) -> None:
+    def __init__(self, bandwidth_gib_s: float, latency_s: float, speed: float) -> None:
         self.bandwidth_gib_s = bandwidth_gib_s
+        self.latency_s = latency_s
         self.speed = speed
         self.free_at = 0.0
 
     def book(self, t_ready: float, tokens: int) -> tuple[float, float]:
-        """(start, end) of a transfer of `tokens` tokens ready at `t_ready` (loop clock)."""
+        """(start, arrival) of a transfer of `tokens` tokens ready at `t_ready` (loop clock): its bytes hold the link
+        from start to start + bytes / bandwidth; it arrives --kv-transfer-latency after that."""
         start = max(t_ready, self.free_at)
         self.free_at = start + transfer_seconds(tokens, self.bandwidth_gib_s) / self.speed
-        return start, self.free_at
+        return start, self.free_at + self.latency_s / self.speed
 
 
 class PdStats:
@@ -279,7 +287,7 @@ class PrefillRole(PdRole):
 
     def __init__(self, args: SimArgs, engine: LiveEngine, answers: Answers) -> None:
         super().__init__(args, engine, answers)
-        self.link = KvLink(args.kv_transfer_bandwidth, args.speed)
+        self.link = KvLink(args.kv_transfer_bandwidth, args.kv_transfer_latency, args.speed)
         self.dests: dict[int, dict[str, Any]] = {}      # room -> the decode's KV destination (kv_dest message)
         self.bootstrap_queue: dict[int, _Waiter] = {}   # room -> request waiting for its destination
         self.inflight = 0                                # prefilled, KV on its way (sglang's inflight queue)
@@ -385,8 +393,8 @@ class PrefillRole(PdRole):
         self.inflight += 1
         try:
             t0 = sim.t_prefill_finished
-            _, t_end = self.link.book(t0, sim.input_len)  # type: ignore[arg-type]
-            await asyncio.sleep(max(0.0, t_end - loop.time()))
+            _, t_arrival = self.link.book(t0, sim.input_len)  # type: ignore[arg-type]
+            await asyncio.sleep(max(0.0, t_arrival - loop.time()))
             nbytes = kv_bytes(sim.input_len)
             msg = {"room": room, "first_output_id": self.answers.ids(pend, 1)[0], "cached_tokens": sim.cached_tokens,
                    "kv_bytes": nbytes, "prefill_url": f"http://{self.args.host}:{self.args.port}"}

@@ -244,6 +244,7 @@ class SimServer:
                                   "output_s": args.profile.output_s}
         if self.pd is not None:   # the simulated KV transfer (pd.py)
             info["tracebench_sim"].update({"kv_transfer_bandwidth_gib_s": args.kv_transfer_bandwidth,
+                                           "kv_transfer_latency_s": args.kv_transfer_latency,
                                            "kv_bytes_per_token": KV_BYTES_PER_TOKEN})
         return info
 
