@@ -114,10 +114,14 @@ def breakdown_stats(ok: pl.DataFrame) -> dict[str, StageStats]:
     missing = {name for stage in ALL_STAGES for name in (stage.start, stage.end, "t_admitted", "t_released")
                if name not in ok.columns}
     frame = ok.with_columns([pl.lit(None, dtype=pl.Float64).alias(name) for name in sorted(missing)])
-    values = frame.select([stage_expr(stage).alias(stage.key) for stage in ALL_STAGES])
+    # a stage whose start or end stamp is null in every record has no value: not computed (a run recorded without
+    # the breakdown's stamps would otherwise pay a million-row column per stage for nothing)
+    stamped = {name for name in frame.columns if frame[name].null_count() < frame.height}
+    measured = [stage for stage in ALL_STAGES if stage.start in stamped and stage.end in stamped]
+    values = frame.select([stage_expr(stage).alias(stage.key) for stage in measured])
     out = {}
     for stage in ALL_STAGES:
-        v = values[stage.key].drop_nulls().to_numpy().astype(float)
+        v = values[stage.key].drop_nulls().to_numpy().astype(float) if stage in measured else np.empty(0)
         if v.size == 0:
             out[stage.key] = StageStats(stage.key, 0, None, None, None)
         else:

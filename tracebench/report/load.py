@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import polars as pl
 
@@ -349,8 +350,24 @@ def via_router(meta: dict[str, Any]) -> bool:
 
 # ---------------------------------------------------------------------------------------------- requests.jsonl
 
-def _record_rules(num_servers: int, through_router: bool) -> list[tuple[str, pl.Expr, str]]:
-    """(field, expression true on a broken record, why). Evaluated vectorised over the whole file."""
+_ID_AGAIN = "this id was already recorded on an earlier line (each request appears once)"
+
+
+def _ids_distinct(ids: pl.Series) -> bool:
+    """True when the ids are shown distinct by counting them (trace ids are 0..N-1: a bincount, 10x the speed of
+    hashing a million ids); False when that cannot tell (nulls, ids out of that range), and the rule decides."""
+    if ids.null_count() or ids.len() == 0:
+        return False
+    low, high = ids.min(), ids.max()
+    if low < 0 or high >= 4 * ids.len() + 1024:  # keep the count array small
+        return False
+    return int(np.bincount(ids.to_numpy()).max()) <= 1
+
+
+def _record_rules(num_servers: int, through_router: bool, stamps: frozenset[str]) -> list[tuple[str, pl.Expr, str]]:
+    """(field, expression true on a broken record, why). Evaluated vectorised over the whole file. `stamps`: the
+    OK_ORDER stamps not null in every record (a stamp null throughout breaks no order rule and is skipped by the
+    coalesce anyway: leaving it out saves a pass per stamp on runs recorded before it)."""
     c = pl.col
     ok = c("status").is_in(list(COMPLETED_STATUSES))
     if through_router:  # sglang-router chose the server and does not say which
@@ -364,7 +381,7 @@ def _record_rules(num_servers: int, through_router: bool) -> list[tuple[str, pl.
     rules: list[tuple[str, pl.Expr, str]] = [(name, c(name).is_null(), "missing or null") for name in REQUIRED_FIELDS]
     rules += [
         ("status", ~c("status").is_in(list(REQUEST_STATUSES)), f"must be one of {', '.join(REQUEST_STATUSES)}"),
-        ("id", ~c("id").is_first_distinct(), "this id was already recorded on an earlier line (each request appears once)"),
+        ("id", ~c("id").is_first_distinct(), _ID_AGAIN),
         ("input_len", c("input_len") < 1, "must be >= 1"),
         ("output_len", c("output_len") < 1, "must be >= 1"),
         ("t_arrival", c("t_arrival") < 0, "must be >= 0"),
@@ -383,7 +400,10 @@ def _record_rules(num_servers: int, through_router: bool) -> list[tuple[str, pl.
     ]
     # stamps compared in order, skipping a null one (t_admitted in older runs, t_first_token without streaming)
     for i, later in enumerate(OK_ORDER[1:], start=1):
-        earlier = pl.coalesce([c(name) for name in reversed(OK_ORDER[:i])])
+        before = [c(name) for name in reversed(OK_ORDER[:i]) if name in stamps]
+        if later not in stamps or not before:
+            continue
+        earlier = pl.coalesce(before)
         rules.append((later, ok & (c(later) < earlier),
                       f"before {OK_ORDER[i - 1]} (or an earlier stamp) in a completed record (run-format invariant)"))
     return rules
@@ -399,16 +419,14 @@ def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
         frame = read_jsonl_table(path, request_schema(), row_index=True)
     if frame.height == 0:
         raise RunFolderError(path, None, None, "empty run: no request was recorded")
-    rules = _record_rules(len(meta["servers"]), via_router(meta))
-    first_bad = frame.select(
-        [pl.col(ROW).filter(expr.fill_null(False)).min().alias(str(i)) for i, (_, expr, _) in enumerate(rules)]
-    ).row(0)
-    broken = [(row, i) for i, row in enumerate(first_bad) if row is not None]
-    if broken:
-        row, rule_index = min(broken)
-        field, _, why = rules[rule_index]
-        value = frame.item(row, field)
-        _raise_located(path, row=row, field=field, why=f"{why}, got {value!r}" if value is not None else why)
+    stamps = frozenset(name for name in OK_ORDER if frame[name].null_count() < frame.height)
+    rules = _record_rules(len(meta["servers"]), via_router(meta), stamps)
+    # first whether any rule breaks at all (one lazy pass, an `any` per rule: a third of the time of locating the first
+    # broken row of every rule), and only then where
+    checked = [expr for _, expr, why in rules if not (why == _ID_AGAIN and _ids_distinct(frame["id"]))]
+    if any(frame.lazy().select([expr.fill_null(False).any().alias(str(i)) for i, expr in enumerate(checked)])
+           .collect().row(0)):
+        _raise_first_broken(path, frame, rules)
     num_requests = meta["trace"]["num_requests"]
     if path.suffix == ".jsonl" and (frame.height > num_requests
                                     or (meta["status"] == "completed" and frame.height != num_requests)):
@@ -424,6 +442,17 @@ def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
         # pd-disaggregation.md section 3): PD runs recorded before the replay dropped it read it as null
         frame = frame.with_columns(pl.lit(None, pl.Float64).alias("server_prefill_finished"))
     return frame
+
+
+def _raise_first_broken(path: Path, frame: pl.DataFrame, rules: list[tuple[str, pl.Expr, str]]) -> None:
+    """Raise naming the first broken record of `frame` (the lowest row any rule breaks on; of its rules, the first)."""
+    first_bad = frame.select(
+        [pl.col(ROW).filter(expr.fill_null(False)).min().alias(str(i)) for i, (_, expr, _) in enumerate(rules)]
+    ).row(0)
+    row, rule_index = min((row, i) for i, row in enumerate(first_bad) if row is not None)
+    field, _, why = rules[rule_index]
+    value = frame.item(row, field)
+    _raise_located(path, row=row, field=field, why=f"{why}, got {value!r}" if value is not None else why)
 
 
 def read_telemetry(folder: Path) -> pl.DataFrame:
