@@ -126,3 +126,55 @@ def test_itl_buckets_reconstruct_gaps_within_one_percent() -> None:
     assert re.fullmatch(HIST_PATTERN, text) and largest == gaps[:100].max()
     assert sum(n for _, n in hist) == 100 and [b for b, _ in hist] == sorted({bucket_of(float(g)) for g in gaps[:100]})
     assert ItlGaps().fields() == (None, None)
+
+
+def test_pooled_itl_sums_every_pair_across_slices() -> None:
+    """The numpy parse of itl_hist (slices of ITL_SLICE records, joined and read as integers) against a plain
+    per-record sum: same counts per bucket, hence the same statistics; records without gaps are left out."""
+    import polars as pl
+
+    from tracebench.itl import bucket_value, parse_hist
+    from tracebench.report.metrics import pooled_itl
+    from tracebench.report.metrics.stats import ITL_SLICE
+
+    rng = np.random.default_rng(3)
+    n = ITL_SLICE + 1_000  # two slices
+    first = rng.integers(0, 900, n).tolist()  # ascending buckets from here, 1-5 of them, counts of 1 to 4 digits
+    steps = rng.integers(1, 40, (n, 5)).tolist()
+    widths = rng.integers(1, 6, n).tolist()
+    counts = rng.integers(1, 2_000, (n, 5)).tolist()
+    hists: list[str | None] = [
+        None if i % 97 == 0 else ",".join(f"{b}:{c}" for b, c in zip(np.cumsum([first[i], *steps[i][:widths[i] - 1]]),
+                                                                     counts[i][:widths[i]]))
+        for i in range(n)]
+    frame = pl.DataFrame({"itl_hist": hists, "itl_max": rng.uniform(0.01, 0.1, n)})
+    stats, n_requests, zero = pooled_itl(frame, None)
+    pooled: dict[int, int] = {}
+    for text in hists:
+        for b, count in parse_hist(text) if text is not None else ():
+            pooled[b] = pooled.get(b, 0) + count
+    total = sum(pooled.values())
+    assert n_requests == sum(text is not None for text in hists)
+    assert zero == pooled.get(0, 0) / total
+    mean = sum(bucket_value(b) * c for b, c in pooled.items()) / total
+    assert stats["mean"] == pytest.approx(mean, rel=1e-12)
+    # the order statistics the percentiles rest on, from the plain sums (no 100-million-value array)
+    values = [bucket_value(b) for b in sorted(pooled)]
+    ends = np.cumsum([pooled[b] for b in sorted(pooled)])
+    for name, q in (("p50", 0.5), ("p99", 0.99)):
+        h = (total - 1) * q
+        j = int(h)
+        low, high = (values[int(np.searchsorted(ends, k, side="right"))] for k in (j, j + 1))
+        assert stats[name] == pytest.approx(low + (h - j) * (high - low), rel=1e-12)
+
+
+@pytest.mark.parametrize("ids, distinct", [([3, 1, 2, 0], True), ([0, 5, 5], False), ([0, -1, 2], False),
+                                           ([0, 10**12], False), ([7], True)])
+def test_ids_shown_distinct_by_counting_only_when_they_are(ids: list[int], distinct: bool) -> None:
+    """The loader's shortcut for the id rule: True only for distinct ids in a countable range; anything else is
+    left to the rule (which names the line)."""
+    import polars as pl
+
+    from tracebench.report.load import _ids_distinct
+
+    assert _ids_distinct(pl.Series(ids, dtype=pl.Int64)) is distinct
