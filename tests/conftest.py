@@ -90,6 +90,25 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: fl
     raise RuntimeError(f"sim-server at {url} not healthy after {timeout}s:\n{log.read_text()[-3000:]}")
 
 
+def served(url: str) -> int:
+    """How many requests the sim-server at `url` has finished (its /metrics `sglang:num_requests_total`, summed
+    over the stream label)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return int(sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("sglang:num_requests_total{")))
+
+
+def wait_served(urls: list[str], count: int, timeout: float = 60.0) -> None:
+    """Until the sim-servers at `urls` have finished `count` requests between them. Tests that act on a run mid-way
+    (kill a server, Ctrl-C) wait for this instead of sleeping: what they then check (some requests ok) holds however
+    slowly a busy machine runs the replay."""
+    deadline = time.monotonic() + timeout
+    while (done := sum(served(url) for url in urls)) < count:
+        assert time.monotonic() < deadline, f"{done} of the {count} requests waited for finished in {timeout} s"
+        time.sleep(0.02)
+
+
 @pytest.fixture
 def sim_server(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
     """Factory: `sim_server("--speed", "10", "--max-running-requests", "4")` starts a sim-server process and waits

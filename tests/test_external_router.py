@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, wait_served
 from test_replay_run import (
     check_every_request_once, check_ok_order, group_gone, port_base, read_run, start_replay, wait_running,
     write_trace_file,
@@ -133,7 +132,7 @@ def test_ctrl_c_through_sglang_router(tmp_path: Path) -> None:
     wait_running(run_dir, proc)
     run = json.loads((run_dir / "run.json").read_text())
     pids = [s["pid"] for s in run["servers"]] + [run["external_router"]["pid"]]
-    time.sleep(1.0)
+    wait_served([s["url"] for s in run["servers"]], 21)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
@@ -151,14 +150,15 @@ def test_ctrl_c_through_sglang_router(tmp_path: Path) -> None:
 
 @needs_router
 def test_dying_sglang_router_fails_the_run(tmp_path: Path) -> None:
-    n = 150
+    # 400 requests (6.7 s of run time): the run stops when the router dies, a few hundred never sent however late
+    n = 400
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=60 / 4, outputs=(32, 64))  # 60 req/s of run time
     proc = start_replay(str(trace), "--backend", "sim", "--gpus", "2", "--speed", "4", "--port-base", port_base(),
                         "--router", "sglang-router", "--run-name", "dead", "--out-dir", str(tmp_path), "--quiet",
                         cwd=tmp_path)
     wait_running(tmp_path / "dead", proc)
-    time.sleep(0.8)
     run = json.loads((tmp_path / "dead" / "run.json").read_text())
+    wait_served([s["url"] for s in run["servers"]], 11)
     router_pid = run["external_router"]["pid"]
     os.kill(router_pid, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)

@@ -342,7 +342,7 @@ import subprocess  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
 
-from tests.conftest import tracebench_cmd  # noqa: E402
+from tests.conftest import tracebench_cmd, wait_served  # noqa: E402
 from tracebench.trace.format import format_request_line, write_trace  # noqa: E402
 
 
@@ -444,17 +444,17 @@ def test_pd_hung_prefill_server_stalls_and_the_run_stops(tmp_path: Path, sim_ser
     prefill = sim_server("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot),
                          "--speed", "10", "--skip-tokenizer-init")
     decode = sim_server("--disaggregation-mode", "decode", "--speed", "10", "--skip-tokenizer-init")
-    n = 80
+    # independent of timing: the prefill is stopped once the decode server has finished a few pairs (some `ok`,
+    # however slowly the run starts); arrivals go on every 30 ms for 6 s, so some reach the stopped prefill (they
+    # `timeout`) and the rest are still unreleased when the stall is seen, whenever that is (`not_sent`)
+    n = 200
     trace = _trace(tmp_path / "t.jsonl", [(64, 32)] * n, gap=0.03)
     proc = subprocess.Popen(tracebench_cmd("replay", str(trace), "--attach-prefill", prefill.url, "--attach-decode",
                                            decode.url, "--stall-timeout", "1", "--poll-interval", "0.2", "--out-dir",
                                            str(tmp_path), "--run-name", "h", "--quiet", "--metrics-interval", "0"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "h" / "requests.jsonl").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.6)
+        wait_served([decode.url], 3)
         prefill.proc.send_signal(signal.SIGSTOP)
         t_stop = time.monotonic()
         try:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port, run_cli, tracebench_cmd, wait_healthy
+from conftest import REPO, free_port, run_cli, tracebench_cmd, wait_healthy, wait_served
 from test_replay_run import check_every_request_once, read_run, start_replay, wait_running, write_trace_file
 from tracebench.trace.format import format_request_line, sha256_file, write_trace
 
@@ -109,7 +109,7 @@ def test_hung_server_is_taken_out_and_its_requests_time_out(tmp_path: Path, sim_
                         "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path)
     try:
         wait_running(tmp_path / "hung", proc)
-        time.sleep(0.7)
+        wait_served([s.url for s in servers], 20)   # a sixth of the trace went through both
         servers[1].proc.send_signal(signal.SIGSTOP)
         t_stop = time.monotonic()
         _, stderr = finish(proc, timeout=30)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from conftest import free_port, run_cli, tracebench_cmd
+from conftest import free_port, run_cli, tracebench_cmd, wait_served
 from tracebench.replay.records import STATUSES
 from tracebench.trace.format import format_request_line, load_trace, write_trace
 
@@ -299,7 +299,7 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
                         "--policy", "round_robin", "--run-name", "kill", "--out-dir", str(tmp_path), cwd=tmp_path)
     run_dir = tmp_path / "kill"
     run = wait_running(run_dir, proc)
-    time.sleep(1.0)
+    wait_served([s["url"] for s in run["servers"]], 40)   # a sixth of the trace: the rest goes on without server 1
     os.kill(run["servers"][1]["pid"], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
@@ -322,12 +322,13 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
 
 
 def test_every_server_killed_fails_the_run(tmp_path: Path) -> None:
-    n = 150
+    # 400 requests (6.7 s of run time): the run stops when the server dies, a few hundred never sent however late
+    n = 400
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=60 / 4, outputs=(32, 64))  # 60 req/s of run time
     proc = start_replay(str(trace), "--backend", "sim", "--speed", "4", "--port-base", port_base(),
                         "--run-name", "dead", "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path)
     run = wait_running(tmp_path / "dead", proc)
-    time.sleep(0.8)
+    wait_served([run["servers"][0]["url"]], 11)
     os.kill(run["servers"][0]["pid"], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 1, stderr
@@ -351,7 +352,7 @@ def test_ctrl_c(tmp_path: Path) -> None:
     run_dir = tmp_path / "int"
     run = wait_running(run_dir, proc)
     pids = [s["pid"] for s in run["servers"]]
-    time.sleep(1.0)
+    wait_served([s["url"] for s in run["servers"]], 21)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
