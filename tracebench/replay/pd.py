@@ -242,10 +242,15 @@ class PrefillAnswer:
     answer: Answer
 
 
+# yielded by PairClient.generate when the decode server's answer is whole before the prefill server's: from then on
+# the pair waits on its prefill server alone (Router.watch)
+DECODE_DONE = "decode_done"
+
+
 class PairClient:
     """Sends one request to a (prefill, decode) pair at once and merges the two answers into one stream of items:
-    the decode server's FIRST_TOKEN and CHUNK (SglangClient.generate), a PrefillAnswer when the prefill server's
-    answer is complete, then exactly one Answer: the decode server's, or the failure that ended the pair. A failed
+    the decode server's FIRST_TOKEN and CHUNK (SglangClient.generate), DECODE_DONE if its answer is whole before the
+    prefill server's, a PrefillAnswer when the prefill server's answer is complete, then exactly one Answer: the decode server's, or the failure that ended the pair. A failed
     prefill answer ends the pair at once (the decode request is closed, as sglang-router returns the prefill's error
     and drops the decode stream); a failed decode answer too (the prefill request is closed)."""
 
@@ -287,6 +292,7 @@ class PairClient:
                                                                       connection_lost=item.connection_lost)
                         return
                     decode_answer = item   # the prefill's answer is still to come: the pair ends with both
+                    yield DECODE_DONE
                 else:
                     yield item
         finally:

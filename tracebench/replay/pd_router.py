@@ -18,7 +18,7 @@ from tracebench.errors import ServerProtocolError
 from tracebench.itl import ItlGaps
 from tracebench.policies.base import Policy, ServerView
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer
-from tracebench.replay.pd import PairClient, PrefillAnswer, Rooms, assign_pairs, with_bootstrap
+from tracebench.replay.pd import DECODE_DONE, PairClient, PrefillAnswer, Rooms, assign_pairs, with_bootstrap
 from tracebench.replay.records import COMPLETED, PdRecord, RequestRecord
 from tracebench.replay.router import Router, ServerState
 
@@ -125,6 +125,8 @@ class PdRouter(Router):
                     t_chunk = t
                 elif item is FIRST_TOKEN:
                     rec.t_first_token = t_chunk = now()
+                elif item is DECODE_DONE:
+                    flight.server_done = True   # the pair waits on its prefill server's answer alone (Router.watch)
                 elif isinstance(item, PrefillAnswer):
                     rec.t_prefill_answer = prefill.t_heard = now()
                     flight.other_done = True   # from now on the pair waits on its decode server only (Router.watch)

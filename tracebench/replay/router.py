@@ -131,15 +131,17 @@ class _Flight:
     """One dispatched request until its record is written. `t_progress`: its last progress (dispatch, a stream
     event). `end_status`/`end_reason`: set when the router ends it (stalled, its server down) before cancelling it.
     `other`: a second server it occupies (a PD run's prefill server), or None; `other_done`: that server's part is
-    over (the prefill answer came)."""
+    over (the prefill answer came); `server_done`: its server's answer is whole while `other`'s is still to come."""
 
-    __slots__ = ("rec", "server", "other", "other_done", "task", "t_progress", "end_status", "end_reason")
+    __slots__ = ("rec", "server", "other", "other_done", "server_done", "task", "t_progress", "end_status",
+                 "end_reason")
 
     def __init__(self, rec: RequestRecord, server: ServerState, t: float, other: ServerState | None = None) -> None:
         self.rec = rec
         self.server = server
         self.other = other
         self.other_done = False
+        self.server_done = False
         self.task: asyncio.Task[None] | None = None
         self.t_progress = t
         self.end_status: str | None = None
@@ -147,8 +149,10 @@ class _Flight:
 
     def waits_on(self) -> ServerState:
         """The server whose progress this request waits for now: a PD pair's prefill server until its answer or the
-        first token came (the decode server only waits for the KV meanwhile), else its server."""
-        if self.other is not None and not self.other_done and self.rec.t_first_token is None:
+        first token came (the decode server only waits for the KV meanwhile), and again once the decode's answer is
+        whole while the prefill's is not (the pair ends with both: a prefill server stopped after handing over the KV
+        was blamed on the decode server, which had nothing left to send), else its server."""
+        if self.other is not None and not self.other_done and (self.rec.t_first_token is None or self.server_done):
             return self.other
         return self.server
 
