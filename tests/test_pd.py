@@ -461,8 +461,8 @@ def test_pd_hung_prefill_server_stalls_and_the_run_stops(tmp_path: Path, sim_ser
             _, stderr = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGINT)
-            proc.communicate(timeout=30)
-            raise AssertionError("the replay hung with its only prefill server stalled") from None
+            _, stderr = proc.communicate(timeout=30)
+            raise AssertionError(f"the replay hung with its only prefill server stalled:\n{stderr[-3000:]}") from None
     finally:
         prefill.proc.send_signal(signal.SIGCONT)
     assert proc.returncode == 1, stderr
