@@ -27,11 +27,11 @@ demo: venv
 	$(BIN)/tracebench report demo-round_robin-$(DEMO_ID) demo-sjf-$(DEMO_ID) -o reports/demo-report.html
 	$(BIN)/tracebench report demo-round_robin-$(DEMO_ID) demo-sjf-$(DEMO_ID)
 
-# Two pytest processes (pytest-xdist), each taking whole test files (--dist loadfile: a file's module fixtures and the
-# README's blocks run in one process, in order): most of the suite waits on simulated runs, so two overlap well on 2
-# cores. Then, alone in one process, the files marked `serial` (they compare the latencies of two runs, which a
-# second process's CPU load beside a busy machine's skews: a record round trip's TTFT medians differed by 13% once in
-# four runs beside a CPU hog). `pytest -q` alone still runs everything in one process.
+# Two pytest processes (pytest-xdist), each taking whole test files (--dist loadfile: a file's module fixtures run once
+# per process), the longest first and the README's blocks split into chains that share no file (tests/conftest.py,
+# pytest_xdist_make_scheduler): most of the suite waits on simulated runs, so two overlap well on 2 cores. Then,
+# alone in one process, the files marked `serial` (test_speed: speed 1 against speed 4 within 5%, which a second
+# process's CPU load skews). `pytest -q` alone still runs everything in one process.
 test: venv
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not serial"
 	$(BIN)/python -m pytest -q -m serial

@@ -163,3 +163,57 @@ def read_only() -> Iterator[Callable[[Path], Path]]:
         subprocess.run(["umount", str(folder)], check=True)
     for folder in changed:
         folder.chmod(0o755)
+
+
+# ---- pytest-xdist: which test files go first ------------------------------------------------------------------------
+# `make test` runs two pytest processes, each taking whole test files (--dist loadfile): a file's module fixtures run
+# once. xdist hands out files with the most tests first, which left the README's blocks (the longest file, one chain
+# of runs) to start last and finish alone. Here the longest units go first (longest-processing-time-first: the two
+# processes end close together), and the README's blocks are split into their chains (tests/test_readme.py `chains`:
+# the tour, the sweep, the routing example share no file), each a unit of its own. Seconds measured on the 2-core
+# machine beside other work (`pytest --durations`); a file not listed counts a second a test. Stale figures only
+# change the order, never what runs.
+SLOWEST_FIRST = {
+    "tests/test_readme.py::chain-60": 55, "tests/test_report_cli.py": 50, "tests/test_record.py": 45,
+    "tests/test_trace_bad_input.py": 40, "tests/test_replay_truth.py": 40, "tests/test_replay_robust.py": 40,
+    "tests/test_replay_run.py": 35, "tests/test_policies_e2e.py": 30, "tests/test_readme.py::chain-267": 30,
+    "tests/test_pd.py": 25, "tests/test_sweep.py": 25, "tests/test_newcomer.py": 20, "tests/test_pack.py": 20,
+    "tests/test_readme.py::chain-218": 20, "tests/test_replay_prefix.py": 18, "tests/test_telemetry.py": 15,
+    "tests/test_sim_server.py": 15, "tests/test_external_router.py": 15,
+}
+README_BLOCK_ID = "tests/test_readme.py::test_readme_block_runs_as_written[README.md:"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own
+    from xdist.scheduler import LoadFileScheduling
+
+    from test_readme import README_CHAINS
+
+    class SlowestFirst(LoadFileScheduling):
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(README_BLOCK_ID):
+                line = int(nodeid[len(README_BLOCK_ID):].rstrip("]"))
+                if line in README_CHAINS:  # a block that runs (a skipped one stays with the file)
+                    return f"tests/test_readme.py::chain-{README_CHAINS[line]}"
+            return super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node: object) -> None:
+            if not self.ordered:  # the first hand-out: the whole queue is known
+                self.ordered = True
+                units = sorted(self.workqueue.items(), key=lambda unit: -SLOWEST_FIRST.get(unit[0], len(unit[1])))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node: object) -> None:
+            # the next unit goes to a process when it starts the last test of its units, not while 2 are left (xdist's
+            # rule): a process would otherwise take a second long unit while the other is about to be idle
+            if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+                return
+            super()._reschedule(node)
+
+    return SlowestFirst(config, log)

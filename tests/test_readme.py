@@ -8,7 +8,8 @@ The convention (README.md says it too, in an HTML comment above its Quick tour):
 - README.zh-CN.md gives the same commands in the same blocks (comments may be translated), so only README.md's blocks
   are run, and the Chinese one is checked against them.
 Blocks run with bash (`set -euo pipefail`, echoing each command) in one copy of the tracked and untracked-unignored
-files, in README order: a block's files (`-o traces/tour.jsonl`, `--run-name ...`) are there for the blocks after it.
+files, in README order: a block's files (`-o traces/tour.jsonl`, `--run-name ...`) are there for the blocks after it
+that name them (`needs`; chains of blocks that share no file may run on two pytest processes, each in its own copy).
 Keep runnable blocks small (the simulator, a few hundred requests): the whole file should take ~30 s.
 """
 
@@ -72,9 +73,63 @@ def shell_blocks(path: Path) -> list[Block]:
 
 README_BLOCKS = shell_blocks(REPO / "README.md")
 
+# What a block makes for the blocks after it: `-o FILE`, `--run-name NAME`, `--name NAME` (a sweep's folder)
+MADE = re.compile(r"(?:^|\s)(?:-o|--run-name|--name)\s+([^\s;|&]+)")
+
+
+def needs(blocks: list[Block]) -> dict[int, list[Block]]:
+    """For each runnable block (by line), the runnable blocks it needs run first, itself last, in README order: the
+    earlier blocks that make a file or run it names, and theirs. Blocks that need none of each other's files (the tour,
+    the sweep, the routing example) run apart, on two pytest processes at once (conftest.py's scheduler)."""
+    runnable = [b for b in blocks if b.skip is None]
+    made = {b.line: set(MADE.findall(b.text)) for b in runnable}
+    out: dict[int, list[Block]] = {}
+    for i, block in enumerate(runnable):
+        words = set(re.findall(r"[^\s;|&'\"=]+", block.text))
+        wanted = {e.line for e in runnable[:i] if made[e.line] & words}
+        for line in list(wanted):
+            wanted |= {e.line for e in out[line]}
+        out[block.line] = [e for e in runnable[:i] if e.line in wanted] + [block]
+    return out
+
+
+README_NEEDS = needs(README_BLOCKS)
+
+
+def chains(needed: dict[int, list[Block]]) -> dict[int, int]:
+    """Each runnable block's chain, named by its first block: blocks linked by what they need of each other, which
+    share no file with another chain. conftest.py's scheduler keeps a chain on one pytest process and may give
+    another chain to the other."""
+    first = {line: line for line in needed}
+
+    def root(line: int) -> int:
+        while first[line] != line:
+            line = first[line]
+        return line
+
+    for line, blocks in needed.items():
+        for block in blocks:
+            a, b = sorted((root(line), root(block.line)))
+            first[b] = a
+    return {line: root(line) for line in needed}
+
+
+README_CHAINS = chains(README_NEEDS)
+
 
 def test_readme_has_commands_to_run() -> None:
     assert any(block.skip is None for block in README_BLOCKS)
+
+
+def test_blocks_run_after_the_blocks_whose_files_they_name() -> None:
+    blocks = [Block("R", 1, "tracebench generate -o traces/a.jsonl\ntracebench generate -o traces/b.jsonl", None),
+              Block("R", 2, "tracebench replay traces/b.jsonl --run-name run-b --quiet", None),
+              Block("R", 3, "tracebench generate --rate 5 -o traces/c.jsonl", None),
+              Block("R", 4, "make all", "needs make"),
+              Block("R", 5, "tracebench report run-b  # nothing of block 3", None)]
+    needed = needs(blocks)
+    assert {line: [b.line for b in bl] for line, bl in needed.items()} == {1: [1], 2: [1, 2], 3: [3], 5: [1, 2, 5]}
+    assert chains(needed) == {1: 1, 2: 1, 3: 3, 5: 1}
 
 
 def test_chinese_readme_gives_the_same_commands() -> None:
@@ -117,8 +172,8 @@ def _run(block: Block, root: Path) -> None:
 def test_readme_block_runs_as_written(block: Block, fresh_copy: dict) -> None:
     if block.skip is not None:
         pytest.skip(f"{block.path}:{block.line} marked readme-test: skip {block.skip}")
-    # the blocks before this one first (when it is run alone, with -k)
-    for earlier in README_BLOCKS[:README_BLOCKS.index(block) + 1]:
-        if earlier.skip is None and earlier.line not in fresh_copy["done"]:
+    # the blocks it needs first (when it is run alone, with -k, or on a pytest process the earlier ones did not run on)
+    for earlier in README_NEEDS[block.line]:
+        if earlier.line not in fresh_copy["done"]:
             _run(earlier, fresh_copy["root"])
             fresh_copy["done"].add(earlier.line)

@@ -20,12 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import free_port, run_cli, tracebench_cmd
+from conftest import free_port, run_cli, tracebench_cmd, wait_healthy
 from tracebench.record.blocks import load_tokenizer, prefix_blocks
 from tracebench.trace.format import format_request_line, load_trace, write_trace
-
-# the round trips compare two runs' latencies: `make test` runs this file alone, after the parallel part (Makefile)
-pytestmark = pytest.mark.serial
 
 WORDLEVEL = Path("wordlevel")  # the built-in word-level tokenizer (tracebench/wordlevel.py): `--tokenizer wordlevel`
 BLOCK = 16
@@ -118,12 +115,26 @@ def leading_pattern(requests: list) -> list[list[int]]:
     return [[shared(a, b) for b in keyed] for a in keyed]
 
 
+def _replay_args(tmp_path: Path, trace: Path, url: str, name: str, api: str, stream: bool) -> list[str]:
+    return ["replay", str(trace), "--attach", url, "--api", api, "--stream" if stream else "--no-stream",
+            "--out-dir", str(tmp_path / "runs"), "--run-name", name, "--quiet"]
+
+
 def replay(tmp_path: Path, trace: Path, url: str, name: str, api: str, stream: bool) -> Path:
-    out = tmp_path / "runs"
-    proc = run_cli("replay", str(trace), "--attach", url, "--api", api, "--stream" if stream else "--no-stream",
-                   "--out-dir", str(out), "--run-name", name, "--quiet")
+    proc = run_cli(*_replay_args(tmp_path, trace, url, name, api, stream))
     assert proc.returncode == 0, proc.stderr
-    return out / name
+    return tmp_path / "runs" / name
+
+
+def replay_side_by_side(tmp_path: Path, runs: list[tuple[Path, str, str]], api: str, stream: bool) -> list[Path]:
+    """Replays (trace, url, name) at the same time, one process each: whatever else loads the machine loads them
+    alike, so their latencies can be compared on a busy machine."""
+    procs = [subprocess.Popen(tracebench_cmd(*_replay_args(tmp_path, trace, url, name, api, stream)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for trace, url, name in runs]
+    for proc in procs:
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+    return [tmp_path / "runs" / name for _, _, name in runs]
 
 
 def records(run: Path) -> list[dict[str, Any]]:
@@ -162,7 +173,12 @@ def p99_offset_error(reference: np.ndarray, recorded: np.ndarray) -> float:
 def test_round_trip(tmp_path: Path, sim_server, recordings, api: str, stream: bool) -> None:
     a = trace_a(tmp_path / "a.jsonl")
     _, reqs_a = load_trace(a)
-    sim_a, sim_b = sim_server(), sim_server()  # a fresh server per run: neither sees the other's prompts
+    # a fresh server per run (neither sees another's prompts), started together. At --speed 0.25 the latencies
+    # compared (TTFT tens of ms at speed 1) are four times those a busy host adds to them while the requests pass
+    # through three processes, and the simulators take a quarter of the CPU they would
+    sim_a, sim_a2, sim_b = sims = [sim_server("--speed", "0.25", wait=False) for _ in range(3)]
+    for sim in sims:
+        wait_healthy(sim.url, sim.proc, sim.log)
     rec_a = recordings(sim_a.url, tmp_path / "b.jsonl", "--tokenizer", str(WORDLEVEL))
     run_a = replay(tmp_path, a, rec_a.url, "run-a", api, stream)
     rec_a.stop()
@@ -189,23 +205,31 @@ def test_round_trip(tmp_path: Path, sim_server, recordings, api: str, stream: bo
     arrivals_b = np.array([r.arrival_s for r in reqs_b])
     error_vs_sent = p99_offset_error(dispatched, arrivals_b)
     error_vs_a = p99_offset_error(np.array([r.arrival_s for r in reqs_a]), arrivals_b)
+    # A wrong clock (B stamping each request as it finished, not as it arrived) is off by whole request latencies,
+    # which differ from request to request by hundreds of ms here (--speed 0.25): the error that clock would make is
+    # the scale B's must stay ten times below. A fixed bound in ms measured the host instead: a CPU-bound process
+    # beside the suite delays the replay's sends and the proxy's stamps by 25 ms and more at times. The 2 ms p99 the
+    # issue asks is a figure of a quiet machine, measured by bench/bench_record_roundtrip.py.
+    finish_clock = p99_offset_error(dispatched, np.array([r["t_finish"] for r in records(run_a)]))
     message = (f"arrival offsets p99 error {error_vs_a * 1e3:.2f} ms against A, {error_vs_sent * 1e3:.2f} ms "
-               "against the moments the replay sent them")
-    # A wrong clock (finish instead of arrival, another run's start) is off by whole request latencies: tens of ms and
-    # more. The 2 ms p99 the issue asks is a figure of a quiet machine, measured by bench/bench_record_roundtrip.py,
-    # not a unit test's bound (this suite runs beside anything else the machine does).
-    assert error_vs_sent < 0.025 and error_vs_a < 0.025, message
+               f"against the moments the replay sent them; a finish clock would be off by {finish_clock * 1e3:.1f} ms")
+    assert error_vs_sent < finish_clock / 10 and error_vs_a < finish_clock / 10, message
     # prefix structure: the same leading-block sharing between every pair of requests
     pattern_a, pattern_b = leading_pattern(reqs_a), leading_pattern(reqs_b)
     assert any(0 < k for i, row in enumerate(pattern_a) for j, k in enumerate(row) if i != j), "A shares prefixes"
     assert pattern_b == pattern_a, "B shares leading blocks between exactly the requests A does"
 
-    # replaying B gives the same run: no latency percentile differs significantly
+    # replaying B gives the same run as replaying A: no latency median differs by 10%. The two are replayed side by
+    # side (A again, through a proxy and into a fresh server as B is), so a machine busy with other work delays
+    # both alike: A's own run, minutes of other tests earlier, was made under other load
+    rec_a2 = recordings(sim_a2.url, tmp_path / "a2.jsonl")
     rec_b = recordings(sim_b.url, tmp_path / "c.jsonl")
-    run_b = replay(tmp_path, tmp_path / "b.jsonl", rec_b.url, "run-b", api, stream)
+    both = [(a, rec_a2.url, "run-a2"), (tmp_path / "b.jsonl", rec_b.url, "run-b")]
+    run_a2, run_b = replay_side_by_side(tmp_path, both, api, stream)
+    rec_a2.stop()
     rec_b.stop()
     in_order_of(recorded, load_trace(tmp_path / "c.jsonl")[1])  # recording B's replay gives B's requests again
-    proc = run_cli("report", str(run_a), str(run_b), "--allow-different-traces", "--format", "json")
+    proc = run_cli("report", str(run_a2), str(run_b), "--allow-different-traces", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     deltas = doc["runs"][1]["delta"]["latency"]
