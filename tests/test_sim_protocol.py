@@ -314,7 +314,10 @@ def test_rid_is_echoed_and_duplicates_refused(server: SimServer) -> None:
 
 
 def test_skip_tokenizer_init_answers_like_server_b(sim_server) -> None:
-    srv = sim_server("--skip-tokenizer-init", "--max-running-requests", "8")  # speed 1: one chunk per token
+    # one chunk per token, as the probe got, when the stream's writer keeps up with the decode steps: a writer late
+    # on a busy machine finds several tokens at once and sends them as one chunk (as sglang's tokenizer manager does).
+    # At --speed 0.05 a step lasts ~140 ms: longer than any such delay
+    srv = sim_server("--skip-tokenizer-init", "--max-running-requests", "8", "--speed", "0.05")
     status, _, body = http(srv.url + "/generate", {"input_ids": list(range(16)), "sampling_params": {"max_new_tokens": 4}})
     want = _probe("B_nonstream")["body"]
     assert status == 200
