@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import free_port, run_cli, tracebench_cmd
+from conftest import free_port, run_cli, tracebench_cmd, wait_served
+from test_replay_run import wait_running
 
 SPEED = "10"
 TIME_FIELDS = ("t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server_e2e_latency",
@@ -59,9 +60,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "stopped": subprocess.Popen(_replay_cmd(trace, out, "stopped", "--max-running-requests", "1"),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
     }
-    # stop one replay with Ctrl-C one second into its run (the trace lasts 30 trace seconds, 3 s of run time; with
-    # cap 1 the run lasts longer):
-    # the replay prints its "control:" line when its clock starts
+    # stop one replay with Ctrl-C early in its run (the trace lasts 30 trace seconds, 3 s of run time; with cap 1 the
+    # run lasts longer): the replay prints its "control:" line when its clock starts
     stopped = procs["stopped"]
     assert stopped.stdout is not None
     seen, deadline = b"", time.monotonic() + 60
@@ -69,7 +69,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if select.select([stopped.stdout], [], [], 0.1)[0]:
             seen += os.read(stopped.stdout.fileno(), 4096)
     assert b"control:" in seen, seen.decode()
-    time.sleep(1.0)
+    # independent of timing: Ctrl-C once its two servers (cap 1, the queue long) have finished 10 requests, so the
+    # run has finished ones and two in flight to cancel however late a busy machine started it
+    meta = wait_running(out / "stopped", stopped)
+    wait_served([s["url"] for s in meta["servers"]], 10)
     stopped.send_signal(signal.SIGINT)
     for name, proc in procs.items():
         output = proc.communicate(timeout=120)[0].decode()
