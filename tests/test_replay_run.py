@@ -123,7 +123,11 @@ def test_continuous_two_servers(tmp_path: Path) -> None:
     assert all((run_dir / f"server-{i}.log").is_file() for i in (0, 1))
     telemetry = [json.loads(line) for line in (run_dir / "telemetry.jsonl").read_text().splitlines()]
     assert {t["server"] for t in telemetry} == {0, 1} and len(telemetry) >= 8
-    assert any(t["num_running_reqs"] > 0 for t in telemetry) and all(t["error"] is None for t in telemetry if "error" in t)
+    # two checks, each saying what it saw (one of them failed once in five suites beside a CPU hog: which is unknown)
+    errors = [t for t in telemetry if t.get("error") is not None]
+    assert not errors, f"{len(errors)} of {len(telemetry)} load polls failed, first: {errors[0]}"
+    assert any(t["num_running_reqs"] > 0 for t in telemetry), \
+        f"no load poll saw a running request: {[(t['t'], t['server'], t['num_running_reqs']) for t in telemetry]}"
 
 
 def test_static_batches_and_no_stream(tmp_path: Path) -> None:
