@@ -30,7 +30,7 @@ demo: venv
 # Two pytest processes (pytest-xdist), each taking whole test files (--dist loadfile: a file's module fixtures run once
 # per process), the longest first and the README's blocks split into chains that share no file (tests/conftest.py,
 # pytest_xdist_make_scheduler): most of the suite waits on simulated runs, so two overlap well on 2 cores. Then,
-# alone in one process, the files marked `serial` (test_speed: speed 1 against speed 4 within 5%, which a second
+# alone in one process, the tests marked `serial` (test_speed: speed 1 against speed 4 within 5%; test_record's round trip: two runs' medians within 10%), which a second
 # process's CPU load skews). `pytest -q` alone still runs everything in one process.
 test: venv
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not serial"

@@ -166,6 +166,9 @@ def p99_offset_error(reference: np.ndarray, recorded: np.ndarray) -> float:
 
 # ---- the round trip -----------------------------------------------------------------------------------------------
 
+# serial (`make test` runs it alone after the parallel part): its 10% bound on latency medians is between two runs
+# made side by side, and a second pytest process beside them made a quiet machine's CI miss it once (total p50 +10.3%)
+@pytest.mark.serial
 @pytest.mark.parametrize(("api", "stream"), [
     ("generate", True), ("generate", False), ("completions", True), ("completions", False), ("chat", True),
     ("chat", False),
