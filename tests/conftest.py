@@ -109,6 +109,22 @@ def wait_served(urls: list[str], count: int, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
+def start_sim_server(folder: Path, *args: str, wait: bool = True) -> SimServer:
+    """A sim-server process on a free port, its log in `folder`; with `wait`, once /health is 200. The caller stops
+    it (`SimServer.stop`); module-scoped fixtures use this, tests the `sim_server` factory."""
+    port = free_port()
+    log = folder / f"sim-{port}.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            tracebench_cmd("sim-server", "--port", str(port), *args),
+            stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    server = SimServer(url=f"http://127.0.0.1:{port}", port=port, proc=proc, log=log)
+    if wait:
+        wait_healthy(server.url, proc, log)
+    return server
+
+
 @pytest.fixture
 def sim_server(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
     """Factory: `sim_server("--speed", "10", "--max-running-requests", "4")` starts a sim-server process and waits
@@ -116,17 +132,8 @@ def sim_server(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
     started: list[SimServer] = []
 
     def start(*args: str, wait: bool = True) -> SimServer:
-        port = free_port()
-        log = tmp_path / f"sim-{port}.log"
-        with log.open("wb") as fh:
-            proc = subprocess.Popen(
-                tracebench_cmd("sim-server", "--port", str(port), *args),
-                stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        server = SimServer(url=f"http://127.0.0.1:{port}", port=port, proc=proc, log=log)
+        server = start_sim_server(tmp_path, *args, wait=wait)
         started.append(server)
-        if wait:
-            wait_healthy(server.url, proc, log)
         return server
 
     yield start

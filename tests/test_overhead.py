@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from conftest import free_port, run_cli, tracebench_cmd, wait_healthy
+from conftest import free_port, run_cli, start_sim_server
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, SglangClient
 from tracebench.replay.loop import run as run_loop
 from tracebench.replay.records import RequestRecord
@@ -30,17 +29,11 @@ APIS = [(api, stream) for api in ("generate", "completions", "chat") for stream 
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("overhead-sim") / "sim.log"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(tracebench_cmd("sim-server", "--port", str(port), "--speed", "10"), stdout=fh,
-                                stderr=subprocess.STDOUT)
+    server = start_sim_server(tmp_path_factory.mktemp("overhead-sim"), "--speed", "10")
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", proc, log)
-        yield f"http://127.0.0.1:{port}"
+        yield server.url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port, run_cli, tracebench_cmd, wait_healthy, wait_served
+from conftest import REPO, free_port, run_cli, start_sim_server, tracebench_cmd, wait_healthy, wait_served
 from test_replay_run import check_every_request_once, read_run, start_replay, wait_running, write_trace_file
 from tracebench.trace.format import format_request_line, sha256_file, write_trace
 
@@ -31,17 +31,11 @@ FAST = ("--backend", "sim", "--speed", "10", "--quiet")
 @pytest.fixture(scope="module")
 def shared_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One sim-server (--speed 10) for the tests that only need a server to be there (its start costs ~1 s)."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("shared-sim") / "sim.log"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(tracebench_cmd("sim-server", "--port", str(port), "--speed", "10"), stdout=fh,
-                                stderr=subprocess.STDOUT)
+    server = start_sim_server(tmp_path_factory.mktemp("shared-sim"), "--speed", "10")
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", proc, log)
-        yield f"http://127.0.0.1:{port}"
+        yield server.url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server.stop()
 
 
 def policy_file(tmp_path: Path, name: str, body: str, imports: str = "") -> str:
