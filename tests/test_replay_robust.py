@@ -301,6 +301,14 @@ def test_disk_obviously_too_small_is_refused_before_anything_starts(tmp_path: Pa
         assert not (disk / "d").exists()
 
 
+def fill_disk(disk: Path) -> None:
+    """Write zeros into `disk` until it is full."""
+    with contextlib.suppress(OSError), (disk / "filler").open("wb") as fh:
+        while True:
+            fh.write(b"\0" * 65536)
+            fh.flush()
+
+
 def test_disk_full_mid_run_stops_it_and_says_so(tmp_path: Path, shared_sim: str) -> None:
     n = 400
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=100)
@@ -309,10 +317,7 @@ def test_disk_full_mid_run_stops_it_and_says_so(tmp_path: Path, shared_sim: str)
                             cwd=tmp_path)
         wait_running(disk / "d", proc)
         time.sleep(0.5)
-        with contextlib.suppress(OSError), (disk / "filler").open("wb") as fh:  # fill the disk
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
+        fill_disk(disk)
         _, stderr = finish(proc, timeout=30)
         assert proc.returncode == 1, stderr
         assert "disk full" in stderr and "Traceback" not in stderr, stderr
@@ -343,10 +348,7 @@ def test_disk_full_leaves_whole_lines_in_the_telemetry_files_too(tmp_path: Path,
             env={**os.environ, "TRACEBENCH_NVIDIA_SMI": str(smi)})
         wait_running(disk / "d", proc)
         time.sleep(0.5)
-        with contextlib.suppress(OSError), (disk / "filler").open("wb") as fh:  # fill the disk
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
+        fill_disk(disk)
         _, stderr = finish(proc, timeout=30)
         assert proc.returncode == 1, stderr
         assert "disk full" in stderr and "Traceback" not in stderr, stderr

@@ -188,7 +188,10 @@ class Router:
         run's stall bounds (replay/stall.py; None: the watchdog does nothing)."""
         self.clock = clock
         self.speed = speed
-        self.decode_answers = decode_answers
+        # the meta_info stamps this run's answers carry as their own: a PD decode server's prefill_finished_time is
+        # one stale value in every answer (sglang 0.5.17, seen on 2x H200: .DUCUMENT/pd-disaggregation.md section 3),
+        # not the request's; the prefill server's own is the record's prefill_done
+        self._stamps = tuple(pair for pair in _STAMPS if not (decode_answers and pair[1] == "server_prefill_finished"))
         self.servers = servers
         self.policy = policy
         self.client = client
@@ -739,12 +742,7 @@ class Router:
         rec.server_queue_time = queue_time
         rec.sim_lag = meta.get("tracebench_sim_lag")   # a tracebench simulator says how late it ran (sim/answers.py)
         from_wall = self.clock.from_wall
-        for key, field in _STAMPS:
-            if self.decode_answers and field == "server_prefill_finished":
-                # a decode server's prefill_finished_time is one stale value in every answer (sglang 0.5.17, seen on
-                # 2x H200: .DUCUMENT/pd-disaggregation.md section 3): not a stamp of this request; the prefill
-                # server's own is the record's prefill_done
-                continue
+        for key, field in self._stamps:
             stamp = meta.get(key)
             if stamp is None:
                 if server.require_stamps:
