@@ -1,7 +1,7 @@
 """Timing calibration of one sglang server, for fitting a simulator profile (`tracebench/sim/fit.py`).
 
 Measures what the fit reads, on one idle server (started with --skip-tokenizer-init --enable-metrics):
-- `prefill`: one request at a time, 1 output token, prompts of 64..3968 fresh tokens: server-side prefill time
+- `prefill`: one request at a time, 1 output token, prompts of 64..4089 fresh tokens (until 2026-11-26: 64..3968): server-side prefill time
   (prefill_finished_time - forward_entry_time), queue_time, sglang's e2e_latency and the client's e2e.
 - `decode`: B streams of 512 in / 128 out sent at once, B = 1..256: inter-token latency (the gaps between stream
   chunks; sglang's default stream_interval is 1), TTFT and e2e medians.
@@ -92,7 +92,9 @@ class Server:
 
 async def prefill_series(server: Server, quick: bool) -> list[dict]:
     out = []
-    lengths = (64, 256, 1024, 2048, 3968) if quick else (64, 256, 512, 1024, 1536, 2048, 3072, 3968)
+    # up to 4,089: the longest prompt sglang takes with context 4,096 (max_req_input_len 4,090: .DUCUMENT/failure-modes.md)
+    lengths = (64, 256, 1024, 2048, 4089) if quick else (64, 256, 512, 1024, 1536, 2048, 2560, 3072, 3584, 3968, 4000,
+                                                          4089)
     for rep in range(2 if quick else 4):
         for n in lengths:
             r = await server.generate(ids(n, 1_000 + 10 * n + rep), 1)
