@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# A longer held-out routing run on two H100s (issue 19 part 3, 2026-11-26): the whole Mooncake slice (ROUTING_N 1,000
+# requests, in order, Poisson ROUTING_RATE 6.1 req/s, seed 2), round_robin, no cap, on two servers started like
+# h100_profile.sh's (GPU i, port PORT0+i, sglang defaults + --enable-metrics). The profile llama-2-7b-h100-triton is
+# fitted before this run and reads nothing of it. Why: the first held-out routing run has 400 requests, so its TTFT
+# p99 is the 4th largest TTFT and one pair of requests prefilled together or apart moves it by ~5%; 1,000 requests put
+# 10 requests above the p99. Stops at once (exit 3) when the GPUs are not H100s. Results: $OUT/h100heldout.tgz.
+# SIM=1 runs it against sim-servers here (a check of the script; ROUTING_N=40 keeps it short). ~5 minutes on GPUs.
+source bench/gpu/common.sh
+PORT0=${PORT0:-30100}; ROUTING_N=${ROUTING_N:-1000}; ROUTING_RATE=${ROUTING_RATE:-6.1}
+DATA=tests/data/mooncake_synthetic_trace_last1000.jsonl.xz
+NAME=h100heldout
+RES=$RES_ROOT/$NAME; mkdir -p "$RES"
+if [ "${SIM:-0}" != 1 ] && ! nvidia-smi --query-gpu=name --format=csv,noheader | head -2 | grep -q "H100"; then
+  echo "not H100s: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -2 | tr '\n' ' ')"; exit 3
+fi
+pack() {
+  for log in $(find "$RES" -name '*.log'); do tail -n 300 "$log" > "$log.tail" && mv "$log.tail" "$log"; done
+  tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
+}
+trap 'pack; ls -la "$PACK_TO"' EXIT
+$TB generate --dataset "$DATA" --dataset-format mooncake --in-order --rate "$ROUTING_RATE" --num-requests "$ROUTING_N" \
+  --seed 2 -o "$RES/mooncake-routing-long.jsonl"
+t0=$SECONDS
+for i in 0 1; do start_server "$i" $((PORT0 + i)) "$RES/server-$i.log"; done
+for i in 0 1; do wait_healthy $((PORT0 + i)) "$RES/server-$i.log"; done
+echo "servers healthy: $((SECONDS - t0)) s"
+VOCAB=(--model "$MODEL"); [ "${SIM:-0}" = 1 ] && VOCAB=()
+$TB replay "$RES/mooncake-routing-long.jsonl" --attach "http://127.0.0.1:$PORT0" --attach "http://127.0.0.1:$((PORT0 + 1))" \
+  "${VOCAB[@]}" --policy round_robin --run-name routing-long-round_robin --out-dir "$RES" --quiet
+echo "routing run: $((SECONDS - t0)) s"
+for i in 0 1; do stop_server "$RES/server-$i.log"; done
