@@ -1,13 +1,15 @@
 """The `tracebench` command. The only place that turns tracebench's errors into messages and exit codes.
 
 Subcommands are imported lazily, by name, so that `tracebench replay` never imports the report's polars/matplotlib
-and `tracebench report` never imports the replay path.
+(only after a big run, to write its columnar copy: `_finish_run_folder`) and `tracebench report` never imports the
+replay path.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 import click
 
@@ -41,10 +43,29 @@ class _LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            if ctx.invoked_subcommand == "replay":
+                _finish_run_folder(result)
+            return result
         except TracebenchError as err:
             click.echo(f"tracebench: error: {err}", err=True)
             sys.exit(err.exit_code)
+
+
+def _finish_run_folder(run_dir: Path) -> None:
+    """After a replay that ended cleanly (`replay` returned its run folder): a big run's requests.jsonl gets its
+    columnar copy (tracebench/report/columns.py), then the folder is printed. Here, because replay/ never imports the
+    report's polars. A copy that cannot be written (a full disk) leaves the run whole: said on stderr, not fatal."""
+    from tracebench.report.columns import COPY_MIN_BYTES, wants_copy, write_requests_copy
+
+    if wants_copy(run_dir):
+        try:
+            write_requests_copy(run_dir)
+        except OSError as err:
+            click.echo(f"tracebench replay: warning: {err.filename}: {err.strerror}: no columnar copy of "
+                       f"requests.jsonl written (the run is whole; `tracebench report` parses its requests.jsonl, "
+                       f"slower above {COPY_MIN_BYTES >> 20} MiB)", err=True)
+    click.echo(run_dir)
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

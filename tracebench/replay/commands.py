@@ -242,7 +242,7 @@ def replay_config(ctx: click.Context, trace: Path, options: Mapping[str, Any]) -
          "speed_guard records the K asked for, the K used and each attempt. A run at speed 1 that still passes the "
          "bound is kept and flagged. [default: K is kept; the report warns]")
 @click.pass_context
-def replay(ctx: click.Context, trace: Path, adapt_speed: bool, **options: Any) -> None:
+def replay(ctx: click.Context, trace: Path, adapt_speed: bool, **options: Any) -> Path:
     """Replay TRACE against sglang servers (launched or attached) and record every request.
 
     \b
@@ -283,12 +283,12 @@ def replay(ctx: click.Context, trace: Path, adapt_speed: bool, **options: Any) -
     from tracebench.replay.run import run_replay
 
     cfg = replay_config(ctx, trace, options)
+    # the run folder is printed by tracebench/cli.py, once it has its columnar copy (above replay/: polars)
     if adapt_speed:
         from tracebench.speedguard import adapt
 
-        click.echo(adapt(cfg))
-    else:
-        click.echo(run_replay(cfg))
+        return adapt(cfg)
+    return run_replay(cfg)
 
 
 @click.command("policies")

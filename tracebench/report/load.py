@@ -8,6 +8,13 @@ Nothing of the replay path is imported: the report reads the files. polars does 
 lines, so when it refuses a JSONL file (or a record breaks a rule) the file is walked again with orjson to name the
 line. In a packed file the place of a broken record is its row (1-based), in the same `file:N` form.
 
+A big run's requests.jsonl has beside it, from the replay's clean end, its columnar copy `requests.columns.parquet`
+(tracebench/report/columns.py writes it; docs/run-format.md): the same records, read ~10x faster than the JSON is
+parsed. It is read instead of the JSONL only when it is a copy of the JSONL as it is now (size and mtime as recorded
+in the copy, or else the same sha256), and every record is then checked by the same rules, a broken one named by its
+JSONL line. A copy that is not one of this JSONL (the JSONL changed after the run, or the copy is damaged) stops the
+read, naming the copy: the report never guesses which of the two is right.
+
 A run replayed at `--speed K` (run.json `speed`) is K times compressed. Once validated, its times are converted here,
 once, to simulated seconds (run.json's t_end, cap change and event times ×K; the records by report/speed.py, which
 keeps the host's real overheads out of the ×K), so every metric and plot of the report is in simulated seconds and
@@ -16,6 +23,7 @@ compares with a run on real GPUs.
 
 from __future__ import annotations
 
+import hashlib
 import lzma
 import math
 from dataclasses import dataclass
@@ -81,6 +89,12 @@ ROW = "_row"  # 0-based index of the record among the file's records
 # a plain file of the run folder -> its packed form (`tracebench pack`)
 PACKED_NAMES = {"run.json": "run.json.xz", "requests.jsonl": "requests.parquet", "telemetry.jsonl": "telemetry.parquet",
                 "server_metrics.jsonl": "server_metrics.parquet", "gpu.jsonl": "gpu.parquet"}
+# requests.jsonl's columnar copy, written beside it at the clean end of a big replay (tracebench/report/columns.py)
+COLUMNS_COPY = "requests.columns.parquet"
+# the Parquet key-value metadata of the copy: what it was made from (COPY_SOURCE_FIELDS), as JSON
+COPY_METADATA_KEY = "tracebench_requests_copy"
+COPY_VERSION = 1
+COPY_SOURCE_FIELDS = {"version": int, "source": str, "size": int, "mtime_ns": int, "sha256": str, "rows": int}
 # the whole /metrics text of each server at the start and end of the run (packed: .xz)
 METRICS_TEXT_PATTERN = "metrics-*-*.txt"
 
@@ -135,6 +149,10 @@ def run_file(folder: Path, name: str) -> Path:
         raise RunFolderError(folder, None, None,
                              f"has both {name} and {packed.name} (a `tracebench pack` was interrupted): {name} is the "
                              f"original; delete {packed.name} and pack again")
+    if name == "requests.jsonl" and packed.exists() and (folder / COLUMNS_COPY).exists():
+        # pack removes the copy before the JSONL: this copy is of a requests.jsonl that is no longer here
+        raise RunFolderError(folder / COLUMNS_COPY, None, None,
+                             f"a copy of requests.jsonl, beside {packed.name} without it: delete {COLUMNS_COPY}")
     return packed if packed.exists() else plain
 
 
@@ -415,6 +433,8 @@ def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
         raise RunFolderError(path, None, None, "missing: the run recorded no request")
     if path.suffix == ".parquet":
         frame = read_parquet_table(path, request_schema()).with_row_index(ROW)
+    elif (path.parent / COLUMNS_COPY).exists():
+        frame = read_columns_copy(path, path.parent / COLUMNS_COPY).with_row_index(ROW)
     else:
         frame = read_jsonl_table(path, request_schema(), row_index=True)
     if frame.height == 0:
@@ -441,6 +461,66 @@ def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
         # a PD decode server's prefill_finished_time is one stale value, not the request's (.DUCUMENT/
         # pd-disaggregation.md section 3): PD runs recorded before the replay dropped it read it as null
         frame = frame.with_columns(pl.lit(None, pl.Float64).alias("server_prefill_finished"))
+    return frame
+
+
+def file_sha256(path: Path, count_lines: bool = False) -> Any:
+    """sha256 of a file (hex), read in 8 MiB pieces (hashlib releases the GIL on each: two runs hash at once);
+    with `count_lines`, (sha256, the number of newlines)."""
+    digest, buffer, lines = hashlib.sha256(), bytearray(8 << 20), 0
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as fh:
+        while size := fh.readinto(buffer):
+            digest.update(view[:size])
+            if count_lines:
+                lines += buffer.count(b"\n", 0, size)
+    return (digest.hexdigest(), lines) if count_lines else digest.hexdigest()
+
+
+def copy_source(copy: Path) -> dict[str, Any]:
+    """What the columnar copy `copy` says it was made from (COPY_SOURCE_FIELDS), checked field by field."""
+    try:
+        metadata = pl.read_parquet_metadata(copy)
+    except (pl.exceptions.PolarsError, OSError) as err:
+        raise RunFolderError(copy, None, None, f"not a readable Parquet file ({err}): a damaged copy of "
+                             f"requests.jsonl; delete it (the report then parses requests.jsonl)") from None
+    if COPY_METADATA_KEY not in metadata:
+        raise RunFolderError(copy, None, COPY_METADATA_KEY, "missing from its Parquet metadata: not a copy tracebench "
+                             "made of requests.jsonl; delete it (the report then parses requests.jsonl)")
+    try:
+        source = orjson.loads(metadata[COPY_METADATA_KEY])
+    except orjson.JSONDecodeError as err:
+        raise RunFolderError(copy, None, COPY_METADATA_KEY, f"not JSON ({err})") from None
+    if not isinstance(source, dict):
+        raise RunFolderError(copy, None, COPY_METADATA_KEY, f"expected a JSON object, got {source!r}")
+    for key, kind in COPY_SOURCE_FIELDS.items():
+        _need(source, key, (kind,), copy, f"{COPY_METADATA_KEY}.{key}")
+    if source["version"] != COPY_VERSION or source["source"] != "requests.jsonl":
+        raise RunFolderError(copy, None, COPY_METADATA_KEY, f"a copy of {source['source']!r}, version "
+                             f"{source['version']} (this tracebench reads copies of 'requests.jsonl', version "
+                             f"{COPY_VERSION}): delete it (the report then parses requests.jsonl)")
+    return source
+
+
+def read_columns_copy(jsonl: Path, copy: Path) -> pl.DataFrame:
+    """The records of `jsonl` from its columnar copy `copy`, which must be a copy of the file as it is now: the same
+    size, and the same mtime or else the same sha256 (a folder copied elsewhere keeps its bytes, not its mtimes).
+    Otherwise the read stops, naming the copy: the JSONL changed after the copy was made, or the copy is damaged."""
+    source = copy_source(copy)
+    stat = jsonl.stat()
+    changed = None
+    if stat.st_size != source["size"]:
+        changed = f"requests.jsonl has {stat.st_size} bytes, the copy was made from {source['size']}"
+    elif stat.st_mtime_ns != source["mtime_ns"] and file_sha256(jsonl) != source["sha256"]:
+        changed = "requests.jsonl has other bytes (sha256) than the copy was made from"
+    if changed is not None:
+        raise RunFolderError(copy, None, None, f"not a copy of requests.jsonl as it is now ({changed}): "
+                             "requests.jsonl changed after the replay made the copy. If that change is meant, delete "
+                             f"{copy.name} (the report then parses requests.jsonl, and checks every record)")
+    frame = read_parquet_table(copy, request_schema())
+    if frame.height != source["rows"]:
+        raise RunFolderError(copy, None, None, f"has {frame.height} rows, but was made from {source['rows']} records "
+                             "of requests.jsonl: a damaged copy; delete it (the report then parses requests.jsonl)")
     return frame
 
 

@@ -7,6 +7,8 @@
     server-<i>.log   -> server-<i>.log.xz   xz (--log-tail N: only its last N lines)
     metrics-<i>-start.txt, -end.txt -> .txt.xz   xz, whole
     router.log       -> router.log.xz       likewise (a run through --router sglang-router)
+    requests.columns.parquet                removed (a copy of requests.jsonl, report/columns.py: requests.parquet
+                                            holds the same records)
 
 xz rather than gzip for the text files: run.json holds each server's /server_info, near-identical and ~33 kB apart,
 beyond gzip's 32 kB window (a 4-server run.json: 192 kB, gzip 24 kB, xz 8 kB). Both are in Python's standard library.
@@ -37,7 +39,8 @@ from tracebench.errors import ConfigError, RunFolderError
 from tracebench.paths import shareable_json, shareable_text
 from tracebench.report.load import (
     BESIDE_FILES, BESIDE_SCHEMAS, METRICS_TEXT_PATTERN, PACKED_NAMES, PD_COLUMNS, ROW, is_packed, read_beside,
-    read_parquet_table, read_requests, read_run_json, read_telemetry, request_schema, run_file, telemetry_schema,
+    COLUMNS_COPY, read_parquet_table, read_requests, read_run_json, read_telemetry, request_schema, run_file,
+    telemetry_schema,
 )
 
 TEMP_TAG = "packing"  # a packed file is written as .<name>.packing-<pid> first
@@ -51,6 +54,7 @@ class PreparedRun:
 
     folder: Path
     moves: list[tuple[Path, Path, Path]] = field(default_factory=list)  # (temporary, final, original)
+    derived: list[Path] = field(default_factory=list)  # removed with the originals: requests.jsonl's columnar copy
     bytes_before: int = 0  # of the originals
     bytes_after: int = 0   # of their packed forms
 
@@ -144,6 +148,9 @@ def prepare(run: PreparedRun, log_tail: int | None, shareable: bool = False) -> 
     if not meta.get("pd"):  # a plain run's records have no prefill side (replay/records.py PdRecord)
         schema = {name: dtype for name, dtype in schema.items() if name not in PD_COLUMNS}
     _pack_table(run, folder / "requests.jsonl", requests, schema)
+    if (folder / COLUMNS_COPY).exists():  # a copy of requests.jsonl (report/columns.py): goes with it
+        run.derived.append(folder / COLUMNS_COPY)
+        run.bytes_before += (folder / COLUMNS_COPY).stat().st_size
     telemetry_path = folder / "telemetry.jsonl"
     if telemetry_path.exists():  # a run whose servers never started polled nothing
         _pack_table(run, telemetry_path, read_telemetry(folder), telemetry_schema())
@@ -198,9 +205,11 @@ def shareable_log(data: bytes, folder: Path, meta: dict[str, Any]) -> bytes:
 
 def commit(run: PreparedRun) -> None:
     """Packed files into place (each rename atomic), then the originals out (a file rewritten in place replaced
-    its original)."""
+    its original): requests.jsonl's columnar copy first, so that no copy outlives its JSONL."""
     for temp, final, _ in run.moves:
         os.replace(temp, final)
+    for path in run.derived:
+        path.unlink()
     for _, final, original in run.moves:
         if original != final:
             original.unlink()

@@ -1,0 +1,78 @@
+"""requests.jsonl's columnar copy, `requests.columns.parquet`, written at the clean end of a big replay
+(docs/run-format.md, "Columnar copy").
+
+Why: parsing a million-request requests.jsonl is most of `tracebench report`'s time (polars, ~2.5 CPU-s per 650 MB);
+the same records in Parquet read in ~0.2 s. The replay itself stays free of polars (it appends JSON lines as requests
+finish): the copy is made by the `tracebench replay` command after the run returned (tracebench/cli.py), from the
+finished JSONL, and only for a JSONL of at least COPY_MIN_BYTES (a smaller one parses in under ~0.1 s: a second file
+would save nothing worth the import of polars at every run's end).
+
+The copy records what it was made from (Parquet metadata, report/load.py COPY_SOURCE_FIELDS): the JSONL's size,
+mtime and sha256, and the number of records. The reader (report/load.py read_columns_copy) uses the copy only while it
+is a copy of the JSONL as it is now, and checks every record by the same rules as the JSONL's. requests.jsonl stays
+the record: the copy is written to a temporary name and renamed into place, so it is whole or absent.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+
+from tracebench.errors import RunFolderError
+
+COPY_MIN_BYTES = 32 << 20  # ~50,000 records; a JSONL below parses in < 0.15 CPU-s: no copy
+# zstd level 1: as small as level 3 on run records (~88 MB for 1M records) and the quickest to write; reads in ~0.2 s
+COPY_ZSTD_LEVEL = 1
+
+
+def wants_copy(folder: Path) -> bool:
+    """Whether the finished run in `folder` gets a columnar copy: its requests.jsonl is big enough to gain from one."""
+    jsonl = folder / "requests.jsonl"
+    return jsonl.is_file() and jsonl.stat().st_size >= COPY_MIN_BYTES
+
+
+def write_requests_copy(folder: Path) -> Path:
+    """Write `folder`/requests.columns.parquet from `folder`/requests.jsonl (finished: nothing appends to it any
+    more); returns its path. A JSONL polars cannot parse stops here, naming its line (RunFolderError); a JSONL that
+    changes while it is read, too. The records' rules are not checked here: the report checks them on every read."""
+    # polars is imported here, not with the module: a replay too small for a copy never loads it
+    import polars as pl
+
+    from tracebench.report.load import (
+        COLUMNS_COPY, COPY_METADATA_KEY, COPY_VERSION, _raise_located, file_sha256, request_schema,
+    )
+
+    jsonl = folder / "requests.jsonl"
+    final = folder / COLUMNS_COPY
+    temp = folder / f".{COLUMNS_COPY}.writing-{os.getpid()}"
+    before = jsonl.stat()
+    # what the copy is made from goes in its footer, known before polars reads the file: the bytes' sha256 and the
+    # number of lines (one line per record: replay writes no empty line)
+    sha256, lines = file_sha256(jsonl, count_lines=True)
+    source = {"version": COPY_VERSION, "source": "requests.jsonl", "size": before.st_size,
+              "mtime_ns": before.st_mtime_ns, "sha256": sha256, "rows": lines}
+    try:
+        try:
+            # streamed (a slice of the file at a time): ~0.9 GB resident for 1M records, not the 1.5 GB of a whole
+            # frame; the same parser and schema as the report's read_jsonl_table
+            pl.scan_ndjson(jsonl, schema=request_schema()).sink_parquet(
+                temp, compression="zstd", compression_level=COPY_ZSTD_LEVEL, statistics=False,
+                metadata={COPY_METADATA_KEY: orjson.dumps(source).decode()})
+        except pl.exceptions.PolarsError:
+            _raise_located(jsonl, row=None)  # names the broken line; returns only when orjson finds nothing
+            raise
+        rows = pl.scan_parquet(temp).select(pl.len()).collect().item()
+        if rows != lines:  # polars skips an empty line, or reads a last line without its newline
+            _raise_located(jsonl, row=None)
+            raise RunFolderError(jsonl, None, None, f"{lines} lines but {rows} records: no columnar copy written")
+        after = jsonl.stat()
+        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+            raise RunFolderError(jsonl, None, None, "changed while its columnar copy was made (is a replay still "
+                                 "writing it?): no copy written")
+        os.replace(temp, final)
+    except BaseException:
+        temp.unlink(missing_ok=True)  # (a full disk, Ctrl-C, a broken line): no half-written copy is left
+        raise
+    return final
