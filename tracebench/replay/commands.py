@@ -256,7 +256,9 @@ def replay(ctx: click.Context, trace: Path, adapt_speed: bool, **options: Any) -
     faster run is sent its later turns sooner, and the report warns that throughput then measures speed, not
     load handled (docs/replay.md, "Closed loop"). The run folder <out-dir>/<run-name>/ holds
     run.json, requests.jsonl, telemetry.jsonl, server_metrics.jsonl (and gpu.jsonl on a GPU host) and the servers'
-    logs (docs/run-format.md).
+    logs (docs/run-format.md); a big run (requests.jsonl of 32 MiB or more) that ended cleanly also gets, before its
+    folder is printed, requests.columns.parquet: the same records in columns, which `tracebench report` reads
+    instead of parsing the JSONL.
     --speed K (simulator) compresses the whole run K times: every trace time is divided by K, and
     `tracebench report` shows the run in simulated seconds (the simulators' time x K, the host's as measured).
     \b

@@ -41,7 +41,7 @@ def write_requests_copy(folder: Path) -> Path:
     import polars as pl
 
     from tracebench.report.load import (
-        COLUMNS_COPY, COPY_METADATA_KEY, COPY_VERSION, _raise_located, file_sha256, request_schema,
+        COLUMNS_COPY, COPY_METADATA_KEY, COPY_VERSION, _raise_located, file_sha256_and_lines, request_schema,
     )
 
     jsonl = folder / "requests.jsonl"
@@ -50,7 +50,7 @@ def write_requests_copy(folder: Path) -> Path:
     before = jsonl.stat()
     # what the copy is made from goes in its footer, known before polars reads the file: the bytes' sha256 and the
     # number of lines (one line per record: replay writes no empty line)
-    sha256, lines = file_sha256(jsonl, count_lines=True)
+    sha256, lines = file_sha256_and_lines(jsonl)
     source = {"version": COPY_VERSION, "source": "requests.jsonl", "size": before.st_size,
               "mtime_ns": before.st_mtime_ns, "sha256": sha256, "rows": lines}
     try:

@@ -264,6 +264,7 @@ def pack(runs: tuple[str, ...], log_tail: int | None, shareable: bool, reports_d
       requests.jsonl   -> requests.parquet   (Parquet, zstd; pl.read_parquet / pd.read_parquet)
       telemetry.jsonl  -> telemetry.parquet  (Parquet, zstd)
       server-<i>.log   -> server-<i>.log.xz  (xz; --log-tail keeps only its end)
+      requests.columns.parquet  removed (the copy a big replay leaves of requests.jsonl)
 
     A packed folder is read by `tracebench report` (and every other reader of run
     folders) exactly like the original: the same records, columns and types

@@ -28,7 +28,7 @@ import lzma
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import orjson
@@ -464,17 +464,30 @@ def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
     return frame
 
 
-def file_sha256(path: Path, count_lines: bool = False) -> Any:
-    """sha256 of a file (hex), read in 8 MiB pieces (hashlib releases the GIL on each: two runs hash at once);
-    with `count_lines`, (sha256, the number of newlines)."""
-    digest, buffer, lines = hashlib.sha256(), bytearray(8 << 20), 0
+def _pieces(path: Path) -> Iterator[memoryview]:
+    """The bytes of a file in 8 MiB pieces (each valid until the next is read)."""
+    buffer = bytearray(8 << 20)
     view = memoryview(buffer)
     with path.open("rb", buffering=0) as fh:
         while size := fh.readinto(buffer):
-            digest.update(view[:size])
-            if count_lines:
-                lines += buffer.count(b"\n", 0, size)
-    return (digest.hexdigest(), lines) if count_lines else digest.hexdigest()
+            yield view[:size]
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, hex (hashlib releases the GIL on each piece: two runs are hashed at once)."""
+    digest = hashlib.sha256()
+    for piece in _pieces(path):
+        digest.update(piece)
+    return digest.hexdigest()
+
+
+def file_sha256_and_lines(path: Path) -> tuple[str, int]:
+    """sha256 of a file, hex, and how many newlines it has, in one read."""
+    digest, lines = hashlib.sha256(), 0
+    for piece in _pieces(path):
+        digest.update(piece)
+        lines += piece.tobytes().count(b"\n")
+    return digest.hexdigest(), lines
 
 
 def copy_source(copy: Path) -> dict[str, Any]:

@@ -1,0 +1,189 @@
+"""requests.jsonl's columnar copy (requests.columns.parquet, tracebench/report/columns.py): the report reads it
+instead of parsing the JSONL, the same records and the same checks, and only while it is a copy of the JSONL as it is
+now. The run: a committed example (reports/examples/sim2-routing/sjf, 720 records), unpacked to the form replay
+writes (run.json, requests.jsonl, telemetry.jsonl)."""
+
+from __future__ import annotations
+
+import lzma
+import os
+import shutil
+from pathlib import Path
+
+import orjson
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from conftest import run_cli
+from tracebench.cli import _finish_run_folder
+from tracebench.errors import RunFolderError
+from tracebench.report.columns import COPY_MIN_BYTES, wants_copy, write_requests_copy
+from tracebench.report.load import COLUMNS_COPY, COPY_METADATA_KEY, load_run
+from tracebench.report.pack import pack_runs
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "reports" / "examples" / "sim2-routing" / "sjf"
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "run.json").write_bytes(lzma.decompress((EXAMPLE / "run.json.xz").read_bytes()))
+    pl.read_parquet(EXAMPLE / "requests.parquet").write_ndjson(folder / "requests.jsonl")
+    pl.read_parquet(EXAMPLE / "telemetry.parquet").write_ndjson(folder / "telemetry.jsonl")
+    return folder
+
+
+def _lines(folder: Path) -> list[bytes]:
+    return (folder / "requests.jsonl").read_bytes().splitlines(keepends=True)
+
+
+def test_the_copy_holds_the_jsonl_records_and_reports_the_same(run: Path) -> None:
+    from_jsonl = load_run(run)
+    assert write_requests_copy(run) == run / COLUMNS_COPY
+    assert sorted(p.name for p in run.iterdir()) == ["requests.columns.parquet", "requests.jsonl", "run.json",
+                                                     "telemetry.jsonl"]  # no temporary file left
+    from_copy = load_run(run)
+    assert from_copy.requests.height == 720
+    assert_frame_equal(from_copy.requests, from_jsonl.requests)
+    assert from_copy.meta == from_jsonl.meta
+
+
+def test_the_copy_is_what_the_report_reads(run: Path) -> None:
+    # a copy whose values differ but whose footer still names this JSONL: the report shows the copy's value, so it
+    # read the copy (and not the JSONL)
+    copy = write_requests_copy(run)
+    metadata = {COPY_METADATA_KEY: pl.read_parquet_metadata(copy)[COPY_METADATA_KEY]}
+    frame = pl.read_parquet(copy)
+    before = load_run(run).requests["t_arrival"][5]
+    frame.with_columns(pl.when(pl.int_range(pl.len()) == 5).then(pl.col("t_arrival") / 2).otherwise(pl.col("t_arrival"))
+                       .alias("t_arrival")).write_parquet(copy, metadata=metadata)
+    assert load_run(run).requests["t_arrival"][5] == pytest.approx(before / 2) and before > 0
+    # and its records are checked as the JSONL's, a broken one named by its JSONL line
+    frame.with_columns(pl.when(pl.int_range(pl.len()) == 3).then(pl.lit(-1.0)).otherwise(pl.col("t_arrival"))
+                       .alias("t_arrival")).write_parquet(copy, metadata=metadata)
+    with pytest.raises(RunFolderError) as err:
+        load_run(run)
+    assert str(err.value).startswith(f"{run}/requests.jsonl:4: field 't_arrival': must be >= 0")
+
+
+def _same_size_edit(folder: Path) -> None:
+    """One digit of the first record changed: the JSONL keeps its size, its mtime moves."""
+    data = bytearray((folder / "requests.jsonl").read_bytes())
+    at = data.index(b'"t_arrival":') + len(b'"t_arrival":') + 3  # a digit after "0."
+    data[at] = ord("7") if data[at] != ord("7") else ord("3")
+    (folder / "requests.jsonl").write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda f: (f / "requests.jsonl").write_bytes(b"".join(_lines(f)[:-1])),
+     "requests.jsonl has {size} bytes, the copy was made from {made}"),
+    (_same_size_edit, "requests.jsonl has other bytes (sha256) than the copy was made from"),
+])
+def test_a_copy_of_another_jsonl_is_refused(run: Path, change, why: str) -> None:
+    copy = write_requests_copy(run)
+    made = (run / "requests.jsonl").stat().st_size
+    change(run)
+    with pytest.raises(RunFolderError) as err:
+        load_run(run)
+    assert str(err.value).startswith(f"{copy}: not a copy of requests.jsonl as it is now ("
+                                     + why.format(size=(run / "requests.jsonl").stat().st_size, made=made))
+    assert "delete requests.columns.parquet" in str(err.value)
+
+
+def test_the_cli_names_a_stale_copy(run: Path) -> None:
+    write_requests_copy(run)
+    _same_size_edit(run)
+    done = run_cli("report", str(run))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"tracebench: error: {run}/requests.columns.parquet: not a copy of requests.jsonl "
+                                  "as it is now"), done.stderr
+
+
+def test_a_jsonl_with_the_same_bytes_and_another_mtime_keeps_its_copy(run: Path) -> None:
+    # a run folder copied elsewhere (its files' mtimes are new): the copy is checked by sha256, and read
+    copy = write_requests_copy(run)
+    stat = (run / "requests.jsonl").stat()
+    os.utime(run / "requests.jsonl", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    moved = run.with_name("moved")
+    shutil.copytree(run, moved, copy_function=shutil.copy)  # mtimes not kept
+    frame = pl.read_parquet(copy)
+    assert_frame_equal(load_run(run).requests.drop("_row"), frame)
+    assert_frame_equal(load_run(moved).requests.drop("_row"), frame)
+
+
+def test_a_damaged_copy_is_refused(run: Path) -> None:
+    copy = write_requests_copy(run)
+    whole = copy.read_bytes()
+    source = orjson.loads(pl.read_parquet_metadata(copy)[COPY_METADATA_KEY])
+    assert source["rows"] == 720 and source["size"] == (run / "requests.jsonl").stat().st_size
+    frame = pl.read_parquet(copy)
+    cases = [
+        (lambda: copy.write_bytes(whole[: len(whole) // 2]), "not a readable Parquet file"),
+        (lambda: frame.write_parquet(copy), f"field '{COPY_METADATA_KEY}': missing from its Parquet metadata"),
+        (lambda: frame.head(719).write_parquet(copy, metadata={COPY_METADATA_KEY: orjson.dumps(source).decode()}),
+         "has 719 rows, but was made from 720 records"),
+        (lambda: frame.write_parquet(copy, metadata={COPY_METADATA_KEY: orjson.dumps({**source, "rows": "720"})
+                                                     .decode()}),
+         f"field '{COPY_METADATA_KEY}.rows': must be int"),
+    ]
+    for damage, why in cases:
+        damage()
+        with pytest.raises(RunFolderError) as err:
+            load_run(run)
+        assert str(err.value).startswith(f"{copy}: ") and why in str(err.value), str(err.value)
+
+
+def test_a_broken_record_is_named_by_its_jsonl_line(run: Path) -> None:
+    lines = _lines(run)
+    lines[6] = lines[6].replace(b'"status":"ok"', b'"status":"weird"')
+    (run / "requests.jsonl").write_bytes(b"".join(lines))
+    write_requests_copy(run)  # the copy holds what the JSONL holds; the rules are the report's, on every read
+    with pytest.raises(RunFolderError) as err:
+        load_run(run)
+    assert str(err.value).startswith(f"{run}/requests.jsonl:7: field 'status': must be one of")
+
+
+def test_a_jsonl_polars_cannot_parse_gets_no_copy(run: Path) -> None:
+    lines = _lines(run)
+    lines[11] = lines[11][:40] + b"\n"
+    (run / "requests.jsonl").write_bytes(b"".join(lines))
+    with pytest.raises(RunFolderError) as err:
+        write_requests_copy(run)
+    assert str(err.value).startswith(f"{run}/requests.jsonl:12: not JSON")
+    assert sorted(p.name for p in run.iterdir()) == ["requests.jsonl", "run.json", "telemetry.jsonl"]
+
+
+def test_pack_removes_the_copy_and_a_copy_beside_packed_records_is_refused(run: Path) -> None:
+    write_requests_copy(run)
+    expected = load_run(run).requests
+    pack_runs([run], log_tail=None)
+    assert sorted(p.name for p in run.iterdir()) == ["requests.parquet", "run.json.xz", "telemetry.parquet"]
+    assert_frame_equal(load_run(run).requests, expected)
+    pl.read_parquet(run / "requests.parquet").write_parquet(run / COLUMNS_COPY)
+    with pytest.raises(RunFolderError) as err:
+        load_run(run)
+    assert str(err.value).startswith(f"{run}/{COLUMNS_COPY}: a copy of requests.jsonl, beside requests.parquet")
+
+
+def test_the_replay_end_writes_a_copy_only_for_a_big_jsonl(run: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    sparse = tmp_path / "sparse"
+    sparse.mkdir()
+    with (sparse / "requests.jsonl").open("wb") as fh:
+        fh.truncate(COPY_MIN_BYTES - 1)
+    assert not wants_copy(sparse)
+    with (sparse / "requests.jsonl").open("wb") as fh:
+        fh.truncate(COPY_MIN_BYTES)
+    assert wants_copy(sparse)
+
+    _finish_run_folder(run)  # 720 records: no copy
+    assert capsys.readouterr().out == f"{run}\n" and not (run / COLUMNS_COPY).exists()
+    # the same records again and again, past the size that gets a copy (ids repeat: the report would refuse them,
+    # the copy holds them as they are)
+    data = (run / "requests.jsonl").read_bytes()
+    (run / "requests.jsonl").write_bytes(data * (COPY_MIN_BYTES // len(data) + 1))
+    _finish_run_folder(run)
+    assert capsys.readouterr().out == f"{run}\n"
+    assert pl.scan_parquet(run / COLUMNS_COPY).select(pl.len()).collect().item() == 720 * (COPY_MIN_BYTES // len(data) + 1)
