@@ -184,6 +184,15 @@ def test_the_replay_end_writes_a_copy_only_for_a_big_jsonl(run: Path, tmp_path: 
     # the copy holds them as they are)
     data = (run / "requests.jsonl").read_bytes()
     (run / "requests.jsonl").write_bytes(data * (COPY_MIN_BYTES // len(data) + 1))
+    (run / COLUMNS_COPY).mkdir()  # a copy that cannot be written (here: a folder is in its place)
+    (run / COLUMNS_COPY / "x").touch()
     _finish_run_folder(run)
-    assert capsys.readouterr().out == f"{run}\n"
+    out, err = capsys.readouterr()
+    assert out == f"{run}\n"
+    assert err.startswith(f"tracebench replay: warning: {run}/{COLUMNS_COPY}: not written (") and \
+        "the run is whole without it" in err
+    assert sorted(p.name for p in run.iterdir()) == [COLUMNS_COPY, "requests.jsonl", "run.json", "telemetry.jsonl"]
+    shutil.rmtree(run / COLUMNS_COPY)
+    _finish_run_folder(run)
+    assert capsys.readouterr() == (f"{run}\n", "")
     assert pl.scan_parquet(run / COLUMNS_COPY).select(pl.len()).collect().item() == 720 * (COPY_MIN_BYTES // len(data) + 1)

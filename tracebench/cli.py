@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from tracebench import __version__
-from tracebench.errors import TracebenchError
+from tracebench.errors import CopyNotWritten, TracebenchError
 
 # command name -> "module:attribute" of its click command
 _COMMANDS = {
@@ -55,16 +55,21 @@ class _LazyGroup(click.Group):
 def _finish_run_folder(run_dir: Path) -> None:
     """After a replay that ended cleanly (`replay` returned its run folder): a big run's requests.jsonl gets its
     columnar copy (tracebench/report/columns.py), then the folder is printed. Here, because replay/ never imports the
-    report's polars. A copy that cannot be written (a full disk) leaves the run whole: said on stderr, not fatal."""
+    report's polars. A copy that cannot be written (a full disk) or is stopped by Ctrl-C leaves the run whole: said
+    on stderr; only Ctrl-C changes the exit code (130)."""
     from tracebench.report.columns import COPY_MIN_BYTES, wants_copy, write_requests_copy
 
     if wants_copy(run_dir):
         try:
             write_requests_copy(run_dir)
-        except OSError as err:
-            click.echo(f"tracebench replay: warning: {err.filename}: {err.strerror}: no columnar copy of "
-                       f"requests.jsonl written (the run is whole; `tracebench report` parses its requests.jsonl, "
-                       f"slower above {COPY_MIN_BYTES >> 20} MiB)", err=True)
+        except CopyNotWritten as err:
+            click.echo(f"tracebench replay: warning: {err}: the run is whole without it; `tracebench report` parses "
+                       f"its requests.jsonl (slower above {COPY_MIN_BYTES >> 20} MiB)", err=True)
+        except KeyboardInterrupt:
+            click.echo(run_dir)
+            click.echo(f"tracebench replay: interrupted while writing {run_dir}/requests.columns.parquet: none "
+                       "written; the run is whole without it", err=True)
+            sys.exit(130)
     click.echo(run_dir)
 
 

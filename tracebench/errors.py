@@ -65,6 +65,11 @@ class OutputWriteError(RunFailed):
         self.path, self.errno = path, errno
 
 
+class CopyNotWritten(TracebenchError):
+    """requests.jsonl's columnar copy (tracebench/report/columns.py) could not be written: a full disk, a read-only
+    folder. The run is whole without it (the report parses requests.jsonl): the replay command warns and goes on."""
+
+
 class RunInterrupted(TracebenchError):
     """The replay was stopped by Ctrl-C (SIGINT) or SIGTERM; its run folder is complete (status interrupted)."""
 

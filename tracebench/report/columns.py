@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from tracebench.errors import RunFolderError
+from tracebench.errors import CopyNotWritten, RunFolderError
 
 COPY_MIN_BYTES = 32 << 20  # ~50,000 records; a JSONL below parses in < 0.15 CPU-s: no copy
 # zstd level 1: as small as level 3 on run records (~88 MB for 1M records) and the quickest to write; reads in ~0.2 s
@@ -36,7 +36,8 @@ def wants_copy(folder: Path) -> bool:
 def write_requests_copy(folder: Path) -> Path:
     """Write `folder`/requests.columns.parquet from `folder`/requests.jsonl (finished: nothing appends to it any
     more); returns its path. A JSONL polars cannot parse stops here, naming its line (RunFolderError); a JSONL that
-    changes while it is read, too. The records' rules are not checked here: the report checks them on every read."""
+    changes while it is read, too. A copy that cannot be written (a full disk): CopyNotWritten, no file left. The
+    records' rules are not checked here: the report checks them on every read."""
     # polars is imported here, not with the module: a replay too small for a copy never loads it
     import polars as pl
 
@@ -60,9 +61,10 @@ def write_requests_copy(folder: Path) -> Path:
             pl.scan_ndjson(jsonl, schema=request_schema()).sink_parquet(
                 temp, compression="zstd", compression_level=COPY_ZSTD_LEVEL, statistics=False,
                 metadata={COPY_METADATA_KEY: orjson.dumps(source).decode()})
-        except pl.exceptions.PolarsError:
-            _raise_located(jsonl, row=None)  # names the broken line; returns only when orjson finds nothing
-            raise
+        except pl.exceptions.PolarsError as err:
+            # polars' error for a broken line and for a full disk alike: a broken line is named, else it was the write
+            _raise_located(jsonl, row=None)
+            raise CopyNotWritten(f"{final}: not written ({err})") from None
         rows = pl.scan_parquet(temp).select(pl.len()).collect().item()
         if rows != lines:  # polars skips an empty line, or reads a last line without its newline
             _raise_located(jsonl, row=None)
@@ -72,7 +74,10 @@ def write_requests_copy(folder: Path) -> Path:
             raise RunFolderError(jsonl, None, None, "changed while its columnar copy was made (is a replay still "
                                  "writing it?): no copy written")
         os.replace(temp, final)
+    except OSError as err:
+        temp.unlink(missing_ok=True)
+        raise CopyNotWritten(f"{final}: not written ({err.strerror})") from None
     except BaseException:
-        temp.unlink(missing_ok=True)  # (a full disk, Ctrl-C, a broken line): no half-written copy is left
+        temp.unlink(missing_ok=True)  # (Ctrl-C, a broken line, a failed write): no half-written copy is left
         raise
     return final
