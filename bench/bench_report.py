@@ -177,6 +177,12 @@ def main() -> None:
         print(f"  tracebench report A B  {name:<28} {wall:6.2f} s  ({', '.join(f'{t:.2f}' for t, _ in runs)})  "
               f"CPU {cpu:.2f} s{verdict}")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} (other work on the machine slows the wall clock)")
+    from_copy = subprocess.run(tracebench, capture_output=True, text=True, check=True).stdout
+    from_jsonl = subprocess.run(report + [str(plain_a), str(plain_b)], capture_output=True, text=True, check=True).stdout
+    same = from_jsonl.replace(str(plain_a), str(run_a)).replace(str(plain_b), str(run_b)) == from_copy
+    print(f"the table from the columnar copies is the table from the JSONL: {'yes' if same else 'NO'}")
+    if not same:
+        sys.exit("the report differs between the columnar copy and the JSONL: a bug")
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"peak resident memory of one report process: {peak:,.0f} MB")
     if args.keep is None:

@@ -39,7 +39,7 @@ def _lines(folder: Path) -> list[bytes]:
     return (folder / "requests.jsonl").read_bytes().splitlines(keepends=True)
 
 
-def test_the_copy_holds_the_jsonl_records_and_reports_the_same(run: Path) -> None:
+def test_the_copy_reads_back_as_the_jsonl_every_record_and_field(run: Path) -> None:
     from_jsonl = load_run(run)
     assert write_requests_copy(run) == run / COLUMNS_COPY
     assert sorted(p.name for p in run.iterdir()) == ["requests.columns.parquet", "requests.jsonl", "run.json",
