@@ -40,6 +40,7 @@ from sim_vs_real import QUANTILES, figures  # noqa: E402
 from tracebench.report.load import COMPLETED_STATUSES, load_run  # noqa: E402
 from tracebench.report.metrics.definitions import latency_expr  # noqa: E402
 from tracebench.report.metrics.lag import LAG_BOUND, lag_stats  # noqa: E402
+from tracebench.report.speed import output_delays  # noqa: E402
 
 KEYS = (("ttft", "p50"), ("ttft", "p99"), ("total", "p50"), ("total", "p99"))
 TARGET = 0.02   # issue 24: a sped-up run within 2% of speed 1 on each of KEYS
@@ -110,6 +111,7 @@ class Result:
     load: str
     fig: dict
     values: dict                     # "ttft"/"total" -> the completed requests' latencies (simulated seconds)
+    parts: dict                      # TTFT's mean split: "host", "router wait", "in sim" (simulated seconds)
     cells: list[str]                 # the per-run table's columns after the "vs speed 1" ones
 
 
@@ -168,6 +170,7 @@ def run_one(args: argparse.Namespace, item: Item, index: int) -> Result:
     ok = run.requests.filter(pl.col("status").is_in(COMPLETED_STATUSES))
     values = {key: ok.select(latency_expr(key).alias("v"))["v"].drop_nulls().to_numpy() for key in ("ttft", "total")}
     lag = lag_stats(ok, run.speed)
+    parts = ttft_parts(ok, run.meta)
     release = ok.select((pl.col("t_released") - pl.col("t_arrival")).alias("v"))["v"].to_numpy()
     if lag is None:
         lag_cell = "-"
@@ -176,10 +179,35 @@ def run_one(args: argparse.Namespace, item: Item, index: int) -> Result:
         lag_cell = (f"{lag.sim_p99 * 1e3:.2f} / {lag.could_p99 * 1e3:.1f} "
                     f"({worst:.1%}{' WARNED' if worst > LAG_BOUND else ''})")
     cells = [lag_cell, f"{np.quantile(release, 0.99) * 1e3:.2f}", f"{server_cpu:.1f} + {replay_cpu:.1f}", f"{wall:.1f}"]
-    result = Result(item, run.speed or 1.0, load, figures(run), values, cells)
+    cells.insert(0, " / ".join(f"{parts[name] * 1e3:.2f}" for name in PARTS))
+    result = Result(item, run.speed or 1.0, load, figures(run), values, parts, cells)
     print(f"run {index + 1}: {item.label} -> speed {result.used:g}, load {load}, wall {wall:.0f} s, "
           + ", ".join(f"{m} {s} {result.fig[(m, s)] * 1e3:.1f} ms" for m, s in KEYS), file=sys.stderr)
     return result
+
+
+def ttft_parts(ok: pl.DataFrame, meta: dict) -> dict[str, float]:
+    """Where a run's TTFT goes, as means over its streamed completed requests (means add up; quantiles do not), in
+    simulated seconds: "in sim" the simulator's model time (received -> prefill finished, x K, plus its profile's
+    token hand-out delay), "router wait" (dispatch - release: host time, or a slot's wait with a cap), "host" the rest
+    (release lag, the HTTP hop to the simulator, its late hand-out and the hop back: host time, counted once at any
+    K, report/speed.py). What moves between speeds shows which it is: the model's schedule or the host's load."""
+    delays = output_delays(meta)
+    if delays is None:
+        raise SystemExit("bench_speed: the simulators did not report output_s (a run from before it existed?)")
+    c = pl.col
+    out_delay = pl.lit(0.0)
+    for i, value in enumerate(delays):
+        out_delay = pl.when(c("server") == i).then(pl.lit(value)).otherwise(out_delay)
+    frame = ok.filter(c("t_first_token").is_not_null() & c("server_prefill_finished").is_not_null()).select(
+        ttft=c("t_first_token") - c("t_arrival"),
+        wait=c("t_dispatch") - c("t_released"),
+        sim=c("server_prefill_finished") - c("server_received") + out_delay)
+    ttft, wait, sim = (float(frame[name].mean()) for name in ("ttft", "wait", "sim"))
+    return {"host": ttft - wait - sim, "router wait": wait, "in sim": sim}
+
+
+PARTS = ("host", "router wait", "in sim")
 
 
 def pct(value: float) -> str:
@@ -204,11 +232,14 @@ def summary(results: list[Result], pooled: bool) -> list[str]:
     spread = {key: [r.fig[key] / base_med[key] - 1 for r in base] for key in KEYS}
     band = {key: max(abs(v) for v in spread[key]) for key in KEYS}
     base_pool = {key: pooled_figure(base, key) for key in KEYS}
-    head = ["speed (kept at)", "runs", *(f"{m.upper() if m == 'ttft' else m} {s}" for m, s in KEYS)]
+    base_parts = {name: float(np.median([r.parts[name] for r in base])) for name in PARTS}
+    head = ["speed (kept at)", "runs", *(f"{m.upper() if m == 'ttft' else m} {s}" for m, s in KEYS),
+            "TTFT mean ms: host / router wait / in sim"]
     if pooled:
         head += [f"pooled {m.upper() if m == 'ttft' else m} {s}" for m, s in KEYS]
     lines = [f"medians over repeats against speed 1's median (ok: within {TARGET:.0%}; noise: within speed 1's own "
-             "spread; OUT: outside both); speed 1's row: its spread, min…max of each run against its median",
+             "spread; OUT: outside both); speed 1's row: its spread, min…max of each run against its median; TTFT "
+             "mean's parts: medians over repeats, the others' as ms against speed 1's",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     items = list(dict.fromkeys(r.item for r in results))
     for item in items:
@@ -218,12 +249,15 @@ def summary(results: list[Result], pooled: bool) -> list[str]:
         if item.is_base:
             cells += [f"{base_med[key] * 1e3:,.1f} ms (±{band[key]:.1%}: {pct(min(spread[key]))}…{pct(max(spread[key]))})"
                       for key in KEYS]
+            cells.append(" / ".join(f"{base_parts[name] * 1e3:.2f}" for name in PARTS))
             if pooled:
                 cells += [f"{base_pool[key] * 1e3:,.1f} ms" for key in KEYS]
         else:
             for key in KEYS:
                 change = float(np.median([r.fig[key] for r in runs])) / base_med[key] - 1
                 cells.append(f"{pct(change)} {verdict(change, band[key])}")
+            cells.append(" / ".join(f"{(float(np.median([r.parts[name] for r in runs])) - base_parts[name]) * 1e3:+.2f}"
+                                    for name in PARTS))
             if pooled:
                 for key in KEYS:
                     change = pooled_figure(runs, key) / base_pool[key] - 1
@@ -268,7 +302,7 @@ def main() -> None:
     base_med = {key: float(np.median([r.fig[key] for r in base])) for key in KEYS} if base else None
     head = ["speed", "load avg", "TTFT p50 ms (vs real)", "TTFT p99", "total p50", "total p99", "router wait p99",
             "vs speed-1 median: TTFT p50", "TTFT p99", "total p50", "total p99",
-            "sim lag p99 wall ms / x K (largest share)", "release lag p99 ms", "CPU s servers + replay", "wall s"]
+            "TTFT mean ms: host / router wait / in sim", "sim lag p99 wall ms / x K (largest share)", "release lag p99 ms", "CPU s servers + replay", "wall s"]
     print(f"{args.trace.name}: {args.gpus} simulated servers, cap {args.cap}, {args.policy}; real: "
           f"{'-' if args.real is None else args.real / args.policy}; {len(results)} runs in "
           f"{time.monotonic() - t0:.0f} s, in {args.out}")
