@@ -1,18 +1,30 @@
 """Does `--speed K` give the figures of `--speed 1`? (issue 24; first asked in issue 15)
 
-    .venv/bin/python bench/bench_speed.py [--speeds 1,2,4] [--hog] [--policy round_robin] [--out DIR]
-    .venv/bin/python bench/bench_speed.py --speeds 1,4,4,4+hog,4adapt,4adapt+hog     # issue 24's table (~4-6 min)
+    .venv/bin/python bench/bench_speed.py [--speeds 1,2,4] [--repeat N] [--hog] [--policy round_robin] [--out DIR]
+    .venv/bin/python bench/bench_speed.py --speeds 1,2,4adapt,4adapt+hog*1 --repeat 3   # issue 24's table (~7 min)
+    .venv/bin/python bench/bench_speed.py --requests 200 --speeds 1,2,4adapt --repeat 2    # a quick check (~1.5 min)
 
 Replays one trace on simulated servers at each speed (default: the issue's workload, reports/examples/sim4-routing/
 azure4.jsonl on 4 servers with cap 24, round_robin), one run after another, and prints one line per run: TTFT p50/p99,
 total p50/p99 and router wait p99 against the real four-H200 run of the same trace and policy
-(reports/examples/h200x4-routing/<policy>, via bench/sim_vs_real.py's figures), the same four against the speed-1 run
-(the issue's target: within 2%), the simulators' lag (p99, wall ms, and x K: what the report bounds; its warning
-past 2%), the client's release lag p99, the CPU seconds the servers and the replay used, the wall time and the load
-average (`uptime`) before each run. `--hog` repeats every run with a CPU-bound process beside it (one busy Python
-loop, started before the run and killed after). A speed may carry its own suffixes instead: `4+hog` (this run beside
-the hog), `4adapt` (replay --adapt-speed: the row shows the speed asked for -> the speed the run was kept at). Each run
-folder stays in --out (a temporary folder by default).
+(reports/examples/h200x4-routing/<policy>, via bench/sim_vs_real.py's figures), the same four against the median of
+the speed-1 runs (the issue's target: within 2%), TTFT's mean split into host time, router wait and the simulators'
+model time (which of them a speed moved), the simulators' lag (p99, wall ms, and x K: what the report bounds; its
+warning past LAG_BOUND), the client's release lag p99, the CPU seconds the servers and the replay used, the wall time
+and the load average (`uptime`) before each run.
+
+One run per speed cannot show "within 2%": speed 1 against itself moves its p99s by 3-4% (docs/sim-server.md). So
+`--repeat N` makes every speed N times, interleaved (round r runs each speed once, the order rotated by r: a slow
+drift of the machine falls on every speed alike), and a second table gives per speed the median over its runs of each
+figure against speed 1's median, with a verdict: `ok` (within 2%), `noise` (further, but within speed 1's own spread:
+the largest distance of a speed-1 run from the speed-1 median, shown on speed 1's row), `OUT` (outside both). With
+two speed-1 runs or more it also pools each speed's requests over its runs (p99 of 3x the requests is steadier).
+
+`--hog` adds every speed again beside a CPU-bound process (one busy Python loop, started before the run and killed
+after). A speed may carry its own suffixes instead: `4+hog` (this run beside the hog), `4adapt` (replay
+--adapt-speed: the row shows the speed asked for -> the speed the run was kept at), `*N` (N runs of it instead of
+--repeat's; `4adapt+hog*1`: one). `--requests N` replays only the trace's first N requests (no real run to compare
+with). Each run folder stays in --out (a temporary folder by default).
 """
 
 from __future__ import annotations
@@ -124,7 +136,7 @@ def parse_items(speeds: str, repeat: int, hog_too: bool) -> list[Item]:
         adapt = word.endswith("adapt")
         n = int(count) if count else repeat
         if n < 1:
-            raise SystemExit(f"--speeds {speeds}: a count must be >= 1, got {count!r}")
+            raise SystemExit(f"--speeds {speeds} --repeat {repeat}: {word or '?'} would run {n} times (at least 1)")
         items.append(Item(float(word.removesuffix("adapt")), adapt, hog, n))
     if hog_too:
         items += [dataclasses.replace(item, hog=True) for item in items if not item.hog]
@@ -289,13 +301,13 @@ def main() -> None:
     ap.add_argument("--hog", action="store_true", help="also every speed with a CPU-bound process beside it")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    items = parse_items(args.speeds, args.repeat, args.hog)
     args.out = args.out or Path(tempfile.mkdtemp(prefix="bench-speed-"))
     args.out.mkdir(parents=True, exist_ok=True)
     if args.requests is not None:
         args.trace = slice_trace(args.trace, args.requests, args.out)
         args.real = None
     real = figures(load_run(args.real / args.policy)) if args.real is not None else None
-    items = parse_items(args.speeds, args.repeat, args.hog)
     t0 = time.monotonic()
     results = [run_one(args, item, i) for i, item in enumerate(interleave(items))]
     base = [r for r in results if r.item.is_base]
