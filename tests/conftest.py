@@ -177,18 +177,34 @@ def read_only() -> Iterator[Callable[[Path], Path]]:
 # once. xdist hands out files with the most tests first, which left the README's blocks (the longest file, one chain
 # of runs) to start last and finish alone. Here the longest units go first (longest-processing-time-first: the two
 # processes end close together), and the README's blocks are split into their chains (tests/test_readme.py `chains`:
-# the tour, the sweep, the routing example share no file), each a unit of its own. Seconds measured on the 2-core
-# machine beside other work (`pytest --durations`); a file not listed counts a second a test. Stale figures only
-# change the order, never what runs.
+# the tour, the sweep, the routing example share no file), each a unit of its own, named by the first file its first
+# block makes (a README line number went stale whenever text above it moved, and the chain then counted a second a
+# test: the longest unit started last). Wall seconds of each unit beside the other process on the 2-core machine
+# (`pytest --durations`, load ~3, 2026-11-26); a file not listed counts a second a test. Stale figures only change the
+# order, never what runs; tests/test_readme.py checks every key names a unit that exists.
 SLOWEST_FIRST = {
-    "tests/test_readme.py::chain-60": 55, "tests/test_report_cli.py": 50, "tests/test_record.py": 45,
-    "tests/test_trace_bad_input.py": 40, "tests/test_replay_truth.py": 40, "tests/test_replay_robust.py": 40,
-    "tests/test_replay_run.py": 35, "tests/test_policies_e2e.py": 30, "tests/test_readme.py::chain-267": 30,
-    "tests/test_pd.py": 25, "tests/test_sweep.py": 25, "tests/test_newcomer.py": 20, "tests/test_pack.py": 20,
-    "tests/test_readme.py::chain-218": 20, "tests/test_replay_prefix.py": 18, "tests/test_telemetry.py": 15,
-    "tests/test_sim_server.py": 15, "tests/test_external_router.py": 15,
+    "tests/test_readme.py::chain-traces/tour.jsonl": 45, "tests/test_replay_robust.py": 42,
+    "tests/test_readme.py::chain-traces/routing.jsonl": 32, "tests/test_replay_run.py": 32,
+    "tests/test_report_cli.py": 28, "tests/test_sweep.py": 24, "tests/test_trace_bad_input.py": 23,
+    "tests/test_policies_e2e.py": 23, "tests/test_newcomer.py": 20, "tests/test_replay_truth.py": 20,
+    "tests/test_record.py": 18, "tests/test_pd.py": 18, "tests/test_readme.py::chain-traces/sweep.jsonl": 16,
+    "tests/test_pack.py": 16, "tests/test_external_router.py": 11, "tests/test_overhead.py": 11,
+    "tests/test_policies_prefix.py": 8, "tests/test_telemetry.py": 8, "tests/test_replay_prefix.py": 8,
+    "tests/test_sim_server.py": 7,
 }
 README_BLOCK_ID = "tests/test_readme.py::test_readme_block_runs_as_written[README.md:"
+
+
+def readme_unit(line: int) -> str | None:
+    """The xdist unit of the README block opened at `line`: its chain, named by the first file the chain's first block
+    makes (`-o FILE`, `--run-name NAME`, ...); None for a block that does not run (it stays with the file)."""
+    from test_readme import MADE, README_BLOCKS, README_CHAINS
+
+    if line not in README_CHAINS:
+        return None
+    first = next(block for block in README_BLOCKS if block.line == README_CHAINS[line])
+    made = MADE.findall(first.text)
+    return f"tests/test_readme.py::chain-{made[0] if made else first.line}"
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
@@ -196,16 +212,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         return None  # xdist's own
     from xdist.scheduler import LoadFileScheduling
 
-    from test_readme import README_CHAINS
-
     class SlowestFirst(LoadFileScheduling):
         ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(README_BLOCK_ID):
-                line = int(nodeid[len(README_BLOCK_ID):].rstrip("]"))
-                if line in README_CHAINS:  # a block that runs (a skipped one stays with the file)
-                    return f"tests/test_readme.py::chain-{README_CHAINS[line]}"
+                unit = readme_unit(int(nodeid[len(README_BLOCK_ID):].rstrip("]")))
+                if unit is not None:
+                    return unit
             return super()._split_scope(nodeid)
 
         def _assign_work_unit(self, node: object) -> None:

@@ -177,3 +177,14 @@ def test_readme_block_runs_as_written(block: Block, fresh_copy: dict) -> None:
         if earlier.line not in fresh_copy["done"]:
             _run(earlier, fresh_copy["root"])
             fresh_copy["done"].add(earlier.line)
+
+
+def test_the_schedulers_figures_name_units_that_exist() -> None:
+    """conftest.py's SLOWEST_FIRST ranks the xdist units by their seconds: a key that names no unit (a renamed file, a
+    README chain renamed) ranks nothing, and that unit then counts a second a test, possibly starting last."""
+    from conftest import SLOWEST_FIRST, readme_unit
+
+    units = {readme_unit(line) for line in README_CHAINS} | {
+        f"tests/{path.name}" for path in (REPO / "tests").glob("test_*.py")}
+    assert {"tests/test_readme.py::chain-traces/tour.jsonl", "tests/test_readme.py::chain-traces/routing.jsonl"} <= units
+    assert set(SLOWEST_FIRST) <= units, sorted(set(SLOWEST_FIRST) - units)
