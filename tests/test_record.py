@@ -32,7 +32,7 @@ SERVED_METRICS = ("total", "server_client", "server_sglang", "ttft", "ttft_dispa
 class Recording:
     """A `tracebench record` process in front of `upstream`, writing `output`."""
 
-    def __init__(self, tmp_path: Path, upstream: str, output: Path, *args: str) -> None:
+    def __init__(self, tmp_path: Path, upstream: str, output: Path, *args: str, wait: bool = True) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.output = output
@@ -43,6 +43,10 @@ class Recording:
                                str(output), "--block-size", str(BLOCK), *args),
                 stdout=fh, stderr=subprocess.STDOUT,
             )
+        if wait:
+            self.wait_listening()
+
+    def wait_listening(self) -> None:
         deadline = time.monotonic() + 20
         while b"listening on" not in self.log.read_bytes():
             assert self.proc.poll() is None, self.log.read_text()
@@ -64,8 +68,8 @@ class Recording:
 def recordings(tmp_path: Path):
     started: list[Recording] = []
 
-    def start(upstream: str, output: Path, *args: str) -> Recording:
-        rec = Recording(tmp_path, upstream, output, *args)
+    def start(upstream: str, output: Path, *args: str, wait: bool = True) -> Recording:
+        rec = Recording(tmp_path, upstream, output, *args, wait=wait)
         started.append(rec)
         return rec
 
@@ -184,7 +188,12 @@ def test_round_trip(tmp_path: Path, sim_server, recordings, api: str, stream: bo
     sim_a, sim_a2, sim_b = sims = [sim_server("--speed", "0.25", wait=False) for _ in range(3)]
     for sim in sims:
         wait_healthy(sim.url, sim.proc, sim.log)
-    rec_a = recordings(sim_a.url, tmp_path / "b.jsonl", "--tokenizer", str(WORDLEVEL))
+    # the three proxies start together too (A2's and B's wait idle through A's run, which they do not see)
+    rec_a, rec_a2, rec_b = (recordings(sim_a.url, tmp_path / "b.jsonl", "--tokenizer", str(WORDLEVEL), wait=False),
+                            recordings(sim_a2.url, tmp_path / "a2.jsonl", wait=False),
+                            recordings(sim_b.url, tmp_path / "c.jsonl", wait=False))
+    for rec in (rec_a, rec_a2, rec_b):
+        rec.wait_listening()
     run_a = replay(tmp_path, a, rec_a.url, "run-a", api, stream)
     rec_a.stop()
     header_b, recorded = load_trace(tmp_path / "b.jsonl")
@@ -227,8 +236,6 @@ def test_round_trip(tmp_path: Path, sim_server, recordings, api: str, stream: bo
     # replaying B gives the same run as replaying A: no latency median differs by 10%. The two are replayed side by
     # side (A again, through a proxy and into a fresh server as B is), so a machine busy with other work delays
     # both alike: A's own run, minutes of other tests earlier, was made under other load
-    rec_a2 = recordings(sim_a2.url, tmp_path / "a2.jsonl")
-    rec_b = recordings(sim_b.url, tmp_path / "c.jsonl")
     both = [(a, rec_a2.url, "run-a2"), (tmp_path / "b.jsonl", rec_b.url, "run-b")]
     run_a2, run_b = replay_side_by_side(tmp_path, both, api, stream)
     rec_a2.stop()
