@@ -27,13 +27,14 @@ demo: venv
 	$(BIN)/tracebench report demo-round_robin-$(DEMO_ID) demo-sjf-$(DEMO_ID) -o reports/demo-report.html
 	$(BIN)/tracebench report demo-round_robin-$(DEMO_ID) demo-sjf-$(DEMO_ID)
 
-# Two pytest processes (pytest-xdist), each taking whole test files (--dist loadfile: a file's module fixtures run once
+# Three pytest processes (pytest-xdist), each taking whole test files (--dist loadfile: a file's module fixtures run once
 # per process), the longest first and the README's blocks split into chains that share no file (tests/conftest.py,
-# pytest_xdist_make_scheduler): most of the suite waits on simulated runs, so two overlap well on 2 cores. Then,
+# pytest_xdist_make_scheduler): much of the suite waits on simulated runs, so with two processes 2 cores stood ~30%
+# idle (a third: 160 s instead of 192 s on 2 cores, 1.8 cores busy; all passed beside a CPU hog too, 2026-11-26). Then,
 # alone in one process, the tests marked `serial` (test_speed: speed 1 against speed 4 within 5%; test_record's round trip: two runs' medians within 10%), which a second
 # process's CPU load skews). `pytest -q` alone still runs everything in one process.
 test: venv
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 
 clean:

@@ -173,13 +173,13 @@ def read_only() -> Iterator[Callable[[Path], Path]]:
 
 
 # ---- pytest-xdist: which test files go first ------------------------------------------------------------------------
-# `make test` runs two pytest processes, each taking whole test files (--dist loadfile): a file's module fixtures run
+# `make test` runs three pytest processes, each taking whole test files (--dist loadfile): a file's module fixtures run
 # once. xdist hands out files with the most tests first, which left the README's blocks (the longest file, one chain
-# of runs) to start last and finish alone. Here the longest units go first (longest-processing-time-first: the two
+# of runs) to start last and finish alone. Here the longest units go first (longest-processing-time-first: the
 # processes end close together), and the README's blocks are split into their chains (tests/test_readme.py `chains`:
 # the tour, the sweep, the routing example share no file), each a unit of its own, named by the first file its first
 # block makes (a README line number went stale whenever text above it moved, and the chain then counted a second a
-# test: the longest unit started last). Wall seconds of each unit beside the other process on the 2-core machine
+# test: the longest unit started last). Wall seconds of each unit beside another process on the 2-core machine
 # (`pytest --durations`, load ~3, 2026-11-26); a file not listed counts a second a test. Stale figures only change the
 # order, never what runs; tests/test_readme.py checks every key names a unit that exists.
 SLOWEST_FIRST = {

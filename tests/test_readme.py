@@ -9,7 +9,7 @@ The convention (README.md says it too, in an HTML comment above its Quick tour):
   are run, and the Chinese one is checked against them.
 Blocks run with bash (`set -euo pipefail`, echoing each command) in one copy of the tracked and untracked-unignored
 files, in README order: a block's files (`-o traces/tour.jsonl`, `--run-name ...`) are there for the blocks after it
-that name them (`needs`; chains of blocks that share no file may run on two pytest processes, each in its own copy).
+that name them (`needs`; chains of blocks that share no file may run on several pytest processes, each in its own copy).
 Keep runnable blocks small (the simulator, a few hundred requests): the whole file should take ~30 s.
 """
 
@@ -80,7 +80,7 @@ MADE = re.compile(r"(?:^|\s)(?:-o|--run-name|--name)\s+([^\s;|&]+)")
 def needs(blocks: list[Block]) -> dict[int, list[Block]]:
     """For each runnable block (by line), the runnable blocks it needs run first, itself last, in README order: the
     earlier blocks that make a file or run it names, and theirs. Blocks that need none of each other's files (the tour,
-    the sweep, the routing example) run apart, on two pytest processes at once (conftest.py's scheduler)."""
+    the sweep, the routing example) run apart, on several pytest processes at once (conftest.py's scheduler)."""
     runnable = [b for b in blocks if b.skip is None]
     made = {b.line: set(MADE.findall(b.text)) for b in runnable}
     out: dict[int, list[Block]] = {}
