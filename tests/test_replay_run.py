@@ -470,7 +470,9 @@ def test_policy_breaking_the_rules_stops_the_run(tmp_path: Path) -> None:
         "    def assign(self, queue, servers):\n"
         "        return [(req, servers[0]) for req in queue]\n"
     )
-    trace = write_trace_file(tmp_path / "t.jsonl", 40, rate=100 / 20, outputs=(16, 32))  # 100 req/s of run time
+    # a burst (40 requests in ~1 ms of run time): the queue outgrows the 2 slots however fast a request is served.
+    # At 100 req/s of run time a loaded machine once served each before the next came, and the policy broke nothing
+    trace = write_trace_file(tmp_path / "t.jsonl", 40, rate=40000 / 20, outputs=(16, 32))
     result = run_cli("replay", str(trace), "--backend", "sim", "--speed", "20", "--port-base", port_base(1),
                      "--max-running-requests", "2", "--policy", f"{policy}:Greedy", "--run-name", "p",
                      "--out-dir", str(tmp_path), "--quiet")
