@@ -162,7 +162,10 @@ def test_generate_non_streaming(server: SimServer, case: str, payload: dict) -> 
         assert meta["e2e_latency"] == pytest.approx(meta["request_finished_ts"] - meta["request_received_ts"], abs=1e-6)
 
 
-def test_generate_stream_chunks(server: SimServer) -> None:
+def test_generate_stream_chunks(sim_server) -> None:
+    # its own server at --speed 1 (a decode step ~5 ms): tokens that are ready when the handler wakes go out in one
+    # chunk, like sglang's, so at the module server's --speed 20 (0.25 ms a step) a busy machine sent all 12 in one
+    server = sim_server("--speed", "1", "--seed", "3")
     cap = _capture()["generate_stream_raw"]
     payload = {"input_ids": list(range(32)), "sampling_params": {"max_new_tokens": 12, "ignore_eos": True},
                "stream": True}
