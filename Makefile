@@ -31,8 +31,8 @@ demo: venv
 # per process), the longest first and the README's blocks split into chains that share no file (tests/conftest.py,
 # pytest_xdist_make_scheduler): much of the suite waits on simulated runs, so with two processes 2 cores stood ~30%
 # idle (a third: 160 s instead of 192 s on 2 cores, 1.8 cores busy; all passed beside a CPU hog too, 2026-11-26). Then,
-# alone in one process, the tests marked `serial` (test_speed: speed 1 against speed 4 within 5%; test_record's round trip: two runs' medians within 10%), which a second
-# process's CPU load skews). `pytest -q` alone still runs everything in one process.
+# alone in one process, the tests marked `serial` (test_speed: speed 1 against speed 4 within 5%, which a second
+# process's CPU load skews; the record round trip's latency medians are measured by bench/bench_record_roundtrip.py). `pytest -q` alone still runs everything in one process.
 test: venv
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
