@@ -7,10 +7,6 @@ source bench/gpu/common.sh
 PORT=${PORT:-30200}
 NAME=clip
 RES=$RES_ROOT/$NAME; mkdir -p "$RES"
-pack() {
-  [ -f "$RES/server.log" ] && tail -n 200 "$RES/server.log" > "$RES/server.log.tail" && mv "$RES/server.log.tail" "$RES/server.log"
-  tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
-}
 trap 'stop_server "$RES/server.log"; pack; ls -la "$PACK_TO"' EXIT
 start_server 0 "$PORT" "$RES/server.log"
 wait_healthy "$PORT" "$RES/server.log"

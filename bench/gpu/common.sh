@@ -78,3 +78,11 @@ stop_server() {
   sleep 5
   kill -KILL -- "-$(cat "$log.pid")" 2>/dev/null || true
 }
+
+# pack: the script's results ($RES_ROOT/$NAME) as $PACK_TO/$NAME.tgz, each log under $RES cut to its last 300 lines
+# (the device returns at most 8 files, each of limited size); every script's EXIT trap calls it
+pack() {
+  local log
+  for log in $(find "$RES" -name '*.log'); do tail -n 300 "$log" > "$log.tail" && mv "$log.tail" "$log"; done
+  tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
+}

@@ -7,10 +7,6 @@ source bench/gpu/common.sh
 PORT=${PORT:-30100}
 NAME=h100cal
 RES=$RES_ROOT/$NAME; mkdir -p "$RES"
-pack() {
-  [ -f "$RES/server.log" ] && tail -n 300 "$RES/server.log" > "$RES/server.log.tail" && mv "$RES/server.log.tail" "$RES/server.log"
-  tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
-}
 trap 'pack; ls -la "$PACK_TO"' EXIT
 PY=${TB% -m tracebench}
 t0=$SECONDS

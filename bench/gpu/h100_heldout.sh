@@ -14,10 +14,6 @@ RES=$RES_ROOT/$NAME; mkdir -p "$RES"
 if [ "${SIM:-0}" != 1 ] && ! nvidia-smi --query-gpu=name --format=csv,noheader | head -2 | grep -q "H100"; then
   echo "not H100s: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -2 | tr '\n' ' ')"; exit 3
 fi
-pack() {
-  for log in $(find "$RES" -name '*.log'); do tail -n 300 "$log" > "$log.tail" && mv "$log.tail" "$log"; done
-  tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
-}
 trap 'pack; ls -la "$PACK_TO"' EXIT
 $TB generate --dataset "$DATA" --dataset-format mooncake --in-order --rate "$ROUTING_RATE" --num-requests "$ROUTING_N" \
   --seed 2 -o "$RES/mooncake-routing-long.jsonl"

@@ -15,10 +15,6 @@ ROUTING_N=${ROUTING_N:-400}; ROUTING_RATE=${ROUTING_RATE:-6.1}; FIT_N=${FIT_N:-7
 DATA=tests/data/mooncake_synthetic_trace_last1000.jsonl.xz
 NAME=h100
 RES=$RES_ROOT/$NAME; mkdir -p "$RES"
-pack() {
-  for log in $(find "$RES" -name '*.log'); do tail -n 300 "$log" > "$log.tail" && mv "$log.tail" "$log"; done
-  tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
-}
 trap 'pack; ls -la "$PACK_TO"' EXIT
 # llama-2's context is 4096 (generate's default): sglang generates the whole output only when input + output <= 4094,
 # which is what generate's clamp keeps. (The traces of 2026-11-25 were made by that day's clamp with --max-context

@@ -27,10 +27,6 @@ PORT0=${PORT0:-30300}; BOOT_PORT=${BOOT_PORT:-30390}
 NAME=pd
 RES=$RES_ROOT/$NAME; mkdir -p "$RES"
 PY=${TB% -m tracebench}
-pack() {
-  for log in $(find "$RES" -name '*.log'); do tail -n 300 "$log" > "$log.tail" && mv "$log.tail" "$log"; done
-  tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
-}
 trap 'pack; ls -la "$PACK_TO"' EXIT
 if [ "${SIM:-0}" != 1 ]; then
   # staging from the call before (bench/gpu/stage.sh); a fresh machine has none

@@ -24,10 +24,6 @@ STAGES=${STAGES:-"seq node routing"}
 NAME=prefix
 RES=$RES_ROOT/$NAME; mkdir -p "$RES"
 PY=${TB% -m tracebench}
-pack() {
-  for log in $(find "$RES" -name '*.log'); do tail -n 200 "$log" > "$log.tail" && mv "$log.tail" "$log"; done
-  tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
-}
 trap 'pack; ls -la "$PACK_TO"' EXIT
 
 $TB generate --dataset "$DATA" --dataset-format mooncake --in-order --num-requests "$SEQ_N" --arrival constant \

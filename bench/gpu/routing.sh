@@ -17,10 +17,6 @@ PORT_LAUNCH=${PORT_LAUNCH:-30000}  # the launched run's servers: PORT_LAUNCH + i
 NAME=routing-${GPUS}g
 RES=$RES_ROOT/$NAME; mkdir -p "$RES"
 # after every run: a call cut short keeps what ran (server logs cut to their last 200 lines: size)
-pack() {
-  for log in $(find "$RES" -name '*.log'); do tail -n 200 "$log" > "$log.tail" && mv "$log.tail" "$log"; done
-  tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
-}
 trap 'pack; ls -la "$PACK_TO"' EXIT
 if [ -n "$TRACE" ]; then
   cp "$TRACE" "$RES/trace.jsonl"

@@ -16,10 +16,6 @@ PORT0=${PORT0:-30200}
 NAME=sweep
 RES=$RES_ROOT/$NAME; mkdir -p "$RES"
 # after each sweep: a call cut short keeps what ran (server logs cut to their last 200 lines: size)
-pack() {
-  for log in $(find "$RES" -name '*.log'); do tail -n 200 "$log" > "$log.tail" && mv "$log.tail" "$log"; done
-  tar -czf "$PACK_TO/$NAME.tgz" -C "$RES_ROOT" "$NAME"
-}
 trap 'for i in 0 1; do [ -f "$RES/server-$i.log.pid" ] && stop_server "$RES/server-$i.log"; done; pack; ls -la "$PACK_TO"' EXIT
 
 # Poisson arrivals, 512 in / 128 out (lognormal), enough requests for POINT_S seconds at the rate sweep's highest
