@@ -28,7 +28,7 @@ import lzma
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import orjson
@@ -464,29 +464,16 @@ def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
     return frame
 
 
-def _pieces(path: Path) -> Iterator[memoryview]:
-    """The bytes of a file in 8 MiB pieces (each valid until the next is read)."""
+def file_sha256_and_lines(path: Path) -> tuple[str, int]:
+    """sha256 of a file, hex, and how many newlines it has, in one read of 8 MiB pieces (hashlib releases the GIL on
+    each piece: two runs are hashed at once)."""
+    digest, lines = hashlib.sha256(), 0
     buffer = bytearray(8 << 20)
     view = memoryview(buffer)
     with path.open("rb", buffering=0) as fh:
         while size := fh.readinto(buffer):
-            yield view[:size]
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, hex (hashlib releases the GIL on each piece: two runs are hashed at once)."""
-    digest = hashlib.sha256()
-    for piece in _pieces(path):
-        digest.update(piece)
-    return digest.hexdigest()
-
-
-def file_sha256_and_lines(path: Path) -> tuple[str, int]:
-    """sha256 of a file, hex, and how many newlines it has, in one read."""
-    digest, lines = hashlib.sha256(), 0
-    for piece in _pieces(path):
-        digest.update(piece)
-        lines += piece.tobytes().count(b"\n")
+            digest.update(view[:size])
+            lines += buffer.count(b"\n", 0, size)
     return digest.hexdigest(), lines
 
 
@@ -524,7 +511,7 @@ def read_columns_copy(jsonl: Path, copy: Path) -> pl.DataFrame:
     changed = None
     if stat.st_size != source["size"]:
         changed = f"requests.jsonl has {stat.st_size} bytes, the copy was made from {source['size']}"
-    elif stat.st_mtime_ns != source["mtime_ns"] and file_sha256(jsonl) != source["sha256"]:
+    elif stat.st_mtime_ns != source["mtime_ns"] and file_sha256_and_lines(jsonl)[0] != source["sha256"]:
         changed = "requests.jsonl has other bytes (sha256) than the copy was made from"
     if changed is not None:
         raise RunFolderError(copy, None, None, f"not a copy of requests.jsonl as it is now ({changed}): "
