@@ -198,6 +198,26 @@ def table(real: Run, sim: Run, tolerance: float) -> list[str]:
     return lines
 
 
+def pooled(runs: list[Run], name: str) -> Run:
+    """One Run holding every record of `runs`, which must have replayed the parts of one trace split by
+    bench/split_trace.py (the same source sha256, every part once): their run clocks are the trace's (a request is
+    released at run start + arrival_s), so the union is what one run over all the servers would have recorded."""
+    splits = [run.meta["trace"].get("header", {}).get("split") for run in runs]
+    sources = {split["source_sha256"] if split else None for split in splits}
+    parts = sorted(split["part"] for split in splits if split)
+    if None in sources or len(sources) != 1 or parts != list(range(splits[0]["parts"])):
+        raise SystemExit(f"--pool: {', '.join(str(run.path) for run in runs)} are not the parts of one split trace "
+                         f"(bench/split_trace.py; run.json trace.header.split): {splits}")
+    if len({run.speed for run in runs}) != 1:
+        raise SystemExit("--pool: the runs were replayed at different --speed")
+    requests = pl.concat([run.requests for run in runs], how="vertical_relaxed")
+    meta = {**runs[0].meta}
+    meta["run_name"] = name
+    meta["servers"] = [server for run in runs for server in run.meta["servers"]]
+    meta["trace"] = {**meta["trace"], "sha256": next(iter(sources))}
+    return Run(label=name, path=Path(name), meta=meta, requests=requests)
+
+
 def summary(pairs: list[tuple[Run, Run]], rows: list[tuple[str, str, Metric]], tolerance: float) -> list[str]:
     """One line per pair: for each of `rows`, real / sim / difference (bold beyond the tolerance)."""
     lines = ["| run | " + " | ".join(f"{m.label} ({m.unit}) real / sim / Δ" for _, _, m in rows) + " |",
@@ -291,6 +311,10 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=TOLERANCE,
                         help="the * rows are held to this relative difference (default 0.15, issue 6)")
     parser.add_argument("--title", default="Simulator vs real sglang")
+    parser.add_argument("--pool", default=None, metavar="NAME",
+                        help="also one table NAME for the union of all pairs: the real runs' records together against "
+                             "the sim runs' (the parts of one trace split by bench/split_trace.py, e.g. a round_robin "
+                             "routing run replayed one server at a time)")
     shape = parser.add_mutually_exclusive_group()
     shape.add_argument("--summary", action="store_true", help="one line per pair, the starred rows only")
     shape.add_argument("--overview", action="store_true",
@@ -306,16 +330,18 @@ def main() -> None:
                                                       opts.sim_profile, opts.server_arg)))
     if not pairs_dirs:
         parser.error("give RUN_REAL RUN_SIM pairs or --replay RUN_REAL TRACE")
+    pairs = [(load_run(r), load_run(s)) for r, s in pairs_dirs]
+    if opts.pool:
+        pairs.append((pooled([real for real, _ in pairs], opts.pool), pooled([sim for _, sim in pairs], opts.pool)))
     if opts.summary or opts.overview:
-        pairs = [(load_run(r), load_run(s)) for r, s in pairs_dirs]
         rows = [row for row in ROWS if (row[2].held if opts.summary else row[:2] in OVERVIEW)]
         print("\n".join(summary(pairs, rows, opts.tolerance)))
         return
     lines = [f"## {opts.title}", "",
              "Figures over completed requests (ok and mismatch), in simulated seconds (the report's loader and metric definitions); "
              f"sim − real in % of real; `*`: held to {opts.tolerance:.0%}.", ""]
-    for real_dir, sim_dir in pairs_dirs:
-        lines += table(load_run(real_dir), load_run(sim_dir), opts.tolerance)
+    for real, sim in pairs:
+        lines += table(real, sim, opts.tolerance)
     print("\n".join(lines))
 
 
