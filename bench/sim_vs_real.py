@@ -16,6 +16,9 @@ table: what each run's servers were (a simulator whose profile stands in for ano
 flagged), and whether the machine kept up: the sim run's release lag (p50/p99/max, run seconds: the engine kept to the
 schedule) and, for both runs, the HTTP path's own time, client-side server latency (t_finish - t_dispatch) minus
 sglang's e2e_latency (p50/p99: a simulator whose loop falls behind delivers tokens late, and this grows).
+Each held percentile also shows the real run's sampling noise: the bootstrap 95% interval of its own percentile
+(the report's percentile bootstrap), in % of its value. `--pool NAME` adds one table for all pairs together (the
+parts of one trace split by bench/split_trace.py: a round_robin run replayed one server at a time).
 `--summary`: one line per pair with the starred rows only; `--overview`: one line per pair with throughput, total
 p50/p99, router wait p99, TTFT p50 and TPOT p50.
 
@@ -52,6 +55,7 @@ sys.path.insert(0, str(REPO))
 
 from tracebench.report.load import COMPLETED_STATUSES, Run, load_run  # noqa: E402
 from tracebench.report.metrics import latency_expr  # noqa: E402
+from tracebench.report.metrics.ci import bootstrap_percentile  # noqa: E402
 from tracebench.report.pd import is_pd, pd_stats, stage_exprs  # noqa: E402
 
 TOLERANCE = 0.15  # issue 6: refit the profile when the simulator is off by more than this (--tolerance)
@@ -135,6 +139,19 @@ def pd_figures(run: Run, ok: pl.DataFrame) -> dict[tuple[str, str], float]:
     return out
 
 
+def sampling_interval(run: Run, key: str, stat: str, resamples: int = 2000) -> tuple[float, float]:
+    """The real run's own sampling noise of a percentile: its bootstrap 95% interval (the report's percentile
+    bootstrap, seed 0) relative to the value, (low, high) as fractions. A p99 of 400 requests rests on its 4 largest
+    values: a simulator difference inside this interval is not told apart from a rerun of the same real run."""
+    ok = run.requests.filter(pl.col("status").is_in(COMPLETED_STATUSES))
+    values = np.sort(ok.select(latency_expr(key).alias("v"))["v"].drop_nulls().to_numpy())
+    q = QUANTILES[stat]
+    draws = bootstrap_percentile(values, q, resamples, np.random.default_rng(0))
+    point = float(np.quantile(values, q))
+    low, high = np.quantile(draws, [0.025, 0.975])
+    return float(low) / point - 1, float(high) / point - 1
+
+
 def release_lag(run: Run) -> tuple[float, float, float]:
     """Release lag p50/p99/max in run seconds (the loader scaled it by speed: undo that)."""
     lag = run.requests.select((pl.col("t_released") - pl.col("t_arrival")).alias("v"))["v"].drop_nulls().to_numpy()
@@ -171,7 +188,8 @@ def table(real: Run, sim: Run, tolerance: float) -> list[str]:
     fr, fs = figures(real), figures(sim)
     real_http, sim_http = http_overhead(real), http_overhead(sim)
     lines = [f"### {real.meta['run_name']} ({real.meta['policy']['name']})", "",
-             "| metric | unit | real | sim | sim − real |", "| --- | --- | ---: | ---: | ---: |"]
+             "| metric | unit | real | sim | sim − real | real's 95% interval |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
     off = []
     rows = ROWS + tuple(row for row in PD_ROWS if row[:2] in fr and row[:2] in fs)
     for key, stat, metric in rows:
@@ -184,7 +202,11 @@ def table(real: Run, sim: Run, tolerance: float) -> list[str]:
             off.append(metric.label)
         label = metric.label + (" *" if metric.held else "")
         digits = 2 if metric.unit == "req/s" else 1
-        lines.append(f"| {label} | {metric.unit} | {r:,.{digits}f} | {s:,.{digits}f} | {diff:+.1%}{flag} |")
+        interval = "-"
+        if metric.held and stat in QUANTILES:
+            low, high = sampling_interval(real, key, stat)
+            interval = f"{low:+.1%} … {high:+.1%}"
+        lines.append(f"| {label} | {metric.unit} | {r:,.{digits}f} | {s:,.{digits}f} | {diff:+.1%}{flag} | {interval} |")
     lag50, lag99, lagmax = release_lag(sim)
     lines += ["", f"real: `{real.path}` — {describe(real)}; HTTP path p50/p99 {real_http[0] * 1e3:.2f}/"
               f"{real_http[1] * 1e3:.2f} ms  ",
@@ -339,7 +361,8 @@ def main() -> None:
         return
     lines = [f"## {opts.title}", "",
              "Figures over completed requests (ok and mismatch), in simulated seconds (the report's loader and metric definitions); "
-             f"sim − real in % of real; `*`: held to {opts.tolerance:.0%}.", ""]
+             f"sim − real in % of real; `*`: held to {opts.tolerance:.0%}; real's 95% interval: the bootstrap interval "
+             "of the real run's own percentile (its sampling noise), in % of its value.", ""]
     for real, sim in pairs:
         lines += table(real, sim, opts.tolerance)
     print("\n".join(lines))
