@@ -1,6 +1,6 @@
 """Split a trace into the parts round robin would send to N servers: request i (in trace order) goes to part i mod N.
 
-    .venv/bin/python bench/split_trace.py TRACE --parts N --out-dir DIR
+    .venv/bin/python bench/split_trace.py TRACE --parts N --out-dir DIR     (TRACE: .jsonl, or .jsonl.xz)
 
 Why (issue 19, part 3): with `--policy round_robin` and no cap, tracebench's router sends request i to server i mod N
 at its arrival, whatever the servers do, so each server of an N-GPU routing run sees exactly part i mod N at the same
@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import lzma
 import sys
+import tempfile
 from pathlib import Path
 
 import orjson
@@ -35,8 +37,14 @@ def main() -> None:
     opts = parser.parse_args()
     if opts.parts < 2:
         parser.error("--parts must be at least 2")
-    header = read_header(opts.trace)   # validates line 1
     data = opts.trace.read_bytes()
+    if opts.trace.suffix == ".xz":   # as the examples keep their traces
+        data = lzma.decompress(data)
+    first = data.split(b"\n", 1)[0] + b"\n"
+    with tempfile.NamedTemporaryFile(suffix=".jsonl") as head:   # the trace reader validates line 1
+        head.write(first)
+        head.flush()
+        header = read_header(head.name)
     lines = data.splitlines()[1:]
     parts: list[list[bytes]] = [[] for _ in range(opts.parts)]
     last_arrival = [0.0] * opts.parts
@@ -49,7 +57,7 @@ def main() -> None:
         parts[part].append(line + b"\n")
         last_arrival[part] = float(request["arrival_s"])
     fields = {key: value for key, value in header.fields.items() if key != HEADER_KEY}
-    stem = opts.trace.name.removesuffix(".jsonl")
+    stem = opts.trace.name.removesuffix(".xz").removesuffix(".jsonl")
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     for part, part_lines in enumerate(parts):
         out = opts.out_dir / f"{stem}.part{part}of{opts.parts}.jsonl"

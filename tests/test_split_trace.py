@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import lzma
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,13 @@ def test_parts_are_what_round_robin_sends_each_server(tmp_path: Path) -> None:
         assert header.num_requests == len(reqs) and header.duration_s == reqs[-1].arrival_s
         assert header.block_size == 4 and header.fields["rate"] == 4
         assert header.fields["split"]["part"] == part and header.fields["split"]["parts"] == 3
+    # the examples keep traces xz-compressed: the same parts, byte for byte (their sha256 is what the runs replayed)
+    packed = tmp_path / "t.jsonl.xz"
+    packed.write_bytes(lzma.compress(trace.read_bytes()))
+    assert split(packed, 3, tmp_path / "from-xz").returncode == 0
+    for part in range(3):
+        name = f"t.part{part}of3.jsonl"
+        assert (tmp_path / "from-xz" / name).read_bytes() == (tmp_path / "parts" / name).read_bytes()
 
 
 def test_a_closed_loop_trace_is_refused(tmp_path: Path) -> None:
