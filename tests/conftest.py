@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import locale
 import os
 import random
 import signal
@@ -9,7 +11,9 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,9 +57,109 @@ def tracebench_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "tracebench", *args]
 
 
+# The commands run_cli runs inside the pytest process: those that start no server, own no event loop, and restore the
+# signal handlers they install (tracebench/cleanup.py StopSignals). A new Python process costs each call 0.2-0.4 CPU-s
+# of imports (numpy, polars), and the suite makes ~100 such calls on 2 cores. `replay`, `record`, `sweep` and
+# `sim-server` stay processes (servers, an asyncio loop, signal handlers of their own), and so does every test whose
+# point is the process itself (a signal, an import check, an environment of its own): those call run_cli_process or
+# subprocess with tracebench_cmd. tests/test_cli_in_process.py checks both paths give the same answers.
+IN_PROCESS_COMMANDS = frozenset({"generate", "inspect", "report", "pack", "policies"})
+PROG_NAME = "python -m tracebench"  # what click names the program in `python -m tracebench` (its usage lines)
+# The warning filters of a fresh interpreter (no -W, no PYTHONWARNINGS), innermost first: what decides which warnings
+# the real process prints on its stderr (tests/test_cli_in_process.py compares them with a fresh interpreter's).
+FRESH_WARNING_FILTERS = [("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
+                         ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
+                         ("ignore", ResourceWarning, "")]
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run `tracebench ARGS` as a real process; returns the completed process (check returncode yourself)."""
+    """`tracebench ARGS` (cwd: its working folder): its exit status, stdout and stderr as `subprocess.run(...,
+    capture_output=True, text=True)` gives them (check returncode yourself). IN_PROCESS_COMMANDS run in this process
+    (run_cli_in_process; `timeout` applies to processes only), the others as a process (run_cli_process)."""
+    if args and args[0] in IN_PROCESS_COMMANDS:
+        return run_cli_in_process(*args, cwd=cwd)
+    return run_cli_process(*args, cwd=cwd, timeout=timeout)
+
+
+def run_cli_process(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `tracebench ARGS` as a real process (`python -m tracebench`); returns the completed process."""
     return subprocess.run(tracebench_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: object = None,
+                  line: str | None = None) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def run_cli_in_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `tracebench ARGS` in this process through the same click entry point `python -m tracebench` calls
+    (tracebench.cli.main, standalone), and answer as the process would: SystemExit's code as returncode; an uncaught
+    exception as its traceback on stderr and returncode 1 (what Python does); stdout and stderr apart, in the locale's
+    encoding, stderr with backslashreplace, newlines as text=True reads them; the warnings a fresh interpreter prints,
+    on stderr. What the call changes in this process is put back: the working folder, sys.stdout/stderr, the warning
+    filters, SIGINT/SIGTERM handlers, matplotlib figures left open, user policy modules in sys.modules."""
+    from tracebench.cli import main
+
+    encoding = locale.getpreferredencoding(False)
+    out, err = io.BytesIO(), io.BytesIO()
+    saved_streams, saved_cwd = (sys.stdout, sys.stderr), os.getcwd()
+    saved_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    saved_modules, saved_figures = set(sys.modules), _open_figures()
+    returncode = 0
+    try:
+        with warnings.catch_warnings():
+            warnings.resetwarnings()
+            for action, category, module in reversed(FRESH_WARNING_FILTERS):
+                warnings.filterwarnings(action, category=category, module=module)
+            warnings.showwarning = _show_warning
+            # kept in locals until the bytes are read: a text wrapper closes its buffer when it goes
+            stdout = sys.stdout = io.TextIOWrapper(out, encoding=encoding, write_through=True)
+            stderr = sys.stderr = io.TextIOWrapper(err, encoding=encoding, errors="backslashreplace",
+                                                   write_through=True)
+            if cwd is not None:
+                os.chdir(cwd)
+            try:
+                main.main(args=list(args), prog_name=PROG_NAME, standalone_mode=True)
+            except SystemExit as stop:
+                if stop.code is None or isinstance(stop.code, int):
+                    returncode = stop.code or 0
+                else:  # what Python does with sys.exit("text")
+                    print(stop.code, file=sys.stderr)
+                    returncode = 1
+            except Exception:  # a bug: Python prints the traceback and exits 1
+                sys.stderr.write(traceback.format_exc())
+                returncode = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+    finally:
+        sys.stdout, sys.stderr = saved_streams
+        os.chdir(saved_cwd)
+        for sig, handler in saved_handlers.items():
+            signal.signal(sig, handler)
+        for name in set(sys.modules) - saved_modules:
+            if name.startswith("tracebench_user_policy_"):  # a policy file imported by path: fresh in every process
+                del sys.modules[name]
+        _close_figures_since(saved_figures)
+
+    def text(data: bytes) -> str:  # subprocess's text=True: universal newlines
+        return data.decode(encoding).replace("\r\n", "\n").replace("\r", "\n")
+
+    done = subprocess.CompletedProcess(tracebench_cmd(*args), returncode, text(out.getvalue()), text(err.getvalue()))
+    stdout.detach(), stderr.detach()
+    return done
+
+
+def _open_figures() -> set[int]:
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    return set(pyplot.get_fignums()) if pyplot is not None else set()
+
+
+def _close_figures_since(before: set[int]) -> None:
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        for number in set(pyplot.get_fignums()) - before:
+            pyplot.close(number)
 
 
 @dataclass

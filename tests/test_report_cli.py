@@ -786,3 +786,19 @@ def test_output_into_a_read_only_folder_is_one_line(runs: Path, tmp_path: Path, 
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"tracebench: error: -o {folder / 'r.md'}: cannot write it (")
     assert done.stderr.endswith("; nothing was written\n") and not list(folder.iterdir())
+
+
+@pytest.mark.parametrize("args", [
+    ("wide", "narrow", "stopped"),  # the terminal table, warnings on stderr
+    ("wide", "narrow", "--format", "md", "--slo", "ttft=0.001", "--fail-on-slo"),  # SloMissed: exit 3
+    ("narrow", "--format", "perfetto"),  # bytes written to stdout's buffer
+    ("wide", "other"),  # different traces: bad input, exit 2
+])
+def test_report_answers_the_same_in_process(runs: Path, args: tuple[str, ...]) -> None:
+    """run_cli runs `report` inside the pytest process (tests/conftest.py run_cli_in_process): it must answer as
+    `python -m tracebench report` does (tests/test_cli_in_process.py compares the other commands)."""
+    from conftest import run_cli_in_process, run_cli_process
+
+    inside, process = run_cli_in_process("report", *args, cwd=runs), run_cli_process("report", *args, cwd=runs)
+    assert (inside.returncode, inside.stdout, inside.stderr) == (process.returncode, process.stdout, process.stderr)
+    assert inside.returncode == {"--fail-on-slo": 3, "other": 2}.get(args[-1], 0), inside.stderr

@@ -1,5 +1,6 @@
-"""Every bad input of issue 2, through the CLI as a real process: exit code 2, one line naming file, line and field,
-and no output file left behind. Plus: the columnar reader's errors are exactly the streaming reader's."""
+"""Every bad input of issue 2, through the CLI (its click entry point, in the pytest process: tests/conftest.py
+run_cli): exit code 2, one line naming file, line and field, and no output file left behind. Plus: the columnar
+reader's errors are exactly the streaming reader's."""
 
 from __future__ import annotations
 

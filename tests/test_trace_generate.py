@@ -1,4 +1,5 @@
-"""`tracebench generate` as a real process: determinism, output naming, summary, clamp reporting, help texts."""
+"""`tracebench generate`: determinism (across processes: the second of two equal calls is a process of its own),
+output naming, summary, clamp reporting, help texts."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, run_cli_process
 from tracebench.trace.format import iter_requests, read_header
 
 
-def _generate(tmp_path: Path, name: str, *args: str) -> Path:
+def _generate(tmp_path: Path, name: str, *args: str, process: bool = False) -> Path:
+    """With `process`, a `python -m tracebench` process of its own (run_cli runs generate in this one): another hash
+    seed, nothing of an earlier call in memory."""
     out = tmp_path / name
-    proc = run_cli("generate", *args, "-o", str(out))
+    proc = (run_cli_process if process else run_cli)("generate", *args, "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -24,7 +27,7 @@ def test_same_arguments_give_byte_identical_files_and_seeds_differ(tmp_path: Pat
     ]
     for i, args in enumerate(cases):
         first = _generate(tmp_path, f"a{i}.jsonl", *args, "--seed", "7")
-        second = _generate(tmp_path, f"b{i}.jsonl", *args, "--seed", "7")
+        second = _generate(tmp_path, f"b{i}.jsonl", *args, "--seed", "7", process=True)
         other = _generate(tmp_path, f"c{i}.jsonl", *args, "--seed", "8")
         assert first.read_bytes() == second.read_bytes()
         body = first.read_bytes().split(b"\n", 1)[1]

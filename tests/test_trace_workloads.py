@@ -1,4 +1,4 @@
-"""`tracebench generate --workload shared-prompt / multi-turn` as real processes: byte-identical files, the prefix
+"""`tracebench generate --workload shared-prompt / multi-turn`: byte-identical files (across processes), the prefix
 structure each workload promises, closed-loop fields, and the arguments that do not apply."""
 
 from __future__ import annotations
@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, run_cli_process
 from tracebench.trace.format import iter_requests, read_header
 from tracebench.trace.prefix import reusable_tokens
 
 
-def _generate(tmp_path: Path, name: str, *args: str) -> tuple[Path, str]:
+def _generate(tmp_path: Path, name: str, *args: str, process: bool = False) -> tuple[Path, str]:
+    """With `process`, a `python -m tracebench` process of its own (run_cli runs generate in this one): another hash
+    seed, nothing of an earlier call in memory."""
     out = tmp_path / name
-    proc = run_cli("generate", *args, "-o", str(out))
+    proc = (run_cli_process if process else run_cli)("generate", *args, "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     return out, proc.stderr
 
@@ -31,7 +33,7 @@ MULTI = ("--workload", "multi-turn", "--sessions", "40", "--turns", "6", "--inpu
                          ids=["shared-prompt", "multi-turn", "closed-loop"])
 def test_same_arguments_give_byte_identical_files_and_seeds_differ(tmp_path: Path, args: tuple[str, ...]) -> None:
     first, _ = _generate(tmp_path, "a.jsonl", *args, "--seed", "3")
-    second, _ = _generate(tmp_path, "b.jsonl", *args, "--seed", "3")
+    second, _ = _generate(tmp_path, "b.jsonl", *args, "--seed", "3", process=True)
     other, _ = _generate(tmp_path, "c.jsonl", *args, "--seed", "4")
     assert first.read_bytes() == second.read_bytes()
     assert first.read_bytes().split(b"\n", 1)[1] != other.read_bytes().split(b"\n", 1)[1]
