@@ -6,10 +6,12 @@ import io
 import locale
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import urllib.request
@@ -274,6 +276,32 @@ def read_only() -> Iterator[Callable[[Path], Path]]:
         subprocess.run(["umount", str(folder)], check=True)
     for folder in changed:
         folder.chmod(0o755)
+
+
+# ---- bytecode of the processes the tests start ----------------------------------------------------------------------
+# The tests start ~460 Python processes (replays, sim-servers, the README's commands). Where the environment sets
+# PYTHONDONTWRITEBYTECODE (this project's machines do), each compiled tracebench's modules from source again, ~30 ms of
+# a sim-server's start and ~50 ms of a replay's (~10 CPU-s of the suite on 2 cores). For the session, they keep their
+# bytecode in a temporary folder instead (PYTHONPYCACHEPREFIX), removed at the end: nothing is written beside the
+# sources, and the code that runs is the same.
+PYCACHE = pytest.StashKey[tuple[str, str]]()  # (the temporary folder, PYTHONDONTWRITEBYTECODE as it was)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or not os.environ.get("PYTHONDONTWRITEBYTECODE") or \
+            os.environ.get("PYTHONPYCACHEPREFIX"):
+        return  # an xdist worker inherits its controller's environment; a prefix of the user's own is theirs
+    folder = tempfile.mkdtemp(prefix="tracebench-tests-pycache-")
+    config.stash[PYCACHE] = (folder, os.environ.pop("PYTHONDONTWRITEBYTECODE"))
+    os.environ["PYTHONPYCACHEPREFIX"] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if PYCACHE in config.stash:
+        folder, dont_write = config.stash[PYCACHE]
+        os.environ["PYTHONDONTWRITEBYTECODE"] = dont_write
+        del os.environ["PYTHONPYCACHEPREFIX"]
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # ---- pytest-xdist: which test files go first ------------------------------------------------------------------------
