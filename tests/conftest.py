@@ -74,18 +74,22 @@ FRESH_WARNING_FILTERS = [("default", DeprecationWarning, "__main__"), ("ignore",
                          ("ignore", ResourceWarning, "")]
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`tracebench ARGS` (cwd: its working folder): its exit status, stdout and stderr as `subprocess.run(...,
-    capture_output=True, text=True)` gives them (check returncode yourself). IN_PROCESS_COMMANDS run in this process
-    (run_cli_in_process; `timeout` applies to processes only), the others as a process (run_cli_process)."""
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`tracebench ARGS` (cwd: its working folder; env: variables set on top of this process's environment): its exit
+    status, stdout and stderr as `subprocess.run(..., capture_output=True, text=True)` gives them (check returncode
+    yourself). IN_PROCESS_COMMANDS run in this process (run_cli_in_process; `timeout` applies to processes only), the
+    others as a process (run_cli_process)."""
     if args and args[0] in IN_PROCESS_COMMANDS:
-        return run_cli_in_process(*args, cwd=cwd)
-    return run_cli_process(*args, cwd=cwd, timeout=timeout)
+        return run_cli_in_process(*args, cwd=cwd, env=env)
+    return run_cli_process(*args, cwd=cwd, env=env, timeout=timeout)
 
 
-def run_cli_process(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli_process(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+                    timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run `tracebench ARGS` as a real process (`python -m tracebench`); returns the completed process."""
-    return subprocess.run(tracebench_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(tracebench_cmd(*args), cwd=cwd, env=None if env is None else {**os.environ, **env},
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: object = None,
@@ -93,18 +97,21 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
-def run_cli_in_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli_in_process(*args: str, cwd: Path | None = None,
+                       env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run `tracebench ARGS` in this process through the same click entry point `python -m tracebench` calls
     (tracebench.cli.main, standalone), and answer as the process would: SystemExit's code as returncode; an uncaught
     exception as its traceback on stderr and returncode 1 (what Python does); stdout and stderr apart, in the locale's
     encoding, stderr with backslashreplace, newlines as text=True reads them; the warnings a fresh interpreter prints,
-    on stderr. What the call changes in this process is put back: the working folder, sys.stdout/stderr, the warning
-    filters, SIGINT/SIGTERM handlers, matplotlib figures left open, user policy modules in sys.modules."""
+    on stderr. What the call changes in this process is put back: the working folder, `env`'s variables,
+    sys.stdout/stderr, the warning filters, SIGINT/SIGTERM handlers, matplotlib figures left open, user policy modules
+    in sys.modules."""
     from tracebench.cli import main
 
     encoding = locale.getpreferredencoding(False)
     out, err = io.BytesIO(), io.BytesIO()
     saved_streams, saved_cwd = (sys.stdout, sys.stderr), os.getcwd()
+    saved_env = {name: os.environ.get(name) for name in env or {}}
     saved_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     saved_modules, saved_figures = set(sys.modules), _open_figures()
     returncode = 0
@@ -120,6 +127,7 @@ def run_cli_in_process(*args: str, cwd: Path | None = None) -> subprocess.Comple
                                                    write_through=True)
             if cwd is not None:
                 os.chdir(cwd)
+            os.environ.update(env or {})
             try:
                 main.main(args=list(args), prog_name=PROG_NAME, standalone_mode=True)
             except SystemExit as stop:
@@ -137,6 +145,11 @@ def run_cli_in_process(*args: str, cwd: Path | None = None) -> subprocess.Comple
     finally:
         sys.stdout, sys.stderr = saved_streams
         os.chdir(saved_cwd)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         for sig, handler in saved_handlers.items():
             signal.signal(sig, handler)
         for name in set(sys.modules) - saved_modules:

@@ -29,8 +29,9 @@ def planted(*args, **kwargs):
 '''
 
 
-def same(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    inside, process = run_cli_in_process(*args, cwd=cwd), run_cli_process(*args, cwd=cwd)
+def same(args: list[str], cwd: Path | None = None,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    inside, process = run_cli_in_process(*args, cwd=cwd, env=env), run_cli_process(*args, cwd=cwd, env=env)
     assert (inside.returncode, inside.stdout, inside.stderr) == (process.returncode, process.stdout, process.stderr)
     return inside
 
@@ -46,6 +47,9 @@ def test_success_bad_input_and_usage_errors_answer_as_the_process(tmp_path: Path
     assert same(["inspect", "t.jsonl", "--servers", "2"], cwd=tmp_path).returncode == 0
     assert same(["inspect", str(trace), "--json"]).returncode == 0
     assert same(["policies"]).returncode == 0
+    narrow = same(["policies"], env={"COLUMNS": "80"})  # the environment given: here, the terminal's width
+    assert narrow.returncode == 0 and max(map(len, narrow.stdout.splitlines())) <= 80
+    assert os.environ["COLUMNS"] == "120"  # put back (tests/conftest.py)
     assert same(["pack", "--help"]).returncode == 0
     # bad input: one line, exit 2; a usage error: click's lines naming `python -m tracebench`, exit 2
     lines = trace.read_text().splitlines(keepends=True)

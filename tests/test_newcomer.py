@@ -1,20 +1,18 @@
 """Issue 23, "a second newcomer's hour": what got in a new user's way, each item with a test where it can fail.
 
-Run folders for the report tests are written here (docs/run-format.md), not replayed: the report is the process under
+Run folders for the report tests are written here (docs/run-format.md), not replayed: the report is what is under
 test, and a synthetic run of a few hundred requests makes it in milliseconds with exactly the groups a test needs."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import run_cli, tracebench_cmd
+from conftest import run_cli
 
 # ---- synthetic run folders ----------------------------------------------------------------------------------------
 
@@ -83,9 +81,7 @@ def four_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _report(root: Path, names: list[str], columns: int, *args: str) -> str:
-    env = {**os.environ, "COLUMNS": str(columns)}
-    done = subprocess.run(tracebench_cmd("report", *names, *args), cwd=root, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = run_cli("report", *names, *args, cwd=root, env={"COLUMNS": str(columns)})
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -114,8 +110,7 @@ def test_terminal_report_fits_80_and_120_columns_and_loses_nothing(four_runs: Pa
 
 def test_tracebench_policies_fits_the_terminal() -> None:
     for columns in (80, 120):
-        done = subprocess.run(tracebench_cmd("policies"), env={**os.environ, "COLUMNS": str(columns)},
-                              capture_output=True, text=True, timeout=60)
+        done = run_cli("policies", env={"COLUMNS": str(columns)})
         assert done.returncode == 0, done.stderr
         assert max(map(len, done.stdout.splitlines())) <= columns
         assert "--policy-opt w_speed=..." in done.stdout and "--router sglang-router" in done.stdout
@@ -351,8 +346,7 @@ def test_readme_routing_examples_use_shared_prefixes() -> None:
 def test_html_says_ms_and_names_the_png_it_writes(four_runs: Path) -> None:
     names = _names(four_runs, 2)
     out = four_runs / "cmp.html"
-    done = subprocess.run(tracebench_cmd("report", *names, "-o", str(out)), cwd=four_runs, capture_output=True,
-                          text=True, timeout=120)
+    done = run_cli("report", *names, "-o", str(out), cwd=four_runs)
     assert done.returncode == 0, done.stderr
     assert f"{out.with_suffix('.png')} (its latency CDFs as an image)" in done.stderr and out.with_suffix(".png").is_file()
     page = out.read_text()
