@@ -203,7 +203,7 @@ def test_replay_scrapes_servers_and_samples_gpus(tmp_path: Path, sim_server) -> 
 
     # packed: the tables as Parquet, the texts as xz, read back the same
     before = {name: read_beside(run_dir, run, name) for name in BESIDE_FILES}
-    packed = subprocess.run(tracebench_cmd("pack", str(run_dir)), capture_output=True, text=True, timeout=60)
+    packed = run_cli("pack", str(run_dir))
     assert packed.returncode == 0, packed.stderr
     for name in ("server_metrics.parquet", "gpu.parquet", "metrics-0-start.txt.xz", "metrics-0-end.txt.xz"):
         assert (run_dir / name).is_file(), name
@@ -332,8 +332,7 @@ def test_perfetto_timeline(capped_run: Path) -> None:
     on its server's process with its parts inside it, in µs; the cap change a marker; the telemetry as counters."""
     tmp_path = capped_run
     out = tmp_path / "r.json.trace"
-    done = subprocess.run(tracebench_cmd("report", str(tmp_path / "r"), "-o", str(out)), capture_output=True,
-                          text=True, timeout=60)
+    done = run_cli("report", str(tmp_path / "r"), "-o", str(out))
     assert done.returncode == 0, done.stderr
     assert "ui.perfetto.dev" in done.stderr
     doc = json.loads(out.read_text())
