@@ -291,6 +291,16 @@ def read_only() -> Iterator[Callable[[Path], Path]]:
         folder.chmod(0o755)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects them
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs the tests marked serial from the files that say `mark.serial` (Makefile SERIAL_FILES): a test
+    marked another way would run in neither part."""
+    for item in items:
+        if item.get_closest_marker("serial") is not None and "mark.serial" not in item.path.read_text():
+            raise pytest.UsageError(f"{item.nodeid} is marked serial, but its file does not say `mark.serial`: "
+                                    "the Makefile's SERIAL_FILES would not run it")
+
+
 # ---- bytecode of the processes the tests start ----------------------------------------------------------------------
 # The tests start ~460 Python processes (replays, sim-servers, the README's commands). Where the environment sets
 # PYTHONDONTWRITEBYTECODE (this project's machines do), each compiled tracebench's modules from source again, ~30 ms of
