@@ -334,19 +334,23 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # processes end close together), and the README's blocks are split into their chains (tests/test_readme.py `chains`:
 # the tour, the sweep, the routing example share no file), each a unit of its own, named by the first file its first
 # block makes (a README line number went stale whenever text above it moved, and the chain then counted a second a
-# test: the longest unit started last). Wall seconds of each unit beside another process on the 2-core machine
-# (`pytest --durations`, load ~3, 2026-11-26); a file not listed counts a second a test. Stale figures only change the
-# order, never what runs; tests/test_readme.py checks every key names a unit that exists.
+# test: the longest unit started last). Wall seconds of each unit in `make test`'s parallel part on the 2-core machine
+# (its first test's start to its last test's end, module fixtures included; the mean of two runs, load ~2.5-3,
+# 2026-11-26); a file not listed counts a second a test, so the quick files of many tests are listed too. Stale
+# figures only change the order, never what runs; tests/test_readme.py checks every key names a unit that exists.
 SLOWEST_FIRST = {
-    "tests/test_record.py": 55,  # its six round trips at --speed 0.25 (~7 s each) in the parallel part since 2026-11-26
-    "tests/test_readme.py::chain-traces/tour.jsonl": 45, "tests/test_replay_robust.py": 42,
-    "tests/test_readme.py::chain-traces/routing.jsonl": 32, "tests/test_replay_run.py": 32,
-    "tests/test_report_cli.py": 28, "tests/test_sweep.py": 24, "tests/test_trace_bad_input.py": 23,
-    "tests/test_policies_e2e.py": 23, "tests/test_newcomer.py": 20, "tests/test_replay_truth.py": 20,
-    "tests/test_pd.py": 18, "tests/test_readme.py::chain-traces/sweep.jsonl": 16,
-    "tests/test_pack.py": 16, "tests/test_external_router.py": 11, "tests/test_overhead.py": 11,
-    "tests/test_policies_prefix.py": 8, "tests/test_telemetry.py": 8, "tests/test_replay_prefix.py": 8,
-    "tests/test_sim_server.py": 7,
+    "tests/test_record.py": 60,  # its six round trips at --speed 0.25 (~8 s each)
+    "tests/test_replay_robust.py": 35, "tests/test_readme.py::chain-traces/tour.jsonl": 34,
+    "tests/test_replay_run.py": 32, "tests/test_sweep.py": 21, "tests/test_replay_truth.py": 19,
+    "tests/test_policies_e2e.py": 18, "tests/test_pd.py": 17, "tests/test_readme.py::chain-traces/sweep.jsonl": 17,
+    "tests/test_report_cli.py": 16, "tests/test_readme.py::chain-traces/routing.jsonl": 15,
+    "tests/test_newcomer.py": 14, "tests/test_external_router.py": 12, "tests/test_overhead.py": 11,
+    "tests/test_pack.py": 9, "tests/test_replay_prefix.py": 7, "tests/test_sim_server.py": 7, "tests/test_edges.py": 6,
+    "tests/test_sim_protocol.py": 6, "tests/test_telemetry.py": 5, "tests/test_policies_prefix.py": 4,
+    "tests/test_sim_prefix_cache.py": 4, "tests/test_speedguard.py": 4, "tests/test_replay_units.py": 2,
+    "tests/test_report_units.py": 2, "tests/test_policies_unit.py": 2, "tests/test_no_machine_paths.py": 1,
+    "tests/test_trace_workloads.py": 1, "tests/test_trace_bad_input.py": 1, "tests/test_trace_stats.py": 1,
+    "tests/test_trace_prefix.py": 1, "tests/test_sim_model.py": 1, "tests/test_policies_registry.py": 1,
 }
 README_BLOCK_ID = "tests/test_readme.py::test_readme_block_runs_as_written[README.md:"
 
