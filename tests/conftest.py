@@ -301,30 +301,46 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                                     "the Makefile's SERIAL_FILES would not run it")
 
 
-# ---- bytecode of the processes the tests start ----------------------------------------------------------------------
-# The tests start ~460 Python processes (replays, sim-servers, the README's commands). Where the environment sets
-# PYTHONDONTWRITEBYTECODE (this project's machines do), each compiled tracebench's modules from source again, ~30 ms of
-# a sim-server's start and ~50 ms of a replay's (~10 CPU-s of the suite on 2 cores). For the session, they keep their
-# bytecode in a temporary folder instead (PYTHONPYCACHEPREFIX), removed at the end: nothing is written beside the
-# sources, and the code that runs is the same.
-PYCACHE = pytest.StashKey[tuple[str, str]]()  # (the temporary folder, PYTHONDONTWRITEBYTECODE as it was)
+# ---- the environment of the processes the tests start ---------------------------------------------------------------
+# The tests start ~450 Python processes (replays, sim-servers, recorders, the README's commands). Two costs each paid
+# again and again, which the controller pytest process lifts for the session (its xdist workers and every process they
+# start inherit the environment; it is put back at the end):
+# - bytecode: where the environment sets PYTHONDONTWRITEBYTECODE (this project's machines do), each process compiled
+#   tracebench's modules from source again, ~30 ms of a sim-server's start and ~50 ms of a replay's. They keep their
+#   bytecode in a temporary folder instead (PYTHONPYCACHEPREFIX), removed at the end: nothing is written beside the
+#   sources, and the code that runs is the same. A prefix the user set is theirs.
+# - CA certificates: importing aiohttp (every sim-server, replay, recorder: ~380 processes) builds two TLS contexts, each
+#   parsing the CA bundle SSL_CERT_FILE or OpenSSL's default names (~40 ms of a 150 ms import). The tests speak plain
+#   HTTP to 127.0.0.1 only, so SSL_CERT_FILE is an empty file for them (os.devnull), whatever it was (this project's
+#   machines name the system bundle): a test that made an HTTPS call would fail its certificate check, loudly.
+SESSION_ENV = pytest.StashKey[dict[str, str | None]]()  # what the session changed: the values before
+PYCACHE = pytest.StashKey[str]()  # the temporary bytecode folder
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if hasattr(config, "workerinput") or not os.environ.get("PYTHONDONTWRITEBYTECODE") or \
-            os.environ.get("PYTHONPYCACHEPREFIX"):
-        return  # an xdist worker inherits its controller's environment; a prefix of the user's own is theirs
-    folder = tempfile.mkdtemp(prefix="tracebench-tests-pycache-")
-    config.stash[PYCACHE] = (folder, os.environ.pop("PYTHONDONTWRITEBYTECODE"))
-    os.environ["PYTHONPYCACHEPREFIX"] = folder
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: its controller's environment already
+    changes: dict[str, str | None] = {}
+    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+        config.stash[PYCACHE] = tempfile.mkdtemp(prefix="tracebench-tests-pycache-")
+        changes.update(PYTHONDONTWRITEBYTECODE=None, PYTHONPYCACHEPREFIX=config.stash[PYCACHE])
+    changes["SSL_CERT_FILE"] = os.devnull
+    config.stash[SESSION_ENV] = {name: os.environ.get(name) for name in changes}
+    for name, value in changes.items():
+        if value is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = value
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    for name, value in config.stash.get(SESSION_ENV, {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     if PYCACHE in config.stash:
-        folder, dont_write = config.stash[PYCACHE]
-        os.environ["PYTHONDONTWRITEBYTECODE"] = dont_write
-        del os.environ["PYTHONPYCACHEPREFIX"]
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(config.stash[PYCACHE], ignore_errors=True)
 
 
 # ---- pytest-xdist: which test files go first ------------------------------------------------------------------------
