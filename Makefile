@@ -27,14 +27,18 @@ demo: venv
 	$(BIN)/tracebench report demo-round_robin-$(DEMO_ID) demo-sjf-$(DEMO_ID) -o reports/demo-report.html
 	$(BIN)/tracebench report demo-round_robin-$(DEMO_ID) demo-sjf-$(DEMO_ID)
 
-# Three pytest processes (pytest-xdist), each taking whole test files (--dist loadfile: a file's module fixtures run once
-# per process), the longest first and the README's blocks split into chains that share no file (tests/conftest.py,
-# pytest_xdist_make_scheduler): much of the suite waits on simulated runs, so with two processes 2 cores stood ~30%
-# idle (a third: 160 s instead of 192 s on 2 cores, 1.8 cores busy; all passed beside a CPU hog too, 2026-11-26). Then,
-# alone in one process, the tests marked `serial` (test_speed: speed 1 against speed 4 within 5%, which a second
-# process's CPU load skews; the record round trip's latency medians are measured by bench/bench_record_roundtrip.py),
-# collecting only the files that say `mark.serial` (SERIAL_FILES: ~3 s less than collecting every file; conftest.py
-# refuses a test marked serial in a file that does not say so). `pytest -q` alone still runs everything in one process.
+# Three pytest processes (pytest-xdist), each taking whole test files (--dist loadfile: a file's module fixtures run
+# once per process), the longest first and the README's blocks split into chains that share no file (tests/conftest.py,
+# pytest_xdist_make_scheduler): much of the suite waits on simulated runs, so with two processes 2 cores stood ~30% idle
+# (a third: 160 s instead of 192 s on 2 cores, 1.8 cores busy; all passed beside a CPU hog too, 2026-11-26). Since the
+# commands that start no server run inside the pytest processes (tests/conftest.py run_cli): ~142 s and ~240 CPU-s where
+# the same machine gave the earlier suite 186-203 s and 333-367 CPU-s, ~1.7 cores busy; with four processes 133-137 s at
+# ~250 CPU-s, a gain within the run-to-run spread, and a timing test (16 requests seen queued at once) failed once:
+# three kept (2026-11-26). Then, alone in one process, the tests marked `serial` (test_speed: speed 1 against speed 4
+# within 5%, which a second process's CPU load skews; the record round trip's latency medians are measured by
+# bench/bench_record_roundtrip.py), collecting only the files that say `mark.serial` (SERIAL_FILES: ~3 s less than
+# collecting every file; conftest.py refuses a test marked serial in a file that does not say so). `pytest -q` alone
+# still runs everything in one process.
 SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/test_*.py)
 test: venv
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile -m "not serial"
