@@ -61,10 +61,10 @@ def tracebench_cmd(*args: str) -> list[str]:
 
 # The commands run_cli runs inside the pytest process: those that start no server, own no event loop, and restore the
 # signal handlers they install (tracebench/cleanup.py StopSignals). A new Python process costs each call 0.2-0.4 CPU-s
-# of imports (numpy, polars), and the suite makes ~100 such calls on 2 cores. `replay`, `record`, `sweep` and
+# of imports (numpy, polars), and the suite makes ~110 such calls on 2 cores. `replay`, `record`, `sweep` and
 # `sim-server` stay processes (servers, an asyncio loop, signal handlers of their own), and so does every test whose
-# point is the process itself (a signal, an import check, an environment of its own): those call run_cli_process or
-# subprocess with tracebench_cmd. tests/test_cli_in_process.py checks both paths give the same answers.
+# point is the process itself (a signal sent to it, an import check, determinism across processes): those call
+# run_cli_process or subprocess with tracebench_cmd. tests/test_cli_in_process.py checks both paths answer the same.
 IN_PROCESS_COMMANDS = frozenset({"generate", "inspect", "report", "pack", "policies"})
 PROG_NAME = "python -m tracebench"  # what click names the program in `python -m tracebench` (its usage lines)
 # The warning filters of a fresh interpreter (no -W, no PYTHONWARNINGS), innermost first: what decides which warnings
