@@ -340,7 +340,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         else:
             os.environ[name] = value
     if PYCACHE in config.stash:
-        shutil.rmtree(config.stash[PYCACHE], ignore_errors=True)
+        shutil.rmtree(config.stash[PYCACHE])
 
 
 # ---- pytest-xdist: which test files go first ------------------------------------------------------------------------
