@@ -355,9 +355,11 @@ def test_set_internal_state_caps_admission_at_run_time(sim_server) -> None:
     assert json.loads(http(srv.url + "/set_internal_state", {"server_args": {"pp_max_micro_batch_size": 4}})[2]) == [True]
     from concurrent.futures import ThreadPoolExecutor
     import time
+    # the 16 must all be queued before the first 4 finish: 2,500 tokens give the client ~1.5 s at --speed 10 to send
+    # them (1,000 tokens gave ~0.6 s: once too little, with four test processes on 2 cores)
     with ThreadPoolExecutor(16) as pool:
         futures = [pool.submit(http, srv.url + "/generate", {"input_ids": [1] * 32,
-                                                             "sampling_params": {"max_new_tokens": 1000}})
+                                                             "sampling_params": {"max_new_tokens": 2500}})
                    for _ in range(16)]
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
