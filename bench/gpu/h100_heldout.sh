@@ -5,24 +5,40 @@
 # fitted before this run and reads nothing of it. Why: the first held-out routing run has 400 requests, so its TTFT
 # p99 is the 4th largest TTFT and one pair of requests prefilled together or apart moves it by ~5%; 1,000 requests put
 # 10 requests above the p99. Stops at once (exit 3) when the GPUs are not H100s. Results: $OUT/h100heldout.tgz.
-# SIM=1 runs it against sim-servers here (a check of the script; ROUTING_N=40 keeps it short). ~5 minutes on GPUs.
+# ONE_GPU=1: the same workload on ONE H100, one server at a time (2026-11-26: every request for two H100s was given
+# H200s). With round_robin and no cap, the router sends request i to server i mod 2 at its arrival whatever the servers
+# do, so each server of the two-GPU run replays a fixed half of the trace: bench/split_trace.py writes the halves, each
+# replayed on the one server (attached, its cache flushed first: --flush-cache, the default), half 0 then half 1. What
+# differs: one physical card, and the client drives one server at a time. bench/sim_vs_real.py --pool compares the
+# halves together with the simulator's. Results: $OUT/h100halves.tgz; ~8 minutes (2 min start, 2 x ~2.8 min replays).
+# SIM=1 runs it against sim-servers here (a check of the script; ROUTING_N=40 keeps it short). Two GPUs: ~5 minutes.
 source bench/gpu/common.sh
 PORT0=${PORT0:-30100}; ROUTING_N=${ROUTING_N:-1000}; ROUTING_RATE=${ROUTING_RATE:-6.1}
 DATA=tests/data/mooncake_synthetic_trace_last1000.jsonl.xz
-NAME=h100heldout
+GPUS=2; NAME=h100heldout
+if [ "${ONE_GPU:-0}" = 1 ]; then GPUS=1; NAME=h100halves; fi
 RES=$RES_ROOT/$NAME; mkdir -p "$RES"
-if [ "${SIM:-0}" != 1 ] && ! nvidia-smi --query-gpu=name --format=csv,noheader | head -2 | grep -q "H100"; then
-  echo "not H100s: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -2 | tr '\n' ' ')"; exit 3
+if [ "${SIM:-0}" != 1 ] && ! nvidia-smi --query-gpu=name --format=csv,noheader | head -$GPUS | grep -q "H100"; then
+  echo "not H100s: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -$GPUS | tr '\n' ' ')"; exit 3
 fi
 trap 'pack; ls -la "$PACK_TO"' EXIT
 $TB generate --dataset "$DATA" --dataset-format mooncake --in-order --rate "$ROUTING_RATE" --num-requests "$ROUTING_N" \
   --seed 2 -o "$RES/mooncake-routing-long.jsonl"
 t0=$SECONDS
-for i in 0 1; do start_server "$i" $((PORT0 + i)) "$RES/server-$i.log"; done
-for i in 0 1; do wait_healthy $((PORT0 + i)) "$RES/server-$i.log"; done
+for ((i = 0; i < GPUS; i++)); do start_server "$i" $((PORT0 + i)) "$RES/server-$i.log"; done
+for ((i = 0; i < GPUS; i++)); do wait_healthy $((PORT0 + i)) "$RES/server-$i.log"; done
 echo "servers healthy: $((SECONDS - t0)) s"
 VOCAB=(--model "$MODEL"); [ "${SIM:-0}" = 1 ] && VOCAB=()
-$TB replay "$RES/mooncake-routing-long.jsonl" --attach "http://127.0.0.1:$PORT0" --attach "http://127.0.0.1:$((PORT0 + 1))" \
-  "${VOCAB[@]}" --policy round_robin --run-name routing-long-round_robin --out-dir "$RES" --quiet
-echo "routing run: $((SECONDS - t0)) s"
-for i in 0 1; do stop_server "$RES/server-$i.log"; done
+if [ "$GPUS" = 2 ]; then
+  $TB replay "$RES/mooncake-routing-long.jsonl" --attach "http://127.0.0.1:$PORT0" --attach "http://127.0.0.1:$((PORT0 + 1))" \
+    "${VOCAB[@]}" --policy round_robin --run-name routing-long-round_robin --out-dir "$RES" --quiet
+  echo "routing run: $((SECONDS - t0)) s"
+else
+  python3 bench/split_trace.py "$RES/mooncake-routing-long.jsonl" --parts 2 --out-dir "$RES"
+  for part in 0 1; do
+    $TB replay "$RES/mooncake-routing-long.part${part}of2.jsonl" --attach "http://127.0.0.1:$PORT0" "${VOCAB[@]}" \
+      --policy round_robin --flush-cache --run-name "routing-long-part${part}of2" --out-dir "$RES" --quiet
+    echo "part $part: $((SECONDS - t0)) s"
+  done
+fi
+for ((i = 0; i < GPUS; i++)); do stop_server "$RES/server-$i.log"; done
