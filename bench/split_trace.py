@@ -9,7 +9,7 @@ server; the N parts can then run one after another on one GPU when only one is l
 line byte for byte (ids, arrival_s: the absolute schedule of the run clock, so the parts' records share one timeline
 and can be pooled), and each header the original's fields with num_requests and duration_s of the part, plus `split`:
 the source trace's sha256 and the rule. A closed-loop trace (requests `after` another) cannot be split: refused.
-Writes DIR/<stem>.part<k>of<N>.jsonl and prints each path.
+Writes DIR/<stem>.part<k>of<N>.jsonl and prints each path (a TRACE.jsonl.xz is first decompressed to DIR/TRACE.jsonl).
 """
 
 from __future__ import annotations
@@ -18,15 +18,13 @@ import argparse
 import hashlib
 import lzma
 import sys
-import tempfile
 from pathlib import Path
 
-import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tracebench.trace.format import HEADER_KEY, read_header, write_trace  # noqa: E402
+from tracebench.trace.format import HEADER_KEY, load_trace, write_trace  # noqa: E402
 
 
 def main() -> None:
@@ -37,35 +35,29 @@ def main() -> None:
     opts = parser.parse_args()
     if opts.parts < 2:
         parser.error("--parts must be at least 2")
-    data = opts.trace.read_bytes()
-    if opts.trace.suffix == ".xz":   # as the examples keep their traces
-        data = lzma.decompress(data)
-    first = data.split(b"\n", 1)[0] + b"\n"
-    with tempfile.NamedTemporaryFile(suffix=".jsonl") as head:   # the trace reader validates line 1
-        head.write(first)
-        head.flush()
-        header = read_header(head.name)
-    lines = data.splitlines()[1:]
-    parts: list[list[bytes]] = [[] for _ in range(opts.parts)]
-    last_arrival = [0.0] * opts.parts
-    for index, line in enumerate(lines):
-        request = orjson.loads(line)
-        if "after" in request:
-            raise SystemExit(f"{opts.trace}:{index + 2}: after: a closed-loop trace cannot be split "
+    trace = opts.trace
+    if trace.suffix == ".xz":   # as the examples keep their traces: the plain trace goes beside the parts
+        opts.out_dir.mkdir(parents=True, exist_ok=True)
+        trace = opts.out_dir / trace.stem
+        trace.write_bytes(lzma.decompress(opts.trace.read_bytes()))
+    header, requests = load_trace(trace)   # every line validated; a broken one is named here
+    for lineno, request in enumerate(requests, start=2):
+        if request.after is not None:
+            raise SystemExit(f"{opts.trace}:{lineno}: after: a closed-loop trace cannot be split "
                              "(a request waits on another, which may be in another part)")
-        part = index % opts.parts
-        parts[part].append(line + b"\n")
-        last_arrival[part] = float(request["arrival_s"])
+    data = trace.read_bytes()
+    lines = data.splitlines(keepends=True)[1:]   # one line per request: the reader refuses an empty line
     fields = {key: value for key, value in header.fields.items() if key != HEADER_KEY}
-    stem = opts.trace.name.removesuffix(".xz").removesuffix(".jsonl")
-    opts.out_dir.mkdir(parents=True, exist_ok=True)
-    for part, part_lines in enumerate(parts):
-        out = opts.out_dir / f"{stem}.part{part}of{opts.parts}.jsonl"
-        part_fields = {**fields, "num_requests": len(part_lines), "duration_s": last_arrival[part],
-                       "split": {"source_sha256": hashlib.sha256(data).hexdigest(), "part": part,
-                                 "parts": opts.parts, "rule": "request i (trace order) -> part i mod parts"}}
-        print(write_trace(out, part_fields, part_lines))
-
+    source_sha256 = hashlib.sha256(data).hexdigest()
+    stem = trace.name.removesuffix(".jsonl")
+    for part in range(opts.parts):
+        part_requests = requests[part::opts.parts]
+        part_fields = {**fields, "num_requests": len(part_requests),
+                       "duration_s": part_requests[-1].arrival_s if part_requests else 0.0,
+                       "split": {"source_sha256": source_sha256, "part": part, "parts": opts.parts,
+                                 "rule": "request i (trace order) -> part i mod parts"}}
+        print(write_trace(opts.out_dir / f"{stem}.part{part}of{opts.parts}.jsonl", part_fields,
+                          lines[part::opts.parts]))
 
 if __name__ == "__main__":
     main()

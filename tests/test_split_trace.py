@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import lzma
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import polars as pl
 import pytest
 
 from conftest import REPO
-from tracebench.report.load import Run
+from tracebench.report.load import Run, read_run_json
 from tracebench.trace.format import load_trace
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -90,3 +91,14 @@ def test_pool_joins_the_parts_of_one_split_and_refuses_anything_else() -> None:
         pooled([a, fake_run("c", None, [1.0], [2.0])], "ac")                  # not a part
     with pytest.raises(SystemExit, match="not the parts of one split trace"):
         pooled([a, fake_run("d", {**part, "source_sha256": "zzz", "part": 1}, [1.0], [2.0])], "ad")
+
+
+def test_the_committed_halves_are_what_split_trace_gives(tmp_path: Path) -> None:
+    """The H100 example's two runs replayed the halves of its committed trace: splitting it again gives the same
+    bytes (their sha256 in run.json), so `sim_vs_real.py --replay` can replay them."""
+    example = REPO / "reports" / "examples" / "h100-sim-vs-real" / "routing-long-1000"
+    assert split(example / "mooncake-routing-long.jsonl.xz", 2, tmp_path).returncode == 0
+    for part in range(2):
+        made = tmp_path / f"mooncake-routing-long.part{part}of2.jsonl"
+        replayed = read_run_json(example / f"routing-long-part{part}of2")["trace"]["sha256"]
+        assert hashlib.sha256(made.read_bytes()).hexdigest() == replayed
