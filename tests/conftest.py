@@ -92,6 +92,17 @@ def run_cli_process(*args: str, cwd: Path | None = None, env: dict[str, str] | N
                           capture_output=True, text=True, timeout=timeout)
 
 
+def set_environ(values: dict[str, str | None]) -> dict[str, str | None]:
+    """Set these environment variables (None: unset) and return what they were, in the same form (to put back)."""
+    before = {name: os.environ.get(name) for name in values}
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    return before
+
+
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: object = None,
                   line: str | None = None) -> None:
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
@@ -111,10 +122,10 @@ def run_cli_in_process(*args: str, cwd: Path | None = None,
     encoding = locale.getpreferredencoding(False)
     out, err = io.BytesIO(), io.BytesIO()
     saved_streams, saved_cwd = (sys.stdout, sys.stderr), os.getcwd()
-    saved_env = {name: os.environ.get(name) for name in env or {}}
     saved_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     saved_modules, saved_figures = set(sys.modules), _open_figures()
     returncode = 0
+    saved_env = set_environ(dict(env or {}))
     try:
         with warnings.catch_warnings():
             warnings.resetwarnings()
@@ -127,7 +138,6 @@ def run_cli_in_process(*args: str, cwd: Path | None = None,
                                                    write_through=True)
             if cwd is not None:
                 os.chdir(cwd)
-            os.environ.update(env or {})
             try:
                 main.main(args=list(args), prog_name=PROG_NAME, standalone_mode=True)
             except SystemExit as stop:
@@ -145,11 +155,7 @@ def run_cli_in_process(*args: str, cwd: Path | None = None,
     finally:
         sys.stdout, sys.stderr = saved_streams
         os.chdir(saved_cwd)
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        set_environ(saved_env)
         for sig, handler in saved_handlers.items():
             signal.signal(sig, handler)
         for name in set(sys.modules) - saved_modules:
@@ -325,20 +331,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[PYCACHE] = tempfile.mkdtemp(prefix="tracebench-tests-pycache-")
         changes.update(PYTHONDONTWRITEBYTECODE=None, PYTHONPYCACHEPREFIX=config.stash[PYCACHE])
     changes["SSL_CERT_FILE"] = os.devnull
-    config.stash[SESSION_ENV] = {name: os.environ.get(name) for name in changes}
-    for name, value in changes.items():
-        if value is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = value
+    config.stash[SESSION_ENV] = set_environ(changes)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for name, value in config.stash.get(SESSION_ENV, {}).items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    if SESSION_ENV in config.stash:   # not on an xdist worker
+        set_environ(config.stash[SESSION_ENV])
     if PYCACHE in config.stash:
         shutil.rmtree(config.stash[PYCACHE])
 
