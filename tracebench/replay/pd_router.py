@@ -55,27 +55,26 @@ class PdRouter(Router):
         self.rooms = Rooms(seed)
         self.pair_client = PairClient(self.client)
 
-    def _can_assign(self, views: list[ServerView]) -> bool:
+    def _can_assign(self, free: list[int]) -> bool:
         """A pair is possible: a free slot in each pool."""
-        return (any(views[i].free_slots for i in self.pools.prefill)
-                and any(views[i].free_slots for i in self.pools.decode))
+        return any(free[i] for i in self.pools.prefill) and any(free[i] for i in self.pools.decode)
 
-    def _ask(self, now: float, views: list[ServerView]) -> bool:
+    def _ask(self, now: float, views: list[ServerView]) -> float | None:
         """Each pool's policy in turn (pd.assign_pairs, timed as one call); the pairs are dispatched."""
         self.pools.prefill_policy.now = self.policy.now = now
         triples = self.policy_time.call("assign", assign_pairs, self._queue, self.pools.prefill_policy, self.policy,
                                         [views[i] for i in self.pools.prefill], [views[i] for i in self.pools.decode])
         if not triples:
-            return False   # what a policy raises, or a rule it breaks, is a PolicyError already
+            return None   # what a policy raises, or a rule it breaks, is a PolicyError already
         chosen = {req.id for req, _, _ in triples}
         self._queue = [q for q in self._queue if q.id not in chosen]
         t_assigned = self.clock.now()
         for req, prefill_view, decode_view in triples:
             del self._queued[req.id]
             rec = self._pending[req.id]
-            rec.t_assigned = t_assigned
+            self._assigned(rec, t_assigned)
             self._dispatch_pair(rec, self.servers[prefill_view.index], self.servers[decode_view.index])
-        return True
+        return t_assigned
 
     def _policy_label(self) -> str:
         return (f"policies {self.pools.prefill_policy.name!r} (prefill pool) and {self.policy.name!r} "

@@ -76,6 +76,11 @@ class RequestRecord:
     # sglang); null when the server sends none (OpenAI APIs, sglang without --enable-metrics)
     server_dispatched: float | None = None
     server_first_sent: float | None = None
+    # seconds of its router wait (t_admitted -> t_assigned) during which no server could take it: every server at its
+    # router cap (static mode: running its batch) or out of routing. The wait the run's cap chose, not tracebench's
+    # time (the rest of that span is: the loop's wake-up, the policy's calls; docs/overhead.md). 0.0 in a run without
+    # a cap whose servers stayed routable; null: never assigned
+    slot_wait_s: float | None = None
 
 
 @dataclass(slots=True)

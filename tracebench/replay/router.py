@@ -5,6 +5,13 @@ is asked for assignments when a request arrives, when a slot frees and after a c
 `_serve()`, the one coroutine that stamps `t_dispatch` (timestamp 2), `t_first_token` and `t_finish` (timestamp 3)
 while it consumes the client's answer. Every request's record is written exactly once, when it ends.
 
+The wait for a free slot (a record's `slot_wait_s`, docs/overhead.md): the router keeps one clock that runs only while
+requests are queued and no server can take one (`_full_since`: every server at its cap, running a static batch, or
+out of routing; a PD pair: no free slot in a pool). It starts when the router finds that (the policy's return that
+took the last slot, or a round that found none free), and stops the moment a slot frees (a finish, a cap raised, a
+server back). A request's slot wait is that clock's advance between its admission and its assignment: O(1) per
+request, nothing per queued request, and nothing at all while the servers have free slots (a run without a cap).
+
 Static batching (`mode="static"`) runs through the same path: a server takes assignments only while it has nothing
 in flight (its effective cap is the batch size then, 0 while its batch runs); what the policy gives an idle server
 forms its next batch, sent all at once when it holds `batch_size` requests, when `batch_timeout` has passed since its
@@ -226,6 +233,10 @@ class Router:
         self.policy_time = PolicyTime(policy.name)
         # since when the policy has left requests queued while servers had free slots (None: it has not)
         self._idle_since: float | None = None
+        # since when requests have waited at the router with no free slot (None: not now), and the run time of all
+        # such waits before it (only grows): the slot-wait clock (module docstring)
+        self._full_since: float | None = None
+        self.slot_wait_total = 0.0
         self.pending_wakeups = 0  # scheduled events to come that ask the policy again (cap schedule changes)
         # /v1/loads is polled (telemetry.poll_loads): a live server is heard even while its answers are not streamed
         self.polled = False
@@ -291,6 +302,8 @@ class Router:
     def _admit(self, request: TraceRequest, rec: RequestRecord, t_admitted: float) -> None:
         """The request enters the router queue (the policy sees it from now on)."""
         rec.t_admitted = t_admitted
+        # its slot wait counts from here: the clock's reading now is taken off when it is assigned (_assigned)
+        rec.slot_wait_s = -self._slot_clock(t_admitted)
         queued = QueuedRequest(request.id, request.input_len, request.output_len, rec.t_arrival, rec.t_released,  # type: ignore[arg-type]
                                request.prefix_blocks, self.block_size)
         self._queued[request.id] = queued
@@ -342,6 +355,7 @@ class Router:
                             "the rest wait in its own queue")
             if self.static:
                 self._maybe_send_batch(state)
+        self._slot_freed()
         self._kick()
 
     def caps(self) -> list[int | None]:
@@ -393,6 +407,7 @@ class Router:
             return
         if reason is None:
             state.state = "up"
+            self._slot_freed()
             self._kick()
             return
         # what is still in flight there will never be answered: timed out when it stopped answering, else an error
@@ -412,12 +427,16 @@ class Router:
             if flight.uses(state):  # a PD pair whose prefill answer came needs only its decode server
                 self._end_flight(flight, in_flight_status, in_flight_error or f"server {state.index} is down: {detail}")
         if state.forming:  # an unsent static batch goes back to the queue, in arrival order
+            now = self.clock.now()
             for rec in state.forming:
                 queued = QueuedRequest(rec.id, rec.input_len, rec.output_len, rec.t_arrival, rec.t_released,
                                        self._prefix_blocks.get(rec.id), self.block_size)
                 self._queued[rec.id] = queued
                 self._queue.append(queued)
                 rec.batch = None
+                # queued again: assigned anew later (its slot wait goes on counting from here), or never
+                rec.t_assigned = None
+                rec.slot_wait_s -= self._slot_clock(now)  # type: ignore[operator]
             state.forming = []
             self._queue.sort(key=lambda q: (q.t_released, q.id))
         gone = self._none_left()
@@ -450,18 +469,49 @@ class Router:
         if self._assign_handle is None and not self._closing:
             self._assign_handle = self._loop.call_soon(self.guarded, self._assign_round)
 
+    def _load(self, s: ServerState) -> tuple[int, int]:
+        """(in flight, cap) of a server as the policy sees them: in static mode a forming batch counts in flight, and
+        a server whose batch is out takes nothing."""
+        if self.static:
+            return s.in_flight + len(s.forming), (0 if s.in_flight else min(self.batch_size, s.cap))
+        return s.in_flight, s.cap
+
     def _views(self, now: float) -> list[ServerView]:
         views = []
         for s in self.servers:
             rate, p50, p90, ttft = s.observed(now)
             rep = s.reported
             reported = None if rep is None else ReportedLoad(rep[0], rep[1], rep[2], rep[3], now - s.reported_t)
-            if self.static:
-                in_flight, cap = s.in_flight + len(s.forming), (0 if s.in_flight else min(self.batch_size, s.cap))
-            else:
-                in_flight, cap = s.in_flight, s.cap
+            in_flight, cap = self._load(s)
             views.append(ServerView(s.index, s.url, s.state == "up", in_flight, cap, rate, p50, p90, ttft, reported))
         return views
+
+    def _free_slots(self) -> list[int]:
+        """Each server's free slots now, as its ServerView's `free_slots` would say (without making the views)."""
+        out = []
+        for s in self.servers:
+            in_flight, cap = self._load(s)
+            out.append(max(0, cap - in_flight) if s.state == "up" else 0)
+        return out
+
+    # ---- the wait for a free slot (module docstring) -------------------------------------------------------
+
+    def _slot_clock(self, now: float) -> float:
+        """Run time so far during which requests waited at the router with no free slot."""
+        since = self._full_since
+        return self.slot_wait_total if since is None else self.slot_wait_total + (now - since)
+
+    def _slot_freed(self) -> None:
+        """Something may have freed a slot (a request finished, a cap rose, a server is routable again): the wait
+        for a free slot ends now if one is free. Costs nothing unless requests are waiting for one."""
+        if self._full_since is not None and self._can_assign(self._free_slots()):
+            self.slot_wait_total += self.clock.now() - self._full_since
+            self._full_since = None
+
+    def _assigned(self, rec: RequestRecord, t_assigned: float) -> None:
+        """The policy assigned `rec` (its assign() returned at `t_assigned`): its slot wait is complete."""
+        rec.t_assigned = t_assigned
+        rec.slot_wait_s += self._slot_clock(t_assigned)  # type: ignore[operator]
 
     def guarded(self, callback: Callable[..., None], *args: Any) -> None:
         """Runs a loop callback. A callback has no caller to raise to: an error in one stops the run."""
@@ -482,11 +532,19 @@ class Router:
             return
         now = self.clock.now()
         views = self._views(now)
-        if not self._can_assign(views):
+        if not self._can_assign([v.free_slots for v in views]):
             self._idle_since = None
+            if self._full_since is None:  # requests wait, no slot is free: the wait for one starts
+                self._full_since = now
             return  # nothing can be assigned: the policy is not asked
-        if self._ask(now, views):
+        if self._full_since is not None:  # a slot freed by a path _slot_freed did not see: the wait ends here
+            self.slot_wait_total += now - self._full_since
+            self._full_since = None
+        t_assigned = self._ask(now, views)
+        if t_assigned is not None:
             self._idle_since = None
+            if self._queue and not self._can_assign(self._free_slots()):
+                self._full_since = t_assigned  # the picks took the last free slots: the rest wait from then
             return
         if self._idle_since is None:
             self._idle_since = now
@@ -496,16 +554,19 @@ class Router:
                 f"and servers had {self._free_text(views)}, and nothing can ask it again (nothing in flight, no "
                 "arrival to come): the run cannot go on")
 
-    def _can_assign(self, views: list[ServerView]) -> bool:
-        """Some assignment is possible: a server has a free slot."""
-        return any(v.free_slots for v in views)
+    def _can_assign(self, free: list[int]) -> bool:
+        """Some assignment is possible: a server has a free slot (`free`: each server's free slots, by index). A
+        request can go to any routable server, so while this is false every queued request waits for a slot."""
+        return any(free)
 
-    def _ask(self, now: float, views: list[ServerView]) -> bool:
-        """Ask the policy (timed) and carry out what it assigned; whether it assigned anything."""
+    def _ask(self, now: float, views: list[ServerView]) -> float | None:
+        """Ask the policy (timed) and carry out what it assigned: when its assign() returned, or None if it assigned
+        nothing."""
         self.policy.now = now
         picks = self.policy_time.call("assign", self.policy.assign, self._queue, views)
-        self._apply(picks, views, self.clock.now())
-        return bool(picks)
+        t_assigned = self.clock.now()
+        self._apply(picks, views, t_assigned)
+        return t_assigned if picks else None
 
     def _policy_label(self) -> str:
         """The policy as error messages name it."""
@@ -561,7 +622,7 @@ class Router:
             del self._queued[req.id]
             server = self.servers[view.index]
             rec = self._pending[req.id]
-            rec.t_assigned = t_assigned
+            self._assigned(rec, t_assigned)
             if self.static:
                 server.forming.append(rec)
                 touched.add(server.index)
@@ -763,6 +824,8 @@ class Router:
     def _finish(self, rec: RequestRecord, server: ServerState) -> None:
         self._flights.pop(rec.id, None)
         server.in_flight -= 1
+        if not self._closing:
+            self._slot_freed()
         self._write(rec)
         if rec.status in COMPLETED:
             assert rec.t_finish is not None and rec.t_dispatch is not None
@@ -783,6 +846,8 @@ class Router:
         self._prefix_blocks.pop(rec.id, None)
         if rec.policy_s is not None:
             rec.policy_s += self.policy_time.total
+        if rec.t_assigned is None:  # never assigned: no slot wait (its field held the clock at its admission)
+            rec.slot_wait_s = None
         self.writer.write(rec)
         self.counts[rec.status] += 1
         self.span.add(rec)
