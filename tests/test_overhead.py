@@ -20,10 +20,12 @@ from conftest import free_port, run_cli, start_sim_server
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, SglangClient
 from tracebench.replay.loop import run as run_loop
 from tracebench.replay.records import RequestRecord
-from tracebench.report.breakdown import ALL_STAGES, OURS, SGLANG
+from tracebench.report.breakdown import ALL_STAGES, CAP, OURS, SGLANG
+from tracebench.trace.format import format_request_line, write_trace
 
 BREAKDOWN = ("t_assigned", "t_built", "t_written", "t_headers", "t_last_chunk", "t_parsed", "server_dispatched",
              "server_first_sent")
+LATER = ("slot_wait_s",)  # fields added after the breakdown's stamps, at the end
 APIS = [(api, stream) for api in ("generate", "completions", "chat") for stream in (True, False)]
 
 
@@ -60,7 +62,8 @@ def test_breakdown_stamps_are_recorded_in_order(runs: Path, api: str, stream: bo
     records = _records(runs / f"{api}-{stream}")
     assert len(records) == 8 and {r["status"] for r in records} == {"ok"}
     # the new fields come last, after every field a run recorded before them had
-    assert list(records[0])[-len(BREAKDOWN):] == list(BREAKDOWN) == list(RequestRecord.__dataclass_fields__)[-len(BREAKDOWN):]
+    fields = list(RequestRecord.__dataclass_fields__)
+    assert list(records[0]) == fields and fields[-len(BREAKDOWN) - len(LATER):] == [*BREAKDOWN, *LATER]
     for r in records:
         for name in ("t_assigned", "t_built", "t_written", "t_headers", "t_last_chunk", "t_parsed"):
             assert r[name] is not None, (name, r)
@@ -77,6 +80,8 @@ def test_breakdown_stamps_are_recorded_in_order(runs: Path, api: str, stream: bo
         if api == "generate":
             assert r["server_received"] <= r["server_dispatched"] <= r["server_forward_entry"]
             assert r["server_prefill_finished"] <= r["server_first_sent"]  # sent once the prefill is done
+        # no cap: a slot was always free, the slot-wait clock never ran (0, not null: null is never assigned)
+        assert r["slot_wait_s"] == 0.0
 
 
 FORMATS = {"table": None, "md": "r.md", "csv": "r.csv", "json": "r.json", "html": "r.html"}
@@ -101,7 +106,13 @@ def test_the_report_shows_the_breakdown_in_every_format(runs: Path, tmp_path: Pa
     stages = doc["breakdown_stages"]
     assert stages["intake"] == {**stages["intake"], "from": "t_written", "to": "server_received", "whose": SGLANG}
     assert stages["send"]["whose"] == OURS and set(stages) == {s.key for s in ALL_STAGES}
+    assert stages["slot_wait"]["part"] == {"how": "in", "field": "slot_wait_s"} and stages["slot_wait"]["whose"] == CAP
+    assert stages["assign"]["part"] == {"how": "less", "field": "slot_wait_s"} and stages["send"]["part"] is None
     mine = doc["runs"][0]["breakdown"]
+    # no cap: no run waited for a slot, so that stage is not shown (its row); "router and policy" is the whole span
+    assert "slot_wait" not in mine and "| wait for a free slot |" not in texts["md"]
+    span = np.array([r["t_assigned"] - r["t_admitted"] for r in records])
+    assert mine["assign"]["mean"] == pytest.approx(float(span.mean()))
     send = np.array([r["t_written"] - r["t_built"] for r in records])
     assert mine["send"]["p50"] == pytest.approx(float(np.percentile(send, 50)))
     assert mine["send"]["p99"] == pytest.approx(float(np.percentile(send, 99)))
@@ -119,14 +130,54 @@ def test_the_report_shows_the_breakdown_in_every_format(runs: Path, tmp_path: Pa
     assert {"release lag", "router", "request written", "sglang HTTP intake", "prefill"} <= parts
 
 
+def test_a_capped_run_counts_the_wait_for_a_slot_as_the_cap_s(sim: str, tmp_path: Path) -> None:
+    """Cap 1, four requests arriving at once, ~50 ms each on the simulator: three wait in the router queue for the
+    slot. That wait is the cap's (slot_wait_s, the stage "wait for a free slot"), not tracebench's: per record the
+    two parts add up to t_assigned - t_admitted, the slot wait covers every spell the slot was held by a request
+    assigned before it, and "tracebench before the wire" stays small."""
+    trace = write_trace(tmp_path / "t.jsonl", {"num_requests": 4, "duration_s": 0.0},
+                        [format_request_line(i, 0.0, 300, 100) for i in range(4)])
+    done = run_cli("replay", str(trace), "--attach", sim, "--max-running-requests", "1", "--run-name", "cap",
+                   "--out-dir", str(tmp_path), "--quiet")
+    assert done.returncode == 0, done.stderr
+    records = sorted(_records(tmp_path / "cap"), key=lambda r: r["t_assigned"])
+    assert [r["status"] for r in records] == ["ok"] * 4
+    assert records[0]["slot_wait_s"] == 0.0  # the slot was free when it came
+    own = []
+    for j, r in enumerate(records):
+        span = r["t_assigned"] - r["t_admitted"]
+        router = span - r["slot_wait_s"]  # the router's and the policy's part (policy_s holds the policy's calls)
+        assert 0.0 <= r["slot_wait_s"] <= span and 0.0 <= router, r
+        assert 0.0 <= r["policy_s"] < r["t_finish"] - r["t_released"], r
+        # no slot was free from each earlier request's assignment (it took the slot) until its record was complete
+        # (its slot frees after that): all of that, after this one's admission, is this one's slot wait
+        held = sum(q["t_parsed"] - q["t_assigned"] for q in records[:j] if q["t_assigned"] >= r["t_admitted"])
+        assert r["slot_wait_s"] >= held and (j == 0 or held > 0.02), (j, r, held)
+        assert router < max(0.05, r["slot_wait_s"] / 4), (j, r)  # the loop's hops and the policy: ms, not the wait
+        own.append(r["t_written"] - r["t_arrival"] - (r["t_admitted"] - r["t_released"]) - r["slot_wait_s"])
+    done = run_cli("report", str(tmp_path / "cap"), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)["runs"][0]["breakdown"]
+    slot = np.array([r["slot_wait_s"] for r in records])
+    spans = np.array([r["t_assigned"] - r["t_admitted"] for r in records])
+    assert got["slot_wait"]["mean"] == pytest.approx(float(slot.mean())) and got["slot_wait"]["mean"] > 0.03
+    assert got["slot_wait"]["mean"] + got["assign"]["mean"] == pytest.approx(float(spans.mean()))
+    assert got["own_before"]["mean"] == pytest.approx(float(np.mean(own)))
+    assert got["own_before"]["mean"] < got["slot_wait"]["mean"] / 4
+    done = run_cli("report", str(tmp_path / "cap"), "--format", "md")
+    assert done.returncode == 0, done.stderr
+    assert f"| wait for a free slot | {CAP} |" in done.stdout
+
+
 def test_a_sped_up_run_keeps_host_stages_as_measured(tmp_path: Path) -> None:
     """At --speed K the report multiplies the simulator's own time by K, never tracebench's: the breakdown's host
-    stages read as measured, its sglang stages K times the run clock's."""
+    stages read as measured, its sglang stages K times the run clock's. Capped: the router's own part of the router
+    wait reads as measured, the wait for a slot is the rest of the converted span (at least the run clock's)."""
     trace = tmp_path / "t.jsonl"
     assert run_cli("generate", "--rate", "20", "--num-requests", "8", "--input-len", "500", "--output-len", "4",
                    "-o", str(trace)).returncode == 0
     done = run_cli("replay", str(trace), "--backend", "sim", "--speed", "4", "--port-base", str(free_port()),
-                   "--run-name", "k4", "--out-dir", str(tmp_path), "--quiet")
+                   "--max-running-requests", "1", "--run-name", "k4", "--out-dir", str(tmp_path), "--quiet")
     assert done.returncode == 0, done.stderr
     records = _records(tmp_path / "k4")
     done = run_cli("report", str(tmp_path / "k4"), "--format", "json")
@@ -137,6 +188,9 @@ def test_a_sped_up_run_keeps_host_stages_as_measured(tmp_path: Path) -> None:
                                ("to_scheduler", "server_received", "server_dispatched", 4)):
         values = np.array([r[end] - r[start] for r in records]) * k
         assert got[key]["mean"] == pytest.approx(float(values.mean()), rel=1e-6, abs=1e-9), key
+    router = np.array([r["t_assigned"] - r["t_admitted"] - r["slot_wait_s"] for r in records])
+    assert got["assign"]["mean"] == pytest.approx(float(router.mean()), rel=1e-6, abs=1e-9)
+    assert got["slot_wait"]["mean"] >= float(np.mean([r["slot_wait_s"] for r in records])) - 1e-9
 
 
 # ---- the stream reader: events however the bytes are cut -----------------------------------------------------------

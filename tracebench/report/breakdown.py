@@ -12,6 +12,10 @@ and two more run beside them, on the way to the first token: server_prefill_fini
 t_first_token. sglang's stamps are its time.time() on the run clock (same host: RunClock.from_wall); records without
 them (OpenAI APIs, sglang without --enable-metrics, runs recorded before the breakdown) leave those stages out, and
 the span "written -> last chunk" still shows the server and the wire as the client saw them.
+
+t_admitted -> t_assigned is cut in two by the record's `slot_wait_s` (replay/router.py): the wait for a free slot
+(no server could take the request: the run's router cap, whose wait it is) and the rest, the router's and the
+policy's (tracebench's). Runs recorded before `slot_wait_s` keep the whole span as "router and policy".
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ OURS = "tracebench"
 SGLANG = "sglang"
 BOTH = "both"  # the wire and both ends' I/O: not split further by the stamps
 GATE = "--max-concurrency"  # the run's own client limit: a wait it asked for
+CAP = "router cap"  # the run's per-server cap at the router (or its static batches): a wait it asked for
 
 
 @dataclass(frozen=True)
@@ -35,10 +40,22 @@ class Stage:
     end: str  # and ends at
     whose: str
     what: str  # what happens there (docs/overhead.md says more)
+    # the span start -> end is cut by the record's duration field `part`: "in" (this stage is that part of the
+    # span) or "less" (the span without it); None: the whole span
+    part: tuple[str, str] | None = None
 
     @property
     def expr(self) -> pl.Expr:
         return pl.col(self.end) - pl.col(self.start)
+
+    @property
+    def span(self) -> str:
+        """Where it lies, as the report's tables say it."""
+        whole = f"{self.start} -> {self.end}"
+        if self.part is None:
+            return whole
+        how, field = self.part
+        return f"{field} (in {whole})" if how == "in" else f"{whole} less {field}"
 
 
 STAGES: tuple[Stage, ...] = (
@@ -46,8 +63,13 @@ STAGES: tuple[Stage, ...] = (
           "the engine wakes for the arrival and releases the request into the router"),
     Stage("client_gate", "client gate", "t_released", "t_admitted", GATE,
           "held by --max-concurrency until fewer than N requests are in flight"),
+    Stage("slot_wait", "wait for a free slot", "t_admitted", "t_assigned", CAP,
+          "in the router queue while no server could take it: every one at its router cap (--max-running-requests, "
+          "--cap-schedule, the control endpoint; static mode: running its batch) or out of routing",
+          part=("in", "slot_wait_s")),
     Stage("assign", "router and policy", "t_admitted", "t_assigned", OURS,
-          "the router queue and the policy's assign() (with a router cap: also the wait for a free slot)"),
+          "the router queue while a slot was free: the loop's wake-up for the arrival or the freed slot, and the "
+          "policy's assign() (and requests it chose first while a slot was free)", part=("less", "slot_wait_s")),
     Stage("build", "request body", "t_assigned", "t_built", OURS,
           "the request's task starts; its input ids and JSON body are made (or taken ready-made)"),
     Stage("send", "request written", "t_built", "t_written", OURS,
@@ -80,9 +102,11 @@ STAGES: tuple[Stage, ...] = (
           "the server and the wire as the client saw them (also without sglang's stamps)"),
 )
 # tracebench's own time, per request: from the arrival until the request is on the wire (without the client gate's
-# wait, which the run asked for), and from the answer's last data until the record is complete
+# wait and the wait for a free slot, which the run asked for), and from the answer's last data until the record is
+# complete
 OWN_BEFORE = Stage("own_before", "tracebench before the wire", "t_arrival", "t_written", OURS,
-                   "release lag + router and policy + body + request written (the client gate's wait taken out)")
+                   "release lag + router and policy + body + request written (the client gate's wait and the wait for "
+                   "a free slot taken out)")
 OWN_AFTER = Stage("own_after", "tracebench after the last chunk", "t_last_chunk", "t_parsed", OURS,
                   "end of answer + answer checked")
 ALL_STAGES: tuple[Stage, ...] = (*STAGES, OWN_BEFORE, OWN_AFTER)
@@ -91,9 +115,14 @@ STATS = ("p50", "p99", "mean")
 
 
 def stage_expr(stage: Stage) -> pl.Expr:
+    # runs recorded before slot_wait_s have none: their router and policy stage still holds the slot wait
+    slot_wait = pl.col("slot_wait_s").fill_null(0.0)
     if stage is OWN_BEFORE:
         gate = (pl.col("t_admitted") - pl.col("t_released")).fill_null(0.0)
-        return pl.col("t_written") - pl.col("t_arrival") - gate
+        return pl.col("t_written") - pl.col("t_arrival") - gate - slot_wait
+    if stage.part is not None:
+        how, field = stage.part
+        return pl.col(field) if how == "in" else stage.expr - pl.col(field).fill_null(0.0)
     if stage.key == "first_out":  # not streamed, response_sent_to_client_ts is the whole answer's: no first token
         return pl.when(pl.col("t_first_token").is_not_null()).then(stage.expr)
     return stage.expr
@@ -111,13 +140,14 @@ class StageStats:
 def breakdown_stats(ok: pl.DataFrame) -> dict[str, StageStats]:
     """Each stage's statistics (seconds) over the given records (a run's kept completed ones); a column the records
     lack counts as null."""
-    missing = {name for stage in ALL_STAGES for name in (stage.start, stage.end, "t_admitted", "t_released")
-               if name not in ok.columns}
+    missing = {name for stage in ALL_STAGES for name in (stage.start, stage.end, "t_admitted", "t_released",
+                                                         "slot_wait_s") if name not in ok.columns}
     frame = ok.with_columns([pl.lit(None, dtype=pl.Float64).alias(name) for name in sorted(missing)])
     # a stage whose start or end stamp is null in every record has no value: not computed (a run recorded without
     # the breakdown's stamps would otherwise pay a million-row column per stage for nothing)
     stamped = {name for name in frame.columns if frame[name].null_count() < frame.height}
-    measured = [stage for stage in ALL_STAGES if stage.start in stamped and stage.end in stamped]
+    measured = [stage for stage in ALL_STAGES if stage.start in stamped and stage.end in stamped
+                and (stage.part is None or stage.part[0] == "less" or stage.part[1] in stamped)]
     values = frame.select([stage_expr(stage).alias(stage.key) for stage in measured])
     out = {}
     for stage in ALL_STAGES:

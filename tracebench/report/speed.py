@@ -24,6 +24,11 @@ speed 4). So each request's stamps are rebuilt on the simulated timeline, part b
   simulator's `api_server_dispatch_finish_ts` is its model clock (x K from the received stamp) and its
   `response_sent_to_client_ts` host time before the first token (the whole answer's, before the finish, when not
   streamed).
+- the wait for a free slot (`slot_wait_s`, a part of t_admitted -> t_assigned): what the converted span holds beyond
+  the rest of it, the router's and the policy's host time, kept as measured (`t_assigned - t_admitted - slot_wait_s`
+  of the run clock). The slot wait is mostly waiting for a simulated request's finish (simulated time), and the two
+  parts still add up to the converted span. Without a cap it stays as recorded (0, or a wait for a server to come
+  back into routing: host time either way, as the span is then).
 
 A PD run (two servers per request, run.json `pd`) is converted the simple way, every time x K (its prefill side
 too): the decode server's stamps depend on the prefill server's, which this per-part rebuild does not follow.
@@ -80,7 +85,7 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     if delays is None or meta.get("pd"):
         scaled = [c(name) * k for name in ("t_arrival", "t_released", "t_admitted", "t_dispatch", "t_first_token",
                                            "t_finish", "server_received", *SERVER_SPAN, *PD_STAMPS, *PD_DURATIONS,
-                                           *BREAKDOWN_STAMPS)]
+                                           *BREAKDOWN_STAMPS, "slot_wait_s")]
         why = "a PD run" if meta.get("pd") else "the simulators did not report output_s"
         return requests.with_columns(scaled + durations), (
             f"every time x{k:g} ({why}: host overheads are multiplied too)")
@@ -128,6 +133,11 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
         """A host-time stamp: as far from its converted anchor as it was from the anchor's own stamp."""
         return anchor + (c(name) - c(anchor_stamp))
 
+    assigned = near(dispatch, "t_dispatch", "t_assigned")
+    # the router's own host time within t_admitted -> t_assigned stays as measured; the slot wait is the rest of the
+    # converted span (never below 0: static mode at K < 1 can shorten a span below its host part)
+    router_host = c("t_assigned") - c("t_admitted") - c("slot_wait_s")
+    slot_wait = pl.max_horizontal(assigned - admitted - router_host, pl.lit(0.0))
     columns = [
         arrival.alias("t_arrival"),
         released.alias("t_released"),
@@ -138,7 +148,7 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
         received.alias("server_received"),
         *(inside(name).alias(name) for name in SERVER_SPAN),
         *durations,
-        near(dispatch, "t_dispatch", "t_assigned").alias("t_assigned"),
+        assigned.alias("t_assigned"),
         near(dispatch, "t_dispatch", "t_built").alias("t_built"),
         near(dispatch, "t_dispatch", "t_written").alias("t_written"),
         pl.when(streamed).then(near(dispatch, "t_dispatch", "t_headers"))
@@ -148,6 +158,7 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
         inside("server_dispatched").alias("server_dispatched"),
         pl.when(streamed).then(near(first_k, "t_first_token", "server_first_sent"))
         .otherwise(near(finish_k, "t_finish", "server_first_sent")).alias("server_first_sent"),
+        pl.when(c("slot_wait_s").is_not_null()).then(slot_wait).alias("slot_wait_s"),
     ]
     how = ("simulator time x{k:g}, host time as measured (release lag, HTTP hops{wait})"
            .format(k=k, wait=", router wait" if host_wait else (

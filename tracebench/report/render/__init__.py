@@ -287,13 +287,14 @@ def _breakdown_table(report: Report, rows: list[Row], title: str) -> Table:
         stage = BREAKDOWN_STAGES[row.metric]
         first = row.metric != previous
         previous = row.metric
-        cells[1:1] = [Cell(stage.whose if first else ""), Cell(f"{stage.start} -> {stage.end}" if first else "")]
+        cells[1:1] = [Cell(stage.whose if first else ""), Cell(stage.span if first else "")]
     table.notes += [
         "each stage lies between two stamps of a request's record (docs/overhead.md); the main stages follow one "
         "another from release lag to answer checked (their means add up to arrival -> record complete); first token "
         "out/in run beside them, on the way to the first token; sglang's stamps are its time.time() on the run clock",
         "whose: tracebench (this client), sglang (the server), both (the wire and both ends' reads and writes, not "
-        "split further by the stamps), --max-concurrency (the run's own client limit)",
+        "split further by the stamps), --max-concurrency (the run's own client limit), router cap (the run's own "
+        "per-server cap: the wait for a free slot, record field slot_wait_s)",
     ]
     return table
 

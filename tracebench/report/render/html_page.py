@@ -75,7 +75,7 @@ def render_html(report: Report, doc: Document) -> tuple[str, bytes, bytes | None
     body += [f"<dt>{escape(label)}</dt><dd>{escape(definition)}, over completed requests (shown in ms, as in the "
              f"tables and plots; JSON and CSV keep seconds)</dd>" for _, label, definition in LATENCY_METRICS]
     if "breakdown" in {s.key for s in report.sections}:
-        body += [f"<dt>{escape(s.label)} ({escape(s.whose)})</dt><dd>{escape(s.start)} -> {escape(s.end)}: "
+        body += [f"<dt>{escape(s.label)} ({escape(s.whose)})</dt><dd>{escape(s.span)}: "
                  f"{escape(s.what)}</dd>" for s in ALL_STAGES]
     body.append("<dt>completed</dt><dd>ok and mismatch requests: mismatch = finished, but the server generated or "
                 "counted something else than the trace asked (the record's mismatch field says what)</dd>")

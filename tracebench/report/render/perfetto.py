@@ -8,7 +8,9 @@ Layout, per run:
   sglang's stamps (OpenAI APIs, a server without --enable-metrics) `to first token` (dispatch → first token) and
   `decode` (first token → finish). The gaps between the parts are the HTTP hops. Records with the breakdown's
   stamps (report/breakdown.py) split the router wait into tracebench's own steps — `release lag`, `router` (queue,
-  client gate and policy), `request body`, `request written` — then `sglang HTTP intake` (written → received),
+  client gate and policy, and the wait for a free slot under a cap: its seconds are the slice's `slot_wait_s` arg, not
+  a part of their own, as the wait is the sum of the spells with no free slot, not one span), `request body`,
+  `request written` — then `sglang HTTP intake` (written → received),
   and end with `last chunk in` (sglang's finish → the answer's last data here). A server runs many requests at
   once, and slices on one track must nest, so a server's requests are spread over lanes (its threads: "lane k"),
   each request in the lowest lane free at its arrival;
@@ -47,7 +49,7 @@ OWN_PARTS = (("release lag", "t_arrival", "t_released"), ("router", "t_released"
 ARGS = ("id", "status", "input_len", "output_len", "completion_tokens", "prompt_tokens", "cached_tokens", "error",
         "t_arrival", "t_released", "t_admitted", "t_assigned", "t_built", "t_dispatch", "t_written", "t_headers",
         "t_first_token", "t_last_chunk", "t_finish", "t_parsed", "server_received", "server_dispatched",
-        "server_forward_entry", "server_prefill_finished", "server_first_sent", "server_finished")
+        "server_forward_entry", "server_prefill_finished", "server_first_sent", "server_finished", "slot_wait_s")
 
 
 def _us(t: float) -> int:
