@@ -181,10 +181,9 @@ def test_a_capped_run_counts_the_wait_for_a_slot_as_the_cap_s(sim: str, tmp_path
 
 
 def test_a_static_run_counts_the_wait_for_its_batch_as_the_mode_s(sim: str, tmp_path: Path) -> None:
-    """--mode static --batch-size 3, six requests 0.1 s apart: a batch goes when its third member is assigned, so its
-    first member waits ~0.2 s in the forming batch, its second ~0.1 s, its last ~0. That wait is static batching's
-    (batch_wait_s, the stage "wait for the batch to fill"), not tracebench's: per record the wait and the request body
-    add up to t_assigned -> t_built, a batch has one send moment, and "tracebench before the wire" stays small."""
+    """--mode static --batch-size 3, six requests 0.1 s apart: a batch's members wait ~0.2, ~0.1 and ~0 s for it to
+    go. That wait is static batching's (batch_wait_s), not tracebench's: one send moment per batch, the body stays
+    small, the report's parts add up, and "tracebench before the wire" stays small."""
     gap = 0.1
     trace = write_trace(tmp_path / "t.jsonl", {"num_requests": 6, "duration_s": 5 * gap},
                         [format_request_line(i, i * gap, 300, 6) for i in range(6)])
@@ -247,12 +246,9 @@ def test_a_sped_up_run_keeps_host_stages_as_measured(tmp_path: Path) -> None:
 
 
 def test_a_sped_up_static_run_scales_both_waits_and_keeps_the_host_steps() -> None:
-    """A static run at --speed K, converted (report/speed.py): the dispatch is K x the run clock's; the request body
-    (batch sent -> built) and the router's part stay host time as measured; the slot wait and the batch wait, both
-    mostly simulated time, share the rest of the converted span admitted -> batch sent as the run clock measured them,
-    so each is at least K times its run-clock value; the parts add up; "tracebench before the wire" is as measured.
-    Two records of one synthetic run: a batch's first member that waited for a slot, then for its batch, and its last
-    member (sent when it came); the converted span admitted -> batch sent ends at the dispatch, host time before it."""
+    """report/speed.py on two synthetic records of a static run at K=4 (a batch's first member, which waited for a
+    slot, then for its batch; its last): the body and the router's part stay host time, the two waits share the rest
+    of the converted span admitted -> batch sent as measured (each >= K x its run-clock value), own time as measured."""
     k = 4.0
     stamps = ("t_arrival", "t_released", "t_admitted", "t_assigned", "t_built", "t_dispatch", "t_written",
               "server_received", "server_dispatched", "server_forward_entry", "server_prefill_finished",
