@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from aiohttp import web
 
@@ -20,12 +21,14 @@ from conftest import free_port, run_cli, start_sim_server
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, SglangClient
 from tracebench.replay.loop import run as run_loop
 from tracebench.replay.records import RequestRecord
-from tracebench.report.breakdown import ALL_STAGES, CAP, OURS, SGLANG
+from tracebench.report.breakdown import ALL_STAGES, CAP, OURS, SGLANG, STATIC, breakdown_stats
+from tracebench.report.load import request_schema
+from tracebench.report.speed import to_simulated_times
 from tracebench.trace.format import format_request_line, write_trace
 
 BREAKDOWN = ("t_assigned", "t_built", "t_written", "t_headers", "t_last_chunk", "t_parsed", "server_dispatched",
              "server_first_sent")
-LATER = ("slot_wait_s",)  # fields added after the breakdown's stamps, at the end
+LATER = ("slot_wait_s", "batch_wait_s")  # fields added after the breakdown's stamps, at the end
 APIS = [(api, stream) for api in ("generate", "completions", "chat") for stream in (True, False)]
 
 
@@ -82,6 +85,8 @@ def test_breakdown_stamps_are_recorded_in_order(runs: Path, api: str, stream: bo
             assert r["server_prefill_finished"] <= r["server_first_sent"]  # sent once the prefill is done
         # no cap: a slot was always free, the slot-wait clock never ran (0, not null: null is never assigned)
         assert r["slot_wait_s"] == 0.0
+        # continuous: sent when assigned, no batch to wait for (0, not null: null is never sent)
+        assert r["batch_wait_s"] == 0.0
 
 
 FORMATS = {"table": None, "md": "r.md", "csv": "r.csv", "json": "r.json", "html": "r.html"}
@@ -108,11 +113,17 @@ def test_the_report_shows_the_breakdown_in_every_format(runs: Path, tmp_path: Pa
     assert stages["send"]["whose"] == OURS and set(stages) == {s.key for s in ALL_STAGES}
     assert stages["slot_wait"]["part"] == {"how": "in", "field": "slot_wait_s"} and stages["slot_wait"]["whose"] == CAP
     assert stages["assign"]["part"] == {"how": "less", "field": "slot_wait_s"} and stages["send"]["part"] is None
+    assert stages["batch_wait"]["part"] == {"how": "in", "field": "batch_wait_s"} and stages["batch_wait"]["whose"] == STATIC
+    assert stages["build"]["part"] == {"how": "less", "field": "batch_wait_s"} and stages["build"]["whose"] == OURS
     mine = doc["runs"][0]["breakdown"]
-    # no cap: no run waited for a slot, so that stage is not shown (its row); "router and policy" is the whole span
+    # no cap, continuous: no run waited for a slot or a batch, so those stages are not shown (their rows); "router and
+    # policy" and "request body" are their whole spans
     assert "slot_wait" not in mine and "| wait for a free slot |" not in texts["md"]
+    assert "batch_wait" not in mine and "| wait for the batch to fill |" not in texts["md"]
     span = np.array([r["t_assigned"] - r["t_admitted"] for r in records])
     assert mine["assign"]["mean"] == pytest.approx(float(span.mean()))
+    body = np.array([r["t_built"] - r["t_assigned"] for r in records])
+    assert mine["build"]["mean"] == pytest.approx(float(body.mean()))
     send = np.array([r["t_written"] - r["t_built"] for r in records])
     assert mine["send"]["p50"] == pytest.approx(float(np.percentile(send, 50)))
     assert mine["send"]["p99"] == pytest.approx(float(np.percentile(send, 99)))
@@ -169,6 +180,47 @@ def test_a_capped_run_counts_the_wait_for_a_slot_as_the_cap_s(sim: str, tmp_path
     assert f"| wait for a free slot | {CAP} |" in done.stdout
 
 
+def test_a_static_run_counts_the_wait_for_its_batch_as_the_mode_s(sim: str, tmp_path: Path) -> None:
+    """--mode static --batch-size 3, six requests 0.1 s apart: a batch's members wait ~0.2, ~0.1 and ~0 s for it to
+    go. That wait is static batching's (batch_wait_s), not tracebench's: one send moment per batch, the body stays
+    small, the report's parts add up, and "tracebench before the wire" stays small."""
+    gap = 0.1
+    trace = write_trace(tmp_path / "t.jsonl", {"num_requests": 6, "duration_s": 5 * gap},
+                        [format_request_line(i, i * gap, 300, 6) for i in range(6)])
+    done = run_cli("replay", str(trace), "--attach", sim, "--mode", "static", "--batch-size", "3", "--run-name", "st",
+                   "--out-dir", str(tmp_path), "--quiet")
+    assert done.returncode == 0, done.stderr
+    records = sorted(_records(tmp_path / "st"), key=lambda r: r["id"])
+    assert [r["status"] for r in records] == ["ok"] * 6 and [r["batch"] for r in records] == [0, 0, 0, 1, 1, 1]
+    own = []
+    for number in (0, 1):
+        members = records[3 * number:3 * number + 3]  # one server: in arrival order
+        sent = [r["t_assigned"] + r["batch_wait_s"] for r in members]
+        assert max(sent) - min(sent) < 1e-9, members  # one moment for the whole batch
+        # sent when its last member came (released at or after its arrival), before any member's body was made
+        assert members[2]["t_arrival"] <= sent[0] <= min(r["t_built"] for r in members), members
+        for j, r in enumerate(members):
+            body = r["t_built"] - r["t_assigned"] - r["batch_wait_s"]  # what "request body" holds now
+            assert 0.0 <= body < 0.05 and 0.0 <= r["batch_wait_s"] <= r["t_built"] - r["t_assigned"], r
+            # the early members waited for the later arrivals: at least until the last one's, less their own delay
+            assert r["batch_wait_s"] >= (2 - j) * gap - (r["t_assigned"] - r["t_arrival"]) - 1e-9, (j, r)
+            own.append(r["t_written"] - r["t_arrival"] - (r["t_admitted"] - r["t_released"]) - r["slot_wait_s"]
+                       - r["batch_wait_s"])
+        assert members[0]["batch_wait_s"] > gap and members[2]["batch_wait_s"] < 0.005, members  # large, then ~0
+    done = run_cli("report", str(tmp_path / "st"), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)["runs"][0]["breakdown"]
+    wait = np.array([r["batch_wait_s"] for r in records])
+    spans = np.array([r["t_built"] - r["t_assigned"] for r in records])
+    assert got["batch_wait"]["mean"] == pytest.approx(float(wait.mean())) and got["batch_wait"]["mean"] > gap / 2
+    assert got["batch_wait"]["mean"] + got["build"]["mean"] == pytest.approx(float(spans.mean()))
+    assert got["own_before"]["mean"] == pytest.approx(float(np.mean(own)))
+    assert got["own_before"]["mean"] < got["batch_wait"]["mean"] / 4
+    done = run_cli("report", str(tmp_path / "st"), "--format", "md")
+    assert done.returncode == 0, done.stderr
+    assert f"| wait for the batch to fill | {STATIC} |" in done.stdout
+
+
 def test_a_sped_up_run_keeps_host_stages_as_measured(tmp_path: Path) -> None:
     """At --speed K the report multiplies the simulator's own time by K, never tracebench's: the breakdown's host
     stages read as measured, its sglang stages K times the run clock's. Capped: the router's own part of the router
@@ -191,6 +243,37 @@ def test_a_sped_up_run_keeps_host_stages_as_measured(tmp_path: Path) -> None:
     router = np.array([r["t_assigned"] - r["t_admitted"] - r["slot_wait_s"] for r in records])
     assert got["assign"]["mean"] == pytest.approx(float(router.mean()), rel=1e-6, abs=1e-9)
     assert got["slot_wait"]["mean"] >= float(np.mean([r["slot_wait_s"] for r in records])) - 1e-9
+
+
+def test_a_sped_up_static_run_scales_both_waits_and_keeps_the_host_steps() -> None:
+    """report/speed.py on two synthetic records of a static run at K=4 (a batch's first member, which waited for a
+    slot, then for its batch; its last): the body and the router's part stay host time, the two waits share the rest
+    of the converted span admitted -> batch sent as measured (each >= K x its run-clock value), own time as measured."""
+    k = 4.0
+    stamps = ("t_arrival", "t_released", "t_admitted", "t_assigned", "t_built", "t_dispatch", "t_written",
+              "server_received", "server_dispatched", "server_forward_entry", "server_prefill_finished",
+              "server_first_sent", "t_first_token", "server_finished", "t_last_chunk", "t_finish", "t_parsed")
+    first = dict(zip(stamps, (1.0, 1.001, 1.001, 1.3015, 1.4017, 1.4017, 1.4025, 1.403, 1.4031, 1.404, 1.41, 1.4105,
+                              1.411, 1.42, 1.4205, 1.4206, 1.4207)), slot_wait_s=0.3, batch_wait_s=0.1)
+    last = dict(zip(stamps, (1.4, 1.4005, 1.4005, 1.401, 1.4019, 1.4019, 1.4027, 1.403, 1.4031, 1.404, 1.41, 1.4105,
+                             1.411, 1.42, 1.4206, 1.4207, 1.4208)), slot_wait_s=0.0, batch_wait_s=0.0005)
+    rows = [{**r, "id": i, "input_len": 300, "output_len": 6, "server": 0, "status": "ok", "completion_tokens": 6,
+             "prompt_tokens": 300} for i, r in enumerate((first, last))]
+    meta = {"mode": "static", "caps": {"initial": [None], "changes": []}, "max_concurrency": None,
+            "servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002}}}]}
+    raw = pl.DataFrame(rows, schema=request_schema())
+    sim, _ = to_simulated_times(raw, meta, k)
+    for r, s in zip(raw.to_dicts(), sim.to_dicts()):
+        sent = r["t_assigned"] + r["batch_wait_s"]  # the batch went, on the run clock
+        assert s["t_dispatch"] == pytest.approx(k * r["t_dispatch"])
+        assert s["t_built"] - s["t_assigned"] - s["batch_wait_s"] == pytest.approx(r["t_built"] - sent)  # body: host
+        assert s["t_assigned"] - s["t_admitted"] - s["slot_wait_s"] == pytest.approx(
+            r["t_assigned"] - r["t_admitted"] - r["slot_wait_s"])  # the router's part: host time as measured
+        assert s["batch_wait_s"] >= k * r["batch_wait_s"] and s["slot_wait_s"] >= k * r["slot_wait_s"], (r, s)
+        assert s["batch_wait_s"] * r["slot_wait_s"] == pytest.approx(s["slot_wait_s"] * r["batch_wait_s"])  # shared
+        assert s["t_admitted"] <= s["t_assigned"] <= s["t_built"], s
+    own = [r["t_written"] - r["t_arrival"] - r["slot_wait_s"] - r["batch_wait_s"] for r in rows]
+    assert breakdown_stats(sim)["own_before"].mean == pytest.approx(float(np.mean(own)))
 
 
 # ---- the stream reader: events however the bytes are cut -----------------------------------------------------------

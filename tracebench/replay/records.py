@@ -81,6 +81,12 @@ class RequestRecord:
     # time (the rest of that span is: the loop's wake-up, the policy's calls; docs/overhead.md). 0.0 in a run without
     # a cap whose servers stayed routable; null: never assigned
     slot_wait_s: float | None = None
+    # static mode: seconds from its assignment (t_assigned) until its batch was sent (full, timed out, or the last),
+    # the wait for the batch that the run's --mode static chose, not tracebench's time (the rest of t_assigned ->
+    # t_built is: its body, after those sent before it in the batch; docs/overhead.md). 0.0 in continuous mode (a
+    # request goes out when it is assigned: there is no batch to wait for); null: never sent (never assigned, or its
+    # batch never went)
+    batch_wait_s: float | None = None
 
 
 @dataclass(slots=True)

@@ -15,7 +15,9 @@ request, nothing per queued request, and nothing at all while the servers have f
 Static batching (`mode="static"`) runs through the same path: a server takes assignments only while it has nothing
 in flight (its effective cap is the batch size then, 0 while its batch runs); what the policy gives an idle server
 forms its next batch, sent all at once when it holds `batch_size` requests, when `batch_timeout` has passed since its
-first member arrived, or when the trace has nothing more to release.
+first member arrived, or when the trace has nothing more to release. Each member's record keeps how long it waited in
+its forming batch (`batch_wait_s`: from its `t_assigned` until the router sent the batch, one moment for the whole
+batch): the static batching the run chose, not tracebench's time (docs/overhead.md).
 """
 
 from __future__ import annotations
@@ -509,9 +511,12 @@ class Router:
             self._full_since = None
 
     def _assigned(self, rec: RequestRecord, t_assigned: float) -> None:
-        """The policy assigned `rec` (its assign() returned at `t_assigned`): its slot wait is complete."""
+        """The policy assigned `rec` (its assign() returned at `t_assigned`): its slot wait is complete. Continuous
+        mode sends it now (no batch to wait for: 0.0); static mode, when its batch goes (_maybe_send_batch)."""
         rec.t_assigned = t_assigned
         rec.slot_wait_s += self._slot_clock(t_assigned)  # type: ignore[operator]
+        if not self.static:
+            rec.batch_wait_s = 0.0
 
     def guarded(self, callback: Callable[..., None], *args: Any) -> None:
         """Runs a loop callback. A callback has no caller to raise to: an error in one stops the run."""
@@ -657,6 +662,9 @@ class Router:
             batch, server.forming = server.forming, []
             for rec in batch:
                 rec.batch = server.batch_seq
+                # one send moment for the whole batch: each member's wait for it ends now (the members sent before
+                # it in this loop are its request body's time, tracebench's)
+                rec.batch_wait_s = now - rec.t_assigned  # type: ignore[operator]
                 self._dispatch(rec, server)
             server.batch_seq += 1
         elif deadline is not None and server.batch_timer is None:

@@ -16,6 +16,10 @@ the span "written -> last chunk" still shows the server and the wire as the clie
 t_admitted -> t_assigned is cut in two by the record's `slot_wait_s` (replay/router.py): the wait for a free slot
 (no server could take the request: the run's router cap, whose wait it is) and the rest, the router's and the
 policy's (tracebench's). Runs recorded before `slot_wait_s` keep the whole span as "router and policy".
+
+t_assigned -> t_built is cut likewise by `batch_wait_s`: in static mode (--mode static) the wait in the server's forming
+batch until the router sent it (the run's static batching, whose wait it is), then the request body (tracebench's).
+Continuous runs record 0.0 (nothing to wait for), runs recorded before it none: "request body" is the whole span.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ SGLANG = "sglang"
 BOTH = "both"  # the wire and both ends' I/O: not split further by the stamps
 GATE = "--max-concurrency"  # the run's own client limit: a wait it asked for
 CAP = "router cap"  # the run's per-server cap at the router (or its static batches): a wait it asked for
+STATIC = "static batching"  # the run's --mode static: the wait for its batch to be sent, which it asked for
 
 
 @dataclass(frozen=True)
@@ -70,8 +75,12 @@ STAGES: tuple[Stage, ...] = (
     Stage("assign", "router and policy", "t_admitted", "t_assigned", OURS,
           "the router queue while a slot was free: the loop's wake-up for the arrival or the freed slot, and the "
           "policy's assign() (and requests it chose first while a slot was free)", part=("less", "slot_wait_s")),
+    Stage("batch_wait", "wait for the batch to fill", "t_assigned", "t_built", STATIC,
+          "static mode: in its server's forming batch until the router sent the batch (it held --batch-size requests, "
+          "--batch-timeout passed, or the trace had nothing more)", part=("in", "batch_wait_s")),
     Stage("build", "request body", "t_assigned", "t_built", OURS,
-          "the request's task starts; its input ids and JSON body are made (or taken ready-made)"),
+          "the request's task starts; its input ids and JSON body are made (or taken ready-made); static mode: from "
+          "its batch's send, after the members sent before it", part=("less", "batch_wait_s")),
     Stage("send", "request written", "t_built", "t_written", OURS,
           "aiohttp makes the HTTP request and takes a kept-alive connection; the socket takes the headers and body "
           "(the kernel's send, which on loopback also delivers them)"),
@@ -102,11 +111,11 @@ STAGES: tuple[Stage, ...] = (
           "the server and the wire as the client saw them (also without sglang's stamps)"),
 )
 # tracebench's own time, per request: from the arrival until the request is on the wire (without the client gate's
-# wait and the wait for a free slot, which the run asked for), and from the answer's last data until the record is
-# complete
+# wait, the wait for a free slot and the wait for a static batch, which the run asked for), and from the answer's last
+# data until the record is complete
 OWN_BEFORE = Stage("own_before", "tracebench before the wire", "t_arrival", "t_written", OURS,
-                   "release lag + router and policy + body + request written (the client gate's wait and the wait for "
-                   "a free slot taken out)")
+                   "release lag + router and policy + body + request written (the client gate's wait, the wait for "
+                   "a free slot and the wait for the batch taken out)")
 OWN_AFTER = Stage("own_after", "tracebench after the last chunk", "t_last_chunk", "t_parsed", OURS,
                   "end of answer + answer checked")
 ALL_STAGES: tuple[Stage, ...] = (*STAGES, OWN_BEFORE, OWN_AFTER)
@@ -115,11 +124,13 @@ STATS = ("p50", "p99", "mean")
 
 
 def stage_expr(stage: Stage) -> pl.Expr:
-    # runs recorded before slot_wait_s have none: their router and policy stage still holds the slot wait
+    # runs recorded before slot_wait_s (batch_wait_s) have none: their router and policy (request body) stage still
+    # holds that wait
     slot_wait = pl.col("slot_wait_s").fill_null(0.0)
+    batch_wait = pl.col("batch_wait_s").fill_null(0.0)
     if stage is OWN_BEFORE:
         gate = (pl.col("t_admitted") - pl.col("t_released")).fill_null(0.0)
-        return pl.col("t_written") - pl.col("t_arrival") - gate - slot_wait
+        return pl.col("t_written") - pl.col("t_arrival") - gate - slot_wait - batch_wait
     if stage.part is not None:
         how, field = stage.part
         return pl.col(field) if how == "in" else stage.expr - pl.col(field).fill_null(0.0)
@@ -141,7 +152,7 @@ def breakdown_stats(ok: pl.DataFrame) -> dict[str, StageStats]:
     """Each stage's statistics (seconds) over the given records (a run's kept completed ones); a column the records
     lack counts as null."""
     missing = {name for stage in ALL_STAGES for name in (stage.start, stage.end, "t_admitted", "t_released",
-                                                         "slot_wait_s") if name not in ok.columns}
+                                                         "slot_wait_s", "batch_wait_s") if name not in ok.columns}
     frame = ok.with_columns([pl.lit(None, dtype=pl.Float64).alias(name) for name in sorted(missing)])
     # a stage whose start or end stamp is null in every record has no value: not computed (a run recorded without
     # the breakdown's stamps would otherwise pay a million-row column per stage for nothing)

@@ -57,19 +57,19 @@ REQUEST_COLUMNS = (
     "id", "input_len", "output_len", "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server",
     "batch", "status", "error", "completion_tokens", "prompt_tokens", "cached_tokens", "server_e2e_latency", "server_queue_time",
     "server_received", "server_forward_entry", "server_prefill_finished", "server_finished", "itl_max", "itl_hist",
-    "mismatch", "t_admitted", "policy_s", "sim_lag", *BREAKDOWN_FIELDS, "slot_wait_s",
+    "mismatch", "t_admitted", "policy_s", "sim_lag", *BREAKDOWN_FIELDS, "slot_wait_s", "batch_wait_s",
     *PD_COLUMNS,
 )
 INT_FIELDS = ("id", "input_len", "output_len", "server", "batch", "completion_tokens", "prompt_tokens", "cached_tokens",
               "prefill_server", "bootstrap_room")
 # columns the run format gained after its first runs: a run recorded before has none (read as null: not recorded)
 LATER_COLUMNS = frozenset({"cached_tokens", "itl_max", "itl_hist", "mismatch", "t_admitted", "policy_s", "sim_lag",
-                           *BREAKDOWN_FIELDS, "slot_wait_s", *PD_COLUMNS})
+                           *BREAKDOWN_FIELDS, "slot_wait_s", "batch_wait_s", *PD_COLUMNS})
 FLOAT_FIELDS = (
     "t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish",
     "server_e2e_latency", "server_queue_time", "server_received", "server_forward_entry",
     "server_prefill_finished", "server_finished", "itl_max", "t_admitted", "policy_s", "sim_lag", *BREAKDOWN_FIELDS,
-    "slot_wait_s", *PD_FLOAT_FIELDS,
+    "slot_wait_s", "batch_wait_s", *PD_FLOAT_FIELDS,
 )
 # itl_hist: inter-token gaps, "bucket:count,..." (tracebench/itl.py); mismatch: what differs from the trace, and why
 STR_FIELDS = ("status", "error", "itl_hist", "mismatch")
@@ -83,7 +83,8 @@ OK_REQUIRED_FIELDS = ("t_released", "t_dispatch", "t_finish", "server", "complet
 OK_ORDER = ("t_arrival", "t_released", "t_admitted", "t_assigned", "t_built", "t_dispatch", "t_written", "t_headers",
             "t_first_token", "t_last_chunk", "t_finish", "t_parsed")
 
-# slack for slot_wait_s <= t_assigned - t_admitted: the two are sums of different run-clock readings
+# slack for slot_wait_s <= t_assigned - t_admitted: the two are sums of different run-clock readings (and for
+# batch_wait_s <= t_built - t_assigned, a difference of readings itself, for symmetry)
 SLOT_WAIT_ULP = 1e-9
 
 ROW = "_row"  # 0-based index of the record among the file's records
@@ -415,6 +416,9 @@ def _record_rules(num_servers: int, through_router: bool, stamps: frozenset[str]
         # a part of t_admitted -> t_assigned (records.py; the clock's float sums may differ by an ulp or so)
         ("slot_wait_s", (c("slot_wait_s") < 0) | (c("slot_wait_s") > c("t_assigned") - c("t_admitted") + SLOT_WAIT_ULP),
          "outside 0..t_assigned - t_admitted (it is the part of that span with no free slot)"),
+        # a part of t_assigned -> t_built: the batch was sent after its member was assigned, before its body was made
+        ("batch_wait_s", (c("batch_wait_s") < 0) | (c("batch_wait_s") > c("t_built") - c("t_assigned") + SLOT_WAIT_ULP),
+         "outside 0..t_built - t_assigned (it is the part of that span until the request's static batch was sent)"),
     ]
     rules += [(name, ok & c(name).is_null(), "null in a completed (ok or mismatch) record") for name in OK_REQUIRED_FIELDS
               if not (through_router and name == "server")]

@@ -29,6 +29,12 @@ speed 4). So each request's stamps are rebuilt on the simulated timeline, part b
   of the run clock). The slot wait is mostly waiting for a simulated request's finish (simulated time), and the two
   parts still add up to the converted span. Without a cap it stays as recorded (0, or a wait for a server to come
   back into routing: host time either way, as the span is then).
+- static mode's wait for the batch (`batch_wait_s`, a part of t_assigned -> t_built): its end, the batch's send
+  (`t_assigned + batch_wait_s` of the run clock), is host time before the dispatch like the body after it; the wait is
+  simulated time (for later arrivals, x K, --batch-timeout, in trace seconds, or the previous batch's finish). So the
+  converted span admitted -> send, less the router's host time, is the two waits together, shared between the slot
+  wait and the batch wait as the run clock measured them; the converted `t_assigned` lies between them. Continuous
+  runs record 0: everything above stays as it was (the slot wait is the whole rest).
 
 A PD run (two servers per request, run.json `pd`) is converted the simple way, every time x K (its prefill side
 too): the decode server's stamps depend on the prefill server's, which this per-part rebuild does not follow.
@@ -85,7 +91,7 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     if delays is None or meta.get("pd"):
         scaled = [c(name) * k for name in ("t_arrival", "t_released", "t_admitted", "t_dispatch", "t_first_token",
                                            "t_finish", "server_received", *SERVER_SPAN, *PD_STAMPS, *PD_DURATIONS,
-                                           *BREAKDOWN_STAMPS, "slot_wait_s")]
+                                           *BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")]
         why = "a PD run" if meta.get("pd") else "the simulators did not report output_s"
         return requests.with_columns(scaled + durations), (
             f"every time x{k:g} ({why}: host overheads are multiplied too)")
@@ -133,11 +139,20 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
         """A host-time stamp: as far from its converted anchor as it was from the anchor's own stamp."""
         return anchor + (c(name) - c(anchor_stamp))
 
-    assigned = near(dispatch, "t_dispatch", "t_assigned")
-    # the router's own host time within t_admitted -> t_assigned stays as measured; the slot wait is the rest of the
-    # converted span (never below 0: static mode at K < 1 can shorten a span below its host part)
-    router_host = c("t_assigned") - c("t_admitted") - c("slot_wait_s")
-    slot_wait = pl.max_horizontal(assigned - admitted - router_host, pl.lit(0.0))
+    # static mode: the batch went at t_assigned + batch_wait_s, host time before the dispatch (0 in continuous mode:
+    # at the assignment; runs recorded before batch_wait_s the same)
+    batch_wait_run = c("batch_wait_s").fill_null(0.0)
+    sent = dispatch + (c("t_assigned") + batch_wait_run - c("t_dispatch"))
+    # the router's own host time within t_admitted -> t_assigned stays as measured; the two waits are the rest of the
+    # converted span admitted -> sent (never below 0: static mode at K < 1 can shorten a span below its host part),
+    # shared as the run clock measured them (each is simulated time); without a batch wait the slot wait is all of it
+    router_host = c("t_assigned") - c("t_admitted") - c("slot_wait_s").fill_null(0.0)
+    waits = pl.max_horizontal(sent - admitted - router_host, pl.lit(0.0))
+    batch_wait = (pl.when(batch_wait_run > 0)
+                  .then(waits * batch_wait_run / (c("slot_wait_s").fill_null(0.0) + batch_wait_run))
+                  .otherwise(pl.lit(0.0)))
+    slot_wait = waits - batch_wait
+    assigned = sent - batch_wait
     columns = [
         arrival.alias("t_arrival"),
         released.alias("t_released"),
@@ -159,6 +174,7 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
         pl.when(streamed).then(near(first_k, "t_first_token", "server_first_sent"))
         .otherwise(near(finish_k, "t_finish", "server_first_sent")).alias("server_first_sent"),
         pl.when(c("slot_wait_s").is_not_null()).then(slot_wait).alias("slot_wait_s"),
+        pl.when(c("batch_wait_s").is_not_null()).then(batch_wait).alias("batch_wait_s"),
     ]
     how = ("simulator time x{k:g}, host time as measured (release lag, HTTP hops{wait})"
            .format(k=k, wait=", router wait" if host_wait else (

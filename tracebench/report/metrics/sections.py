@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracebench.errors import ConfigError
-from tracebench.report.breakdown import ALL_STAGES, CAP, GATE, STATS
+from tracebench.report.breakdown import ALL_STAGES, CAP, GATE, STATIC, STATS
 from tracebench.report.load import REQUEST_STATUSES, Run
 from tracebench.report.metrics.ci import bootstrap_ci, ratio_ci
 from tracebench.report.metrics.config import _show, attached_sim_speeds, diff_config, speed_warning
@@ -394,7 +394,8 @@ def lag_section(inp: _Inputs) -> Section | None:
 def breakdown_section(inp: _Inputs) -> Section | None:
     """Where the requests' time went (report/breakdown.py): each stage between two of a record's stamps, p50, p99 and
     mean over the kept completed requests; a stage no run has the stamps of is left out (the client gate's without
-    --max-concurrency), and so is the wait for a free slot where no run waited for one (no cap)."""
+    --max-concurrency), and so are the wait for a free slot and the wait for the batch where no run waited for one (no
+    cap; continuous batching)."""
     rows: list[Row] = []
     for stage in ALL_STAGES:
         got = [st.breakdown[stage.key] if st.breakdown is not None else None for st in inp.stats]
@@ -402,7 +403,7 @@ def breakdown_section(inp: _Inputs) -> Section | None:
             continue
         if stage.whose == GATE and not any(st.summary.max_concurrency is not None for st in inp.stats):
             continue
-        if stage.whose == CAP and not any(g is not None and g.mean for g in got):
+        if stage.whose in (CAP, STATIC) and not any(g is not None and g.mean for g in got):
             continue
         for stat in STATS:
             rows.append(_row("breakdown", stage.key, stage.label, stat, "s", "lower",

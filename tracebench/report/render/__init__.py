@@ -294,7 +294,8 @@ def _breakdown_table(report: Report, rows: list[Row], title: str) -> Table:
         "out/in run beside them, on the way to the first token; sglang's stamps are its time.time() on the run clock",
         "whose: tracebench (this client), sglang (the server), both (the wire and both ends' reads and writes, not "
         "split further by the stamps), --max-concurrency (the run's own client limit), router cap (the run's own "
-        "per-server cap: the wait for a free slot, record field slot_wait_s)",
+        "per-server cap: the wait for a free slot, record field slot_wait_s), static batching (the run's --mode "
+        "static: the wait in a forming batch until it was sent, record field batch_wait_s)",
     ]
     return table
 

@@ -77,7 +77,8 @@ def report_dict(report: Report) -> dict[str, Any]:
                           **{f"fraction_{key}": "fraction of kept requests" for key in report.slo or {}}}},
         "latency_definitions": {key: definition for key, _, definition in LATENCY_METRICS},
         # the breakdown's stages (report/breakdown.py, docs/overhead.md): the two stamps, whose time it is, and the
-        # duration field that cuts the span (slot_wait_s: "in" it, or the span "less" it; null: the whole span)
+        # duration field that cuts the span (slot_wait_s, batch_wait_s: "in" it, or the span "less" it; null: the
+        # whole span)
         "breakdown_stages": {s.key: {"label": s.label, "from": s.start, "to": s.end, "whose": s.whose, "what": s.what,
                                      "part": None if s.part is None else {"how": s.part[0], "field": s.part[1]}}
                              for s in ALL_STAGES},

@@ -9,8 +9,9 @@ Layout, per run:
   `decode` (first token → finish). The gaps between the parts are the HTTP hops. Records with the breakdown's
   stamps (report/breakdown.py) split the router wait into tracebench's own steps — `release lag`, `router` (queue,
   client gate and policy, and the wait for a free slot under a cap: its seconds are the slice's `slot_wait_s` arg, not
-  a part of their own, as the wait is the sum of the spells with no free slot, not one span), `request body`,
-  `request written` — then `sglang HTTP intake` (written → received),
+  a part of their own, as the wait is the sum of the spells with no free slot, not one span), in static mode `wait
+  for the batch` (assigned → its batch sent: `t_assigned + batch_wait_s`), `request body`, `request written` — then
+  `sglang HTTP intake` (written → received),
   and end with `last chunk in` (sglang's finish → the answer's last data here). A server runs many requests at
   once, and slices on one track must nest, so a server's requests are spread over lanes (its threads: "lane k"),
   each request in the lowest lane free at its arrival;
@@ -44,12 +45,16 @@ SERVER_PARTS = (("server queue", "server_received", "server_forward_entry"),
                 ("decode", "server_prefill_finished", "server_finished"))
 CLIENT_PARTS = (("to first token", "t_dispatch", "t_first_token"), ("decode", "t_first_token", "t_finish"))
 # before the dispatch, with the breakdown's stamps: tracebench's own steps
+# (BATCH_SENT: t_assigned + batch_wait_s, when its static batch was sent; = t_assigned in continuous mode)
+BATCH_SENT = "t_batch_sent"
 OWN_PARTS = (("release lag", "t_arrival", "t_released"), ("router", "t_released", "t_assigned"),
-             ("request body", "t_assigned", "t_built"), ("request written", "t_built", "t_written"))
+             ("wait for the batch", "t_assigned", BATCH_SENT), ("request body", BATCH_SENT, "t_built"),
+             ("request written", "t_built", "t_written"))
 ARGS = ("id", "status", "input_len", "output_len", "completion_tokens", "prompt_tokens", "cached_tokens", "error",
         "t_arrival", "t_released", "t_admitted", "t_assigned", "t_built", "t_dispatch", "t_written", "t_headers",
         "t_first_token", "t_last_chunk", "t_finish", "t_parsed", "server_received", "server_dispatched",
-        "server_forward_entry", "server_prefill_finished", "server_first_sent", "server_finished", "slot_wait_s")
+        "server_forward_entry", "server_prefill_finished", "server_first_sent", "server_finished", "slot_wait_s",
+        "batch_wait_s")
 
 
 def _us(t: float) -> int:
@@ -69,6 +74,8 @@ def request_slices(rec: dict[str, Any]) -> list[tuple[str, int, int]]:
     if rec["t_dispatch"] is not None:
         breakdown = rec.get("t_written") is not None
         parts.extend(OWN_PARTS if breakdown else [("router wait", "t_arrival", "t_dispatch")])
+        if breakdown and rec.get("t_assigned") is not None:  # (null batch_wait_s, a run before it: none drawn)
+            rec = {**rec, BATCH_SENT: rec["t_assigned"] + (rec.get("batch_wait_s") or 0.0)}
         has_server = all(rec[a] is not None and rec[b] is not None for _, a, b in SERVER_PARTS)
         if has_server and breakdown:
             parts.append(("sglang HTTP intake", "t_written", "server_received"))

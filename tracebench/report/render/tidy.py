@@ -5,7 +5,8 @@ baseline is the stat with a suffix: `p50.delta`, `p50.delta_pct`, `p50.ci95_low`
 `p50.significant` (1/0). A few descriptive lines (`run.status`, `run.times`, `balance.verdict`) carry text in
 `value`. `run.speed` is the replay's --speed K (empty: real time); the times of such a run are simulated seconds.
 `mismatch_reason` lines count a run's mismatch records by reason (the reason in `stat`, the count in `value`).
-`breakdown.<stage>` lines (where the time went, report/breakdown.py) have a `whose` line: tracebench, sglang, both."""
+`breakdown.<stage>` lines (where the time went, report/breakdown.py) have a `whose` line: tracebench, sglang, both, or
+the run's own setting whose wait it is (--max-concurrency, router cap, static batching)."""
 
 from __future__ import annotations
 
