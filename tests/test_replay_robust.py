@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -21,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port, run_cli, start_sim_server, tracebench_cmd, wait_healthy, wait_served
+from conftest import (
+    REPO, SimServer, free_port, run_cli, start_sim_server, tracebench_cmd, wait_healthy, wait_served,
+)
 from test_replay_run import check_every_request_once, read_run, start_replay, wait_running, write_trace_file
 from tracebench.trace.format import format_request_line, sha256_file, write_trace
 
@@ -29,13 +32,18 @@ FAST = ("--backend", "sim", "--speed", "10", "--quiet")
 
 
 @pytest.fixture(scope="module")
-def shared_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def shared_sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
     """One sim-server (--speed 10) for the tests that only need a server to be there (its start costs ~1 s)."""
     server = start_sim_server(tmp_path_factory.mktemp("shared-sim"), "--speed", "10")
     try:
-        yield server.url
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_sim(shared_sim_server: SimServer) -> str:
+    return shared_sim_server.url
 
 
 def policy_file(tmp_path: Path, name: str, body: str, imports: str = "") -> str:
@@ -449,6 +457,66 @@ def test_docs_give_one_exit_code_per_signal() -> None:
     for paragraph in re.split(r"\n\s*\n|\n- ", text):  # paragraphs and list items
         if "SIGTERM" in paragraph and "130" in paragraph:
             assert "143" in paragraph, paragraph
+
+
+# ---- the columnar copy stopped by a signal (tracebench/report/columns.py) ------------------------------------------
+
+
+def test_sigterm_while_the_columnar_copy_is_written_leaves_the_run_whole_and_no_temporary_file(
+        tmp_path: Path, shared_sim_server: SimServer) -> None:
+    """SIGTERM used to end the replay command in the middle of writing requests.columns.parquet (Python's default
+    handler), leaving .requests.columns.parquet.writing-<pid>. The window is hit without timing: the copy's temporary
+    name (its pid is the process's) is a named pipe of one page that this test holds open, so the real polars write
+    blocks in it until the test reads; the test sends SIGTERM once bytes of the copy are in the pipe (the process is
+    inside the write), and only then reads. The temporary name can be made before the copy and after the run folder
+    exists because the server is stopped (SIGSTOP) until then: the replay waits for it, its folder already claimed.
+    TRACEBENCH_COPY_MIN_BYTES=0 (for tests, docs/run-format.md) gives a four-request run its copy."""
+    from tracebench.report.load import COLUMNS_COPY, load_run
+
+    n = 4
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=50, outputs=(4, 8))
+    run_dir = tmp_path / "c"
+    server = shared_sim_server.proc
+    server.send_signal(signal.SIGSTOP)
+    try:
+        proc = subprocess.Popen(tracebench_cmd("replay", str(trace), "--attach", shared_sim_server.url, "--quiet",
+                                               "--run-name", "c", "--out-dir", str(tmp_path)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "TRACEBENCH_COPY_MIN_BYTES": "0"})
+        deadline = time.monotonic() + 60
+        while not run_dir.is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.005)
+        temp = run_dir / f".{COLUMNS_COPY}.writing-{proc.pid}"
+        os.mkfifo(temp)
+        # read and write ends in one: the writer's opens never wait, and the pipe is readable only when it holds
+        # bytes (polars opens the file, closes it and opens it again before it writes: no end-of-file seen between)
+        pipe = os.open(temp, os.O_RDWR | os.O_NONBLOCK)
+    finally:
+        server.send_signal(signal.SIGCONT)
+    try:
+        import fcntl
+
+        fcntl.fcntl(pipe, fcntl.F_SETPIPE_SZ, 4096)  # the copy (> 4 kB: its footer alone) cannot fit: it waits
+        while not select.select([pipe], [], [], 0.1)[0]:  # the first bytes of the copy: the process is inside it
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        while proc.poll() is None:  # then read what it writes, until it has exited
+            assert time.monotonic() < deadline, "the replay did not exit"
+            if select.select([pipe], [], [], 0.05)[0]:
+                os.read(pipe, 1 << 16)
+    finally:
+        os.close(pipe)
+        if proc.poll() is None:
+            proc.kill()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert out == f"{run_dir}\n"  # the run folder, printed as after a copy
+    assert err.splitlines()[-1] == (f"tracebench replay: stopped by SIGTERM while writing {run_dir}/{COLUMNS_COPY}: "
+                                    "not written; the run is whole without it")
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".") or "columns" in p.name) == []
+    run = load_run(run_dir)  # whole: what the report reads, from requests.jsonl
+    assert run.meta["status"] == "completed" and run.requests.height == n
 
 
 # ---- 11, 12. the shutdown order; the summary line at --speed K -------------------------------------------------

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import lzma
 import os
+import select
 import shutil
+import signal
+import threading
 from pathlib import Path
 
 import orjson
@@ -17,8 +20,8 @@ from polars.testing import assert_frame_equal
 
 from conftest import run_cli
 from tracebench.cli import _finish_run_folder
-from tracebench.errors import RunFolderError
-from tracebench.report.columns import COPY_MIN_BYTES, wants_copy, write_requests_copy
+from tracebench.errors import ConfigError, RunFolderError
+from tracebench.report.columns import COPY_MIN_BYTES, COPY_MIN_BYTES_ENV, wants_copy, write_requests_copy
 from tracebench.report.load import COLUMNS_COPY, COPY_METADATA_KEY, load_run
 from tracebench.report.pack import pack_runs
 
@@ -168,7 +171,8 @@ def test_pack_removes_the_copy_and_a_copy_beside_packed_records_is_refused(run: 
 
 
 def test_the_replay_end_writes_a_copy_only_for_a_big_jsonl(run: Path, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+                                                            capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     sparse = tmp_path / "sparse"
     sparse.mkdir()
     with (sparse / "requests.jsonl").open("wb") as fh:
@@ -177,6 +181,13 @@ def test_the_replay_end_writes_a_copy_only_for_a_big_jsonl(run: Path, tmp_path: 
     with (sparse / "requests.jsonl").open("wb") as fh:
         fh.truncate(COPY_MIN_BYTES)
     assert wants_copy(sparse)
+    # the tests' own threshold (TRACEBENCH_COPY_MIN_BYTES): a small run gets its copy too
+    monkeypatch.setenv(COPY_MIN_BYTES_ENV, str(COPY_MIN_BYTES + 1))
+    assert not wants_copy(sparse)
+    monkeypatch.setenv(COPY_MIN_BYTES_ENV, "12 MiB")
+    with pytest.raises(ConfigError, match=f"environment variable {COPY_MIN_BYTES_ENV}='12 MiB': expected a number"):
+        wants_copy(sparse)
+    monkeypatch.delenv(COPY_MIN_BYTES_ENV)
 
     _finish_run_folder(run)  # 720 records: no copy
     assert capsys.readouterr().out == f"{run}\n" and not (run / COLUMNS_COPY).exists()
@@ -196,3 +207,45 @@ def test_the_replay_end_writes_a_copy_only_for_a_big_jsonl(run: Path, tmp_path: 
     _finish_run_folder(run)
     assert capsys.readouterr() == (f"{run}\n", "")
     assert pl.scan_parquet(run / COLUMNS_COPY).select(pl.len()).collect().item() == 720 * (COPY_MIN_BYTES // len(data) + 1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_while_the_copy_is_written_leaves_the_run_whole(run: Path, sig: int,
+                                                                      capsys: pytest.CaptureFixture[str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replay command's end (`_finish_run_folder`), here in this process, stopped by a real signal while polars
+    writes the copy: the copy's temporary name is a named pipe of one page, so the write waits in it; a thread sends
+    the signal once bytes of the copy are in the pipe, then reads the rest (the process test, with SIGTERM:
+    tests/test_replay_robust.py)."""
+    monkeypatch.setenv(COPY_MIN_BYTES_ENV, "0")
+    temp = run / f".{COLUMNS_COPY}.writing-{os.getpid()}"
+    os.mkfifo(temp)
+    pipe = os.open(temp, os.O_RDWR | os.O_NONBLOCK)  # read and write ends: no open waits, no end-of-file
+    import fcntl
+
+    fcntl.fcntl(pipe, fcntl.F_SETPIPE_SZ, 4096)
+    done = threading.Event()
+
+    def stop_it() -> None:
+        select.select([pipe], [], [], 60)  # the first bytes of the copy
+        os.kill(os.getpid(), sig)
+        while not done.is_set():
+            if select.select([pipe], [], [], 0.05)[0]:
+                os.read(pipe, 1 << 16)
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    thread = threading.Thread(target=stop_it)
+    thread.start()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            _finish_run_folder(run)
+    finally:
+        done.set()
+        thread.join()
+        os.close(pipe)
+    assert stop.value.code == 128 + sig
+    assert capsys.readouterr() == (f"{run}\n", f"tracebench replay: stopped by {signal.Signals(sig).name} while "
+                                   f"writing {run}/{COLUMNS_COPY}: not written; the run is whole without it\n")
+    assert sorted(p.name for p in run.iterdir()) == ["requests.jsonl", "run.json", "telemetry.jsonl"]
+    assert {s: signal.getsignal(s) for s in handlers} == handlers  # put back
+

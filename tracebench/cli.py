@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from tracebench import __version__
-from tracebench.errors import CopyNotWritten, TracebenchError
+from tracebench.errors import TracebenchError
 
 # command name -> "module:attribute" of its click command
 _COMMANDS = {
@@ -54,22 +54,21 @@ class _LazyGroup(click.Group):
 
 def _finish_run_folder(run_dir: Path) -> None:
     """After a replay that ended cleanly (`replay` returned its run folder): a big run's requests.jsonl gets its
-    columnar copy (tracebench/report/columns.py), then the folder is printed. Here, because replay/ never imports the
-    report's polars. A copy that cannot be written (a full disk) or is stopped by Ctrl-C leaves the run whole: said
-    on stderr; only Ctrl-C changes the exit code (130)."""
-    from tracebench.report.columns import COPY_MIN_BYTES, wants_copy, write_requests_copy
+    columnar copy (tracebench/report/columns.py finish_run_copy, which each sweep point runs too), then the folder is
+    printed. Here, because replay/ never imports the report's polars. A copy that cannot be written (a full disk) or
+    is stopped by SIGINT/SIGTERM leaves the run whole: the folder is printed and stderr says so; only a signal
+    changes the exit code (130, 143: what a shell reports for a process the signal killed)."""
+    from tracebench.errors import Interrupted
+    from tracebench.report.columns import finish_run_copy
 
-    if wants_copy(run_dir):
-        try:
-            write_requests_copy(run_dir)
-        except CopyNotWritten as err:
-            click.echo(f"tracebench replay: warning: {err}: the run is whole without it; `tracebench report` parses "
-                       f"its requests.jsonl (slower above {COPY_MIN_BYTES >> 20} MiB)", err=True)
-        except KeyboardInterrupt:
-            click.echo(run_dir)
-            click.echo(f"tracebench replay: interrupted while writing {run_dir}/requests.columns.parquet: none "
-                       "written; the run is whole without it", err=True)
-            sys.exit(130)
+    try:
+        not_written = finish_run_copy(run_dir)
+    except Interrupted as err:
+        click.echo(run_dir)
+        click.echo(f"tracebench replay: {err}", err=True)
+        sys.exit(err.exit_code)
+    if not_written is not None:
+        click.echo(f"tracebench replay: warning: {not_written}", err=True)
     click.echo(run_dir)
 
 

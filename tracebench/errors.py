@@ -93,4 +93,5 @@ class Interrupted(TracebenchError):
 
     def __init__(self, signum: int, message: str) -> None:
         super().__init__(message)
+        self.signum = signum
         self.exit_code = 128 + signum

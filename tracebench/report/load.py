@@ -36,6 +36,8 @@ import polars as pl
 
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.itl import HIST_PATTERN
+# requests.jsonl's columnar copy (its name), written beside it at the clean end of a big replay
+from tracebench.report.columns import COLUMNS_COPY
 from tracebench.report.speed import to_simulated_times
 
 RUN_FORMAT_VERSION = 1
@@ -93,8 +95,6 @@ ROW = "_row"  # 0-based index of the record among the file's records
 # a plain file of the run folder -> its packed form (`tracebench pack`)
 PACKED_NAMES = {"run.json": "run.json.xz", "requests.jsonl": "requests.parquet", "telemetry.jsonl": "telemetry.parquet",
                 "server_metrics.jsonl": "server_metrics.parquet", "gpu.jsonl": "gpu.parquet"}
-# requests.jsonl's columnar copy, written beside it at the clean end of a big replay (tracebench/report/columns.py)
-COLUMNS_COPY = "requests.columns.parquet"
 # the Parquet key-value metadata of the copy: what it was made from (COPY_SOURCE_FIELDS), as JSON
 COPY_METADATA_KEY = "tracebench_requests_copy"
 COPY_VERSION = 1
