@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 from conftest import run_cli
@@ -42,9 +43,10 @@ def _records(run: Path) -> list[dict]:
 
 def test_rate_sweep_end_to_end(tmp_path: Path) -> None:
     trace = _gen(tmp_path / "t.jsonl", "--rate", "8", "--num-requests", "40", "--input-len", "64", "--output-len", "32")
+    # every point gets the columnar copy a big replay gets (the tests' threshold: 0 bytes, docs/run-format.md)
     done = run_cli("sweep", str(trace), "--rates", "2,4,8,16", "--backend", "sim", "--gpus", "2", "--speed", "20",
                    "--policy", "round_robin", "--slo", "ttft=500ms,tpot=50ms", "--bootstrap", "200", "--quiet",
-                   "--out-dir", str(tmp_path / "out"), "--name", "sw")
+                   "--out-dir", str(tmp_path / "out"), "--name", "sw", env={"TRACEBENCH_COPY_MIN_BYTES": "0"})
     assert done.returncode == 0, done.stderr
     folder = tmp_path / "out" / "sw"
     assert done.stdout.strip().splitlines()[-1] == str(folder)
@@ -73,6 +75,9 @@ def test_rate_sweep_end_to_end(tmp_path: Path) -> None:
         assert all(s["launch_command"] and s["log"] is None for s in meta["servers"])
         pids.add(tuple(s["pid"] for s in meta["servers"]))
         assert meta["policy"]["name"] == "round_robin" and len(meta["servers"]) == 2
+        copy = folder / row["run"] / "requests.columns.parquet"  # report/columns.py, as `tracebench replay` writes it
+        assert pl.scan_parquet(copy).select(pl.len()).collect().item() == 40
+        assert not list((folder / row["run"]).glob(".*")), "no temporary file left"
         assert row["status"] == "completed" and not row["saturated"] and row["counts"]["ok"] == 40
         assert row["throughput_rps"] > 0 and row["goodput_rps"] is not None
         for metric in ("ttft", "tpot", "total"):

@@ -12,7 +12,7 @@ mtime and sha256, and the number of records. The reader (report/load.py read_col
 is a copy of the JSONL as it is now, and checks every record by the same rules as the JSONL's. requests.jsonl stays
 the record: the copy is written to a temporary name and renamed into place, so it is whole or absent.
 
-`finish_run_copy` is what a replay's end runs (`tracebench replay`: cli.py).
+`finish_run_copy` is what a replay's end runs: `tracebench replay` (cli.py) and each point of `tracebench sweep`.
 A stop signal while the copy is written (SIGINT, SIGTERM: tracebench/cleanup.py StopSignals) removes the temporary
 file and raises Interrupted; the run folder is whole without the copy. A process killed (SIGKILL) while writing
 leaves `.requests.columns.parquet.writing-<pid>`: no reader opens it. The copy itself is written only into the folder

@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 
 from tracebench import __version__
-from tracebench.errors import ConfigError, RunFailed, RunInterrupted
+from tracebench.errors import ConfigError, Interrupted, RunFailed, RunInterrupted
 from tracebench.policies.registry import load_policy
 from tracebench.replay.client import SglangClient
 from tracebench.replay.run import ReplayConfig, SharedServers, launch_fleet, run_replay
@@ -197,6 +197,7 @@ class Sweep:
         return unique
 
     def run_point(self, kind: str, value: float, gpus: int, policy: str, shared: SharedServers | None) -> dict[str, Any]:
+        from tracebench.report.columns import finish_run_copy
         from tracebench.report.headline import headline
 
         point = Point(self._point_name(kind, value, gpus, policy), kind, value, gpus, policy)
@@ -217,13 +218,20 @@ class Sweep:
         t0 = time.monotonic()
         try:
             run_dir = run_replay(config, self.stderr, shared)
+            wall = time.monotonic() - t0
+            # a big point's columnar copy, as `tracebench replay` writes one (before the headline, which reads it);
+            # a stop signal while it is written: Interrupted, the point's run whole without it
+            not_written = finish_run_copy(run_dir)
         except BaseException:
             # the run folder is complete (the replay's promise): keep its row when requests were sent, then stop
             # the sweep with the replay's error
             if (self.dir / point.name / "requests.jsonl").exists():
                 self._add_row(point, self.dir / point.name, time.monotonic() - t0, headline)
             raise
-        return self._add_row(point, run_dir, time.monotonic() - t0, headline)
+        if not_written is not None:  # a warning: the point is whole without it
+            self.stderr.write(f"tracebench sweep: warning: {not_written}\n")
+            self.stderr.flush()
+        return self._add_row(point, run_dir, wall, headline)
 
     def _add_row(self, point: Point, run_dir: Path, wall: float, headline: Any) -> dict[str, Any]:
         h = headline(run_dir, warmup=self.cfg.warmup, slo=self.slo, slo_percentile=self.cfg.slo_percentile,
@@ -270,7 +278,7 @@ class Sweep:
                             for value in values:
                                 self.run_point(self.cfg.kind, float(value), gpus, policy, shared)
                 self.status = "completed"
-            except (KeyboardInterrupt, RunInterrupted):
+            except (KeyboardInterrupt, RunInterrupted, Interrupted):  # Interrupted: in a point's columnar copy
                 self.status = "interrupted"
                 raise
             except BaseException:
@@ -281,6 +289,8 @@ class Sweep:
                     fleet.stop()
         except KeyboardInterrupt:
             raise RunInterrupted(f"interrupted; the sweep folder {self.dir} keeps the points done") from None
+        except Interrupted as err:
+            raise Interrupted(err.signum, f"{err}; the sweep folder {self.dir} keeps the points done") from None
         finally:
             self.write_summary()
             self._write_figure()
