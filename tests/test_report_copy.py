@@ -10,6 +10,7 @@ import os
 import select
 import shutil
 import signal
+import subprocess
 import threading
 from pathlib import Path
 
@@ -249,3 +250,28 @@ def test_a_stop_signal_while_the_copy_is_written_leaves_the_run_whole(run: Path,
     assert sorted(p.name for p in run.iterdir()) == ["requests.jsonl", "run.json", "telemetry.jsonl"]
     assert {s: signal.getsignal(s) for s in handlers} == handlers  # put back
 
+
+def test_a_killed_copys_temporary_file_is_never_read_and_pack_removes_it(run: Path) -> None:
+    """SIGKILL while the copy was written leaves .requests.columns.parquet.writing-<pid>: no reader opens it, and
+    pack (the one command that rewrites a finished run) removes it, saying so, as it removes its own killed files;
+    one whose writer runs stops the pack."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = run / f".{COLUMNS_COPY}.writing-{dead.pid}"
+    stale.write_bytes(b"PAR1 half a copy")
+    expected = load_run(run).requests  # read from requests.jsonl
+    assert expected.height == 720
+    running = run / f".{COLUMNS_COPY}.writing-1"  # pid 1 always runs
+    running.write_bytes(b"")
+    done = run_cli("pack", str(run))
+    assert done.returncode == 2 and done.stderr == (
+        f"tracebench: removed {stale}, left by a replay (pid {dead.pid}, no longer running) killed while it wrote the "
+        "run's columnar copy\n"
+        f"tracebench: error: run '{run}': {running.name} belongs to pid 1, which is running: a tracebench replay still "
+        "writing this run's columnar copy? (if pid 1 is no tracebench, remove the file)\n")
+    assert not stale.exists() and (run / "requests.jsonl").exists()
+    running.unlink()
+    done = run_cli("pack", str(run))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["requests.parquet", "run.json.xz", "telemetry.parquet"]
+    assert_frame_equal(load_run(run).requests, expected)

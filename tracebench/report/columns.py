@@ -15,8 +15,9 @@ the record: the copy is written to a temporary name and renamed into place, so i
 `finish_run_copy` is what a replay's end runs: `tracebench replay` (cli.py) and each point of `tracebench sweep`.
 A stop signal while the copy is written (SIGINT, SIGTERM: tracebench/cleanup.py StopSignals) removes the temporary
 file and raises Interrupted; the run folder is whole without the copy. A process killed (SIGKILL) while writing
-leaves `.requests.columns.parquet.writing-<pid>`: no reader opens it. The copy itself is written only into the folder
-of the run that just ended (created fresh by that run), so no earlier copy's file is there.
+leaves `.requests.columns.parquet.writing-<pid>`: no reader opens it, and `tracebench pack`, the one command that
+rewrites a finished run folder, removes it as it removes its own killed temporary files. The copy itself is written
+only into the folder of the run that just ended (created fresh by that run), so no earlier copy's file is there.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import orjson
 
-from tracebench.cleanup import StopSignals
+from tracebench.cleanup import StopSignals, temp_files
 from tracebench.errors import ConfigError, CopyNotWritten, RunFolderError
 
 COLUMNS_COPY = "requests.columns.parquet"  # (report/load.py reads it by this name)
@@ -55,6 +56,11 @@ def wants_copy(folder: Path) -> bool:
     """Whether the finished run in `folder` gets a columnar copy: its requests.jsonl is big enough to gain from one."""
     jsonl = folder / "requests.jsonl"
     return jsonl.is_file() and jsonl.stat().st_size >= copy_min_bytes()
+
+
+def copy_temps(folder: Path) -> list[tuple[Path, int]]:
+    """The copy's temporary files in `folder`, with their writers' pids (tracebench/cleanup.py temp_files)."""
+    return temp_files(folder, f".{COLUMNS_COPY}", COPY_TEMP_TAG)
 
 
 def finish_run_copy(folder: Path) -> CopyNotWritten | None:

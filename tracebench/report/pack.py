@@ -37,6 +37,7 @@ import polars as pl
 from tracebench.cleanup import StopSignals, remove_stale, temp_files
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.paths import shareable_json, shareable_text
+from tracebench.report.columns import copy_temps
 from tracebench.report.load import (
     BESIDE_FILES, BESIDE_SCHEMAS, METRICS_TEXT_PATTERN, PACKED_NAMES, PD_COLUMNS, ROW, is_packed, read_beside,
     COLUMNS_COPY, read_parquet_table, read_requests, read_run_json, read_telemetry, request_schema, run_file,
@@ -76,7 +77,8 @@ def pack_runs(folders: list[Path], log_tail: int | None, shareable: bool = False
     """Pack every folder, or none: a run that cannot be packed (or whose packed form does not read back equal), or a
     stop signal (`stop`: they raise Interrupted until the renames start, then wait), stops the whole call before any
     original is removed, and removes every temporary file it wrote. Temporary files that an earlier pack killed
-    (SIGKILL) left are removed first, each reported to `stale`; those of a pack still running stop the call.
+    (SIGKILL) left, and those of a columnar copy whose replay was killed while writing it, are removed first, each
+    reported to `stale`; those of a pack (or a copy) still being written stop the call.
     `shareable`: see the module's docstring."""
     seen: dict[Path, Path] = {}
     for folder in folders:
@@ -85,7 +87,9 @@ def pack_runs(folders: list[Path], log_tail: int | None, shareable: bool = False
         seen[folder.resolve()] = folder
     for folder in folders:
         try:
-            removed, running = remove_stale(temp_files(folder, ".", TEMP_TAG))
+            # its own, and the columnar copy's of a replay killed while writing it (report/columns.py): pack is the
+            # one command that rewrites a finished run folder
+            removed, running = remove_stale(temp_files(folder, ".", TEMP_TAG) + copy_temps(folder))
         except OSError as err:
             raise ConfigError(f"run '{folder}': cannot remove {err.filename} ({err.strerror}): nothing was packed") \
                 from None
@@ -94,8 +98,10 @@ def pack_runs(folders: list[Path], log_tail: int | None, shareable: bool = False
                 stale(path, pid)
         if running:
             path, pid = running[0]
-            raise ConfigError(f"run '{folder}': {path.name} belongs to pid {pid}, which is running: another tracebench "
-                              f"pack of this run? (if pid {pid} is no pack, remove the file)")
+            writer = ("a tracebench replay still writing this run's columnar copy" if path.name.startswith(
+                f".{COLUMNS_COPY}.") else "another tracebench pack of this run")
+            raise ConfigError(f"run '{folder}': {path.name} belongs to pid {pid}, which is running: {writer}? (if pid "
+                              f"{pid} is no tracebench, remove the file)")
     prepared: list[PreparedRun] = []
     try:
         for folder in folders:
