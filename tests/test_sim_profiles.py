@@ -110,9 +110,10 @@ def test_capped_dispatch_counts_the_routers_host_time_once() -> None:
         "t_dispatch": [0.001, 1.501], "t_first_token": [0.0112, 1.5112], "t_finish": [1.5005, 2.0005], "server": [0, 0],
         "server_e2e_latency": [1.4988, 0.4983], "server_queue_time": [0.0, 0.0], "itl_max": [None, None],
         **stamps,
-        # the breakdown stamps, null as in a run recorded before them (the loader adds them so)
-        **{name: [None, None] for name in BREAKDOWN_STAMPS},
-    }, schema_overrides={"itl_max": pl.Float64, **{name: pl.Float64 for name in BREAKDOWN_STAMPS}})
+        # the breakdown stamps and the two waits, null as in a run recorded before them (the loader adds them so)
+        **{name: [None, None] for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")},
+    }, schema_overrides={"itl_max": pl.Float64,
+                         **{name: pl.Float64 for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}})
     meta = {"mode": "continuous", "caps": {"initial": [1], "changes": []},
             "servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002}}}]}
     out, how = to_simulated_times(requests, meta, k)
