@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from conftest import REPO
-from tracebench.report.load import Run, read_run_json
+from tracebench.report.load import Run, load_run
 from tracebench.trace.format import load_trace
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -93,12 +93,18 @@ def test_pool_joins_the_parts_of_one_split_and_refuses_anything_else() -> None:
         pooled([a, fake_run("d", {**part, "source_sha256": "zzz", "part": 1}, [1.0], [2.0])], "ad")
 
 
-def test_the_committed_halves_are_what_split_trace_gives(tmp_path: Path) -> None:
-    """The H100 example's two runs replayed the halves of its committed trace: splitting it again gives the same
-    bytes (their sha256 in run.json), so `sim_vs_real.py --replay` can replay them."""
+def test_the_parts_are_what_the_real_two_gpu_run_sent_each_server(tmp_path: Path) -> None:
+    """The premise of a split run, on real sglang: the H100 example's two-GPU round_robin run (1,000 requests, no cap)
+    replayed its committed trace, and each server got exactly the requests split_trace.py puts in that server's part,
+    whatever the servers did."""
     example = REPO / "reports" / "examples" / "h100-sim-vs-real" / "routing-long-1000"
-    assert split(example / "mooncake-routing-long.jsonl.xz", 2, tmp_path).returncode == 0
-    for part in range(2):
-        made = tmp_path / f"mooncake-routing-long.part{part}of2.jsonl"
-        replayed = read_run_json(example / f"routing-long-part{part}of2")["trace"]["sha256"]
-        assert hashlib.sha256(made.read_bytes()).hexdigest() == replayed
+    trace = example / "mooncake-routing-long.jsonl.xz"
+    run = load_run(example / "routing-long-round_robin")
+    assert run.trace_sha256 == hashlib.sha256(lzma.decompress(trace.read_bytes())).hexdigest()
+    assert run.meta["policy"]["name"] == "round_robin" and run.meta["caps"]["initial"] == [None, None]
+    assert split(trace, 2, tmp_path).returncode == 0
+    sent = run.requests.group_by("server").agg(pl.col("id").sort()).sort("server")
+    for part, ids in zip(range(2), sent["id"].to_list(), strict=True):
+        _, made = load_trace(tmp_path / f"mooncake-routing-long.part{part}of2.jsonl")
+        assert sorted(req.id for req in made) == ids
+        assert len(ids) == 500

@@ -5,7 +5,8 @@
 # fitted before this run and reads nothing of it. Why: the first held-out routing run has 400 requests, so its TTFT
 # p99 is the 4th largest TTFT and one pair of requests prefilled together or apart moves it by ~5%; 1,000 requests put
 # 10 requests above the p99. Stops at once (exit 3) when the GPUs are not H100s. Results: $OUT/h100heldout.tgz.
-# ONE_GPU=1: the same workload on ONE H100, one server at a time (2026-11-26: every request for two H100s was given
+# Ran 2026-11-26 on two H100s (332 s): reports/examples/h100-sim-vs-real/routing-long-1000/routing-long-round_robin.
+# ONE_GPU=1: the same workload on ONE H100, one server at a time (made while requests for two H100s were given
 # H200s). With round_robin and no cap, the router sends request i to server i mod 2 at its arrival whatever the servers
 # do, so each server of the two-GPU run replays a fixed half of the trace: bench/split_trace.py writes the halves, each
 # replayed on the one server (attached, its cache flushed first: --flush-cache, the default), half 0 then half 1. What
