@@ -76,10 +76,11 @@ class RequestRecord:
     # sglang); null when the server sends none (OpenAI APIs, sglang without --enable-metrics)
     server_dispatched: float | None = None
     server_first_sent: float | None = None
-    # seconds of its router wait (t_admitted -> t_assigned) during which no server could take it: every server at its
-    # router cap (static mode: running its batch) or out of routing. The wait the run's cap chose, not tracebench's
-    # time (the rest of that span is: the loop's wake-up, the policy's calls; docs/overhead.md). 0.0 in a run without
-    # a cap whose servers stayed routable; null: never assigned
+    # seconds of its router wait (t_admitted -> t_assigned) that the cap chose, not tracebench: from its admission
+    # until the last moment a slot freed after a spell with none free (every server at its router cap, static mode:
+    # running its batch, or out of routing) before it was assigned; the rest of that span is tracebench's (the
+    # loop's wake-up, the policy's calls; docs/overhead.md). 0.0 in a run without a cap whose servers stayed
+    # routable; null: never assigned
     slot_wait_s: float | None = None
     # static mode: seconds from its assignment (t_assigned) until its batch was sent (full, timed out, or the last),
     # the wait for the batch that the run's --mode static chose, not tracebench's time (the rest of t_assigned ->

@@ -5,12 +5,15 @@ is asked for assignments when a request arrives, when a slot frees and after a c
 `_serve()`, the one coroutine that stamps `t_dispatch` (timestamp 2), `t_first_token` and `t_finish` (timestamp 3)
 while it consumes the client's answer. Every request's record is written exactly once, when it ends.
 
-The wait for a free slot (a record's `slot_wait_s`, docs/overhead.md): the router keeps one clock that runs only while
-requests are queued and no server can take one (`_full_since`: every server at its cap, running a static batch, or
-out of routing; a PD pair: no free slot in a pool). It starts when the router finds that (the policy's return that
-took the last slot, or a round that found none free), and stops the moment a slot frees (a finish, a cap raised, a
-server back). A request's slot wait is that clock's advance between its admission and its assignment: O(1) per
-request, nothing per queued request, and nothing at all while the servers have free slots (a run without a cap).
+The wait for a free slot (a record's `slot_wait_s`, docs/overhead.md): the router knows when requests are queued and
+no server can take one (`_full_since`: every server at its cap, running a static batch, or out of routing; a PD pair:
+no free slot in a pool), from when it finds that (the policy's return that took the last slot, or a round that found
+none free) until the moment a slot frees (a finish, a cap raised, a server back): that moment ends a "full spell"
+(counted, and its time kept). A request's slot wait runs from its admission to the end of the last full spell before
+its assignment (none ended meanwhile: 0): through the spells and through the moments between them, when a freed slot
+went to a request ahead of it, the cap is what kept it waiting; after that last moment, its own assignment is the
+router's time. O(1) per request, nothing per queued request, and nothing at all while the servers have free slots (a
+run without a cap).
 
 Static batching (`mode="static"`) runs through the same path: a server takes assignments only while it has nothing
 in flight (its effective cap is the batch size then, 0 while its batch runs); what the policy gives an idle server
@@ -235,10 +238,13 @@ class Router:
         self.policy_time = PolicyTime(policy.name)
         # since when the policy has left requests queued while servers had free slots (None: it has not)
         self._idle_since: float | None = None
-        # since when requests have waited at the router with no free slot (None: not now), and the run time of all
-        # such waits before it (only grows): the slot-wait clock (module docstring)
+        # since when requests have waited at the router with no free slot (None: not now); how many such full spells
+        # have ended, and when the last one did (module docstring); per queued request: the count at its admission
+        # (or its return to the queue), that moment, and its slot wait before it (a static batch sent back)
         self._full_since: float | None = None
-        self.slot_wait_total = 0.0
+        self._full_spells_ended = 0
+        self._last_full_end = 0.0
+        self._slot_marks: dict[int, tuple[int, float, float]] = {}
         self.pending_wakeups = 0  # scheduled events to come that ask the policy again (cap schedule changes)
         # /v1/loads is polled (telemetry.poll_loads): a live server is heard even while its answers are not streamed
         self.polled = False
@@ -304,8 +310,7 @@ class Router:
     def _admit(self, request: TraceRequest, rec: RequestRecord, t_admitted: float) -> None:
         """The request enters the router queue (the policy sees it from now on)."""
         rec.t_admitted = t_admitted
-        # its slot wait counts from here: the clock's reading now is taken off when it is assigned (_assigned)
-        rec.slot_wait_s = -self._slot_clock(t_admitted)
+        self._slot_marks[request.id] = (self._full_spells_ended, t_admitted, 0.0)  # its slot wait counts from here
         queued = QueuedRequest(request.id, request.input_len, request.output_len, rec.t_arrival, rec.t_released,  # type: ignore[arg-type]
                                request.prefix_blocks, self.block_size)
         self._queued[request.id] = queued
@@ -436,9 +441,9 @@ class Router:
                 self._queued[rec.id] = queued
                 self._queue.append(queued)
                 rec.batch = None
-                # queued again: assigned anew later (its slot wait goes on counting from here), or never
-                rec.t_assigned = None
-                rec.slot_wait_s -= self._slot_clock(now)  # type: ignore[operator]
+                # queued again: assigned anew later (its slot wait goes on from here, added to what it had), or never
+                self._slot_marks[rec.id] = (self._full_spells_ended, now, rec.slot_wait_s)  # type: ignore[arg-type]
+                rec.t_assigned = rec.slot_wait_s = None
             state.forming = []
             self._queue.sort(key=lambda q: (q.t_released, q.id))
         gone = self._none_left()
@@ -498,23 +503,25 @@ class Router:
 
     # ---- the wait for a free slot (module docstring) -------------------------------------------------------
 
-    def _slot_clock(self, now: float) -> float:
-        """Run time so far during which requests waited at the router with no free slot."""
-        since = self._full_since
-        return self.slot_wait_total if since is None else self.slot_wait_total + (now - since)
+    def _end_full_spell(self, now: float) -> None:
+        """A slot is free at `now` after a full spell: the spell ends (module docstring)."""
+        self._full_since = None
+        self._full_spells_ended += 1
+        self._last_full_end = now
 
     def _slot_freed(self) -> None:
-        """Something may have freed a slot (a request finished, a cap rose, a server is routable again): the wait
-        for a free slot ends now if one is free. Costs nothing unless requests are waiting for one."""
+        """Something may have freed a slot (a request finished, a cap rose, a server is routable again): the full
+        spell ends now if one is free. Costs nothing unless requests are waiting for one."""
         if self._full_since is not None and self._can_assign(self._free_slots()):
-            self.slot_wait_total += self.clock.now() - self._full_since
-            self._full_since = None
+            self._end_full_spell(self.clock.now())
 
     def _assigned(self, rec: RequestRecord, t_assigned: float) -> None:
-        """The policy assigned `rec` (its assign() returned at `t_assigned`): its slot wait is complete. Continuous
-        mode sends it now (no batch to wait for: 0.0); static mode, when its batch goes (_maybe_send_batch)."""
+        """The policy assigned `rec` (its assign() returned at `t_assigned`): its slot wait is complete, up to the end
+        of the last full spell since it was queued. Continuous mode sends it now (no batch to wait for: 0.0); static
+        mode, when its batch goes (_maybe_send_batch)."""
         rec.t_assigned = t_assigned
-        rec.slot_wait_s += self._slot_clock(t_assigned)  # type: ignore[operator]
+        spells, t_queued, before = self._slot_marks.pop(rec.id)
+        rec.slot_wait_s = before + (self._last_full_end - t_queued if self._full_spells_ended > spells else 0.0)
         if not self.static:
             rec.batch_wait_s = 0.0
 
@@ -542,9 +549,8 @@ class Router:
             if self._full_since is None:  # requests wait, no slot is free: the wait for one starts
                 self._full_since = now
             return  # nothing can be assigned: the policy is not asked
-        if self._full_since is not None:  # a slot freed by a path _slot_freed did not see: the wait ends here
-            self.slot_wait_total += now - self._full_since
-            self._full_since = None
+        if self._full_since is not None:  # a slot freed by a path _slot_freed did not see: the spell ends here
+            self._end_full_spell(now)
         t_assigned = self._ask(now, views)
         if t_assigned is not None:
             self._idle_since = None
@@ -854,7 +860,8 @@ class Router:
         self._prefix_blocks.pop(rec.id, None)
         if rec.policy_s is not None:
             rec.policy_s += self.policy_time.total
-        if rec.t_assigned is None:  # never assigned: no slot wait (its field held the clock at its admission)
+        if rec.t_assigned is None:  # never assigned: no slot wait
+            self._slot_marks.pop(rec.id, None)
             rec.slot_wait_s = None
         self.writer.write(rec)
         self.counts[rec.status] += 1
