@@ -19,7 +19,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from conftest import run_cli
+from conftest import run_cli, run_cli_process
 from tracebench.cli import _finish_run_folder
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.report.columns import COPY_MIN_BYTES, COPY_MIN_BYTES_ENV, wants_copy, write_requests_copy
@@ -277,3 +277,18 @@ def test_a_killed_copys_temporary_file_is_never_read_and_pack_removes_it(run: Pa
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in run.iterdir()) == ["requests.parquet", "run.json.xz", "telemetry.parquet"]
     assert_frame_equal(load_run(run).requests, expected)
+
+
+@pytest.mark.parametrize("command", ["replay", "sweep"])
+def test_a_bad_copy_threshold_stops_replay_and_sweep_before_their_run(tmp_path: Path, command: str) -> None:
+    """TRACEBENCH_COPY_MIN_BYTES (for tests) is read when a run ends, for its columnar copy; a value that is not a
+    number of bytes is refused before the run starts (exit 2), not after it: no run folder, no server started."""
+    trace = tmp_path / "t.jsonl"
+    assert run_cli("generate", "--rate", "5", "--num-requests", "3", "--seed", "0", "-o", str(trace)).returncode == 0
+    extra = ["--rates", "5"] if command == "sweep" else []
+    done = run_cli_process(command, str(trace), "--backend", "sim", *extra, "--out-dir", str(tmp_path / "out"),
+                           "--quiet", env={COPY_MIN_BYTES_ENV: "12 MiB"}, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"tracebench: error: environment variable {COPY_MIN_BYTES_ENV}='12 MiB': expected a number of bytes >= 0")
+    assert not (tmp_path / "out").exists()

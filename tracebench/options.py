@@ -8,6 +8,7 @@ Light at import time: `tracebench --help` imports every commands module, and the
 from __future__ import annotations
 
 import math
+import os
 
 import click
 
@@ -71,3 +72,21 @@ class BoundedInt(click.ParamType):
 FINITE = FiniteFloat()
 INT = BoundedInt()
 SEED = BoundedInt(0, INT64_MAX, SEED_RANGE)
+
+
+# requests.jsonl's columnar copy (report/columns.py) is written from this size on: ~50,000 records; a JSONL below
+# parses in < 0.15 CPU-s
+COPY_MIN_BYTES = 32 << 20
+# for tests only: another threshold in bytes, so that a small run gets its copy too (docs/run-format.md)
+COPY_MIN_BYTES_ENV = "TRACEBENCH_COPY_MIN_BYTES"
+
+
+def copy_min_bytes() -> int:
+    """The size from which requests.jsonl gets a copy: COPY_MIN_BYTES, or the test's TRACEBENCH_COPY_MIN_BYTES. replay
+    and sweep call it before their run, so a bad value stops them before anything runs."""
+    value = os.environ.get(COPY_MIN_BYTES_ENV)
+    if value is None:
+        return COPY_MIN_BYTES
+    if not (value.isascii() and value.isdigit()):
+        raise ConfigError(f"environment variable {COPY_MIN_BYTES_ENV}={value!r}: expected a number of bytes >= 0")
+    return int(value)

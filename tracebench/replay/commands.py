@@ -221,7 +221,10 @@ _PAIR_OPTIONS = {"policy_opts": "policy_options", "prefill_policy_opts": "prefil
 def replay_config(ctx: click.Context, trace: Path, options: Mapping[str, Any]) -> ReplayConfig:
     """The ReplayConfig of the parsed replay options (`options`: click parameter name -> value, as replay_options
     defines them; a name ReplayConfig does not know is a TypeError: a bug)."""
+    from tracebench.options import copy_min_bytes
     from tracebench.replay.run import ReplayConfig
+
+    copy_min_bytes()  # the columnar copy's threshold, read at the run's end: a bad value stops it before it starts
 
     values = dict(options)
     if values["router"] != "tracebench" and ctx.get_parameter_source("policy") is not click.core.ParameterSource.DEFAULT:

@@ -28,28 +28,17 @@ from pathlib import Path
 import orjson
 
 from tracebench.cleanup import StopSignals, temp_files
-from tracebench.errors import ConfigError, CopyNotWritten, RunFolderError
+from tracebench.errors import CopyNotWritten, RunFolderError
+# the threshold lives with the options: replay and sweep check its variable before a run, without this module
+from tracebench.options import COPY_MIN_BYTES, COPY_MIN_BYTES_ENV, copy_min_bytes  # noqa: F401
 
 COLUMNS_COPY = "requests.columns.parquet"  # (report/load.py reads it by this name)
-COPY_MIN_BYTES = 32 << 20  # ~50,000 records; a JSONL below parses in < 0.15 CPU-s: no copy
-# for tests only: another threshold in bytes, so that a small run gets its copy too (docs/run-format.md)
-COPY_MIN_BYTES_ENV = "TRACEBENCH_COPY_MIN_BYTES"
 COPY_TEMP_TAG = "writing"  # the copy is written as .requests.columns.parquet.writing-<pid> first
 # what a copy not written leaves (CopyNotWritten's message ends with it)
 WHOLE = (f": the run is whole without it; `tracebench report` parses its requests.jsonl (slower above "
          f"{COPY_MIN_BYTES >> 20} MiB)")
 # zstd level 1: as small as level 3 on run records (~88 MB for 1M records) and the quickest to write; reads in ~0.2 s
 COPY_ZSTD_LEVEL = 1
-
-
-def copy_min_bytes() -> int:
-    """The size from which requests.jsonl gets a copy: COPY_MIN_BYTES, or the test's TRACEBENCH_COPY_MIN_BYTES."""
-    value = os.environ.get(COPY_MIN_BYTES_ENV)
-    if value is None:
-        return COPY_MIN_BYTES
-    if not (value.isascii() and value.isdigit()):
-        raise ConfigError(f"environment variable {COPY_MIN_BYTES_ENV}={value!r}: expected a number of bytes >= 0")
-    return int(value)
 
 
 def wants_copy(folder: Path) -> bool:
