@@ -33,10 +33,10 @@ TIME_FIELDS = ("t_arrival", "t_released", "t_dispatch", "t_first_token", "t_fini
                "server_queue_time", "server_received", "server_forward_entry", "server_prefill_finished", "server_finished")
 
 
-def _replay_cmd(trace: Path, out: Path, name: str, *args: str, speed: str = SPEED) -> list[str]:
+def _replay_cmd(trace: Path, out: Path, name: str, port_base: int, *args: str, speed: str = SPEED) -> list[str]:
     return tracebench_cmd("replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", speed,
                           "--policy", "round_robin", "--out-dir", str(out), "--run-name", name, "--quiet",
-                          "--port-base", str(free_port(2)), *args)
+                          "--port-base", str(port_base), *args)
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +50,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         done = run_cli("generate", "--rate", "10", "--num-requests", num, "--seed", seed, "--input-len", "200",
                        "--output-len", "50", "-o", str(path))
         assert done.returncode == 0, done.stderr
+    # one draw of 8 free ports for the four runs started together (two each): separate draws once gave two of them
+    # the same base, and one run's requests went to the other's servers
+    base = free_port(8)
     procs = {
-        "wide": subprocess.Popen(_replay_cmd(trace, out, "wide", "--max-running-requests", "8"),
+        "wide": subprocess.Popen(_replay_cmd(trace, out, "wide", base, "--max-running-requests", "8"),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
-        "narrow": subprocess.Popen(_replay_cmd(trace, out, "narrow", "--max-running-requests", "1"),
+        "narrow": subprocess.Popen(_replay_cmd(trace, out, "narrow", base + 2, "--max-running-requests", "1"),
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
-        "other": subprocess.Popen(_replay_cmd(other_trace, out, "other", "--max-running-requests", "8"),
+        "other": subprocess.Popen(_replay_cmd(other_trace, out, "other", base + 4, "--max-running-requests", "8"),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
         # at --speed 2 a request of 200 in / 50 out is ~0.13 s on its server: the two in flight when Ctrl-C comes are
         # still running when the replay handles it, however busy the machine (at --speed 10, ~25 ms: a loaded
         # machine's late signal handling let them finish, and the run had nothing to cancel)
-        "stopped": subprocess.Popen(_replay_cmd(trace, out, "stopped", "--max-running-requests", "1", speed="2"),
+        "stopped": subprocess.Popen(_replay_cmd(trace, out, "stopped", base + 6, "--max-running-requests", "1", speed="2"),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
     }
     # stop one replay with Ctrl-C early in its run (the trace lasts 30 trace seconds, 3 s of run time; with cap 1 the

@@ -84,7 +84,8 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
              '--server-arg "--load-format dummy --attention-backend triton". [default for --backend sglang: '
              '$TRACEBENCH_SERVER_ARGS]'),
     "port_base": click.option("--port-base", type=INT, default=None, metavar="PORT",
-        help="Launched server i listens on 127.0.0.1:PORT+i. [default: free ports, drawn at random from "
+        help="Launched server i listens on 127.0.0.1:PORT+i (a port already in use there is refused: another "
+             "server would answer for the one tracebench launches). [default: free ports, drawn at random from "
              "20000-32000, so runs at the same time do not collide; run.json servers[].url says which]"),
     "speed": click.option("--speed", type=FINITE, default=None, metavar="K",
         help="--backend sim: compress the whole run K times (0.001 <= K <= 1000000). The simulated GPUs run K "
