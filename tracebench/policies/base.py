@@ -69,6 +69,11 @@ class ReportedLoad:
     age: float
 
 
+def slots_left(cap: int, in_flight: int, healthy: bool) -> int:
+    """How many more requests the router may send to a server now (ServerView.free_slots; the router's own check)."""
+    return max(0, cap - in_flight) if healthy else 0
+
+
 @dataclass(frozen=True, slots=True)
 class ServerView:
     """A read-only snapshot of one server, taken when `assign` is called.
@@ -92,7 +97,7 @@ class ServerView:
     @property
     def free_slots(self) -> int:
         """How many more requests the router may send here now (0 when at or over the cap, or unhealthy)."""
-        return max(0, self.cap - self.in_flight) if self.healthy else 0
+        return slots_left(self.cap, self.in_flight, self.healthy)
 
 
 Assignment = tuple[QueuedRequest, ServerView]

@@ -6,7 +6,7 @@ is asked for assignments when a request arrives, when a slot frees and after a c
 while it consumes the client's answer. Every request's record is written exactly once, when it ends.
 
 The wait for a free slot (a record's `slot_wait_s`, docs/overhead.md): the router knows when requests are queued and
-no server can take one (`_full_since`: every server at its cap, running a static batch, or out of routing; a PD pair:
+no server can take one (`_full`: every server at its cap, running a static batch, or out of routing; a PD pair:
 no free slot in a pool), from when it finds that (the policy's return that took the last slot, or a round that found
 none free) until the moment a slot frees (a finish, a cap raised, a server back): that moment ends a "full spell"
 (counted, and its time kept). A request's slot wait runs from its admission to the end of the last full spell before
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from tracebench.errors import PolicyError, RunFailed, ServerProtocolError
-from tracebench.policies.base import UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView
+from tracebench.policies.base import UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView, slots_left
 from tracebench.itl import ItlGaps
 from tracebench.replay.answer_check import ContextLimits, check_answer, mismatch_reason
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, Fetched, SglangClient
@@ -238,10 +238,10 @@ class Router:
         self.policy_time = PolicyTime(policy.name)
         # since when the policy has left requests queued while servers had free slots (None: it has not)
         self._idle_since: float | None = None
-        # since when requests have waited at the router with no free slot (None: not now); how many such full spells
-        # have ended, and when the last one did (module docstring); per queued request: the count at its admission
-        # (or its return to the queue), that moment, and its slot wait before it (a static batch sent back)
-        self._full_since: float | None = None
+        # whether requests wait at the router with no free slot now (a full spell); how many such spells have ended,
+        # and when the last one did (module docstring); per queued request: the count at its admission (or its return
+        # to the queue), that moment, and its slot wait before it (a static batch sent back)
+        self._full = False
         self._full_spells_ended = 0
         self._last_full_end = 0.0
         self._slot_marks: dict[int, tuple[int, float, float]] = {}
@@ -498,21 +498,21 @@ class Router:
         out = []
         for s in self.servers:
             in_flight, cap = self._load(s)
-            out.append(max(0, cap - in_flight) if s.state == "up" else 0)
+            out.append(slots_left(cap, in_flight, s.state == "up"))
         return out
 
     # ---- the wait for a free slot (module docstring) -------------------------------------------------------
 
     def _end_full_spell(self, now: float) -> None:
         """A slot is free at `now` after a full spell: the spell ends (module docstring)."""
-        self._full_since = None
+        self._full = False
         self._full_spells_ended += 1
         self._last_full_end = now
 
     def _slot_freed(self) -> None:
         """Something may have freed a slot (a request finished, a cap rose, a server is routable again): the full
         spell ends now if one is free. Costs nothing unless requests are waiting for one."""
-        if self._full_since is not None and self._can_assign(self._free_slots()):
+        if self._full and self._can_assign(self._free_slots()):
             self._end_full_spell(self.clock.now())
 
     def _assigned(self, rec: RequestRecord, t_assigned: float) -> None:
@@ -546,16 +546,15 @@ class Router:
         views = self._views(now)
         if not self._can_assign([v.free_slots for v in views]):
             self._idle_since = None
-            if self._full_since is None:  # requests wait, no slot is free: the wait for one starts
-                self._full_since = now
+            self._full = True  # requests wait, no slot is free: a full spell (goes on, or starts)
             return  # nothing can be assigned: the policy is not asked
-        if self._full_since is not None:  # a slot freed by a path _slot_freed did not see: the spell ends here
+        if self._full:  # a slot freed by a path _slot_freed did not see: the spell ends here
             self._end_full_spell(now)
         t_assigned = self._ask(now, views)
         if t_assigned is not None:
             self._idle_since = None
             if self._queue and not self._can_assign(self._free_slots()):
-                self._full_since = t_assigned  # the picks took the last free slots: the rest wait from then
+                self._full = True  # the picks took the last free slots: the rest wait from then
             return
         if self._idle_since is None:
             self._idle_since = now
@@ -860,9 +859,8 @@ class Router:
         self._prefix_blocks.pop(rec.id, None)
         if rec.policy_s is not None:
             rec.policy_s += self.policy_time.total
-        if rec.t_assigned is None:  # never assigned: no slot wait
+        if rec.t_assigned is None:  # never assigned (slot_wait_s stays null): its mark, if it was queued, goes
             self._slot_marks.pop(rec.id, None)
-            rec.slot_wait_s = None
         self.writer.write(rec)
         self.counts[rec.status] += 1
         self.span.add(rec)
