@@ -31,7 +31,8 @@ import numpy as np
 import polars as pl
 
 from tracebench.itl import bucket_of
-from tracebench.report.columns import COPY_MIN_BYTES, wants_copy
+from tracebench.options import COPY_MIN_BYTES
+from tracebench.report.columns import wants_copy
 from tracebench.report.load import COLUMNS_COPY
 
 

@@ -22,7 +22,8 @@ from polars.testing import assert_frame_equal
 from conftest import run_cli, run_cli_process
 from tracebench.cli import _finish_run_folder
 from tracebench.errors import ConfigError, RunFolderError
-from tracebench.report.columns import COPY_MIN_BYTES, COPY_MIN_BYTES_ENV, wants_copy, write_requests_copy
+from tracebench.options import COPY_MIN_BYTES, COPY_MIN_BYTES_ENV
+from tracebench.report.columns import wants_copy, write_requests_copy
 from tracebench.report.load import COLUMNS_COPY, COPY_METADATA_KEY, load_run
 from tracebench.report.pack import pack_runs
 

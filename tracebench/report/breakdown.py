@@ -151,8 +151,9 @@ class StageStats:
 def breakdown_stats(ok: pl.DataFrame) -> dict[str, StageStats]:
     """Each stage's statistics (seconds) over the given records (a run's kept completed ones); a column the records
     lack counts as null."""
-    missing = {name for stage in ALL_STAGES for name in (stage.start, stage.end, "t_admitted", "t_released",
-                                                         "slot_wait_s", "batch_wait_s") if name not in ok.columns}
+    parts = {stage.part[1] for stage in ALL_STAGES if stage.part is not None}  # slot_wait_s, batch_wait_s
+    missing = {name for stage in ALL_STAGES for name in (stage.start, stage.end, "t_admitted", "t_released", *parts)
+               if name not in ok.columns}
     frame = ok.with_columns([pl.lit(None, dtype=pl.Float64).alias(name) for name in sorted(missing)])
     # a stage whose start or end stamp is null in every record has no value: not computed (a run recorded without
     # the breakdown's stamps would otherwise pay a million-row column per stage for nothing)

@@ -30,7 +30,7 @@ import orjson
 from tracebench.cleanup import StopSignals, temp_files
 from tracebench.errors import CopyNotWritten, RunFolderError
 # the threshold lives with the options: replay and sweep check its variable before a run, without this module
-from tracebench.options import COPY_MIN_BYTES, COPY_MIN_BYTES_ENV, copy_min_bytes  # noqa: F401
+from tracebench.options import COPY_MIN_BYTES, copy_min_bytes
 
 COLUMNS_COPY = "requests.columns.parquet"  # (report/load.py reads it by this name)
 COPY_TEMP_TAG = "writing"  # the copy is written as .requests.columns.parquet.writing-<pid> first
@@ -50,6 +50,11 @@ def wants_copy(folder: Path) -> bool:
 def copy_temps(folder: Path) -> list[tuple[Path, int]]:
     """The copy's temporary files in `folder`, with their writers' pids (tracebench/cleanup.py temp_files)."""
     return temp_files(folder, f".{COLUMNS_COPY}", COPY_TEMP_TAG)
+
+
+def is_copy_temp(path: Path) -> bool:
+    """Whether `path` is one of those (pack tells them from its own)."""
+    return path.name.startswith(f".{COLUMNS_COPY}.{COPY_TEMP_TAG}-")
 
 
 def finish_run_copy(folder: Path) -> CopyNotWritten | None:

@@ -287,12 +287,12 @@ def pack(runs: tuple[str, ...], log_tail: int | None, shareable: bool, reports_d
       tracebench pack reports/gpu-runs/*/ --log-tail 100 --shareable
     """
     from tracebench.cleanup import StopSignals
-    from tracebench.report.columns import COLUMNS_COPY
+    from tracebench.report.columns import is_copy_temp
     from tracebench.report.load import resolve_run_dir
     from tracebench.report.pack import pack_runs
 
     def stale(path: Path, pid: int) -> None:
-        if path.name.startswith(f".{COLUMNS_COPY}."):  # report/columns.py: the copy's temporary file
+        if is_copy_temp(path):
             click.echo(f"tracebench: removed {path}, left by a replay (pid {pid}, no longer running) killed while it "
                        f"wrote the run's columnar copy", err=True)
             return

@@ -85,8 +85,8 @@ OK_REQUIRED_FIELDS = ("t_released", "t_dispatch", "t_finish", "server", "complet
 OK_ORDER = ("t_arrival", "t_released", "t_admitted", "t_assigned", "t_built", "t_dispatch", "t_written", "t_headers",
             "t_first_token", "t_last_chunk", "t_finish", "t_parsed")
 
-# slack for slot_wait_s <= t_assigned - t_admitted: the two are sums of different run-clock readings (and for
-# batch_wait_s <= t_built - t_assigned, a difference of readings itself, for symmetry)
+# slack for slot_wait_s <= t_assigned - t_admitted: differences of different run-clock readings (a static batch sent
+# back adds its first wait to the second), and for batch_wait_s <= t_built - t_assigned, for symmetry
 SLOT_WAIT_ULP = 1e-9
 
 ROW = "_row"  # 0-based index of the record among the file's records

@@ -37,7 +37,7 @@ import polars as pl
 from tracebench.cleanup import StopSignals, remove_stale, temp_files
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.paths import shareable_json, shareable_text
-from tracebench.report.columns import copy_temps
+from tracebench.report.columns import copy_temps, is_copy_temp
 from tracebench.report.load import (
     BESIDE_FILES, BESIDE_SCHEMAS, METRICS_TEXT_PATTERN, PACKED_NAMES, PD_COLUMNS, ROW, is_packed, read_beside,
     COLUMNS_COPY, read_parquet_table, read_requests, read_run_json, read_telemetry, request_schema, run_file,
@@ -98,8 +98,8 @@ def pack_runs(folders: list[Path], log_tail: int | None, shareable: bool = False
                 stale(path, pid)
         if running:
             path, pid = running[0]
-            writer = ("a tracebench replay still writing this run's columnar copy" if path.name.startswith(
-                f".{COLUMNS_COPY}.") else "another tracebench pack of this run")
+            writer = ("a tracebench replay still writing this run's columnar copy" if is_copy_temp(path)
+                      else "another tracebench pack of this run")
             raise ConfigError(f"run '{folder}': {path.name} belongs to pid {pid}, which is running: {writer}? (if pid "
                               f"{pid} is no tracebench, remove the file)")
     prepared: list[PreparedRun] = []

@@ -8,8 +8,8 @@ Layout, per run:
   sglang's stamps (OpenAI APIs, a server without --enable-metrics) `to first token` (dispatch → first token) and
   `decode` (first token → finish). The gaps between the parts are the HTTP hops. Records with the breakdown's
   stamps (report/breakdown.py) split the router wait into tracebench's own steps — `release lag`, `router` (queue,
-  client gate and policy, and the wait for a free slot under a cap: its seconds are the slice's `slot_wait_s` arg, not
-  a part of their own, as the wait is the sum of the spells with no free slot, not one span), in static mode `wait
+  client gate and policy, and the wait for a free slot under a cap: its seconds, from `t_admitted`, are the slice's
+  `slot_wait_s` arg, not a slice of their own), in static mode `wait
   for the batch` (assigned → its batch sent: `t_assigned + batch_wait_s`), `request body`, `request written` — then
   `sglang HTTP intake` (written → received),
   and end with `last chunk in` (sglang's finish → the answer's last data here). A server runs many requests at
