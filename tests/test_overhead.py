@@ -141,6 +141,26 @@ def test_the_report_shows_the_breakdown_in_every_format(runs: Path, tmp_path: Pa
     assert {"release lag", "router", "request written", "sglang HTTP intake", "prefill"} <= parts
 
 
+def _check_wait_in_report(run: Path, records: list[dict], own: list[float], wait: str, rest: str, start: str,
+                          end: str, md_row: str) -> float:
+    """The report (JSON) on `run` against its records: the stage `wait` (record field `<wait>_s`) and the stage `rest`
+    add up to start -> end in the mean, tracebench's own time before the wire is `own`'s mean and small beside the
+    wait, and the Markdown table has the stage with its owner (`md_row`). Returns the wait's mean (s)."""
+    done = run_cli("report", str(run), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)["runs"][0]["breakdown"]
+    waits = np.array([r[f"{wait}_s"] for r in records])
+    spans = np.array([r[end] - r[start] for r in records])
+    assert got[wait]["mean"] == pytest.approx(float(waits.mean()))
+    assert got[wait]["mean"] + got[rest]["mean"] == pytest.approx(float(spans.mean()))
+    assert got["own_before"]["mean"] == pytest.approx(float(np.mean(own)))
+    assert got["own_before"]["mean"] < got[wait]["mean"] / 4
+    done = run_cli("report", str(run), "--format", "md")
+    assert done.returncode == 0, done.stderr
+    assert md_row in done.stdout
+    return got[wait]["mean"]
+
+
 def test_a_capped_run_counts_the_wait_for_a_slot_as_the_cap_s(sim: str, tmp_path: Path) -> None:
     """Cap 1, four requests arriving at once, ~50 ms each on the simulator: three wait in the router queue for the
     slot. That wait is the cap's (slot_wait_s, the stage "wait for a free slot"), not tracebench's: per record the
@@ -171,18 +191,9 @@ def test_a_capped_run_counts_the_wait_for_a_slot_as_the_cap_s(sim: str, tmp_path
             # version counted those too: on real sglang, ~20 of them made 6 ms of "router and policy" per request)
             assert router <= r["t_assigned"] - records[j - 1]["t_finish"], (j, r)
         own.append(r["t_written"] - r["t_arrival"] - (r["t_admitted"] - r["t_released"]) - r["slot_wait_s"])
-    done = run_cli("report", str(tmp_path / "cap"), "--format", "json")
-    assert done.returncode == 0, done.stderr
-    got = json.loads(done.stdout)["runs"][0]["breakdown"]
-    slot = np.array([r["slot_wait_s"] for r in records])
-    spans = np.array([r["t_assigned"] - r["t_admitted"] for r in records])
-    assert got["slot_wait"]["mean"] == pytest.approx(float(slot.mean())) and got["slot_wait"]["mean"] > 0.03
-    assert got["slot_wait"]["mean"] + got["assign"]["mean"] == pytest.approx(float(spans.mean()))
-    assert got["own_before"]["mean"] == pytest.approx(float(np.mean(own)))
-    assert got["own_before"]["mean"] < got["slot_wait"]["mean"] / 4
-    done = run_cli("report", str(tmp_path / "cap"), "--format", "md")
-    assert done.returncode == 0, done.stderr
-    assert f"| wait for a free slot | {CAP} |" in done.stdout
+    wait = _check_wait_in_report(tmp_path / "cap", records, own, "slot_wait", "assign", "t_admitted", "t_assigned",
+                                 f"| wait for a free slot | {CAP} |")
+    assert wait > 0.03
 
 
 def test_a_static_run_counts_the_wait_for_its_batch_as_the_mode_s(sim: str, tmp_path: Path) -> None:
@@ -212,18 +223,9 @@ def test_a_static_run_counts_the_wait_for_its_batch_as_the_mode_s(sim: str, tmp_
             own.append(r["t_written"] - r["t_arrival"] - (r["t_admitted"] - r["t_released"]) - r["slot_wait_s"]
                        - r["batch_wait_s"])
         assert members[0]["batch_wait_s"] > gap and members[2]["batch_wait_s"] < 0.005, members  # large, then ~0
-    done = run_cli("report", str(tmp_path / "st"), "--format", "json")
-    assert done.returncode == 0, done.stderr
-    got = json.loads(done.stdout)["runs"][0]["breakdown"]
-    wait = np.array([r["batch_wait_s"] for r in records])
-    spans = np.array([r["t_built"] - r["t_assigned"] for r in records])
-    assert got["batch_wait"]["mean"] == pytest.approx(float(wait.mean())) and got["batch_wait"]["mean"] > gap / 2
-    assert got["batch_wait"]["mean"] + got["build"]["mean"] == pytest.approx(float(spans.mean()))
-    assert got["own_before"]["mean"] == pytest.approx(float(np.mean(own)))
-    assert got["own_before"]["mean"] < got["batch_wait"]["mean"] / 4
-    done = run_cli("report", str(tmp_path / "st"), "--format", "md")
-    assert done.returncode == 0, done.stderr
-    assert f"| wait for the batch to fill | {STATIC} |" in done.stdout
+    wait = _check_wait_in_report(tmp_path / "st", records, own, "batch_wait", "build", "t_assigned", "t_built",
+                                 f"| wait for the batch to fill | {STATIC} |")
+    assert wait > gap / 2
 
 
 def test_a_sped_up_run_keeps_host_stages_as_measured(tmp_path: Path) -> None:
