@@ -17,6 +17,7 @@ from tracebench.replay.caps import CapChange, parse_cap_schedule
 from tracebench.replay.client import SglangClient
 from tracebench.replay.clock import RunClock
 from tracebench.replay.records import RecordWriter
+from tracebench.replay.flight import HttpSender
 from tracebench.replay.router import Router, ServerState
 from tracebench.replay.run import ReplayConfig, plan_servers
 from tracebench.replay.tokens import TOKEN_ID_LOW, InputIds, vocab_size_from_model
@@ -202,8 +203,8 @@ def test_a_release_after_close_is_not_recorded_twice(tmp_path: Path) -> None:
         client = SglangClient(None, True)
         writer = RecordWriter(path)
         router = Router(clock=RunClock(), servers=[ServerState(0, "http://127.0.0.1:9", None, True)],
-                        policy=load_policy("round_robin", np.random.default_rng(0), {}), client=client, writer=writer,
-                        input_ids=InputIds(SHA, 32000), total=len(requests), health_check=slow_health_check, speed=2.0)
+                        policy=load_policy("round_robin", np.random.default_rng(0), {}), sender=HttpSender(client, InputIds(SHA, 32000)), writer=writer,
+                        total=len(requests), health_check=slow_health_check, speed=2.0)
         router.suspect(0, "connection lost")  # a probe under way: close() cancels it and waits for it
         closing = asyncio.ensure_future(router.close(requests[1:], "interrupted (SIGINT)"))
         await asyncio.sleep(0)  # close() runs up to that wait

@@ -7,10 +7,16 @@ same host); the run records which servers that holds for.
 At `--speed K` (simulated servers K times faster) the whole run is compressed: every time given in trace seconds
 (arrivals, cap schedule, batch timeout, request timeout) happens at `run_seconds(t, K)` = t / K on this clock. The
 records stay on this one clock (run seconds); `tracebench report` multiplies by K (run.json `speed`).
+
+`--clock virtual` (`VirtualRunClock`): the run's seconds are the simulated loop's (`loop.VirtualLoop`), which moves
+from event to event and never reads the host's time; the in-process servers (`replay/inprocess.py`) stamp their
+answers on that same clock, so `from_wall` takes their stamps as they are. `wall_start` is still the host's wall
+time at the start, for run.json alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 
@@ -21,6 +27,7 @@ def run_seconds(trace_seconds: float, speed: float) -> float:
 
 class RunClock:
     __slots__ = ("mono_start", "wall_start")
+    virtual = False  # seconds of a simulated clock (VirtualRunClock), not the host's
 
     def __init__(self) -> None:
         # Read both clocks back to back: their offset is the anchor for every server stamp of the run.
@@ -34,3 +41,22 @@ class RunClock:
     def from_wall(self, wall_ts: float) -> float:
         """A `time.time()` stamp converted to seconds since the run started."""
         return wall_ts - self.wall_start
+
+
+class VirtualRunClock(RunClock):
+    """The run clock of a virtual-time run: the loop's simulated seconds since the run started."""
+
+    __slots__ = ("_loop",)
+    virtual = True
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.mono_start = loop.time()
+        self.wall_start = time.time()  # run.json's record of when it ran; no stamp is converted with it
+
+    def now(self) -> float:
+        return self._loop.time() - self.mono_start
+
+    def from_wall(self, wall_ts: float) -> float:
+        """The in-process servers stamp the loop's own seconds (inprocess.py: their wall clock starts at loop time 0)."""
+        return wall_ts - self.mono_start

@@ -39,6 +39,15 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
     "backend": click.option("--backend", type=click.Choice(["sglang", "sim"]), default=None,
         help="What to launch: real sglang (`python -m sglang.launch_server`, needs --model) or tracebench's "
              "simulated server (`tracebench sim-server`: a simulated N-GPU cluster). [default: sglang]"),
+    "clock": click.option("--clock", type=click.Choice(["real", "virtual"]), default="real", show_default=True,
+        help="real: the run takes the trace's own time (servers launched or attached, over HTTP). virtual: the "
+             "simulated cluster (--backend sim, implied) runs inside tracebench's process on a simulated clock "
+             "that jumps from event to event: no HTTP, no sockets, no host time in the measurement; the same "
+             "router, policies, caps, --cap-schedule, static batching and records as a real-time run, as fast as "
+             "the host computes it (a byte-identical requests.jsonl for the same trace, options and seed). The "
+             "HTTP hops a real client sees are added as the profile's constants (run.json virtual_clock). Not "
+             "with --attach, --backend sglang, --pd, --router sglang-router, --api completions|chat, --speed or "
+             "--control-port (docs/virtual-clock.md)."),
     "attach": click.option("--attach", multiple=True, metavar="URL",
         help="Use a running server instead of launching (repeatable: one per server), e.g. "
              "http://127.0.0.1:30000. Needs --vocab-size or --model unless the server is a tracebench simulator "

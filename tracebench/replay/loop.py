@@ -74,3 +74,89 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+
+
+class _JumpSelector(selectors.BaseSelector):
+    """The virtual loop's selector: real readiness is checked without waiting; a wait for a timer is not a wait at all:
+    the loop's clock jumps to the earliest timer. Only a wait with no timer at all (nothing scheduled, nothing ready:
+    a signal or another thread is all that can come) blocks for real."""
+
+    def __init__(self, loop_ref: list[VirtualLoop]) -> None:
+        self._real = selectors.DefaultSelector()
+        self._loop_ref = loop_ref
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._real.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.modify(fileobj, events, data)
+
+    def get_map(self) -> Any:
+        return self._real.get_map()
+
+    def close(self) -> None:
+        self._real.close()
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is None:
+            return self._real.select(None)
+        ready = self._real.select(0)
+        if ready or timeout <= 0:
+            return ready
+        self._loop_ref[0].jump()
+        return ready
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop on a simulated clock: `time()` starts at 0 and only moves when nothing is ready to run, then
+    straight to the next timer (asyncio's own heap of timers decides which). Every coroutine, timer, Event and Task
+    behaves as on the real loop; only the waiting is gone, so a run takes the host the time its callbacks take, and
+    what they compute never depends on how fast the host is. Callbacks run in the order asyncio runs them (FIFO for
+    ready ones, by due time and then scheduling order for timers), so one program gives one order, every time."""
+
+    def __init__(self) -> None:
+        ref: list[VirtualLoop] = []
+        super().__init__(_JumpSelector(ref))
+        ref.append(self)
+        # asyncio runs a timer once `when < time() + _clock_resolution` (1 ns): the clock lands exactly on `when`
+        self._now = 0.0
+
+    def time(self) -> float:
+        return self._now
+
+    def jump(self) -> None:
+        """Move the clock to the earliest live timer (called only when nothing is ready)."""
+        scheduled = self._scheduled  # asyncio's heap of TimerHandles (cancelled ones at the head were dropped)
+        if scheduled:
+            when = scheduled[0].when()
+            if when > self._now:
+                self._now = when
+
+    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> Any:
+        # a thread's work would finish at a host-dependent moment of the simulated clock
+        raise RuntimeError("the virtual-clock loop runs no executor work (it would make the run depend on the host)")
+
+
+def run_virtual(main: Coroutine[Any, Any, T]) -> T:
+    """`run(main)` on a `VirtualLoop` (the replay's --clock virtual)."""
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=VirtualLoop) as runner:
+            return runner.run(main)
+    loop = VirtualLoop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()

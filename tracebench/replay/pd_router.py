@@ -18,6 +18,7 @@ from tracebench.errors import ServerProtocolError
 from tracebench.itl import ItlGaps
 from tracebench.policies.base import Policy, ServerView
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer
+from tracebench.replay.flight import HttpSender
 from tracebench.replay.pd import DECODE_DONE, PairClient, PrefillAnswer, Rooms, assign_pairs, with_bootstrap
 from tracebench.replay.records import COMPLETED, PdRecord, RequestRecord
 from tracebench.replay.router import Router, ServerState
@@ -53,7 +54,10 @@ class PdRouter(Router):
         self.pools = pools
         self.policy_time.name = f"{pools.prefill_policy.name} (prefill) / {pools.decode_policy.name} (decode)"
         self.rooms = Rooms(seed)
-        self.pair_client = PairClient(self.client)
+        if not isinstance(self.sender, HttpSender):
+            raise ValueError("PD runs speak HTTP to their servers (flight.HttpSender)")
+        self.http: HttpSender = self.sender
+        self.pair_client = PairClient(self.http.client)
 
     def _can_assign(self, free: list[int]) -> bool:
         """A pair is possible: a free slot in each pool."""
@@ -104,7 +108,7 @@ class PdRouter(Router):
         now = self.clock.now
         host, port = self.pools.bootstrap[prefill.index]
         room = self.rooms.next()
-        body = with_bootstrap(self._body(rec), host, port, room)
+        body = with_bootstrap(self.http.body(rec, self._prefix_blocks.get(rec.id)), host, port, room)
         rec.server, rec.prefill_server, rec.bootstrap_room = decode.index, prefill.index, room
         answer: Answer | None = None
         prefill_answer: Answer | None = None
@@ -135,7 +139,7 @@ class PdRouter(Router):
                     answer = item
             assert answer is not None and prefill_answer is not None  # PairClient ends with both
             # the decode answer's last data: its stream's last event with tokens, or its whole body
-            if not self.client.stream:
+            if not self.sender.stream:
                 rec.t_last_chunk = rec.t_finish
             elif rec.t_first_token is not None:
                 rec.t_last_chunk = t_chunk

@@ -2,8 +2,10 @@
 
 Flow: the engine calls `release()` at each request's arrival (timestamp 1, `t_released`, stamped here); the policy
 is asked for assignments when a request arrives, when a slot frees and after a cap change; each assignment starts
-`_serve()`, the one coroutine that stamps `t_dispatch` (timestamp 2), `t_first_token` and `t_finish` (timestamp 3)
-while it consumes the client's answer. Every request's record is written exactly once, when it ends.
+`_serve()`, the one coroutine per request: its sender (`flight.py`: HTTP to a server, or a direct call into an
+in-process simulated server on the virtual clock) stamps `t_dispatch` (timestamp 2), `t_first_token` and `t_finish`
+(timestamp 3) as the answer comes; the router reads the answer and writes the record, exactly once, when it ends.
+The router never speaks HTTP and reads no clock but the run's (`clock`, real or virtual).
 
 The wait for a free slot (a record's `slot_wait_s`, docs/overhead.md): the router knows when requests are queued and
 no server can take one (`_full`: every server at its cap, running a static batch, or out of routing; a PD pair:
@@ -37,16 +39,15 @@ import numpy as np
 
 from tracebench.errors import PolicyError, RunFailed, ServerProtocolError
 from tracebench.policies.base import UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView, slots_left
-from tracebench.itl import ItlGaps
 from tracebench.replay.answer_check import ContextLimits, check_answer, mismatch_reason
-from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, Fetched, SglangClient
+from tracebench.replay.client import Answer, Fetched
 from tracebench.replay.clock import RunClock, run_seconds
+from tracebench.replay.flight import Sender
 from tracebench.replay.gate import ConcurrencyGate
 from tracebench.replay.policy_time import PolicyTime
 from tracebench.replay.records import COMPLETED, STATUSES, RecordWriter, RequestRecord
 from tracebench.replay.stall import StallBounds
 from tracebench.replay.summary import SimulatedSpan
-from tracebench.replay.tokens import InputIds
 from tracebench.trace.format import TraceRequest
 
 OBSERVED_WINDOW_S = 10.0  # ServerView's observed figures cover this much recent run time...
@@ -180,9 +181,8 @@ class Router:
         clock: RunClock,
         servers: list[ServerState],
         policy: Policy,
-        client: SglangClient,
+        sender: Sender,
         writer: RecordWriter,
-        input_ids: InputIds,
         total: int,
         health_check: HealthCheck,
         batch_size: int | None = None,
@@ -206,9 +206,8 @@ class Router:
         self._stamps = tuple(pair for pair in _STAMPS if not (decode_answers and pair[1] == "server_prefill_finished"))
         self.servers = servers
         self.policy = policy
-        self.client = client
+        self.sender = sender
         self.writer = writer
-        self.input_ids = input_ids
         self.total = total
         self.static = batch_size is not None
         self.batch_size = batch_size if batch_size is not None else 0
@@ -227,15 +226,13 @@ class Router:
         self._flights: dict[int, _Flight] = {}  # the dispatched requests whose record is not written yet
         self._probes: set[asyncio.Task[None]] = set()
         self._assign_handle: asyncio.Handle | None = None  # a scheduled assignment round (_kick)
-        # (request id, body) made ahead by prepare(): the next arrival's, while the engine waits for it
-        self._ready_body: tuple[int, bytes] | None = None
         self._engine_done = False  # nothing more will enter the router queue (every request released and admitted)
         self._all_released = False  # the engine released every request (some may still wait at the client gate)
         # --max-concurrency: requests released but not admitted wait here, before the router queue
         self.gate: ConcurrencyGate[TraceRequest] | None = None if max_concurrency is None else ConcurrencyGate(max_concurrency)
         self._closing = False
         self._cancel_reason = "cancelled"
-        self.policy_time = PolicyTime(policy.name)
+        self.policy_time = PolicyTime(policy.name, in_run_time=not clock.virtual)
         # since when the policy has left requests queued while servers had free slots (None: it has not)
         self._idle_since: float | None = None
         # whether requests wait at the router with no free slot now (a full spell); how many such spells have ended,
@@ -291,13 +288,14 @@ class Router:
         another request's). Not at once: halfway to the arrival, at most PREPARE_AFTER_S from now, so the work does not
         compete with the intake of what was just sent (on a machine whose cores the servers share, it did: +0.3 ms
         from dispatch to sglang's receipt)."""
+        if not self.sender.prepares_ahead:
+            return
         delay = min(PREPARE_AFTER_S, (due - self.clock.now()) / 2)
         self._loop.call_later(max(delay, 0.0), self.guarded, self._make_ready, request)
 
     def _make_ready(self, request: TraceRequest) -> None:
         if not self._closing and request.id not in self._pending:  # not released yet (else its body is made)
-            self._ready_body = (request.id, self._make_body(request.id, request.input_len, request.output_len,
-                                                            request.prefix_blocks))
+            self.sender.prepare_body(request)
 
     def assign_now(self) -> None:
         """The engine released what was due and is about to wait: an assignment round scheduled for those releases
@@ -702,48 +700,13 @@ class Router:
         self._tasks.add(task)
         task.add_done_callback(partial(self._serve_done, flight))
 
-    def _body(self, rec: RequestRecord) -> bytes:
-        ready = self._ready_body
-        if ready is not None and ready[0] == rec.id:
-            self._ready_body = None
-            return ready[1]
-        return self._make_body(rec.id, rec.input_len, rec.output_len, self._prefix_blocks.get(rec.id))
-
-    def _make_body(self, rid: int, input_len: int, output_len: int, blocks: tuple[int, ...] | None) -> bytes:
-        # the body of the run's --api (client.Api): /generate, /v1/completions or /v1/chat/completions
-        ids = self.input_ids.ids(rid, input_len) if blocks is None else self.input_ids.block_ids(blocks, input_len)
-        return self.client.api.body(ids, output_len, self.client.stream)
-
     async def _serve(self, rec: RequestRecord, server: ServerState, flight: _Flight) -> None:
-        """Send one request and stamp t_dispatch, t_first_token and t_finish as its answer arrives (and the gaps
-        between its later chunks: inter-token latency, kept as a histogram, tracebench/itl.py). Each item that
-        arrives is progress (`flight.t_progress`, `server.t_heard`: what the watchdog checks)."""
+        """One request: the sender carries it and stamps its moments (flight.py); its answer is read here and its
+        record written (`_finish`), however it ends."""
         now = self.clock.now
-        body = self._body(rec)
         rec.server = server.index
-        answer: Answer | None = None
-        gaps = ItlGaps()
-        t_chunk = 0.0
         try:
-            rec.t_built = rec.t_dispatch = now()
-            async for item in self.client.generate(server.generate_url, body, rec, now):
-                t = now()
-                flight.t_progress = server.t_heard = t
-                if item is CHUNK:
-                    gaps.add(t - t_chunk)
-                    t_chunk = t
-                elif item is FIRST_TOKEN:
-                    rec.t_first_token = t_chunk = t
-                else:
-                    rec.t_finish = t
-                    answer = item  # type: ignore[assignment]
-            assert answer is not None  # generate() always ends with an Answer
-            # the answer's last data: a stream's last event with tokens, or the whole body
-            if not self.client.stream:
-                rec.t_last_chunk = rec.t_finish
-            elif rec.t_first_token is not None:
-                rec.t_last_chunk = t_chunk
-            rec.itl_max, rec.itl_hist = gaps.fields()
+            answer = await self.sender.exchange(rec, server, flight, self._prefix_blocks.get(rec.id), now)
             self._take_answer(rec, server, answer)
             if rec.status == "ok":
                 self._check_answer(rec, server)
@@ -794,7 +757,7 @@ class Router:
         assert meta is not None
         url = server.generate_url
         # /generate's meta_info always has cached_tokens; OpenAI answers only with sglang's --enable-cache-report
-        required = ("completion_tokens", "prompt_tokens", "cached_tokens") if self.client.api.server_meta else (
+        required = ("completion_tokens", "prompt_tokens", "cached_tokens") if self.sender.api.server_meta else (
             "completion_tokens", "prompt_tokens")
         for key in required:
             value = meta.get(key)
@@ -807,7 +770,7 @@ class Router:
             raise ServerProtocolError(f"{url}: cached_tokens not an integer ({cached!r}), request {rec.id}")
         rec.cached_tokens = cached
         e2e = meta.get("e2e_latency")
-        if not isinstance(e2e, (int, float)) and self.client.api.server_meta:  # OpenAI answers have no meta_info
+        if not isinstance(e2e, (int, float)) and self.sender.api.server_meta:  # OpenAI answers have no meta_info
             raise ServerProtocolError(f"{url}: meta_info.e2e_latency missing or not a number ({e2e!r}), request {rec.id}")
         rec.server_e2e_latency = e2e
         queue_time = meta.get("queue_time")
@@ -830,7 +793,7 @@ class Router:
 
     def _check_answer(self, rec: RequestRecord, server: ServerState) -> None:
         """A finished answer that differs from the trace (answer_check.py) is recorded as `mismatch`, never `ok`."""
-        mismatch = check_answer(rec, server.limits, self.client.api.name)
+        mismatch = check_answer(rec, server.limits, self.sender.api.name)
         if mismatch is not None:
             rec.status, rec.mismatch = "mismatch", mismatch
 
@@ -965,7 +928,7 @@ class Router:
         bound = stall.run_no_progress_s
         if self._closing:
             return
-        stream = self.client.stream
+        stream = self.sender.stream
         # a server's progress is seen while it works if its answers stream or its loads are polled; else (behind
         # sglang-router, not streamed) only when an answer completes: the no-stream total bound applies then
         audible = stream or self.polled

@@ -39,9 +39,11 @@ from tracebench.replay.caps import (
     CapChange, ControlServer, bind_control_socket, launch_cap, parse_cap_schedule, run_cap_schedule,
 )
 from tracebench.replay.client import APIS, SglangClient
-from tracebench.replay.clock import RunClock, run_seconds
+from tracebench.replay.clock import RunClock, VirtualRunClock, run_seconds
+from tracebench.replay.flight import HttpSender
 from tracebench.replay.engine import Engine, Rows
 from tracebench.replay.loop import run as run_loop
+from tracebench.replay.loop import run_virtual
 from tracebench.replay.pd import (
     PdPolicies, add_pd_launch_args, bootstrap_host, check_pd_config, check_role, metrics_delta, parse_ratio,
     read_pd_metrics,
@@ -80,6 +82,7 @@ class ReplayConfig:
     policy_options: tuple[tuple[str, str], ...] = ()
     gpus: int | None = None
     backend: str | None = None  # sglang | sim; "attach" after resolve() when --attach was given
+    clock: str = "real"  # real | virtual (the simulated cluster in this process, on a simulated clock: inprocess.py)
     attach: tuple[str, ...] = ()
     mode: str = "continuous"
     batch_size: int | None = None
@@ -181,6 +184,29 @@ class ReplayConfig:
         for name, value in (("--port-base", self.port_base), ("--control-port", self.control_port)):
             if value is not None and not 0 < value < 65536:
                 refuse(f"{name} must be a port in 1..65535, got {value}")
+        if self.clock not in ("real", "virtual"):
+            refuse(f"--clock must be real or virtual, got {self.clock!r}")
+        if self.clock == "virtual":
+            for name, key, why in (
+                ("--attach", "attach", "attached servers run in real time"),
+                ("--attach-prefill", "attach_prefill", "attached servers run in real time"),
+                ("--attach-decode", "attach_decode", "attached servers run in real time"),
+                ("--pd", "pd", "PD pools need --clock real for now (their KV handshake speaks HTTP)"),
+                ("--speed", "speed", "the virtual clock runs as fast as the host computes it"),
+                ("--control-port", "control_port", "nothing outside the process can act on a virtual clock; "
+                 "change caps with --cap-schedule"),
+            ):
+                if key in given:
+                    refuse(f"--clock virtual: {name} cannot be used ({why})")
+            if self.backend not in (None, "sim"):
+                refuse(f"--clock virtual runs the simulated cluster: --backend {self.backend} needs --clock real")
+            if self.router != "tracebench":
+                refuse(f"--clock virtual: --router {self.router} cannot run on a virtual clock (its own process "
+                       "keeps real time)")
+            if self.api != "generate":
+                refuse(f"--clock virtual: --api {self.api} is an HTTP route of the server; the virtual clock speaks "
+                       "to the in-process servers directly (--api generate)")
+            cfg = dataclasses.replace(cfg, backend="sim")
         if self.api not in APIS:
             refuse(f"--api must be one of {', '.join(APIS)}, got {self.api!r}")
         if self.mode not in ("continuous", "static"):
@@ -206,7 +232,7 @@ class ReplayConfig:
                 refuse("--sjf-key and --policy-opt key=... say the same thing: give one")
             cfg = dataclasses.replace(cfg, policy_options=(*self.policy_options, ("key", self.sjf_key)))
         if ("sim_profile" in given or "sim_gpu" in given) and (self.attach or self.attach_prefill
-                                                               or (self.backend or "sglang") != "sim"):
+                                                               or (cfg.backend or "sglang") != "sim"):
             refuse("--sim-profile and --sim-gpu choose the timing of servers launched with --backend sim")
         if self.attach_prefill:   # PD servers attached (check_pd_config checked the lists)
             for name, key in (("--backend", "backend"), ("--port-base", "port_base"), ("--speed", "speed"),
@@ -228,7 +254,7 @@ class ReplayConfig:
             if self.model is not None and self.vocab_size is not None:
                 refuse("--model and --vocab-size both give the vocabulary size: give one")
             return dataclasses.replace(cfg, backend="attach", gpus=len(self.attach))
-        backend = self.backend or "sglang"
+        backend = cfg.backend or "sglang"
         if backend not in ("sglang", "sim"):
             refuse(f"--backend must be sglang or sim, got {backend!r}")
         model, server_args = self.model, self.server_args
@@ -498,8 +524,17 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr, shared: Share
     if cfg.run_name is not None and (cfg.out_dir / run_name).exists() and never_started(cfg.out_dir / run_name) is None:
         raise ConfigError(f"run folder {cfg.out_dir / run_name} already exists: choose another --run-name (runs are never "
                           "overwritten; only a run that never started is replaced by a retry)")
-    fleet = (Fleet(cfg.backend, plan_servers(cfg, cfg.out_dir / run_name, vocab, cap_changes))  # type: ignore[arg-type]
-             if shared is None else shared.fleet.first(cfg.num_servers))
+    if cfg.clock == "virtual":
+        if shared is not None:
+            raise ConfigError("--clock virtual: the run's servers are in its own process (none to share)")
+        from tracebench.replay.inprocess import InProcessFleet
+
+        # the sim-server command lines configure the in-process servers (their ports are never bound)
+        fleet: Fleet = InProcessFleet(plan_servers(dataclasses.replace(cfg, port_base=1), cfg.out_dir / run_name,
+                                                   vocab, cap_changes))
+    else:
+        fleet = (Fleet(cfg.backend, plan_servers(cfg, cfg.out_dir / run_name, vocab, cap_changes))  # type: ignore[arg-type]
+                 if shared is None else shared.fleet.first(cfg.num_servers))
     check_free_space(cfg.out_dir, cfg, header)
     control_sock = bind_control_socket(cfg.control_port)
     try:
@@ -568,6 +603,8 @@ class Replay:
         self.t_end: float | None = None
         self.beside = BesideTelemetry(run_dir, cfg.metrics_interval)  # /metrics scrapes, GPU samples
         self.saturation: Saturation | None = None  # the verdict that stopped the run (--saturation-window)
+        self.wall_start: float | None = None  # --clock virtual: host monotonic time at the loop's start
+        self.hops: Any = None  # --clock virtual: the modelled HTTP hops (inprocess.Hops)
 
     # ---- the run folder ----------------------------------------------------------------------------------------
 
@@ -603,6 +640,9 @@ class Replay:
             },
             "options": self.cfg.to_json(),
             "speed": self.cfg.speed,
+            "clock": self.cfg.clock,
+            # --clock virtual: what stands for the HTTP the run does not do (docs/virtual-clock.md)
+            "virtual_clock": None if self.hops is None else self.hops.to_json(),
             "backend": self.cfg.backend,
             "mode": self.cfg.mode,
             "batch_size": self.cfg.batch_size,
@@ -623,7 +663,7 @@ class Replay:
             # the simulators' timing profiles (launched or attached), as their /server_info names them
             "sim_profiles": sorted({i["tracebench_sim"]["profile"] for i in self.server_info
                                     if isinstance(i, dict) and isinstance(i.get("tracebench_sim"), dict)}),
-            "control_url": self.control_url if self.external is None else None,
+            "control_url": self.control_url if self.external is None and self.cfg.clock == "real" else None,
             # behind sglang-router there is no router cap (--max-running-requests is then the servers' own)
             "external_router": self.external.describe() if self.external is not None else None,
             "pd": self._pd_json(),
@@ -688,7 +728,11 @@ class Replay:
             try:
                 if self.shared is None:
                     self.fleet.start()
-                run_loop(self._main())  # asyncio.run, with timers that wake when due (replay/loop.py)
+                if self.cfg.clock == "virtual":
+                    self.wall_start = time.monotonic()
+                    run_virtual(self._main())  # the loop's clock jumps from event to event (replay/loop.py)
+                else:
+                    run_loop(self._main())  # asyncio.run, with timers that wake when due (replay/loop.py)
             except KeyboardInterrupt:  # Ctrl-C before the loop's own handler was in place (or after it)
                 self.signal = self.signal or "SIGINT"
             except BaseException as err:
@@ -745,6 +789,9 @@ class Replay:
         counts = self._counts()
         summary = ", ".join(f"{k} {counts[k]}" for k in STATUSES)
         took = f" in {self.t_end:.1f} s of run time" if self.t_end is not None else ""
+        if took and self.wall_start is not None:  # --clock virtual: run time is simulated; the host's is apart
+            wall = time.monotonic() - self.wall_start
+            took = f" in {self.t_end:.1f} simulated s ({wall:.1f} s of wall time, {self.t_end / max(wall, 1e-9):,.0f}x real time)"
         if took and self.cfg.speed is not None and self.cfg.speed != 1:  # (speed 1: run time is simulated time)
             took += f" ({self._simulated_duration()})"
         self.stderr.write(f"{self.run_dir}: {self.status}{took} ({summary})\n")
@@ -802,7 +849,13 @@ class Replay:
             reason = (f"no complete answer within --timeout {cfg.timeout:g} s (simulated seconds: {timeout:g} s of run "
                       f"time at --speed {cfg.speed:g})")
         api = APIS[cfg.api]()
-        client = SglangClient(timeout, cfg.stream, reason, api=api)
+        if cfg.clock == "virtual":
+            from tracebench.replay.inprocess import InProcessClient, InProcessFleet
+
+            assert isinstance(self.fleet, InProcessFleet)
+            client: Any = InProcessClient(self.fleet, cfg.stream)
+        else:
+            client = SglangClient(timeout, cfg.stream, reason, api=api)
         engine: Engine | None = None
         side_tasks: list[asyncio.Task[Any]] = []
         control: ControlServer | None = None
@@ -850,10 +903,10 @@ class Replay:
             gc.collect()
             gc.freeze()
             self.writer = (RecordWriter if self.external is None else ViaRouterWriter)(self.run_dir / "requests.jsonl")
-            self.clock = clock = RunClock()
+            self.clock = clock = VirtualRunClock(asyncio.get_running_loop()) if cfg.clock == "virtual" else RunClock()
             common: dict[str, Any] = dict(
-                clock=clock, servers=states, client=client, writer=self.writer,
-                input_ids=input_ids, total=len(self.table), health_check=health_check,
+                clock=clock, servers=states, sender=self._sender(client, input_ids, clock), writer=self.writer,
+                total=len(self.table), health_check=health_check,
                 batch_size=cfg.batch_size if cfg.mode == "static" else None,
                 batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, speed), speed=speed,
                 block_size=self.header.block_size, max_concurrency=cfg.max_concurrency, stall=self.stall,
@@ -868,7 +921,10 @@ class Replay:
                 self.router = router = PdRouter(pools=pools, seed=cfg.seed, decode_answers=True, **common)
             else:  # sglang-router's PD mode passes the decode server's answer on
                 self.router = router = Router(policy=self.policy, decode_answers=cfg.is_pd, **common)
-            if self.external is None:  # behind sglang-router there are no tracebench caps to change
+            if cfg.clock == "virtual":  # an in-process engine that raised stops the run (a bug: fail fast)
+                for task in self.fleet.tasks:  # type: ignore[attr-defined]
+                    task.add_done_callback(self._side_done)
+            elif self.external is None:  # behind sglang-router there are no tracebench caps to change
                 control = ControlServer(self.control_sock, len(states), router.set_cap, router.caps)
                 await control.start()
             self._write_run_json()
@@ -888,7 +944,7 @@ class Replay:
             if self.cap_changes:
                 side.append(run_cap_schedule(self.cap_changes, clock, self._scheduled_set_cap(router)))
             if not cfg.quiet:
-                side.append(show_progress(router, clock, self.stderr, cfg.speed))
+                side.append(show_progress(router, clock, self.stderr, cfg.speed, wall_paced=cfg.clock == "virtual"))
             if cfg.saturation_window is not None:
                 watch = SaturationWatch(run_seconds(cfg.saturation_window, speed))
                 side.append(watch_saturation(watch, clock, lambda: router.released, lambda: router.finished,
@@ -931,6 +987,20 @@ class Replay:
                 tty = self.stderr.isatty()
                 line = progress_line(self.router, self.t_end, self.router.finished / self.t_end, cfg.speed)
                 self.stderr.write(("\r" if tty else "") + line + "\n")
+
+    def _sender(self, client: Any, input_ids: InputIds, clock: RunClock) -> Any:
+        """How the requests reach the servers (flight.py): HTTP, or (--clock virtual) a direct call into the
+        in-process servers, with the HTTP hops modelled from their profile."""
+        if self.cfg.clock == "real":
+            return HttpSender(client, input_ids)
+        from tracebench.replay.inprocess import Hops, InProcessFleet, InProcessSender
+
+        assert isinstance(self.fleet, InProcessFleet)
+        profiles = {server.args.profile for server in self.fleet.servers}
+        if len(profiles) != 1:
+            raise ConfigError("--clock virtual: every server must have the same profile")
+        self.hops = Hops.of_profile(profiles.pop().client_overhead_s)
+        return InProcessSender(self.fleet, input_ids, self.cfg.stream, self.hops, clock)
 
     def _beside_servers(self) -> list[dict[str, Any]]:
         # what BesideTelemetry needs of each server (behind sglang-router too: it asks the servers themselves)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -108,14 +109,21 @@ def progress_line(router: Router, t: float, rate: float, speed: float | None = N
     )
 
 
-async def show_progress(router: Router, clock: RunClock, stream: IO[str], speed: float | None = None) -> None:
+async def show_progress(router: Router, clock: RunClock, stream: IO[str], speed: float | None = None,
+                        wall_paced: bool = False) -> None:
     """The progress line: redrawn 4 times a second on a terminal, a new line every 5 s otherwise (logs, CI).
-    req/s is over the last period; at --speed K in simulated units (`progress_line`)."""
+    req/s is over the last period; at --speed K in simulated units (`progress_line`). `wall_paced` (--clock virtual):
+    the run clock is simulated, so the line is checked every simulated second and drawn at the host's pace."""
     tty = stream.isatty()
     period = 0.25 if tty else 5.0
     last_done, last_t = 0, clock.now()
+    last_wall = time.monotonic()
     while True:
-        await asyncio.sleep(period)
+        await asyncio.sleep(1.0 if wall_paced else period)
+        if wall_paced:
+            if time.monotonic() - last_wall < period:
+                continue
+            last_wall = time.monotonic()
         t = clock.now()
         rate = (router.finished - last_done) / (t - last_t)
         last_done, last_t = router.finished, t

@@ -26,9 +26,14 @@ def render_text(ids: list[int]) -> str:
 class Answers:
     """/generate outputs of one server: its flags decide the keys, `wall` turns loop times into its stamps."""
 
-    def __init__(self, args: SimArgs, wall: Callable[[float], float]) -> None:
+    def __init__(self, args: SimArgs, wall: Callable[[float], float],
+                 now_loop: Callable[[], float] = time.monotonic, now_wall: Callable[[], float] = time.time) -> None:
+        """`now_loop`: the engine's clock (asyncio's loop.time(): the real monotonic one, or an in-process server's
+        virtual one); `now_wall`: the stamps' clock (time.time(), or the virtual run's seconds)."""
         self.args = args
         self.wall = wall
+        self.now_loop = now_loop
+        self.now_wall = now_wall
         # what a real 0.5.17 decode server sends as every answer's prefill_finished_time: one stale value, the host's
         # boot time (a monotonic stamp near 0 made wall time; .DUCUMENT/pd-disaggregation.md section 3)
         self.stale_prefill_finished = time.time() - time.monotonic()
@@ -81,16 +86,22 @@ class Answers:
         ids = self.ids(pend, n)
         meta = self.meta_common(pend, n, None)
         if pend.t_first_sent_wall == 0.0:
-            pend.t_first_sent_wall = time.time()
+            pend.t_first_sent_wall = self.now_wall()
             meta["response_sent_to_client_ts"] = pend.t_first_sent_wall
-            pend.lag = max(pend.lag, time.monotonic() - pend.t_first_token)   # the handler's own delay counts too
+            pend.lag = max(pend.lag, self.now_loop() - pend.t_first_token)   # the handler's own delay counts too
         return self.with_text(ids, meta, pend)
 
     def final_out(self, pend: Pending, is_stream: bool) -> dict:
         """The finished request's output; the caller sets response_sent_to_client_ts (and counts it finished)."""
+        n = pend.sim.output_len
+        ids = self.ids(pend, n)
+        return self.with_text(ids, self.final_meta(pend, is_stream), pend)
+
+    def final_meta(self, pend: Pending, is_stream: bool) -> dict:
+        """The finished request's meta_info (final_out's; an in-process server's whole answer: it has no ids to
+        send)."""
         sim = pend.sim
         n = sim.output_len
-        ids = self.ids(pend, n)
         meta = self.meta_common(pend, n, {"type": "length", "length": n})
         meta["e2e_latency"] = pend.e2e
         if self.args.enable_metrics:
@@ -107,9 +118,9 @@ class Answers:
             # tracebench's own key (sglang has none): how late this server handed out the request's first token and
             # its end against its model's schedule (the larger), wall seconds (engine._deliver, and the answer
             # formatted now: loop.time()'s clock)
-            pend.lag = max(pend.lag, time.monotonic() - pend.t_finished)
+            pend.lag = max(pend.lag, self.now_loop() - pend.t_finished)
             meta["tracebench_sim_lag"] = pend.lag
-        return self.with_text(ids, meta, pend)
+        return meta
 
     def abort_out(self, rid: str, message: str, out_id: list[int], t_received: float, t_dispatched: float,
                   now: float) -> dict:
@@ -128,7 +139,7 @@ class Answers:
             meta.update({"request_received_ts": self.wall(t_received),
                          "api_server_dispatch_finish_ts": self.wall(t_dispatched),
                          "request_finished_ts": self.wall(now)})
-        meta["response_sent_to_client_ts"] = time.time()
+        meta["response_sent_to_client_ts"] = self.now_wall()
         return self.with_text(out_id, meta)
 
 

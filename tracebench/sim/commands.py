@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from tracebench.errors import ConfigError
@@ -9,6 +11,9 @@ from tracebench.sim.args import (
     DEFAULT_BOOTSTRAP_PORT, DEFAULT_KV_BANDWIDTH_GIB_S, DEFAULT_KV_LATENCY_S, DISAGGREGATION_MODES, TRANSFER_BACKENDS,
 )
 from tracebench.options import FINITE, INT, SEED, SPEED_RANGE
+
+if TYPE_CHECKING:
+    from tracebench.sim.args import SimArgs
 
 
 def check_can_listen(host: str, port: int) -> None:
@@ -126,9 +131,29 @@ def sim_server(port: int, host: str, profile_name: str | None, gpu: str | None, 
     Serves until SIGINT or SIGTERM. Exit 2: bad input, including a --port taken and a --host that is not an
     address of this machine (said before anything starts).
     """
+    from tracebench.sim.server import serve
+
+    args = resolve_sim_args(
+        port, host, profile_name, gpu, speed, max_running_requests, max_total_tokens, context_length,
+        chunked_prefill_size, startup_delay, seed, vocab_size, crash_on_bad_token, enable_metrics,
+        disable_overlap_schedule, disable_radix_cache, enable_cache_report, skip_tokenizer_init, disaggregation_mode,
+        disaggregation_bootstrap_port, disaggregation_transfer_backend, kv_transfer_bandwidth, kv_transfer_latency)
+    check_can_listen(host, port)
+    serve(args)
+
+
+def resolve_sim_args(port: int, host: str, profile_name: str | None, gpu: str | None, speed: float,
+                     max_running_requests: int | None, max_total_tokens: int | None, context_length: int,
+                     chunked_prefill_size: int, startup_delay: float, seed: int, vocab_size: int,
+                     crash_on_bad_token: bool, enable_metrics: bool, disable_overlap_schedule: bool,
+                     disable_radix_cache: bool, enable_cache_report: bool, skip_tokenizer_init: bool,
+                     disaggregation_mode: str, disaggregation_bootstrap_port: int,
+                     disaggregation_transfer_backend: str, kv_transfer_bandwidth: float,
+                     kv_transfer_latency: float) -> SimArgs:
+    """The sim-server's flags checked and resolved (ConfigError for bad ones): what the process serves with, and
+    what an in-process server (sim/inprocess.py) is built from."""
     from tracebench.sim.args import SimArgs
     from tracebench.sim.catalog import resolve_profile
-    from tracebench.sim.server import serve
 
     if not 0 < port < 65536:
         raise ConfigError(f"--port must be in 1..65535, got {port}")
@@ -155,9 +180,8 @@ def sim_server(port: int, host: str, profile_name: str | None, gpu: str | None, 
     if disaggregation_mode == "prefill" and disaggregation_bootstrap_port == port:
         raise ConfigError(f"--disaggregation-bootstrap-port {port} is the server's own --port: give another")
     profile = resolve_profile(profile_name, gpu)
-    check_can_listen(host, port)
-    serve(SimArgs(host=host, port=port, profile=profile, speed=speed, max_running_requests=max_running_requests,
-                  max_total_tokens=max_total_tokens, context_length=context_length,
+    return SimArgs(host=host, port=port, profile=profile, speed=speed, max_running_requests=max_running_requests,
+                   max_total_tokens=max_total_tokens, context_length=context_length,
                   chunked_prefill_size=chunked_prefill_size, startup_delay=startup_delay, seed=seed,
                   vocab_size=vocab_size, crash_on_bad_token=crash_on_bad_token, enable_metrics=enable_metrics,
                   disable_overlap_schedule=disable_overlap_schedule, skip_tokenizer_init=skip_tokenizer_init,
@@ -165,4 +189,4 @@ def sim_server(port: int, host: str, profile_name: str | None, gpu: str | None, 
                   disaggregation_mode=disaggregation_mode,
                   disaggregation_transfer_backend=disaggregation_transfer_backend,
                   disaggregation_bootstrap_port=disaggregation_bootstrap_port,
-                  kv_transfer_bandwidth=kv_transfer_bandwidth, kv_transfer_latency=kv_transfer_latency))
+                  kv_transfer_bandwidth=kv_transfer_bandwidth, kv_transfer_latency=kv_transfer_latency)

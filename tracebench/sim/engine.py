@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from tracebench.sim.model import BatchModel, Profile, SimRequest
 from tracebench.sim.prom import SimStats
@@ -42,6 +42,9 @@ class Pending:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""                       # the word-level rendering of output_ids (grown as they are drawn)
+    # an in-process caller's watcher (tracebench/sim/inprocess.py), told of each delivery instead of reading
+    # `event` per token: on_token(t_visible) for every new token handed out, on_done(t_visible) at the end
+    watcher: Watcher | None = None
 
     @property
     def e2e(self) -> float:
@@ -52,6 +55,12 @@ class Pending:
     def ttft(self) -> float | None:
         """Received to the first token handed out; None when none was."""
         return self.t_first_token - self.t_received if self.t_first_token > 0.0 else None
+
+
+class Watcher(Protocol):
+    def on_token(self, t_visible: float) -> None: ...
+
+    def on_done(self, t_visible: float) -> None: ...
 
 
 class LiveEngine:
@@ -70,9 +79,9 @@ class LiveEngine:
         self.dispatch_delay = profile.dispatch_s / speed
         self.output_delay = profile.output_s / speed
 
-    def start(self, now: float) -> asyncio.Task[None]:
-        """Anchor the wall clock at loop time `now` and start the engine task."""
-        self.mono_to_wall = time.time() - now
+    def start(self, now: float, wall_now: float | None = None) -> asyncio.Task[None]:
+        """Anchor the wall clock (`wall_now`, default time.time()) at loop time `now` and start the engine task."""
+        self.mono_to_wall = (time.time() if wall_now is None else wall_now) - now
         self.stats.start(now)
         return asyncio.get_running_loop().create_task(self._run())
 
@@ -175,6 +184,8 @@ class LiveEngine:
                     pend.lag = late
             pend.visible = count
             pend.event.set()
+            if pend.watcher is not None:
+                pend.watcher.on_token(now)
         for req in finished:
             pend = self.pending.pop(req, None)
             if pend is None:
@@ -184,6 +195,8 @@ class LiveEngine:
             if late > pend.lag:
                 pend.lag = late
             pend.event.set()
+            if pend.watcher is not None:
+                pend.watcher.on_done(now)
 
 
 async def all_finished(pendings: list[Pending]) -> None:

@@ -96,48 +96,61 @@ def parse_generate(obj: dict, stream: bool, args: SimArgs, rids_in_flight: set[s
         param_list = params
     else:
         raise BadRequest("sampling_params must be an object, or a list of objects as long as the batch.")
-    max_total_num_tokens = args.effective_max_total_num_tokens
     items: list[tuple[int, int, Sequence]] = []
     for k in range(n):
-        input_len = lengths[k]
-        if input_len == 0:
-            raise BadRequest("input_ids cannot be empty.")
         max_new = param_list[k].get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-        if max_new is None:
-            max_new = DEFAULT_MAX_NEW_TOKENS
-        if type(max_new) is not int:
-            raise BadRequest(f"max_new_tokens must be an integer, got {max_new!r}.")
-        if input_len >= args.context_length:
-            raise BadRequest(f"The input ({input_len} tokens) is longer than the model's context length "
-                             f"({args.context_length} tokens).")
-        if input_len + max_new > args.context_length:
-            raise BadRequest(
-                f"Requested token count exceeds the model's maximum context length of {args.context_length} "
-                f"tokens. You requested a total of {input_len + max_new} tokens: {input_len} tokens from the "
-                f"input messages and {max_new} tokens for the completion. Please reduce the number of tokens in "
-                f"the input messages or the completion to fit within the limit.")
-        if max_new < 0:
-            raise BadRequest(f"max_new_tokens must be at least 0, got {max_new}.")
-        if id_lists is not None:
-            ids = id_lists[k]
-            if max(ids) >= args.vocab_size or min(ids) < 0:
-                if args.crash_on_bad_token:
-                    raise FatalInput(f"input id out of vocabulary ({args.vocab_size}): crashing like sglang "
-                                     "(--crash-on-bad-token)")
-                raise BadRequest(f"The input_ids {ids} contains values greater than the vocab size "
-                                 f"({args.vocab_size}).")
-        need = input_len + max_new
-        if need > max_total_num_tokens:
-            raise BadRequest(f"The request needs {need} KV cache tokens (input + max_new_tokens) but the "
-                             f"server's max_total_num_tokens is {max_total_num_tokens}.")
-        items.append((input_len, max_new, token_lists[k]))
+        items.append((lengths[k], check_item(lengths[k], max_new, None if id_lists is None else id_lists[k], args),
+                      token_lists[k]))
     for input_len, _, _ in items:
-        if input_len >= args.max_req_input_len:
-            raise SchedulerAbort(f"Input length ({input_len} tokens) exceeds the maximum allowed length "
-                                 f"({args.max_req_input_len} tokens). Use a shorter input or enable "
-                                 "--allow-auto-truncate.")
-    # Accepted as asked; generated as sglang's scheduler clips it on entry (scheduler.py L2132-2141): with context
-    # 4096 the whole output only up to input + max_new_tokens = 4094 (.DUCUMENT/failure-modes.md)
-    items = [(n, sglang_max_new_tokens(m, n, args.context_length, max_total_num_tokens), tokens)
-             for n, m, tokens in items]
+        check_scheduler(input_len, args)
+    items = [(n, clip_max_new(n, m, args), tokens) for n, m, tokens in items]
     return Parsed(single, items, rids)
+
+
+def check_item(input_len: int, max_new: object, ids: list[int] | None, args: SimArgs) -> int:
+    """One prompt's checks in sglang's tokenizer manager's order; returns its max_new_tokens (as asked; None or
+    absent: sglang's default). `ids`: its input ids, checked against the vocabulary (None: a text prompt, or ids the
+    caller made within the vocabulary). Raises BadRequest or FatalInput."""
+    if input_len == 0:
+        raise BadRequest("input_ids cannot be empty.")
+    if max_new is None:
+        max_new = DEFAULT_MAX_NEW_TOKENS
+    if type(max_new) is not int:
+        raise BadRequest(f"max_new_tokens must be an integer, got {max_new!r}.")
+    if input_len >= args.context_length:
+        raise BadRequest(f"The input ({input_len} tokens) is longer than the model's context length "
+                         f"({args.context_length} tokens).")
+    if input_len + max_new > args.context_length:
+        raise BadRequest(
+            f"Requested token count exceeds the model's maximum context length of {args.context_length} "
+            f"tokens. You requested a total of {input_len + max_new} tokens: {input_len} tokens from the "
+            f"input messages and {max_new} tokens for the completion. Please reduce the number of tokens in "
+            f"the input messages or the completion to fit within the limit.")
+    if max_new < 0:
+        raise BadRequest(f"max_new_tokens must be at least 0, got {max_new}.")
+    if ids is not None and (max(ids) >= args.vocab_size or min(ids) < 0):
+        if args.crash_on_bad_token:
+            raise FatalInput(f"input id out of vocabulary ({args.vocab_size}): crashing like sglang "
+                             "(--crash-on-bad-token)")
+        raise BadRequest(f"The input_ids {ids} contains values greater than the vocab size "
+                         f"({args.vocab_size}).")
+    need = input_len + max_new
+    max_total_num_tokens = args.effective_max_total_num_tokens
+    if need > max_total_num_tokens:
+        raise BadRequest(f"The request needs {need} KV cache tokens (input + max_new_tokens) but the "
+                         f"server's max_total_num_tokens is {max_total_num_tokens}.")
+    return max_new
+
+
+def check_scheduler(input_len: int, args: SimArgs) -> None:
+    """The scheduler's own refusal of an accepted prompt (SchedulerAbort)."""
+    if input_len >= args.max_req_input_len:
+        raise SchedulerAbort(f"Input length ({input_len} tokens) exceeds the maximum allowed length "
+                             f"({args.max_req_input_len} tokens). Use a shorter input or enable "
+                             "--allow-auto-truncate.")
+
+
+def clip_max_new(input_len: int, max_new: int, args: SimArgs) -> int:
+    """Accepted as asked; generated as sglang's scheduler clips it on entry (scheduler.py L2132-2141): with context
+    4096 the whole output only up to input + max_new_tokens = 4094 (.DUCUMENT/failure-modes.md)."""
+    return sglang_max_new_tokens(max_new, input_len, args.context_length, args.effective_max_total_num_tokens)

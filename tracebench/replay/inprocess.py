@@ -1,0 +1,251 @@
+"""`--clock virtual`: the run's servers are simulated inside this process (`sim/inprocess.py`) and the run moves on
+the virtual loop's clock (`loop.VirtualLoop`). Three small pieces stand where a real-time run has processes and HTTP:
+
+- `InProcessFleet`: the servers `--backend sim` would launch, built from the same sim-server command lines (run.json
+  keeps them) and started on the loop; none can fail to start, stall or die unless the engine itself raises.
+- `InProcessClient`: the GET/POST side of `client.SglangClient` that the run uses outside the requests (health,
+  /server_info, /v1/loads, /metrics, /flush_cache), answered by the in-process servers from the URL's path.
+- `InProcessSender`: the requests themselves (`flight.Sender`): a direct call into the server's engine; no body, no
+  socket. The HTTP hops a real client sees are constants (`Hops`), stated in run.json.
+
+Everything else of the run (engine, router, policies, caps, the cap schedule, static batches, --max-concurrency, the
+watchdog, the saturation stop, the records) is the real-time run's own code on the other clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tracebench.errors import ServerStartError
+from tracebench.itl import ItlGaps
+from tracebench.replay.client import Answer, Fetched, GenerateApi
+from tracebench.replay.clock import RunClock
+from tracebench.replay.flight import Progress
+from tracebench.replay.records import RequestRecord
+from tracebench.replay.router import ServerState
+from tracebench.replay.servers import Fleet, ServerPlan
+from tracebench.replay.tokens import InputIds
+from tracebench.sim.engine import Pending
+from tracebench.sim.inprocess import InProcessServer, sim_args_from_command
+from tracebench.sim.validate import BadRequest, SchedulerAbort
+from tracebench.trace.format import TraceRequest
+
+URL_SCHEME = "inprocess://"
+# The HTTP hops of a request to real sglang 0.5.17, as tracebench's client sees them (p50 over the committed real
+# runs on H200 and H100, reports/examples: sglang's request_received_ts - t_dispatch 1.7-2.4 ms, the client's
+# t_finish - request_finished_ts 0.5-0.9 ms; their sum is the profile's client_overhead_s, 2.5 ms on H200). The
+# profile's client_overhead_s is split in this proportion: REQUEST_SHARE before sglang's receipt, the rest after
+# each token is handed out.
+REQUEST_SHARE = 0.75
+
+
+@dataclass(frozen=True)
+class Hops:
+    """The modelled HTTP hops (seconds): dispatch -> sglang's receipt of the request, and a token handed out by
+    sglang -> read by the client."""
+
+    request_s: float
+    response_s: float
+
+    @classmethod
+    def of_profile(cls, client_overhead_s: float) -> Hops:
+        return cls(client_overhead_s * REQUEST_SHARE, client_overhead_s * (1.0 - REQUEST_SHARE))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"request_hop_s": self.request_s, "response_hop_s": self.response_s,
+                "source": f"the profile's client_overhead_s (client e2e - server e2e on real sglang), "
+                          f"{REQUEST_SHARE:.0%} before the server's receipt, the rest after each token"}
+
+
+class InProcessFleet(Fleet):
+    """The servers of a `--backend sim` run, in this process (module docstring). `plans` are the sim-server launch
+    plans (their commands configure the servers; no process is started); URLs are inprocess://server-i."""
+
+    def __init__(self, plans: list[ServerPlan]) -> None:
+        plans = [ServerPlan(index=p.index, url=f"{URL_SCHEME}server-{p.index}", command=p.command) for p in plans]
+        super().__init__("sim", plans)
+        self.servers: list[InProcessServer] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Build every server from its sim-server flags (nothing runs until `wait_healthy`, on the loop)."""
+        for plan in self.plans:
+            assert plan.command is not None
+            words = plan.command[plan.command.index("sim-server") + 1:]
+            self.servers.append(InProcessServer(sim_args_from_command(words)))
+
+    def first(self, count: int) -> Fleet:
+        raise ServerStartError("in-process servers are not shared between runs")
+
+    def exit_reason(self, index: int) -> str | None:
+        """An in-process server is gone only if its engine raised (a bug: the run stops with it)."""
+        task = self.tasks[index] if index < len(self.tasks) else None
+        if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+            return f"server {index}: its engine failed: {task.exception()!r}"
+        return None
+
+    async def wait_healthy(self, client: Any, timeout: float) -> None:
+        """Start the engines on the loop (their stamps: loop seconds, which the virtual run clock converts)."""
+        if not self.tasks:
+            self.tasks = [server.start(run_start=0.0) for server in self.servers]
+
+    def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+
+    def describe(self, index: int) -> dict[str, Any]:
+        return {**super().describe(index), "in_process": True}
+
+    def server_of(self, url: str) -> tuple[int, str]:
+        """The index of the server a URL names, and the URL's path."""
+        if not url.startswith(URL_SCHEME):
+            raise ValueError(f"not an in-process URL: {url}")
+        name, _, path = url[len(URL_SCHEME):].partition("/")
+        return int(name.removeprefix("server-")), "/" + path
+
+
+class InProcessClient:
+    """What the run asks its servers outside the requests, answered in process (module docstring)."""
+
+    def __init__(self, fleet: InProcessFleet, stream: bool) -> None:
+        self.fleet = fleet
+        self.stream = stream
+        self.api = GenerateApi()
+
+    async def close(self) -> None:
+        return None
+
+    async def get_json(self, url: str, timeout: float) -> Fetched:
+        index, path = self.fleet.server_of(url)
+        server = self.fleet.servers[index]
+        if path == "/v1/loads":
+            return Fetched(server.loads())
+        if path == "/server_info":
+            return Fetched(server.server_info())
+        raise ValueError(f"in-process server: no GET {path}")
+
+    async def get_text(self, url: str, timeout: float) -> Fetched:
+        index, path = self.fleet.server_of(url)
+        server = self.fleet.servers[index]
+        if path != "/metrics":
+            raise ValueError(f"in-process server: no GET {path} as text")
+        return Fetched(server.metrics_text())
+
+    async def health(self, base_url: str, timeout: float) -> str | None:
+        return None
+
+    async def alive(self, base_url: str, timeout: float) -> str | None:
+        return self.fleet.exit_reason(self.fleet.server_of(base_url)[0])
+
+    async def flush_cache(self, base_url: str, timeout: float) -> str | None:
+        server = self.fleet.servers[self.fleet.server_of(base_url)[0]]
+        return None if server.flush_cache() else "/flush_cache: requests running or waiting there"
+
+
+class _Watch:
+    """One request's answer as the client would read it: each token a response hop after sglang handed it out; the
+    flight is resumed at the end's moment."""
+
+    __slots__ = ("rec", "flight", "server", "hop", "offset", "gaps", "t_chunk", "done")
+
+    def __init__(self, rec: RequestRecord, flight: Progress, server: ServerState, hop: float, offset: float,
+                 done: asyncio.Future[float], stream: bool) -> None:
+        self.rec = rec
+        self.flight = flight
+        self.server = server
+        self.hop = hop  # the response hop (loop seconds)
+        self.offset = offset  # loop time of a token handed out -> run clock of the client's read (the hop included)
+        self.gaps = ItlGaps() if stream else None
+        self.t_chunk = 0.0
+        self.done = done
+
+    def on_token(self, t_visible: float) -> None:
+        t = t_visible + self.offset
+        self.flight.t_progress = self.server.t_heard = t
+        gaps = self.gaps
+        if gaps is None:
+            return  # not streamed: nothing reaches the client before the whole answer
+        if self.rec.t_first_token is None:
+            self.rec.t_first_token = t
+        else:
+            gaps.add(t - self.t_chunk)
+        self.t_chunk = t
+
+    def on_done(self, t_visible: float) -> None:
+        t = t_visible + self.offset
+        self.flight.t_progress = self.server.t_heard = t
+        asyncio.get_running_loop().call_at(t_visible + self.hop, _resolve, self.done, t)
+
+
+def _resolve(done: asyncio.Future[float], t: float) -> None:
+    if not done.done():
+        done.set_result(t)
+
+
+class InProcessSender:
+    """`flight.Sender` for in-process servers: the request goes into its server's engine at dispatch + the request
+    hop; its tokens reach the record a response hop after they are handed out (`_Watch`)."""
+
+    prepares_ahead = False  # no body to make
+
+    def __init__(self, fleet: InProcessFleet, input_ids: InputIds, stream: bool, hops: Hops, clock: RunClock) -> None:
+        self.fleet = fleet
+        self.input_ids = input_ids
+        self.stream = stream
+        self.api = GenerateApi()
+        self.hops = hops
+        self.clock = clock
+
+    def prepare_body(self, request: TraceRequest) -> None:
+        return None
+
+    async def exchange(self, rec: RequestRecord, server: ServerState, flight: Progress,
+                       blocks: tuple[int, ...] | None, now: Callable[[], float]) -> Answer:
+        srv = self.fleet.servers[server.index]
+        loop = asyncio.get_running_loop()
+        hops = self.hops
+        t = now()
+        rec.t_built = rec.t_dispatch = rec.t_written = t
+        t_received = loop.time() + hops.request_s
+        ids = (self.input_ids.ids(rec.id, rec.input_len) if blocks is None
+               else self.input_ids.block_ids(blocks, rec.input_len)).tolist()
+        try:
+            pend = srv.submit(rec.input_len, rec.output_len, ids, t_received, self.stream)
+        except BadRequest as err:
+            # the refusal comes back one round trip later: an SSE error event (stream) or HTTP 400
+            await asyncio.sleep(hops.request_s + hops.response_s)
+            rec.t_headers = rec.t_finish = now()
+            return Answer("error", f"refused by the server: {err}" if self.stream else f"HTTP 400: {err}")
+        except SchedulerAbort as err:
+            await asyncio.sleep(hops.request_s + hops.response_s)
+            rec.t_headers = rec.t_finish = now()
+            if not self.stream:
+                return Answer("error", f"HTTP 400: {err}")
+            rec.t_first_token = rec.t_last_chunk = rec.t_finish
+            out = srv.abort_answer(str(err), t_received, t_received)
+            return self.api.final_answer(server.generate_url, orjson.dumps(out))
+        done: asyncio.Future[float] = loop.create_future()
+        watch = _Watch(rec, flight, server, hops.response_s, hops.response_s - self.clock.mono_start, done,
+                       self.stream)
+        pend.watcher = watch
+        if self.stream:
+            rec.t_headers = t + hops.request_s + hops.response_s  # the handler answers its headers at once
+        try:
+            rec.t_finish = await done
+        except BaseException:
+            srv.engine.release([pend], False)  # the client went away (the run stopped it): the server aborts it
+            raise
+        if self.stream:
+            rec.t_last_chunk = rec.t_finish if rec.t_first_token is not None else None
+            rec.itl_max, rec.itl_hist = watch.gaps.fields()  # type: ignore[union-attr]
+        else:
+            rec.t_headers = rec.t_last_chunk = rec.t_finish
+        # response_sent_to_client_ts: a stream's first chunk, or the whole answer, left the server
+        sent = pend.t_first_token if self.stream and pend.t_first_token > 0.0 else pend.t_finished
+        out = srv.final_answer(pend, self.stream, srv.engine.wall(sent))
+        return self.api.final_answer(server.generate_url, orjson.dumps(out))

@@ -1,0 +1,110 @@
+"""The simulated sglang server inside the replay's own process: the sim-server's model, engine, metrics and answers,
+with no HTTP (the in-process face, beside `server.py`'s HTTP one). `--clock virtual` runs one per server on the
+virtual loop (`tracebench/replay/loop.py`), so its steps and the replay's router move on one simulated clock.
+
+It is the same `SimServer` the sim-server process runs (built from the same flags), so the batch model, the radix
+cache, the step costs, the `meta_info` and /server_info and /v1/loads are the HTTP server's own; what is not here is
+the socket. A request is submitted as the HTTP handler submits it, and its answer is formatted by the same code;
+the client's side of the HTTP hop is the caller's (`replay/inprocess.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import click
+
+from tracebench.errors import ConfigError
+from tracebench.sim.args import SGLANG_VERSION, SimArgs
+from tracebench.sim.engine import Pending
+from tracebench.sim.server import SimServer
+from tracebench.sim.validate import check_item, check_scheduler, clip_max_new
+
+
+def sim_args_from_command(words: Sequence[str]) -> SimArgs:
+    """The SimArgs a `tracebench sim-server ...` command line would run with (the flags after `sim-server`), parsed
+    by the sim-server's own click command: an in-process server is configured exactly as the process would be."""
+    from tracebench.sim.commands import resolve_sim_args, sim_server
+
+    try:
+        ctx = sim_server.make_context("sim-server", list(words))
+    except click.ClickException as err:
+        raise ConfigError(f"sim-server {' '.join(words)}: {err.format_message()}") from None
+    return resolve_sim_args(**ctx.params)
+
+
+class InProcessServer:
+    """One simulated server in this process. Its stamps (meta_info, /v1/loads) are in the run clock's seconds: its
+    wall clock is anchored so that the run's start is 0 (`start`)."""
+
+    def __init__(self, args: SimArgs) -> None:
+        if args.disaggregation_mode != "null":
+            raise ConfigError("an in-process (virtual-clock) server is not a PD role: PD runs need --clock real")
+        self.args = args
+        self.sim = SimServer(args)
+        self.engine = self.sim.engine
+        self.task: asyncio.Task[None] | None = None
+        self._seq = 0  # rids: the request's position at this server (unique, and the same every run)
+
+    def start(self, run_start: float) -> asyncio.Task[None]:
+        """Start the engine on the running loop; `run_start` is the loop time the run clock counts from."""
+        loop = asyncio.get_running_loop()
+        answers = self.sim.answers
+        answers.now_loop = loop.time
+        answers.now_wall = lambda: loop.time() - run_start
+        now = loop.time()
+        self.sim.t_ready_at = now
+        self.task = self.engine.start(now, wall_now=now - run_start)
+        return self.task
+
+    def submit(self, input_len: int, max_new_tokens: int, tokens: Sequence | None, t_received: float,
+               stream: bool) -> Pending:
+        """Hand one request to the model as the HTTP handler does once its body is in (`t_received`, loop clock).
+        `tokens`: its input ids for the prefix cache (ids the caller made within the vocabulary), None for content
+        that matches nothing. Raises validate.BadRequest or SchedulerAbort as sglang refuses."""
+        asked = check_item(input_len, max_new_tokens, None, self.args)
+        check_scheduler(input_len, self.args)
+        item = (input_len, clip_max_new(input_len, asked, self.args), tokens)
+        rid = f"r{self._seq}"
+        self._seq += 1
+        [pend] = self.engine.submit([item], [rid], stream, t_received)
+        return pend
+
+    def final_answer(self, pend: Pending, stream: bool, t_sent_wall: float) -> dict:
+        """The finished request's answer as /generate sends it (meta_info; no ids: nobody reads them here), counted
+        finished now, as the HTTP face does."""
+        lag = pend.lag
+        meta = self.sim.answers.final_meta(pend, stream)
+        # formatted when the client reads it (a response hop after the server handed it out), not late: the
+        # server's lag is its delivery's alone (0 on the virtual clock)
+        meta["tracebench_sim_lag"] = pend.lag = lag
+        meta["response_sent_to_client_ts"] = t_sent_wall
+        self.engine.count_finished(pend)
+        self.engine.release([pend], True)
+        return {"meta_info": meta}
+
+    def abort_answer(self, message: str, t_received: float, now: float) -> dict:
+        """sglang's scheduler-side abort in a stream (one chunk, an abort finish_reason), as the HTTP face sends it."""
+        from tracebench.sim.model import token_ids
+
+        out_id = token_ids(self.engine.rng.getrandbits(64), 1, self.args.vocab_size)
+        return self.sim.answers.abort_out(f"r{self._seq}", message, out_id, t_received,
+                                          t_received + self.engine.dispatch_delay, now)
+
+    def server_info(self) -> dict:
+        return self.sim.server_info()
+
+    def loads(self) -> dict:
+        """/v1/loads' body (its `timestamp` is for show: the run's seconds)."""
+        now = self.sim.answers.now_wall()
+        return {"timestamp": f"{now:.6f}", "version": SGLANG_VERSION,
+                "accelerator": self.args.profile.accelerator, "num_accelerators": 1, "loads": [self.sim._load(now)]}
+
+    def flush_cache(self) -> bool:
+        return self.sim.model.flush_cache()
+
+    def metrics_text(self) -> str:
+        from tracebench.sim.prom import metrics_text
+
+        return metrics_text(self.sim.stats, self.sim.model) if self.args.enable_metrics else ""
