@@ -47,6 +47,14 @@ class ItlGaps:
         if self.largest is None or gap_s > self.largest:
             self.largest = gap_s
 
+    def merge(self, counts: dict[int, int], largest: float) -> None:
+        """Add gaps already bucketed (`counts`, the largest of them `largest`), as if each were add()ed."""
+        mine = self.counts
+        for bucket, count in counts.items():
+            mine[bucket] = mine.get(bucket, 0) + count
+        if counts and (self.largest is None or largest > self.largest):
+            self.largest = largest
+
     def fields(self) -> tuple[float | None, str | None]:
         """(itl_max, itl_hist) for the record; both None when there was no gap (one chunk)."""
         if not self.counts:

@@ -30,7 +30,7 @@ from tracebench.replay.records import RequestRecord
 from tracebench.replay.router import ServerState
 from tracebench.replay.servers import Fleet, ServerPlan
 from tracebench.replay.tokens import InputIds
-from tracebench.sim.engine import Pending
+from tracebench.sim.engine import Pending, RunDelivery
 from tracebench.sim.inprocess import InProcessServer, sim_args_from_command
 from tracebench.sim.validate import BadRequest, SchedulerAbort
 from tracebench.trace.format import TraceRequest
@@ -174,6 +174,22 @@ class _Watch:
             self.rec.t_first_token = t
         else:
             gaps.add(t - self.t_chunk)
+        self.t_chunk = t
+
+    def on_tokens(self, run: RunDelivery) -> None:
+        """A decode run's tokens, one per step (engine.RunDelivery): the same stamps and gaps as one at a time."""
+        times = run.times
+        t = times[-1] + self.offset
+        self.flight.t_progress = self.server.t_heard = t
+        gaps = self.gaps
+        if gaps is None:
+            return
+        first = times[0] + self.offset
+        if self.rec.t_first_token is None:
+            self.rec.t_first_token = first
+        else:
+            gaps.add(first - self.t_chunk)
+        gaps.merge(*run.gaps(self.offset))
         self.t_chunk = t
 
     def on_done(self, t_visible: float) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
+from tracebench.itl import ItlGaps
 from tracebench.sim.model import BatchModel, Profile, SimRequest
 from tracebench.sim.prom import SimStats
 
@@ -60,14 +61,45 @@ class Pending:
 class Watcher(Protocol):
     def on_token(self, t_visible: float) -> None: ...
 
+    def on_tokens(self, times: RunDelivery) -> None: ...
+
     def on_done(self, t_visible: float) -> None: ...
+
+
+class RunDelivery:
+    """The tokens of a decode run (`BatchModel.start_decode_run`), handed out together at the run's end: one per
+    step to every request of the batch, each at its own step's moment (`times`, loop clock). The gaps between them
+    are the same for every request: `gaps` buckets them once per clock offset (a watcher's)."""
+
+    __slots__ = ("times", "_gaps")
+
+    def __init__(self, times: list[float]) -> None:
+        self.times = times
+        self._gaps: dict[float, tuple[dict[int, int], float]] = {}
+
+    def gaps(self, offset: float) -> tuple[dict[int, int], float]:
+        """(bucket counts, largest gap) of the gaps between the tokens as a reader `offset` later sees them (each
+        gap computed as one token at a time would be: (t_i + offset) - (t_(i-1) + offset))."""
+        got = self._gaps.get(offset)
+        if got is None:
+            seen = [t + offset for t in self.times]
+            gaps = ItlGaps()
+            for before, after in zip(seen, seen[1:]):
+                gaps.add(after - before)
+            got = self._gaps[offset] = (gaps.counts, gaps.largest or 0.0)
+        return got
 
 
 class LiveEngine:
     """The model, the requests in it and the task that runs it on the clock."""
 
-    def __init__(self, model: BatchModel, stats: SimStats, profile: Profile, speed: float, seed: int) -> None:
+    def __init__(self, model: BatchModel, stats: SimStats, profile: Profile, speed: float, seed: int,
+                 fold_steps: int = 0) -> None:
+        """`fold_steps` > 1: decode steps that nothing can change run as one (`BatchModel.start_decode_run`, at most
+        that many), their tokens handed out together at the run's end. Only on a simulated clock (sim/inprocess.py):
+        the run's steps and stamps are the same, but its tokens reach the reader at once."""
         self.model = model
+        self.fold_steps = fold_steps
         self.stats = stats
         self.rng = random.Random(seed)   # the output ids' seeds, one draw per request in arrival order
         self.pending: dict[SimRequest, Pending] = {}
@@ -121,6 +153,7 @@ class LiveEngine:
                     self.pending.pop(pend.sim, None)
                     if self.model.abort(pend.sim):
                         self.stats.on_abort()
+            self.wake.set()  # a decode run under way keeps only its started steps (_run)
 
     def count_finished(self, pend: Pending) -> None:
         """A face formatted `pend`'s final answer: count it finished now (when sglang's tokenizer manager does)."""
@@ -147,22 +180,36 @@ class LiveEngine:
                 loop.call_at(t_start, self.wake.set)
                 await self.wake.wait()
                 continue
-            step = model.start_step(t_start)
+            step = model.start_decode_run(t_start, self.fold_steps) if self.fold_steps else model.start_step(t_start)
             if step is None:
                 raise RuntimeError(f"model had work from {t_start} but planned no step")
+            if step.run_starts is not None:
+                # a decode run: until its end, unless a request arrives (or one is aborted) meanwhile: then the run
+                # keeps the steps already started and the next step is planned anew (BatchModel.cut_run)
+                self.wake.clear()
+                timer = loop.call_at(step.t_end, self.wake.set)
+                await self.wake.wait()
+                if loop.time() < step.t_end:
+                    timer.cancel()
+                    model.cut_run(step, loop.time())
             delay = step.t_end - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             result = model.finish_step(step)
             t_free = step.t_end
             if step.kind == "decode":
-                self.stats.on_decode(step.t_end, len(result.produced))
+                for end in step.step_ends:
+                    self.stats.on_decode(end, len(result.produced))
             elif step.kind == "prefill":   # a PD decode server's "prebuilt" step computes nothing
                 self.stats.on_prefill(step)
             if result.produced or result.finished:
                 produced = [(req, req.output_len) for req in result.produced]
                 t_visible = step.t_end + self.output_delay
-                loop.call_at(t_visible, self._deliver, produced, result.finished, t_visible)
+                if step.run_starts is None:
+                    loop.call_at(t_visible, self._deliver, produced, result.finished, t_visible)
+                else:
+                    run = RunDelivery([end + self.output_delay for end in step.step_ends])
+                    loop.call_at(t_visible, self._deliver_run, produced, result.finished, run)
 
     def _deliver(self, produced: list[tuple[SimRequest, int]], finished: list[SimRequest], t_visible: float) -> None:
         """Hand a step's tokens to the HTTP layer. Stamps use the simulated time `t_visible` (not when this callback
@@ -194,6 +241,31 @@ class LiveEngine:
             pend.t_finished = now
             if late > pend.lag:
                 pend.lag = late
+            pend.event.set()
+            if pend.watcher is not None:
+                pend.watcher.on_done(now)
+
+
+    def _deliver_run(self, produced: list[tuple[SimRequest, int]], finished: list[SimRequest],
+                     run: RunDelivery) -> None:
+        """A decode run's tokens (`_deliver`'s, for every step of the run at once: each request's watcher gets their
+        moments; the last is now)."""
+        now = run.times[-1]
+        self.stats.on_lag(max(0.0, asyncio.get_running_loop().time() - now))
+        for req, count in produced:
+            pend = self.pending.get(req)
+            if pend is None:
+                continue  # aborted meanwhile
+            pend.visible = count
+            pend.event.set()
+            if pend.watcher is not None:
+                pend.watcher.on_tokens(run)
+        for req in finished:
+            pend = self.pending.pop(req, None)
+            if pend is None:
+                continue
+            pend.finished = True
+            pend.t_finished = now
             pend.event.set()
             if pend.watcher is not None:
                 pend.watcher.on_done(now)

@@ -22,6 +22,13 @@ from tracebench.sim.server import SimServer
 from tracebench.sim.validate import check_item, check_scheduler, clip_max_new
 
 
+# Decode steps that nothing can change run as one, up to this many (model.BatchModel.start_decode_run): what a
+# simulated clock gains by not waking per step. The tokens of a run reach the reader together at its end, so what
+# the server reports meanwhile (/v1/loads) is up to this many steps old: sglang's own scheduler refreshes that
+# snapshot every 15 decode steps (scheduler.py L3925-3962 of 0.5.17).
+FOLD_STEPS = 15
+
+
 def sim_args_from_command(words: Sequence[str]) -> SimArgs:
     """The SimArgs a `tracebench sim-server ...` command line would run with (the flags after `sim-server`), parsed
     by the sim-server's own click command: an in-process server is configured exactly as the process would be."""
@@ -38,12 +45,15 @@ class InProcessServer:
     """One simulated server in this process. Its stamps (meta_info, /v1/loads) are in the run clock's seconds: its
     wall clock is anchored so that the run's start is 0 (`start`)."""
 
-    def __init__(self, args: SimArgs) -> None:
+    def __init__(self, args: SimArgs, fold_steps: int = FOLD_STEPS) -> None:
+        """`fold_steps`: the longest decode run (engine.LiveEngine; 0: one step at a time, for the tests that
+        check a run is only a shorthand)."""
         if args.disaggregation_mode != "null":
             raise ConfigError("an in-process (virtual-clock) server is not a PD role: PD runs need --clock real")
         self.args = args
         self.sim = SimServer(args)
         self.engine = self.sim.engine
+        self.engine.fold_steps = fold_steps
         self.task: asyncio.Task[None] | None = None
         self._seq = 0  # rids: the request's position at this server (unique, and the same every run)
 

@@ -226,6 +226,16 @@ class Step:
     chunk_tokens: list[int] = field(default_factory=list)  # prefill: new tokens per request
     batch_tokens: int = 0                # prefill: new tokens; decode: KV tokens attended
     cached_tokens: int = 0               # prefill: cache hits of the requests admitted in it
+    # a decode run (`BatchModel.start_decode_run`): the starts of its consecutive decode steps (the first is
+    # t_start; each ends where the next starts, the last at t_end); None: one step
+    run_starts: list[float] | None = None
+
+    @property
+    def step_ends(self) -> list[float]:
+        """Where each of its steps ends (one for a single step)."""
+        if self.run_starts is None:
+            return [self.t_end]
+        return [*self.run_starts[1:], self.t_end]
 
 
 @dataclass
@@ -469,6 +479,58 @@ class BatchModel:
         self.process_results()
         return step
 
+    def start_decode_run(self, t_start: float, max_steps: int) -> Step | None:
+        """`start_step(t_start)`, and when that is a decode step that nothing can change, the decode steps after it
+        as one run of up to `max_steps`: each step is planned exactly as `start_step` would plan it at its start
+        (same batch, one more KV token per request each step, the same costs summed in the same order), so a run
+        is a shorthand for steps, not an approximation. Nothing can change them while nothing waits (no queue, no
+        chunk, no KV on its way: a step after a new arrival is for `start_step` to plan again: `cut_run`) and no
+        request of the batch finishes before the run's last step or is aborted. Only a caller on a simulated clock
+        uses it (sim/inprocess.py): a real-time server hands out every step's tokens as they come."""
+        step = self.start_step(t_start)
+        if (step is None or step.kind != "decode" or max_steps < 2 or self.waiting or self.arrived
+                or self.chunked is not None):
+            return step
+        batch = step.requests
+        steps_left = max_steps
+        for req in batch:
+            if req.abort_requested:
+                return step
+            steps_left = min(steps_left, req.max_new_tokens - req.output_len)  # its last token ends the run
+        if steps_left < 2:
+            return step
+        size = len(batch)
+        kv = step.batch_tokens
+        starts = [t_start]
+        t = step.t_end
+        profile, speed = self.profile, self.speed
+        while len(starts) < steps_left:
+            kv += size  # each step gave every request one more token to attend to
+            starts.append(t)
+            t = t + profile.decode_duration(size, kv) / speed
+        step.run_starts = starts
+        step.t_end = t
+        self.num_steps += len(starts) - 1
+        self.last_start, self.last_end = starts[-1], t
+        self.last_from_idle = False
+        return step
+
+    def cut_run(self, step: Step, now: float) -> None:
+        """Something arrived at `now` while a decode run was under way: the run keeps the steps that had started by
+        then (the last of them is under way; what arrived is for the steps after it, planned anew)."""
+        starts = step.run_starts
+        if step is not self.current or starts is None:
+            raise RuntimeError("cut_run for a step that is not a decode run under way")
+        keep = bisect.bisect_right(starts, now)
+        if keep >= len(starts):
+            return
+        step.t_end = starts[keep]
+        self.num_steps -= len(starts) - keep
+        del starts[keep:]
+        self.last_start, self.last_end = starts[-1], step.t_end
+        if len(starts) == 1:
+            step.run_starts = None
+
     def _plan_prebuilt(self, t_start: float, cutoff: float) -> Step | None:
         """PD decode: arrived requests join the running batch (sglang's get_new_prebuilt_batch: up to the free
         running slots, FIFO), taking no GPU time; their first token goes out at the step's end."""
@@ -606,24 +668,31 @@ class BatchModel:
                 else:
                     self.running.append(req)
         else:
+            # one step, or a run of them (start_decode_run: no request is aborted or finishes before its last)
+            steps = 1 if step.run_starts is None else len(step.run_starts)
             still_running: list[SimRequest] = []
             for req in self.running:
                 if req.abort_requested:
                     self._release(req, ReqState.ABORTED)
                     aborted.append(req)
                     continue
-                req.output_len += 1
+                req.output_len += steps
                 produced.append(req)
                 if req.output_len >= req.max_new_tokens:
                     self._finish(req, t_end)
                     finished.append(req)
                 else:
                     still_running.append(req)
-            self.total_generated_tokens += len(produced)
+            self.total_generated_tokens += len(produced) * steps
             self.running = still_running
-            b, t_us = len(step.requests), (t_end - step.t_start) * 1e6
+            b = len(step.requests)
             m = self.decode_moments or [0.0] * 6
-            self.decode_moments = [m[0] + 1, m[1] + b, m[2] + t_us, m[3] + b * b, m[4] + b * t_us, m[5] + len(produced)]
+            t_start = step.t_start
+            for end in step.step_ends:
+                t_us = (end - t_start) * 1e6
+                m = [m[0] + 1, m[1] + b, m[2] + t_us, m[3] + b * b, m[4] + b * t_us, m[5] + len(produced)]
+                t_start = end
+            self.decode_moments = m
         return StepResult(step, produced, finished, aborted)
 
     def _finish(self, req: SimRequest, t_end: float) -> None:
