@@ -359,7 +359,7 @@ SLOWEST_FIRST = {
     "tests/test_policies_e2e.py": 18, "tests/test_pd.py": 17, "tests/test_readme.py::chain-traces/sweep.jsonl": 17,
     "tests/test_report_cli.py": 16, "tests/test_readme.py::chain-traces/routing.jsonl": 15,
     "tests/test_newcomer.py": 14, "tests/test_external_router.py": 12, "tests/test_overhead.py": 11,
-    "tests/test_pack.py": 9, "tests/test_replay_prefix.py": 7, "tests/test_sim_server.py": 7, "tests/test_edges.py": 6,
+    "tests/test_virtual_clock.py": 12, "tests/test_pack.py": 9, "tests/test_replay_prefix.py": 7, "tests/test_sim_server.py": 7, "tests/test_edges.py": 6,
     "tests/test_sim_protocol.py": 6, "tests/test_telemetry.py": 5, "tests/test_policies_prefix.py": 4,
     "tests/test_sim_prefix_cache.py": 4, "tests/test_speedguard.py": 4, "tests/test_replay_units.py": 2,
     "tests/test_report_units.py": 2, "tests/test_policies_unit.py": 2, "tests/test_no_machine_paths.py": 1,

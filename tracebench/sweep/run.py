@@ -111,7 +111,8 @@ class Sweep:
             raise ConfigError(f"sweep folder {self.dir} already exists: choose another --name (never overwritten)")
         resolved = base.resolve()
         self.attach = resolved.attach
-        self.launches = resolved.backend in ("sim", "sglang")
+        # servers launched once for every point; --clock virtual: each point's run has its own, in process
+        self.launches = resolved.backend in ("sim", "sglang") and resolved.clock == "real"
         self.gpus = cfg.gpus or (resolved.num_servers,)
         self.policies = cfg.policies or (base.policy,)
         if self.attach and max(self.gpus) > len(self.attach):

@@ -1,0 +1,173 @@
+"""--clock virtual (issue 32): the simulated cluster inside the replay's process, on a simulated clock, through the same
+router, policies and records as a real-time run. Each test runs real `tracebench replay` processes."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from conftest import run_cli
+
+from tracebench.sim.model import BatchModel, Limits, SimRequest, load_profile
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _records(run: Path) -> list[dict]:
+    return [orjson.loads(line) for line in (run / "requests.jsonl").read_bytes().splitlines()]
+
+
+def _generate(path: Path, *args: str) -> Path:
+    done = run_cli("generate", *args, "-o", str(path))
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+def _replay(trace: Path, out: Path, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("replay", str(trace), "--clock", "virtual", "--run-name", name, "--out-dir", str(out), "--quiet",
+                   *args)
+
+
+def test_virtual_run_is_deterministic_and_deaf_to_host_load(tmp_path: Path) -> None:
+    """The same trace, options and seed give a byte-identical requests.jsonl, also beside two CPU-bound processes;
+    every record is whole, and the modelled hops are what run.json states."""
+    trace = _generate(tmp_path / "t.jsonl", "--workload", "shared-prompt", "--groups", "4", "--prefix-len", "512",
+                      "--rate", "30", "--num-requests", "300", "--seed", "3")
+    args = ("--gpus", "2", "--policy", "cache_aware", "--max-running-requests", "6")
+    done = _replay(trace, tmp_path, "quiet", *args)
+    assert done.returncode == 0, done.stderr
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        done = _replay(trace, tmp_path, "busy", *args)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert done.returncode == 0, done.stderr
+    assert "simulated s" in done.stderr and "x real time" in done.stderr
+    quiet = (tmp_path / "quiet" / "requests.jsonl").read_bytes()
+    assert quiet == (tmp_path / "busy" / "requests.jsonl").read_bytes()
+    meta = json.loads((tmp_path / "quiet" / "run.json").read_text())
+    assert meta["clock"] == "virtual" and meta["backend"] == "sim" and meta["status"] == "completed"
+    hops = meta["virtual_clock"]
+    assert hops["request_hop_s"] > 0 and hops["response_hop_s"] > 0
+    assert all(s["in_process"] for s in meta["servers"]) and meta["control_url"] is None
+    records = _records(tmp_path / "quiet")
+    assert len(records) == 300 and {r["status"] for r in records} == {"ok"}
+    assert sum(r["cached_tokens"] for r in records) > 0  # the shared prompts hit the in-process radix caches
+    for r in records:
+        assert r["t_arrival"] <= r["t_dispatch"] < r["server_received"] < r["t_first_token"] <= r["t_finish"]
+        assert r["server_received"] - r["t_dispatch"] == pytest.approx(hops["request_hop_s"], abs=1e-9)
+        assert r["t_finish"] - r["server_finished"] == pytest.approx(hops["response_hop_s"], abs=1e-9)
+        assert r["policy_s"] == 0.0 and r["sim_lag"] == 0.0  # no host time on the run's clock
+        assert r["itl_hist"] is not None or r["output_len"] == 1
+    # the cap: never more than 6 in flight at a server (the poller's view, every 0.5 s)
+    telemetry = [orjson.loads(line) for line in (tmp_path / "quiet" / "telemetry.jsonl").read_bytes().splitlines()]
+    assert telemetry and max(line["in_flight"] for line in telemetry) <= 6
+
+
+@pytest.mark.parametrize("extra, says", [
+    (("--attach", "http://127.0.0.1:9"), "--attach cannot be used"),
+    (("--pd", "1:1"), "--pd cannot be used"),
+    (("--speed", "4"), "--speed cannot be used"),
+    (("--control-port", "9"), "--control-port cannot be used"),
+    (("--backend", "sglang"), "--backend sglang needs --clock real"),
+    (("--router", "sglang-router", "--router-policy", "round_robin"), "cannot run on a virtual clock"),
+    (("--api", "chat"), "--api chat"),
+])
+def test_virtual_refuses_what_needs_real_time(tmp_path: Path, extra: tuple[str, ...], says: str) -> None:
+    trace = _generate(tmp_path / "t.jsonl", "--rate", "10", "--num-requests", "5")
+    done = run_cli("replay", str(trace), "--clock", "virtual", "--out-dir", str(tmp_path / "runs"), *extra)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_virtual_runs_static_batches_cap_schedule_gate_and_a_policy_file(tmp_path: Path) -> None:
+    """The router's own features run on the virtual clock unchanged: static batches, a cap schedule, the client's
+    --max-concurrency gate and a user's policy file."""
+    trace = _generate(tmp_path / "t.jsonl", "--rate", "40", "--num-requests", "200", "--seed", "1")
+    done = _replay(trace, tmp_path, "static", "--gpus", "2", "--mode", "static", "--batch-size", "4",
+                   "--policy", "round_robin")
+    assert done.returncode == 0, done.stderr
+    records = _records(tmp_path / "static")
+    batches: dict[tuple[int, int], list[dict]] = {}
+    for r in records:
+        batches.setdefault((r["server"], r["batch"]), []).append(r)
+    assert all(len(b) <= 4 for b in batches.values()) and max(len(b) for b in batches.values()) == 4
+    for members in batches.values():  # one send moment per batch
+        assert len({r["t_dispatch"] for r in members}) == 1
+    done = _replay(trace, tmp_path, "capped", "--gpus", "2", "--cap-schedule", "0s:8,2s:2",
+                   "--max-concurrency", "10", "--policy", str(REPO / "policies" / "example_least_loaded.py:LeastLoaded"))
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "capped" / "run.json").read_text())
+    assert [c["t"] for c in meta["caps"]["changes"]] == [0.0, 0.0, 2.0, 2.0]
+    assert meta["max_concurrency_peak"] == 10
+    records = _records(tmp_path / "capped")
+    assert {r["status"] for r in records} == {"ok"}
+    assert any(r["t_admitted"] > r["t_released"] for r in records)  # the gate held some at the client
+    # after the cap fell to 2, no server ever had more than 2 requests dispatched and unfinished
+    late = sorted((r["t_dispatch"], r["t_finish"], r["server"]) for r in records if r["t_dispatch"] >= 2.0)
+    for t, _, server in late:
+        running = sum(1 for r in records if r["server"] == server and r["t_dispatch"] <= t < r["t_finish"])
+        assert running <= 2
+
+
+def _steps(profile_name: str, fold: int, seed: int) -> tuple[list[tuple], list[tuple]]:
+    """A random workload through the model, one step at a time (fold 0) or in decode runs cut at each arrival, as
+    the in-process engine drives it: every step (kind, start, end, batch size) and every request's times."""
+    profile = load_profile(profile_name)
+    model = BatchModel(profile, Limits(max_running_requests=16, max_total_num_tokens=60000, chunked_prefill_size=2048))
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    for i in range(120):
+        t += rng.expovariate(8.0)
+        ids = [rng.randrange(3) for _ in range(4)] + [rng.randrange(32000) for _ in range(rng.randrange(1, 900))]
+        arrivals.append(SimRequest(str(i), len(ids), rng.randrange(1, 200), t_ready=t, input_ids=ids))
+    steps: list[tuple] = []
+    t_free, i = 0.0, 0
+    while True:
+        t_start = model.next_start(t_free)
+        if i < len(arrivals) and (t_start is None or arrivals[i].t_ready <= t_start):
+            model.submit(arrivals[i])
+            i += 1
+            continue
+        if t_start is None:
+            break
+        step = model.start_decode_run(t_start, fold) if fold else model.start_step(t_start)
+        assert step is not None
+        if step.run_starts is not None and i < len(arrivals) and arrivals[i].t_ready < step.t_end:
+            model.cut_run(step, arrivals[i].t_ready)  # the engine cuts a run when a request comes in
+        model.finish_step(step)
+        for start, end in zip(step.run_starts or [step.t_start], step.step_ends):
+            steps.append((step.kind, start, end, len(step.requests)))
+        t_free = step.t_end
+    return steps, [(r.t_forward_entry, r.t_prefill_finished, r.t_finished, r.cached_tokens, r.output_len)
+                   for r in arrivals]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_decode_runs_are_a_shorthand_for_steps(seed: int) -> None:
+    """BatchModel.start_decode_run plans exactly the steps start_step would, one by one (same times, bit for bit)."""
+    one, times_one = _steps("llama-2-7b-h200-triton", 0, seed)
+    runs, times_runs = _steps("llama-2-7b-h200-triton", 15, seed)
+    assert runs == one and times_runs == times_one
+    assert len(one) > 1000
+
+
+def test_sweep_on_the_virtual_clock(tmp_path: Path) -> None:
+    trace = _generate(tmp_path / "t.jsonl", "--rate", "20", "--num-requests", "400", "--seed", "2")
+    done = run_cli("sweep", str(trace), "--rates", "10,40", "--clock", "virtual", "--point-duration", "10",
+                   "--name", "sw", "--out-dir", str(tmp_path), "--quiet")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "sw" / "summary.json").read_text())
+    assert summary["status"] == "completed" and len(summary["points"]) == 2
+    assert summary["points"][0]["status"] == "completed" and summary["points"][0]["throughput_rps"] > 5
+    for point in (tmp_path / "sw").glob("rate-*/run.json"):
+        assert json.loads(point.read_text())["clock"] == "virtual"
