@@ -68,8 +68,8 @@ class PolicyTime:
         """One line when a call took longer than WARN_CALL_S, else None."""
         summary = self.summary()
         longest = max((s["max_s"] or 0.0) for s in (summary["assign"], summary["on_complete"]))
-        if longest <= WARN_CALL_S:
-            return None
+        if longest <= WARN_CALL_S or not self.in_run_time:
+            return None  # on the virtual clock a call costs wall time only: no latency is made longer by it
         calls = summary["assign"]["calls"] + summary["on_complete"]["calls"]
         p99 = summary["assign"]["p99_s"] or 0.0
         return (f"policy {self.name!r} held the replay loop for {self.total:.3f} s in {calls} calls (longest call "
