@@ -13,16 +13,16 @@ $(BIN)/tracebench: pyproject.toml
 
 venv: $(BIN)/tracebench
 
-# generate a Poisson trace -> replay it on a simulated 2-GPU cluster (llama-2-7b on H200 profile, 4x faster than
-# real time, cap 8 per server so requests queue at the router) under two policies -> compare them.
-# Each run gets a fresh folder name (a run folder is never overwritten).
+# generate a Poisson trace -> replay it on a simulated 2-GPU cluster (llama-2-7b on H200 profile, inside tracebench
+# on the virtual clock: no HTTP, under a second a run; cap 8 per server so requests queue at the router) under two
+# policies -> compare them. Each run gets a fresh folder name (a run folder is never overwritten).
 DEMO_ID := $(shell date +%Y%m%d-%H%M%S)
 demo: venv
 	$(BIN)/tracebench generate --rate 20 --num-requests 400 --seed 0 -o traces/demo.jsonl
 	$(BIN)/tracebench inspect traces/demo.jsonl
-	$(BIN)/tracebench replay traces/demo.jsonl --backend sim --gpus 2 --speed 4 --adapt-speed \
+	$(BIN)/tracebench replay traces/demo.jsonl --clock virtual --gpus 2 \
 		--max-running-requests 8 --policy round_robin --run-name demo-round_robin-$(DEMO_ID) --quiet
-	$(BIN)/tracebench replay traces/demo.jsonl --backend sim --gpus 2 --speed 4 --adapt-speed \
+	$(BIN)/tracebench replay traces/demo.jsonl --clock virtual --gpus 2 \
 		--max-running-requests 8 --policy sjf --run-name demo-sjf-$(DEMO_ID) --quiet
 	$(BIN)/tracebench report demo-round_robin-$(DEMO_ID) demo-sjf-$(DEMO_ID) -o reports/demo-report.html
 	$(BIN)/tracebench report demo-round_robin-$(DEMO_ID) demo-sjf-$(DEMO_ID)

@@ -27,7 +27,7 @@ PD runs (run.json `pd`, issue 21): both runs through PD servers add rows of thei
 answer complete) p50/p99, and sglang's own mean transfer time (the prefill server's `prefill_transfer_kv_cache` stage
 over the run); a run through sglang-router has only the last (its records carry no prefill stamps).
 
-`--replay REAL TRACE` (repeatable) first makes the sim runs: TRACE (a trace file, or one compressed with xz; its
+`--replay REAL TRACE` (repeatable) first makes the sim runs (`--clock virtual`: on the virtual clock, in process): TRACE (a trace file, or one compressed with xz; its
 sha256 must be the real run's) replayed with `tracebench replay --backend sim` as the real run was (its servers, policy
 and options, seed, caps and cap schedule, mode, API, streaming, cache flush), the simulators' profile chosen from the
 real run's accelerator (`--sim-gpu`, run.json servers[].accelerator) unless `--sim-profile` names one, at `--speed K`
@@ -259,7 +259,7 @@ def summary(pairs: list[tuple[Run, Run]], rows: list[tuple[str, str, Metric]], t
 
 
 def sim_replay(real_dir: Path, trace: Path, out: Path, speed: float, sim_profile: str | None,
-               server_args: list[str]) -> Path:
+               server_args: list[str], clock: str = "real") -> Path:
     """Replay `trace` on simulators as the real run `real_dir` replayed it; returns the sim run folder."""
     real = load_run(real_dir)
     meta = real.meta
@@ -275,7 +275,8 @@ def sim_replay(real_dir: Path, trace: Path, out: Path, speed: float, sim_profile
     router = meta.get("external_router")
     # runs recorded before --api and --flush-cache existed used /generate and started from whatever cache the
     # server had (a fresh simulator's is empty: the same as a flush)
-    args = [sys.executable, "-m", "tracebench", "replay", str(trace), "--backend", "sim", "--seed", str(meta["seed"]),
+    args = [sys.executable, "-m", "tracebench", "replay", str(trace), "--backend", "sim", "--clock", clock,
+            "--seed", str(meta["seed"]),
             "--mode", meta["mode"], "--api", meta.get("api", "generate"),
             "--stream" if meta["stream"] else "--no-stream",
             "--flush-cache" if meta.get("flush_cache", True) else "--no-flush-cache",
@@ -312,6 +313,8 @@ def sim_replay(real_dir: Path, trace: Path, out: Path, speed: float, sim_profile
         (accelerator,) = accelerators(real)   # one kind of GPU per run
         args += ["--sim-gpu", accelerator]
     if speed != 1:
+        if clock == "virtual":
+            raise SystemExit("--speed is for --clock real (a virtual run has nothing to compress)")
         args += ["--speed", f"{speed:g}"]
     print("$ " + " ".join(args[1:]), file=sys.stderr)
     subprocess.run(args, check=True, stdout=sys.stderr)   # its run folder line: not part of the tables
@@ -330,6 +333,8 @@ def main() -> None:
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                         help="--replay: a sim-server flag for every sim run (tracebench replay --server-arg), "
                              "e.g. '--kv-transfer-bandwidth 1.53'")
+    parser.add_argument("--clock", choices=("real", "virtual"), default="real",
+                        help="--replay: the sim runs' --clock (virtual: in process, simulated time; docs/virtual-clock.md)")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE,
                         help="the * rows are held to this relative difference (default 0.15, issue 6)")
     parser.add_argument("--title", default="Simulator vs real sglang")
@@ -349,7 +354,7 @@ def main() -> None:
     pairs_dirs = list(zip(map(Path, opts.runs[::2]), map(Path, opts.runs[1::2])))
     for real_dir, trace in opts.replay:
         pairs_dirs.append((Path(real_dir), sim_replay(Path(real_dir), Path(trace), opts.out, opts.speed,
-                                                      opts.sim_profile, opts.server_arg)))
+                                                      opts.sim_profile, opts.server_arg, opts.clock)))
     if not pairs_dirs:
         parser.error("give RUN_REAL RUN_SIM pairs or --replay RUN_REAL TRACE")
     pairs = [(load_run(r), load_run(s)) for r, s in pairs_dirs]
