@@ -1,5 +1,6 @@
 """Each built-in policy's defining behaviour, seen in the requests.jsonl of a real `tracebench replay` against two
-simulated servers (real processes, real HTTP, `--speed 10`), and the example policy run from its file."""
+simulated servers on the virtual clock (`--clock virtual`: the policy, the router and the model are a real-time run's,
+HTTP is not the point here), and the example policy run from its file."""
 
 from __future__ import annotations
 
@@ -8,24 +9,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port, run_cli
+from tests.conftest import REPO, run_cli
 from tracebench.trace.format import format_request_line, write_trace
 
 Row = tuple[float, int, int]  # arrival (run seconds), input_len, output_len
-SPEED = 10  # every replay here runs at --speed 10: the whole run, arrivals included, 10 times compressed
+SPEED = 10  # the rows below are in tenths of the trace's seconds (they were written for --speed 10 runs)
 
 
 def write(path: Path, rows: list[Row]) -> Path:
-    """A trace whose requests arrive at the given run seconds of a replay at --speed SPEED (arrival_s = that × SPEED:
-    the replay releases request i at arrival_s / SPEED)."""
+    """A trace whose requests arrive at the given times × SPEED (trace seconds)."""
     lines = [format_request_line(i, arrival * SPEED, ilen, olen) for i, (arrival, ilen, olen) in enumerate(rows)]
     return write_trace(path, {"num_requests": len(rows), "duration_s": rows[-1][0] * SPEED}, lines)
 
 
 def replay(tmp_path: Path, trace: Path, name: str, *args: str) -> tuple[list[dict], dict]:
-    """Run the replay (2 sim servers, speed 10); the records sorted by dispatch time, and run.json."""
+    """Run the replay (2 simulated servers, virtual clock); the records sorted by dispatch time, and run.json."""
     proc = run_cli(
-        "replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", str(SPEED), "--port-base", str(free_port(2)),
+        "replay", str(trace), "--clock", "virtual", "--gpus", "2",
         "--out-dir", str(tmp_path / "runs"), "--run-name", name, "--quiet", *args, cwd=REPO, timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
