@@ -15,6 +15,7 @@ watchdog, the saturation stop, the records) is the real-time run's own code on t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ from tracebench.replay.records import RequestRecord
 from tracebench.replay.router import ServerState
 from tracebench.replay.servers import Fleet, ServerPlan
 from tracebench.replay.tokens import InputIds
+from tracebench.sim.args import SimArgs
 from tracebench.sim.engine import Pending, RunDelivery
 from tracebench.sim.inprocess import InProcessServer, sim_args_from_command
 from tracebench.sim.validate import BadRequest, SchedulerAbort
@@ -74,10 +76,15 @@ class InProcessFleet(Fleet):
 
     def start(self) -> None:
         """Build every server from its sim-server flags (nothing runs until `wait_healthy`, on the loop)."""
+        parsed: dict[tuple[str, ...], SimArgs] = {}  # the servers' flags differ by --port alone: parsed once
         for plan in self.plans:
             assert plan.command is not None
             words = plan.command[plan.command.index("sim-server") + 1:]
-            self.servers.append(InProcessServer(sim_args_from_command(words)))
+            at = words.index("--port")
+            port, key = int(words[at + 1]), tuple(words[:at] + words[at + 2:])
+            if key not in parsed:
+                parsed[key] = sim_args_from_command(words)
+            self.servers.append(InProcessServer(dataclasses.replace(parsed[key], port=port)))
 
     def first(self, count: int) -> Fleet:
         raise ServerStartError("in-process servers are not shared between runs")
