@@ -171,3 +171,23 @@ def test_sweep_on_the_virtual_clock(tmp_path: Path) -> None:
     assert summary["points"][0]["status"] == "completed" and summary["points"][0]["throughput_rps"] > 5
     for point in (tmp_path / "sw").glob("rate-*/run.json"):
         assert json.loads(point.read_text())["clock"] == "virtual"
+
+
+def test_virtual_timeout_and_no_stream(tmp_path: Path) -> None:
+    """--timeout ends a request that is not whole in time (recorded `timeout`, its server aborts it); --no-stream
+    answers come whole (no first token, no gaps)."""
+    trace = _generate(tmp_path / "t.jsonl", "--rate", "20", "--num-requests", "60", "--input-len", "200",
+                      "--output-len", "400", "--seed", "0")
+    done = _replay(trace, tmp_path, "timeout", "--gpus", "1", "--timeout", "1.5")
+    assert done.returncode == 0, done.stderr
+    records = _records(tmp_path / "timeout")
+    late = [r for r in records if r["status"] == "timeout"]
+    assert late and all(r["error"] == "no complete answer within --timeout 1.5 s" for r in late)
+    assert all(r["t_finish"] - r["t_dispatch"] == pytest.approx(1.5) for r in late)
+    assert all(r["t_finish"] - r["t_dispatch"] < 1.5 for r in records if r["status"] == "ok")
+    done = _replay(trace, tmp_path, "whole", "--gpus", "1", "--no-stream")
+    assert done.returncode == 0, done.stderr
+    records = _records(tmp_path / "whole")
+    assert {r["status"] for r in records} == {"ok"}
+    assert all(r["t_first_token"] is None and r["itl_hist"] is None and r["t_headers"] == r["t_finish"]
+               for r in records)

@@ -216,8 +216,14 @@ class InProcessSender:
 
     prepares_ahead = False  # no body to make
 
-    def __init__(self, fleet: InProcessFleet, input_ids: InputIds, stream: bool, hops: Hops, clock: RunClock) -> None:
+    def __init__(self, fleet: InProcessFleet, input_ids: InputIds, stream: bool, hops: Hops, clock: RunClock,
+                 request_timeout: float | None = None, timeout_reason: str | None = None) -> None:
+        """`request_timeout` (run seconds; --timeout): from dispatch to the answer's end, as the HTTP client's;
+        `timeout_reason`: what a timed-out record says."""
         self.fleet = fleet
+        self.request_timeout = request_timeout
+        self.timeout_reason = timeout_reason or (None if request_timeout is None else
+                                                 f"no complete answer within --timeout {request_timeout:g} s")
         self.input_ids = input_ids
         self.stream = stream
         self.api = GenerateApi()
@@ -261,7 +267,17 @@ class InProcessSender:
         if self.stream:
             rec.t_headers = t + hops.request_s + hops.response_s  # the handler answers its headers at once
         try:
-            rec.t_finish = await done
+            if self.request_timeout is None:
+                rec.t_finish = await done
+            else:
+                rec.t_finish = await asyncio.wait_for(done, t + self.request_timeout - now())
+        except asyncio.TimeoutError:
+            srv.engine.release([pend], False)  # the client gave up: the server aborts it, as sglang does
+            rec.t_finish = now()
+            if self.stream and rec.t_first_token is not None:
+                rec.t_last_chunk = watch.t_chunk
+                rec.itl_max, rec.itl_hist = watch.gaps.fields()  # type: ignore[union-attr]
+            return Answer("timeout", self.timeout_reason)
         except BaseException:
             srv.engine.release([pend], False)  # the client went away (the run stopped it): the server aborts it
             raise

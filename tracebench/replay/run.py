@@ -905,7 +905,7 @@ class Replay:
             self.writer = (RecordWriter if self.external is None else ViaRouterWriter)(self.run_dir / "requests.jsonl")
             self.clock = clock = VirtualRunClock(asyncio.get_running_loop()) if cfg.clock == "virtual" else RunClock()
             common: dict[str, Any] = dict(
-                clock=clock, servers=states, sender=self._sender(client, input_ids, clock), writer=self.writer,
+                clock=clock, servers=states, sender=self._sender(client, input_ids, clock, timeout, reason), writer=self.writer,
                 total=len(self.table), health_check=health_check,
                 batch_size=cfg.batch_size if cfg.mode == "static" else None,
                 batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, speed), speed=speed,
@@ -988,7 +988,8 @@ class Replay:
                 line = progress_line(self.router, self.t_end, self.router.finished / self.t_end, cfg.speed)
                 self.stderr.write(("\r" if tty else "") + line + "\n")
 
-    def _sender(self, client: Any, input_ids: InputIds, clock: RunClock) -> Any:
+    def _sender(self, client: Any, input_ids: InputIds, clock: RunClock, timeout: float | None,
+                reason: str | None) -> Any:
         """How the requests reach the servers (flight.py): HTTP, or (--clock virtual) a direct call into the
         in-process servers, with the HTTP hops modelled from their profile."""
         if self.cfg.clock == "real":
@@ -1000,7 +1001,7 @@ class Replay:
         if len(profiles) != 1:
             raise ConfigError("--clock virtual: every server must have the same profile")
         self.hops = Hops.of_profile(profiles.pop().client_overhead_s)
-        return InProcessSender(self.fleet, input_ids, self.cfg.stream, self.hops, clock)
+        return InProcessSender(self.fleet, input_ids, self.cfg.stream, self.hops, clock, timeout, reason)
 
     def _beside_servers(self) -> list[dict[str, Any]]:
         # what BesideTelemetry needs of each server (behind sglang-router too: it asks the servers themselves)
