@@ -105,9 +105,16 @@ def _write_files(files: dict[Path, bytes]) -> None:
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap.")
 @click.option("--reports-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"),
               show_default=True, help="Where a RUN given by name is looked up.")
+@click.option("--layout", type=click.Choice(("auto", "wide", "runs")), default="auto", show_default=True,
+              help="Tables of the table, md and html formats. wide: each run's values, then each run's change "
+                   "against the baseline and the 95% interval of that change, in columns of their own (a terminal "
+                   "too narrow splits them into parts 1/2, 2/2); runs: one column per run, each cell its value and "
+                   "its change against the baseline in % (* when the change's interval excludes 0), each percentile "
+                   "with the run's own 95% interval under it (five runs fit 120 columns); auto: runs for the terminal "
+                   "table of 3 runs or more, else wide.")
 def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output: Path | None, slo: str | None,
            fail_on_slo: bool, slo_percentile: float | None, warmup: float, allow_different_traces: bool, bootstrap: int,
-           seed: int, reports_dir: Path) -> None:
+           seed: int, reports_dir: Path, layout: str) -> None:
     """Compare runs of the same trace, side by side, against a baseline.
 
     A RUN is a run folder written by `tracebench replay`, or its name in reports/
@@ -142,7 +149,7 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     from tracebench.errors import ConfigError
     from tracebench.report.load import load_runs, resolve_run_dir
     from tracebench.report.metrics import build_report, parse_slo
-    from tracebench.report.render import document
+    from tracebench.report.render import document as document_of, resolve_layout
 
     out_format = _resolve_format(fmt, output)
     if fail_on_slo and slo is None:
@@ -171,6 +178,11 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
         else:
             specs.insert(0, baseline)
     loaded = load_runs(specs, reports_dir)
+    layout = resolve_layout(layout, len(loaded), out_format)
+
+    def document(result: Report):  # type: ignore[no-untyped-def]
+        return document_of(result, layout)
+
     result = build_report(loaded, base_index, warmup=warmup, slo=slo_spec, bootstrap=bootstrap, seed=seed,
                           allow_different_traces=allow_different_traces, with_series=out_format == "html")
 
