@@ -13,7 +13,9 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, MaxNLocator, NullLocator  # noqa: E402
 
+from tracebench.report.figure_options import SIZES, FigureOptions  # noqa: E402
 from tracebench.report.metrics import LATENCY_LABELS, SLO_KEYS, Report  # noqa: E402
 
 _COLOURS = plt.get_cmap("tab10").colors
@@ -56,15 +58,29 @@ CDF_TITLES = {"total": "Total latency (arrival → finish)", "ttft": "Time to fi
               "tpot": "Time per output token"}
 
 
-def latency_cdfs(report: Report) -> Figure:
-    """The main figure: CDFs of total latency, TTFT, server latency, router wait and TPOT, all runs overlaid."""
+# (rows, columns) of the CDF grid for 1..5 panels; a spare cell holds the legend
+_GRIDS = {1: (1, 1), 2: (1, 2), 3: (1, 3), 4: (2, 2), 5: (2, 3)}
+_TAIL_TICKS = (0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999)
+
+
+def latency_cdfs(report: Report, opts: FigureOptions | None = None) -> Figure:
+    """The main figure: CDFs of total latency, TTFT, server latency, router wait and TPOT (or the panels `opts.plots`
+    names, in that order), all runs overlaid; x linear or log, y linear or tail-focused (logit: p50, p90, p99, p99.9
+    equally spaced); `opts.size` in inches (figure_options.SIZES)."""
     assert report.series is not None
-    keys = ("total", "ttft", "server_client", "router_wait", "tpot")
+    opts = opts if opts is not None else FigureOptions()
+    keys = opts.plots
     slo_by_metric = {SLO_KEYS[k]: v for k, v in (report.slo or {}).items()}
-    fig, grid = plt.subplots(2, 3, figsize=(15, 8.6), layout="constrained")
+    rows, cols = _GRIDS[len(keys)]
+    spare = rows * cols > len(keys)
+    slide = opts.size != "page"
+    with plt.rc_context({"font.size": 13 if slide else 10}):
+        fig, grid = plt.subplots(rows, cols, figsize=SIZES[opts.size], layout="constrained", squeeze=False)
     axes = grid.flatten()
+    most = max((s.cdf[k][0].size for s in report.series for k in keys), default=0)
     for ax, key in zip(axes, keys):
         top = max((float(s.cdf[key][0][-1]) for s in report.series if s.cdf[key][0].size), default=0.0)
+        low = min((float(x[x > 0][0]) for s in report.series for x in (s.cdf[key][0],) if (x > 0).any()), default=0.0)
         scale, unit = 1000.0, "ms"  # every panel in ms, as the tables (issue 23: panels mixed s and ms)
         drawn = False
         for i, ser in enumerate(report.series):
@@ -74,27 +90,59 @@ def latency_cdfs(report: Report) -> Figure:
             drawn = True
             ax.step(np.concatenate([[x[0]], x]) * scale, np.concatenate([[0.0], p]), where="post",
                     color=_colour(i), linewidth=1.8, label=_run_name(report, i))
+        tail = opts.y_scale == "tail"
+        # tail: from p50 up to p99.9, or to the last point below 1 of the largest run
+        y_top = min(0.999, 1.0 - 1.0 / most) if most > 2 else 0.99
         for q in (0.5, 0.9, 0.99):
             ax.axhline(q, color="#999999", linewidth=0.8, linestyle=":")
-            ax.annotate(f"p{int(q * 100)}", xy=(1.0, q), xycoords=("axes fraction", "data"), xytext=(2, 0),
-                        textcoords="offset points", va="center", fontsize=8, color="#666666")
+            if not tail:  # (the tail axis's own ticks say p50, p90, ...)
+                ax.annotate(f"p{q * 100:g}", xy=(1.0, q), xycoords=("axes fraction", "data"), xytext=(2, 0),
+                            textcoords="offset points", va="center", fontsize=8 if not slide else 11, color="#666666")
         # the axis follows the data, never the SLO: a far SLO would squeeze the curves into a corner
-        right = top * scale * 1.04 if top > 0 else 1.0
-        ax.set_xlim(0, right)
+        if opts.x_scale == "log" and low > 0:
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))  # 100, 1,000: not 10^2, 10^3
+            left, right = low * scale / 1.25, top * scale * 1.25
+            ax.set_xlim(left, right)
+        else:
+            right = top * scale * 1.04 if top > 0 else 1.0
+            ax.set_xlim(0, right)
+            if slide:  # larger type: fewer ticks, so that 10,000 and 12,000 do not run into each other
+                ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
         if key in slo_by_metric:
             mark_slo(ax, slo_by_metric[key] * scale, unit, right)
-        ax.set_title(CDF_TITLES[key], fontsize=12)
-        ax.set_xlabel(f"{LATENCY_LABELS[key]} ({unit})")
-        ax.set_ylabel("fraction of completed requests ≤ x")
-        ax.set_ylim(0, 1.02)
+        ax.set_title(CDF_TITLES[key], fontsize=12 if not slide else 15)
+        ax.set_xlabel(f"{LATENCY_LABELS[key]} ({unit}{', log scale' if ax.get_xscale() == 'log' else ''})")
+        first_column = list(axes).index(ax) % cols == 0
+        if tail:
+            ax.set_yscale("logit", nonpositive="clip")
+            ax.set_ylim(0.5, y_top)
+            ticks = [q for q in _TAIL_TICKS if q <= y_top + 1e-12]
+            ax.yaxis.set_major_locator(FixedLocator(ticks))
+            ax.yaxis.set_major_formatter(FixedFormatter([f"p{q * 100:g}" for q in ticks]))
+            ax.yaxis.set_minor_locator(NullLocator())
+            if first_column:
+                ax.set_ylabel("percentile of completed requests (tail-focused)")
+        else:
+            if first_column:
+                ax.set_ylabel("fraction of completed requests ≤ x")
+            ax.set_ylim(0, 1.02)
         _style(ax)
         if not drawn:
             ax.text(0.5, 0.5, "no first-token stamps\n(not streamed)", ha="center", va="center", transform=ax.transAxes)
     handles, labels = axes[0].get_legend_handles_labels()
-    axes[-1].axis("off")  # the sixth cell holds the legend
-    axes[-1].legend(handles, labels, loc="center", frameon=False, fontsize=10)
-    fig.suptitle("Latency CDFs" + (f" (requests arriving after {report.warmup_s:g} s)" if report.warmup_s > 0 else ""),
-                 fontsize=14, fontweight="bold")
+    legend_size = 10 if not slide else 13
+    if spare:  # the first spare cell holds the legend, the others stay empty
+        for ax in axes[len(keys):]:
+            ax.axis("off")
+        axes[len(keys)].legend(handles, labels, loc="center", frameon=False, fontsize=legend_size)
+    else:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), frameon=False,
+                   fontsize=legend_size)
+    title = opts.title if opts.title is not None else "Latency CDFs"
+    fig.suptitle(title + (f" (requests arriving after {report.warmup_s:g} s)" if report.warmup_s > 0 else ""),
+                 fontsize=14 if not slide else 18, fontweight="bold")
     return fig
 
 
