@@ -81,3 +81,67 @@ def test_one_warning_for_all_the_runs_it_concerns() -> None:
 
     assert merged_warnings(["run 'a': too hot", "other", "run 'b': too hot", "run 'c': cold"]) == [
         "runs 'a', 'b': too hot", "other", "run 'c': cold"]
+
+
+# ---- item 1: a figure for a slide ---------------------------------------------------------------------------------
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_a_slide_png_with_chosen_panels_title_labels_and_axes(five_runs: Path) -> None:
+    out = five_runs / "slide.png"
+    done = run_cli("report", "round_robin", "sjf", "-o", str(out), "--plots", "ttft,tpot", "--x-scale", "log",
+                   "--y-scale", "tail", "--title", "Two policies, one slide", "--label", "round_robin=RR",
+                   "--label", "sjf=shortest first", cwd=five_runs)
+    assert done.returncode == 0, done.stderr
+    assert _png_size(out) == (2000, 1125)  # 13.33 x 7.5 in at 150 dpi: a 16:9 slide
+    svg = five_runs / "slide.svg"
+    done = run_cli("report", "round_robin", "sjf", "-o", str(svg), "--plots", "tpot,ttft", "--y-scale", "tail",
+                   "--title", "Two policies, one slide", "--label", "round_robin=RR", "--label", "sjf=shortest first",
+                   cwd=five_runs)
+    assert done.returncode == 0, done.stderr
+    text = svg.read_text()
+    for words in ("Two policies, one slide", "RR (baseline)", "shortest first", "Time per output token",
+                  "Time to first token", "p99", "p50"):
+        assert words in text, words
+    assert "Total latency" not in text and "Router wait" not in text  # only the panels asked for
+    assert text.index("Time per output token") < text.index("Time to first token")  # in the order asked
+    # the labels name the runs in the tables too
+    table = run_cli("report", "round_robin", "sjf", "--label", "sjf=shortest first", cwd=five_runs).stdout
+    assert "shortest first" in table
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--plots", "ttft,latency"], "--plots: unknown panel 'latency'"),
+    (["--plots", "ttft,ttft"], "a panel is named twice"),
+    (["--label", "nosuchrun=x"], "--label nosuchrun=...: no such RUN"),
+    (["--label", "sjf"], "expected RUN=TEXT"),
+    (["--label", "sjf=round_robin"], "two runs would both be called 'round_robin'"),
+    (["--format", "png"], "--format png writes the latency figure to a file"),
+])
+def test_bad_figure_options_are_one_line_errors(five_runs: Path, args: list[str], message: str) -> None:
+    extra = [] if "--format" in args else ["-o", "x.png"]
+    done = run_cli("report", "round_robin", "sjf", *args, *extra, cwd=five_runs)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not (five_runs / "x.png").exists()
+    done = run_cli("report", "round_robin", "sjf", "--x-scale", "log", cwd=five_runs)
+    assert done.returncode == 2 and "drawn only by --format png, svg or html" in done.stderr
+
+
+def test_telemetry_figure_drops_empty_panels_and_names_pd_roles(tmp_path: Path) -> None:
+    """A simulated PD run (1 prefill, 1 decode server): /metrics scrapes but no GPU samples."""
+    trace = tmp_path / "t.jsonl"
+    assert run_cli("generate", "--rate", "8", "--num-requests", "24", "-o", str(trace)).returncode == 0
+    done = run_cli("replay", str(trace), "--backend", "sim", "--pd", "1:1", "--speed", "4", "--run-name", "pd",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    page = tmp_path / "r.html"
+    done = run_cli("report", "pd", "-o", str(page), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    telemetry = next(svg for svg in page.read_text().split("<svg") if "Server telemetry" in svg)
+    assert "no run has GPU samples" in telemetry
+    assert "no GPU samples" not in telemetry.replace("no run has GPU samples", "")  # no empty GPU panel
+    assert "server 0 (prefill): sglang requests" in telemetry and "server 1 (decode): sglang requests" in telemetry

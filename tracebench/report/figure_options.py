@@ -12,7 +12,7 @@ PANELS = {"total": "total", "ttft": "ttft", "server": "server_client", "wait": "
 X_SCALES = ("linear", "log")
 Y_SCALES = ("linear", "tail")
 # --size: a 16:9 slide (13.33 x 7.5 in, PowerPoint's and Google Slides' default) and a 4:3 one, at 150 dpi
-SIZES = {"slide": (13.333, 7.5), "slide-4:3": (10.0, 7.5), "page": (15.0, 8.6)}
+SIZES = {"slide": (40 / 3, 7.5), "slide-4:3": (10.0, 7.5), "page": (15.0, 8.6)}
 SLIDE_DPI = 150
 
 

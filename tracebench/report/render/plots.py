@@ -240,11 +240,11 @@ def per_server_over_time(report: Report) -> Figure:
         if not any(row < len(ser.servers) and ser.servers[row].telemetry_t.size for ser in report.series):
             right.text(0.5, 0.5, "no telemetry.jsonl", ha="center", va="center", transform=right.transAxes)
         _cap_lines(left, report, labelled=False)
-        left.set_title(f"server {row}: requests in flight (solid), cap (dashed), waiting in sglang (dotted)",
-                       fontsize=10, loc="left")
+        left.set_title(f"{server_name(report, row)}: requests in flight (solid), cap (dashed), waiting in sglang "
+                       f"(dotted)", fontsize=10, loc="left")
         left.set_ylabel("requests")
         left.set_ylim(bottom=0)
-        right.set_title(f"server {row}: KV cache usage (sglang token_usage)", fontsize=10, loc="left")
+        right.set_title(f"{server_name(report, row)}: KV cache usage (sglang token_usage)", fontsize=10, loc="left")
         right.set_ylabel("% of the KV cache")
         right.set_ylim(0, 105)
         _style(left)
@@ -298,18 +298,29 @@ def server_telemetry(report: Report) -> Figure:
     servers = min(max(len(ser.servers) for ser in report.series), MAX_SERVER_ROWS)
     host = sorted({g.index for ser in report.series for g in ser.host_gpus})[:4 * MAX_SERVER_ROWS]
     host_rows = math.ceil(len(host) / 4)
-    fig, grid = plt.subplots(servers + host_rows, 4, figsize=(17, 2.7 * (servers + host_rows) + 1.4), sharex=True,
-                             squeeze=False, layout="constrained")
+    # a kind of panel no run has data for is left out (a simulated run has no GPU samples), not drawn empty
+    any_metrics = any(srv.metrics is not None for ser in report.series for srv in ser.servers)
+    any_gpu = any(srv.gpus for ser in report.series for srv in ser.servers)
+    width = 3 * any_metrics + any_gpu
+    cols = max(width, 4 if host else 1)
+    fig, grid = plt.subplots(servers + host_rows, cols, figsize=(max(17 * cols / 4, 15),
+                                                                 2.7 * (servers + host_rows) + 1.4),
+                             sharex=True, squeeze=False, layout="constrained")
     for row in range(servers):
-        requests_ax, cache_ax, gen_ax, gpu_ax = grid[row]
-        power_ax = gpu_ax.twinx()
+        cells = list(grid[row])
+        for ax in cells[width:]:
+            ax.set_visible(False)
+        requests_ax, cache_ax, gen_ax = cells[:3] if any_metrics else (None, None, None)
+        gpu_ax = cells[3 if any_metrics else 0] if any_gpu else None
+        power_ax = gpu_ax.twinx() if gpu_ax is not None else None
+        name_row = server_name(report, row)
         drawn_metrics = drawn_gpu = False
         for i, ser in enumerate(report.series):
             if row >= len(ser.servers):
                 continue
             colour, name, srv = _colour(i), _run_name(report, i), ser.servers[row]
             m = srv.metrics
-            if m is not None:
+            if m is not None and requests_ax is not None:
                 drawn_metrics = True
                 requests_ax.plot(m.t, m.running, color=colour, linewidth=1.4, label=f"{name}: running")
                 requests_ax.plot(m.t, m.queued, color=colour, linewidth=1.1, linestyle="--", label=f"{name}: queued")
@@ -317,23 +328,26 @@ def server_telemetry(report: Report) -> Figure:
                 cache_ax.plot(m.hit_t, m.hit_rate * 100.0, color=colour, linewidth=1.1, linestyle=":", marker=".",
                               markersize=3)
                 gen_ax.plot(m.t, m.gen_throughput, color=colour, linewidth=1.3)
-            if srv.gpus:
+            if srv.gpus and gpu_ax is not None:
                 drawn_gpu = True
                 _gpu_lines(gpu_ax, power_ax, srv.gpus, colour)
-        for ax, what, ylabel in (
-            (requests_ax, "sglang requests: running (solid), queued (dashed)", "requests"),
-            (cache_ax, "KV usage (solid), prefix-cache hit rate (dotted)", "%"),
-            (gen_ax, "generation throughput (sglang)", "tokens/s"),
-        ):
-            ax.set_title(f"server {row}: {what}", fontsize=9, loc="left")
-            ax.set_ylabel(ylabel)
-            _style(ax)
-            if not drawn_metrics:
-                ax.text(0.5, 0.5, "no /metrics scrapes", ha="center", va="center", transform=ax.transAxes)
-        requests_ax.set_ylim(bottom=0)
-        gen_ax.set_ylim(bottom=0)
-        cache_ax.set_ylim(0, 105)
-        _gpu_axes(gpu_ax, power_ax, f"server {row}: GPU", drawn_gpu)
+        if any_metrics:
+            for ax, what, ylabel in (
+                (requests_ax, "sglang requests: running (solid), queued (dashed)", "requests"),
+                (cache_ax, "KV usage (solid), prefix-cache hit rate (dotted)", "%"),
+                (gen_ax, "generation throughput (sglang)", "tokens/s"),
+            ):
+                # the server's name once, on its row's first panel (it would not fit on every title)
+                ax.set_title(f"{name_row}: {what}" if ax is requests_ax else what, fontsize=9, loc="left")
+                ax.set_ylabel(ylabel)
+                _style(ax)
+                if not drawn_metrics:
+                    ax.text(0.5, 0.5, "no /metrics scrapes", ha="center", va="center", transform=ax.transAxes)
+            requests_ax.set_ylim(bottom=0)
+            gen_ax.set_ylim(bottom=0)
+            cache_ax.set_ylim(0, 105)
+        if gpu_ax is not None:
+            _gpu_axes(gpu_ax, power_ax, f"{name_row}: GPU", drawn_gpu)
     for k, index in enumerate(host):
         ax = grid[servers + k // 4][k % 4]
         power_ax = ax.twinx()
@@ -353,10 +367,28 @@ def server_telemetry(report: Report) -> Figure:
     if handles:
         fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), frameon=False, fontsize=9)
     more = max(len(ser.servers) for ser in report.series) - servers
-    fig.suptitle("Server telemetry: sglang's /metrics and the GPUs" +
+    what = ("sglang's /metrics and the GPUs" if any_metrics and (any_gpu or host) else "sglang's /metrics (no run has GPU "
+            "samples: simulated, attached or no nvidia-smi)" if any_metrics else "the GPUs (no run has /metrics scrapes)")
+    fig.suptitle(f"Server telemetry: {what}" +
                  (f" (first {servers} servers; {more} more not drawn)" if more > 0 else ""),
                  fontsize=14, fontweight="bold")
     return fig
+
+
+def server_name(report: Report, index: int) -> str:
+    """`server 0`, with its PD role where a run gave it one (`server 0 (prefill)`; `server 0 (prefill in a, decode in
+    b)` where the runs differ; a plain run's server has none)."""
+    roles: dict[str, list[str]] = {}
+    for i, loads in enumerate(report.servers):
+        for load in loads:
+            if load.server == index and load.role:
+                roles.setdefault(load.role, []).append(report.runs[i].label)
+    if not roles:
+        return f"server {index}"
+    plain = len(report.runs) - sum(map(len, roles.values()))
+    if len(roles) == 1 and not plain:
+        return f"server {index} ({next(iter(roles))})"
+    return f"server {index} (" + ", ".join(f"{role} in {', '.join(runs)}" for role, runs in roles.items()) + ")"
 
 
 def server_load(report: Report) -> Figure:
