@@ -4,6 +4,7 @@ test_trace_datasets.py), PD links that match the hardware, five runs at a glance
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -145,3 +146,60 @@ def test_telemetry_figure_drops_empty_panels_and_names_pd_roles(tmp_path: Path) 
     assert "no run has GPU samples" in telemetry
     assert "no GPU samples" not in telemetry.replace("no run has GPU samples", "")  # no empty GPU panel
     assert "server 0 (prefill): sglang requests" in telemetry and "server 1 (decode): sglang requests" in telemetry
+
+    # item 3: the simulated link is named: run.json pd.kv_link, and the report (the default: the measured tcp link)
+    meta = json.loads((tmp_path / "reports" / "pd" / "run.json").read_text())
+    assert meta["pd"]["kv_link"]["name"] == "tcp" and meta["options"]["kv_link"] == "tcp"
+    table = run_cli("report", "pd", cwd=tmp_path, env={"COLUMNS": "200"}).stdout
+    assert "KV link tcp: 1.54 GiB/s + 70 ms a transfer (measured" in table
+
+
+# ---- item 3: PD links that match the hardware ---------------------------------------------------------------------
+
+def test_kv_link_is_a_visible_option_with_cited_presets() -> None:
+    from tracebench.replay.kv_link import PRESETS
+
+    done = run_cli("replay", "--help", env={"COLUMNS": "200"})
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert "--kv-link PRESET|BW:LAT" in text and "[default: tcp, measured]" in text
+    for name, link in PRESETS.items():
+        assert f"{name} ({link.bandwidth_gib_s:g} GiB/s + {link.latency_s * 1000:g} ms)" in text
+        assert link.source  # where the figure comes from, recorded with the run
+    # the arithmetic of the cited figures: GB/s per NIC -> GiB/s
+    assert PRESETS["rdma-400g"].bandwidth_gib_s == round(190 / 8 * 1e9 / 2**30, 2)
+    assert PRESETS["rdma-200g"].bandwidth_gib_s == round(87 / 4 * 1e9 / 2**30, 2)
+    sweep = run_cli("sweep", "--help", env={"COLUMNS": "200"})
+    assert "--kv-link" in sweep.stdout
+
+
+def test_a_chosen_link_reaches_the_simulators_and_the_report(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    assert run_cli("generate", "--rate", "8", "--num-requests", "16", "-o", str(trace)).returncode == 0
+    done = run_cli("replay", str(trace), "--backend", "sim", "--pd", "1:1", "--speed", "4", "--kv-link", "25:0.005",
+                   "--run-name", "pd25", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "reports" / "pd25" / "run.json").read_text())
+    assert meta["pd"]["kv_link"] == {"name": "custom", "bandwidth_gib_s": 25.0, "latency_s": 0.005,
+                                     "source": "given: --kv-link 25:0.005"}
+    for server in meta["servers"]:  # what each simulated server says it was given
+        sim = server["server_info"]["tracebench_sim"]
+        assert (sim["kv_transfer_bandwidth_gib_s"], sim["kv_transfer_latency_s"]) == (25.0, 0.005)
+    table = run_cli("report", "pd25", cwd=tmp_path, env={"COLUMNS": "200"}).stdout
+    assert "KV link custom: 25 GiB/s + 5 ms a transfer" in table
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "sim", "--gpus", "2", "--kv-link", "tcp"], "--kv-link sets the link of simulated PD servers"),
+    (["--pd", "1:1", "--kv-link", "tcp", "--model", "m"], "--kv-link sets the link of simulated PD servers"),
+    (["--backend", "sim", "--pd", "1:1", "--kv-link", "fast"], "--kv-link fast: expected a preset"),
+    (["--backend", "sim", "--pd", "1:1", "--kv-link", "25:-1"], "--kv-link 25:-1: expected a preset"),
+    (["--backend", "sim", "--pd", "1:1", "--kv-link", "nvlink", "--server-arg", "--kv-transfer-bandwidth 3"],
+     "--kv-link and --server-arg --kv-transfer-bandwidth both set the KV link"),
+])
+def test_bad_kv_links_are_refused_before_the_run(tmp_path: Path, args: list[str], message: str) -> None:
+    trace = tmp_path / "t.jsonl"
+    assert run_cli("generate", "--rate", "8", "--num-requests", "4", "-o", str(trace)).returncode == 0
+    done = run_cli("replay", str(trace), *args, cwd=tmp_path)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not (tmp_path / "reports").exists()

@@ -11,6 +11,7 @@ import click
 
 from tracebench.errors import ConfigError
 from tracebench.options import FINITE, INT, SEED
+from tracebench.replay.kv_link import HELP as KV_LINK_HELP
 
 if TYPE_CHECKING:
     from tracebench.replay.run import ReplayConfig
@@ -178,6 +179,7 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
              "PD servers. Each request goes to one prefill and one decode server (--prefill-policy, "
              "--decode-policy), both sent the same body with bootstrap_host/port/room as sglang-router's PD "
              "mode sends it; the answer is the decode server's stream (docs/pd.md)."),
+    "kv_link": click.option("--kv-link", default=None, metavar="PRESET|BW:LAT", help=KV_LINK_HELP),
     "attach_prefill": click.option("--attach-prefill", multiple=True, metavar="URL",
         help="PD: a running prefill server (repeatable); its bootstrap port is read from its /server_info."),
     "attach_decode": click.option("--attach-decode", multiple=True, metavar="URL", help="PD: a running decode server (repeatable)."),

@@ -324,7 +324,7 @@ def _pd_servers_table(report: Report) -> Table:
     for i, pd in enumerate(report.pd):
         if pd is None:
             continue
-        notes.append(f"{report.runs[i].label}: {pd.ratio}, {pd.routing}")
+        notes.append(f"{report.runs[i].label}: {pd.ratio}, {pd.routing}; {pd.link}")
         for j, row in enumerate(pd.servers):
             stages = ", ".join(f"{k} {fmt_value('ms', v)}" for k, v in row.stages.items() if v is not None)
             rows.append([
