@@ -203,3 +203,22 @@ def test_bad_kv_links_are_refused_before_the_run(tmp_path: Path, args: list[str]
     done = run_cli("replay", str(trace), *args, cwd=tmp_path)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert not (tmp_path / "reports").exists()
+
+
+def test_sweep_compares_pd_ratios(tmp_path: Path) -> None:
+    """--pd 1:1,1:2 as a dimension: one point per ratio and rate, each on its own PD servers with the chosen link."""
+    trace = tmp_path / "t.jsonl"
+    assert run_cli("generate", "--rate", "4", "--num-requests", "16", "-o", str(trace)).returncode == 0
+    done = run_cli("sweep", str(trace), "--rates", "4", "--backend", "sim", "--speed", "4", "--pd", "1:1,1:2",
+                   "--kv-link", "rdma-400g", "--name", "pds", "--bootstrap", "50", "--saturation-window", "0",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "reports" / "pds" / "summary.json").read_text())
+    assert summary["dimensions"]["pd"] == ["1:1", "1:2"]
+    assert [(p["point"], p["pd"], p["gpus"]) for p in summary["points"]] == [("pd1x1-rate-4", "1:1", 2),
+                                                                           ("pd1x2-rate-4", "1:2", 3)]
+    for point in summary["points"]:
+        meta = json.loads((tmp_path / "reports" / "pds" / point["point"] / "run.json").read_text())
+        assert meta["pd"]["ratio"] == point["pd"] and meta["pd"]["kv_link"]["name"] == "rdma-400g"
+    assert "PD 1:1 (2 servers), policy random:" in done.stderr + done.stdout
+    assert "PD 1:2 (3 servers), policy random:" in done.stderr + done.stdout
