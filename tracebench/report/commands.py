@@ -77,11 +77,12 @@ def _write_files(files: dict[Path, bytes]) -> None:
               help="The run the others are compared against (default: the first RUN). Need not be among RUN ...")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="table (terminal, the default), md, csv (long: run,metric,stat,value,unit), json, html "
-                   "(one self-contained page with plots, plus its main figure as <FILE>.png), or perfetto (the "
+                   "(one self-contained page with plots, plus its main figure as <FILE>.png), png or svg (the latency "
+                   "figure alone, slide-sized: --size, --plots, --x-scale, --y-scale, --title, --label), or perfetto (the "
                    "runs' timeline as Chrome-trace JSON for ui.perfetto.dev: a track per server, each request a "
                    "slice split into router wait, server queue, prefill and decode, cap changes and server events "
                    "as markers, telemetry as counters; no comparison, so no --baseline/--slo/--warmup). "
-                   "Default: from the -o suffix (.trace: perfetto), else table.")
+                   "Default: from the -o suffix (.trace: perfetto, .png, .svg), else table.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Write to FILE (atomically) instead of stdout. Needed for html.")
 @click.option("--slo", metavar="SPEC",
