@@ -77,7 +77,9 @@ def latency_cdfs(report: Report, opts: FigureOptions | None = None) -> Figure:
     with plt.rc_context({"font.size": 13 if slide else 10}):
         fig, grid = plt.subplots(rows, cols, figsize=SIZES[opts.size], layout="constrained", squeeze=False)
     axes = grid.flatten()
-    most = max((s.cdf[k][0].size for s in report.series for k in keys), default=0)
+    # tail: up to p99.9, or to the highest level below 1 that a run's CDF reaches (1 - 1/n for n requests)
+    below_one = [float(p[p < 1].max()) for s in report.series for k in keys for p in (s.cdf[k][1],) if (p < 1).any()]
+    y_top = min(0.999, max(below_one)) if below_one and max(below_one) > 0.5 else 0.99
     for ax, key in zip(axes, keys):
         top = max((float(s.cdf[key][0][-1]) for s in report.series if s.cdf[key][0].size), default=0.0)
         low = min((float(x[x > 0][0]) for s in report.series for x in (s.cdf[key][0],) if (x > 0).any()), default=0.0)
@@ -91,8 +93,6 @@ def latency_cdfs(report: Report, opts: FigureOptions | None = None) -> Figure:
             ax.step(np.concatenate([[x[0]], x]) * scale, np.concatenate([[0.0], p]), where="post",
                     color=_colour(i), linewidth=1.8, label=_run_name(report, i))
         tail = opts.y_scale == "tail"
-        # tail: from p50 up to p99.9, or to the last point below 1 of the largest run
-        y_top = min(0.999, 1.0 - 1.0 / most) if most > 2 else 0.99
         for q in (0.5, 0.9, 0.99):
             ax.axhline(q, color="#999999", linewidth=0.8, linestyle=":")
             if not tail:  # (the tail axis's own ticks say p50, p90, ...)
