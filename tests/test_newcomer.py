@@ -105,7 +105,7 @@ def test_terminal_report_fits_80_and_120_columns_and_loses_nothing(four_runs: Pa
         words = {w for w in text.split() if not part.fullmatch(w)}
         assert words == set(wide.split()), (columns, set(wide.split()) ^ words)
     if count == 4:  # too many columns to wrap: split into parts, each with the label columns
-        assert "Latency (ms) (1/" in _report(four_runs, names, 80)
+        assert "Latency (ms) (1/" in _report(four_runs, names, 80, "--layout", "wide")
 
 
 def test_tracebench_policies_fits_the_terminal() -> None:

@@ -242,7 +242,11 @@ def test_rate_search() -> None:
     (("--rates", "5", "--slo", "ttft_p99=1"), "unknown key 'ttft_p99'"),
     (("--rates", "5", "--start-rate", "3"), "--start-rate is for --find-max-rate"),
     (("--concurrency", "4", "--max-concurrency", "2"), "--concurrency sets each point's --max-concurrency"),
-    (("--rates", "5", "--pd", "1:1"), "does not run PD points"),
+    (("--rates", "5", "--pd", "1:1", "--gpus", "2"), "--gpus with --pd: each ratio P:D says"),
+    (("--rates", "5", "--pd", "1:1,1:1"), "--pd: a ratio is given twice"),
+    (("--rates", "5", "--pd", "1:1,2"), "--pd '2': expected P:D"),
+    (("--rates", "5", "--attach-prefill", "http://127.0.0.1:1", "--attach-decode", "http://127.0.0.1:2"),
+     "does not run attached PD servers"),
 ])
 def test_bad_options_exit_2(small_trace: Path, tmp_path: Path, args: tuple[str, ...], expected: str) -> None:
     from click.testing import CliRunner

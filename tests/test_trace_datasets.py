@@ -46,7 +46,7 @@ def test_azure_keep_timestamps_replays_the_csv_arrivals_and_lengths(tmp_path: Pa
         assert (req.input_len, req.output_len) == (context, generated)
     header = read_header(trace).fields
     assert header["source"] == {
-        "path": str(AZURE_CSV), "format": "azure", "detected": True,
+        "path": "tests/data/" + AZURE_CSV.name, "format": "azure", "detected": True,  # relative to the working folder
         "sha256": hashlib.sha256(lzma.decompress(AZURE_CSV.read_bytes())).hexdigest(), "rows": 19366, "dropped_zero_tokens": 0,
         "usable_rows": 19366,
     }
@@ -145,3 +145,74 @@ def test_auto_detection_by_content_and_tracebench_traces_as_datasets(tmp_path: P
     again, _ = _generate(tmp_path, "again.jsonl", "--dataset", str(original), "--keep-timestamps")
     assert list(iter_requests(again)) == list(iter_requests(original))
     assert read_header(again).fields["source"]["format"] == "tracebench"
+
+
+def test_busiest_window_is_the_csvs_densest_minute_and_an_explicit_window_cuts_its_own_time(tmp_path: Path) -> None:
+    rows = _azure_rows()
+    times = [t for t, _, _ in rows]
+    # the busiest 60 s, found here by brute force: the row i whose [t_i, t_i + 60) holds the most rows (first on a tie)
+    counts = [sum(1 for u in times[i:] if u < t + 60) for i, t in enumerate(times)]
+    best = counts.index(max(counts))
+    trace, stderr = _generate(tmp_path, "busy.jsonl", "--dataset", str(AZURE_CSV), "--keep-timestamps",
+                              "--busiest", "60", "--max-context", "20000")
+    requests = list(iter_requests(trace))
+    assert len(requests) == max(counts) and requests[0].arrival_s == 0.0
+    for req, (t, context, generated) in zip(requests, rows[best:]):
+        assert abs(req.arrival_s - (t - times[best])) < 2e-6
+        assert (req.input_len, req.output_len) == (context, generated)
+    window = read_header(trace).fields["source"]["window"]
+    assert window["rows"] == max(counts) and window["busiest_s"] == 60 and abs(window["start_s"] - times[best]) < 2e-6
+    assert f"its busiest 60 s: {window['start_s']:.3f} s to" in stderr
+
+    # seconds 840-900 of the dataset's own time: the rows in [840, 900), shifted so that 840 is 0
+    cut, _ = _generate(tmp_path, "cut.jsonl", "--dataset", str(AZURE_CSV), "--keep-timestamps",
+                       "--window-start", "840", "--window-end", "900", "--max-context", "20000")
+    want = [(t - 840, i, o) for t, i, o in rows if 840 <= t < 900]
+    got = list(iter_requests(cut))
+    assert len(got) == len(want) > 0 and got[0].arrival_s > 0
+    assert all(abs(r.arrival_s - t) < 2e-6 and (r.input_len, r.output_len) == (i, o) for r, (t, i, o) in zip(got, want))
+    again, _ = _generate(tmp_path, "again.jsonl", "--dataset", str(AZURE_CSV), "--keep-timestamps",
+                         "--window-start", "840", "--window-end", "900", "--max-context", "20000")
+    assert again.read_bytes() == cut.read_bytes()  # same arguments, same bytes
+
+    # sampled lengths from the window only: every request's lengths are one of the window's rows
+    sampled, _ = _generate(tmp_path, "sampled.jsonl", "--dataset", str(AZURE_CSV), "--rate", "5",
+                           "--num-requests", "50", "--window-start", "840", "--window-end", "900",
+                           "--max-context", "20000")
+    assert {(r.input_len, r.output_len) for r in iter_requests(sampled)} <= {(i, o) for _, i, o in want}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--busiest", "60", "--window-start", "5"], "--window-start does not apply with --busiest"),
+    (["--busiest", "5000"], "--busiest 5000 s: the dataset"),
+    (["--window-start", "900", "--window-end", "840"], "--window-end 840 must be after --window-start 900"),
+    (["--window-end", "1e6"], "leave --window-end out"),
+    (["--window-start", "-1"], "--window-start must be a number of seconds >= 0"),
+])
+def test_bad_windows_are_one_line_errors_and_write_nothing(tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "t.jsonl"
+    proc = run_cli("generate", "--dataset", str(AZURE_CSV), "--keep-timestamps", *args, "-o", str(out))
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not out.exists()
+    proc = run_cli("generate", "--busiest", "60", "-o", str(out))
+    assert proc.returncode == 2 and "--busiest applies only with --dataset" in proc.stderr
+
+
+def test_the_dataset_path_is_recorded_portably(tmp_path: Path) -> None:
+    """docs/run-format.md "Paths": inside the working folder relative to it, elsewhere only `…/<name>`; the same
+    file named two ways gives the same trace."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "m.jsonl").write_bytes(b'{"timestamp": 0, "input_length": 10, "output_length": 5}\n'
+                                   b'{"timestamp": 500, "input_length": 20, "output_length": 6}\n')
+    relative = run_cli("generate", "--dataset", "data/m.jsonl", "--keep-timestamps", "-o", "a.jsonl", cwd=tmp_path)
+    absolute = run_cli("generate", "--dataset", str(data / "m.jsonl"), "--keep-timestamps", "-o", "b.jsonl",
+                       cwd=tmp_path)
+    assert relative.returncode == absolute.returncode == 0, relative.stderr + absolute.stderr
+    header = read_header(tmp_path / "a.jsonl").fields
+    assert header["source"]["path"] == header["args"]["dataset"] == "data/m.jsonl"
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    elsewhere = run_cli("generate", "--dataset", str(data / "m.jsonl"), "--keep-timestamps", "-o",
+                        str(tmp_path / "c.jsonl"), cwd=data.parent.parent)
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert read_header(tmp_path / "c.jsonl").fields["args"]["dataset"] == str(Path(tmp_path.name) / "data/m.jsonl")

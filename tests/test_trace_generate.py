@@ -63,6 +63,7 @@ def test_default_output_path_summary_and_clamp_on_stderr(tmp_path: Path) -> None
         "rate": 16.0, "num_requests": 400, "duration": None, "seed": 0, "arrival": "poisson", "burstiness": None,
         "input_len": 900, "output_len": 300, "length_dist": "lognormal", "length_spread": 1.5, "max_context": 1500,
         "dataset": None, "dataset_format": None, "keep_timestamps": False, "time_scale": None, "in_order": False,
+            "window_start": None, "window_end": None, "busiest": None,
         "workload": None, "block_size": None, "groups": None, "prefix_len": None, "group_dist": None,
         "group_zipf": None, "sessions": None, "turns": None, "think_time": None, "think_dist": None,
         "closed_loop": False,

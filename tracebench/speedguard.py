@@ -9,8 +9,8 @@ deleted and made again, from the start and on fresh servers, at
     K' = min(K / 2, K * LAG_BOUND / largest share), rounded down to an integer >= 1 (lag grows about as K does),
 
 until a run holds or K is 1. Each step is said on the terminal; the kept run's run.json gets `speed_guard` (the K asked
-for, the K used, and every attempt's shares), and the report names it. A run at K 1 that still passes the bound is
-kept and flagged (`held` false; the report warns as for any run): nothing is lower. What K then guarantees: the run's
+for, the K used, and every attempt's shares), and the report names it. A run that misses the bound even at K 1 is
+kept and flagged (`held` false; the report warns as for any run): there is no lower K. What K then guarantees: the run's
 lag could account for at most LAG_BOUND of its TTFT and total latency p50/p99 (on issue 24's workload that kept the
 figures within ~2% of speed 1, docs/sim-server.md), nothing about a load that arrives after the run. Not in replay/:
 it loads the run with report/ (polars), which the replay's hot path never imports.
@@ -82,7 +82,8 @@ def adapt(cfg: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
     if cfg.backend != "sim" or cfg.attach:
         raise ConfigError("--adapt-speed: only with --backend sim (launched simulators: their speed is set at launch)")
     if cfg.speed is None or cfg.speed <= 1:
-        raise ConfigError("--adapt-speed: give --speed K > 1 (the speed to try first)")
+        raise ConfigError("--adapt-speed: give --speed K > 1 (the speed to try first; at speed 1 there is nothing to "
+                          "lower: drop --adapt-speed)")
     if cfg.is_pd:
         raise ConfigError("--adapt-speed: not with PD (a PD run at --speed K is converted x K whole, so its lag "
                           "bound does not apply)")

@@ -11,6 +11,7 @@ import click
 
 from tracebench.errors import ConfigError
 from tracebench.options import FINITE, INT, SEED
+from tracebench.replay.kv_link import HELP as KV_LINK_HELP
 
 if TYPE_CHECKING:
     from tracebench.replay.run import ReplayConfig
@@ -187,6 +188,7 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
              "PD servers. Each request goes to one prefill and one decode server (--prefill-policy, "
              "--decode-policy), both sent the same body with bootstrap_host/port/room as sglang-router's PD "
              "mode sends it; the answer is the decode server's stream (docs/pd.md)."),
+    "kv_link": click.option("--kv-link", default=None, metavar="PRESET|BW:LAT", help=KV_LINK_HELP),
     "attach_prefill": click.option("--attach-prefill", multiple=True, metavar="URL",
         help="PD: a running prefill server (repeatable); its bootstrap port is read from its /server_info."),
     "attach_decode": click.option("--attach-decode", multiple=True, metavar="URL", help="PD: a running decode server (repeatable)."),
@@ -252,8 +254,9 @@ def replay_config(ctx: click.Context, trace: Path, options: Mapping[str, Any]) -
     help="--backend sim --speed K: when the host cannot hold K (the run's lag could account for more than the "
          "report's Host lag bound, 6%, of TTFT or total latency p50/p99), delete the run and make it again from the "
          "start at a lower K (K/2 or less, from the lag measured; down to 1), saying so here; run.json "
-         "speed_guard records the K asked for, the K used and each attempt. A run at speed 1 that still passes the "
-         "bound is kept and flagged. [default: K is kept; the report warns]")
+         "speed_guard records the K asked for, the K used and each attempt. When even speed 1 misses the bound "
+         "(the host too busy for real time), that run is kept, flagged (speed_guard.held false) and warned about: "
+         "there is no lower K. [default: K is kept; the report warns]")
 @click.pass_context
 def replay(ctx: click.Context, trace: Path, adapt_speed: bool, **options: Any) -> Path:
     """Replay TRACE against sglang servers (launched or attached) and record every request.

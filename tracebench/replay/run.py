@@ -55,6 +55,7 @@ from tracebench.replay.external_router import (
 from tracebench.replay.records import STATUSES, RecordWriter
 from tracebench.replay.router import Router, ServerState
 from tracebench.replay.saturation import Saturation, SaturationWatch, watch_saturation
+from tracebench.replay.kv_link import DEFAULT as KV_LINK_DEFAULT, kv_link_of
 from tracebench.replay.servers import Fleet, ServerPlan, plan_attached, plan_launched, split_server_args, wait_exit
 from tracebench.replay.stall import StallBounds, stall_bounds
 from tracebench.replay.telemetry import poll_loads, progress_line, show_progress
@@ -123,6 +124,7 @@ class ReplayConfig:
     decode_policy: str | None = None
     prefill_policy_options: tuple[tuple[str, str], ...] = ()
     decode_policy_options: tuple[tuple[str, str], ...] = ()
+    kv_link: str | None = None  # --backend sim --pd: a replay/kv_link.py preset or BANDWIDTH:LATENCY
 
     @property
     def is_pd(self) -> bool:
@@ -222,6 +224,9 @@ class ReplayConfig:
             cfg = dataclasses.replace(cfg, router_policy=router_policy)
         if self.is_pd:
             cfg = check_pd_config(cfg, given)
+        # --kv-link: only for simulated PD servers, a preset or BANDWIDTH:LATENCY (ConfigError); its default is named
+        if (link := kv_link_of(self)) is not None and self.kv_link is None and link.name == KV_LINK_DEFAULT:
+            cfg = dataclasses.replace(cfg, kv_link=KV_LINK_DEFAULT)
         keys = [k for k, _ in self.policy_options]
         if len(set(keys)) != len(keys):
             refuse(f"--policy-opt: a key is given twice ({', '.join(sorted({k for k in keys if keys.count(k) > 1}))})")
@@ -455,6 +460,8 @@ def plan_servers(cfg: ReplayConfig, run_dir: Path, vocab: int | None, cap_change
     sim_args = ["--vocab-size", str(vocab)] if cfg.backend == "sim" and vocab is not None else []
     sim_args += ["--profile", cfg.sim_profile] if cfg.sim_profile is not None else []
     sim_args += ["--gpu", cfg.sim_gpu] if cfg.sim_gpu is not None else []
+    link = kv_link_of(cfg)
+    sim_args += link.sim_args() if link is not None and cfg.kv_link is not None else []
     plans = plan_launched(
         cfg.backend, cfg.num_servers, cfg.port_base, run_dir, model=cfg.model,  # type: ignore[arg-type]
         max_running_requests=launch_cap(cfg.max_running_requests, cap_changes),
@@ -1041,6 +1048,7 @@ class Replay:
             "rooms": "uniform in [0, 2^63 - 1] (as sglang-router), drawn from the run's seed"
                      if self.external is None else "sglang-router's own (random)",
             "server_metrics": self.pd_metrics,
+            "kv_link": None if (link := kv_link_of(self.cfg)) is None else link.to_json(),
         }
 
     async def _flush_caches(self, client: SglangClient) -> None:

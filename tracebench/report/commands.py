@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 COUNT = BoundedInt(0, INT64_MAX, "an integer >= 0")
 
-FORMATS = ("table", "md", "csv", "json", "html", "perfetto")
+FORMATS = ("table", "md", "csv", "json", "html", "png", "svg", "perfetto")
 _SUFFIX_FORMATS = {".txt": "table", ".md": "md", ".csv": "csv", ".json": "json", ".html": "html", ".htm": "html",
-                   ".trace": "perfetto"}
+                   ".trace": "perfetto", ".png": "png", ".svg": "svg"}
 
 
 def _resolve_format(fmt: str | None, output: Path | None) -> str:
@@ -36,6 +36,8 @@ def _resolve_format(fmt: str | None, output: Path | None) -> str:
         raise ConfigError(f"--format {fmt} contradicts -o {output} (a .{output.suffix.lstrip('.')} file)")
     if fmt == "html" and output is None:
         raise ConfigError("--format html writes a file (and a PNG beside it): give -o FILE.html")
+    if fmt in ("png", "svg") and output is None:
+        raise ConfigError(f"--format {fmt} writes the latency figure to a file: give -o FILE.{fmt}")
     if fmt == "html" and output is not None and output.suffix.lower() == ".png":
         raise ConfigError(f"-o {output}: the HTML page needs another name (its main figure goes to a .png beside it)")
     return fmt
@@ -75,11 +77,12 @@ def _write_files(files: dict[Path, bytes]) -> None:
               help="The run the others are compared against (default: the first RUN). Need not be among RUN ...")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="table (terminal, the default), md, csv (long: run,metric,stat,value,unit), json, html "
-                   "(one self-contained page with plots, plus its main figure as <FILE>.png), or perfetto (the "
+                   "(one self-contained page with plots, plus its main figure as <FILE>.png), png or svg (the latency "
+                   "figure alone, slide-sized: --size, --plots, --x-scale, --y-scale, --title, --label), or perfetto (the "
                    "runs' timeline as Chrome-trace JSON for ui.perfetto.dev: a track per server, each request a "
                    "slice split into router wait, server queue, prefill and decode, cap changes and server events "
                    "as markers, telemetry as counters; no comparison, so no --baseline/--slo/--warmup). "
-                   "Default: from the -o suffix (.trace: perfetto), else table.")
+                   "Default: from the -o suffix (.trace: perfetto, .png, .svg), else table.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Write to FILE (atomically) instead of stdout. Needed for html.")
 @click.option("--slo", metavar="SPEC",
@@ -105,9 +108,35 @@ def _write_files(files: dict[Path, bytes]) -> None:
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap.")
 @click.option("--reports-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"),
               show_default=True, help="Where a RUN given by name is looked up.")
+@click.option("--title", metavar="TEXT", default=None,
+              help="The report's title, and the latency figure's (png, svg, html).  [default: the runs' names; "
+                   "the figure: Latency CDFs]")
+@click.option("--label", "labels", metavar="RUN=TEXT", multiple=True,
+              help="Call RUN (as given, or its run name) TEXT in the tables and the figures' legends; repeatable: "
+                   "--label a=\"4 plain\" --label b=3P1D.")
+@click.option("--plots", metavar="PANELS", default=None,
+              help="The latency figure's panels, in this order (png, svg, html): comma-separated from total, ttft, "
+                   "server, wait, tpot.  [default: all five]")
+@click.option("--x-scale", type=click.Choice(("linear", "log")), default=None,
+              help="The latency figure's x axis: log keeps a run far slower than the others from squashing them.  "
+                   "[default: linear]")
+@click.option("--y-scale", type=click.Choice(("linear", "tail")), default=None,
+              help="The latency figure's y axis: tail spreads p50 ... p99.9 evenly (logit), for tail differences.  "
+                   "[default: linear]")
+@click.option("--size", type=click.Choice(("slide", "slide-4:3", "page")), default=None,
+              help="--format png/svg: slide (13.33 x 7.5 in, 16:9; a PNG at 150 dpi, 2000 x 1125 px), slide-4:3 "
+                   "(10 x 7.5 in) or page (15 x 8.6 in, the HTML page's).  [default: slide]")
+@click.option("--layout", type=click.Choice(("auto", "wide", "runs")), default="auto", show_default=True,
+              help="Tables of the table, md and html formats. wide: each run's values, then each run's change "
+                   "against the baseline and the 95% interval of that change, in columns of their own (a terminal "
+                   "too narrow splits them into parts 1/2, 2/2); runs: one column per run, each cell its value and "
+                   "its change against the baseline in % (* when the change's interval excludes 0), each percentile "
+                   "with the run's own 95% interval under it (five runs fit 120 columns); auto: runs for the terminal "
+                   "table of 3 runs or more, else wide.")
 def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output: Path | None, slo: str | None,
            fail_on_slo: bool, slo_percentile: float | None, warmup: float, allow_different_traces: bool, bootstrap: int,
-           seed: int, reports_dir: Path) -> None:
+           seed: int, reports_dir: Path, title: str | None, labels: tuple[str, ...], plots: str | None,
+           x_scale: str | None, y_scale: str | None, size: str | None, layout: str) -> None:
     """Compare runs of the same trace, side by side, against a baseline.
 
     A RUN is a run folder written by `tracebench replay`, or its name in reports/
@@ -138,13 +167,18 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
       tracebench report a b c --baseline b --format html -o reports/abc.html
       tracebench report a --format perfetto -o a.json.trace     # open in ui.perfetto.dev
       tracebench report new --slo ttft=500ms,total=10 --fail-on-slo   # CI: exit 3 if < 99% meet both
+      tracebench report plain-4 pd-3p1d -o slide.png --plots ttft,tpot --x-scale log \\
+          --title "4 plain vs 3P1D, H100" --label plain-4="4 servers" --label pd-3p1d=3P1D
     """
     from tracebench.errors import ConfigError
     from tracebench.report.load import load_runs, resolve_run_dir
     from tracebench.report.metrics import build_report, parse_slo
-    from tracebench.report.render import document
+    from tracebench.report.render import document as document_of, resolve_layout
 
     out_format = _resolve_format(fmt, output)
+    from tracebench.report.figure_options import SLIDE_DPI, apply_labels, figure_options
+
+    figure = figure_options(out_format, title, plots, x_scale, y_scale, size, labels)
     if fail_on_slo and slo is None:
         raise ConfigError("--fail-on-slo needs --slo KEY=LIMIT,... (the objectives to check)")
     if slo_percentile is not None and not fail_on_slo:
@@ -155,7 +189,8 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     if warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {warmup:g}")
     if out_format == "perfetto":
-        _perfetto(list(runs), output, reports_dir, baseline=baseline, slo=slo, warmup=warmup)
+        _perfetto(list(runs), output, reports_dir, baseline=baseline, slo=slo, warmup=warmup, title=title,
+                  label=labels or None)
         return
     slo_spec = parse_slo(slo) if slo is not None else None
     for key, seconds in (slo_spec or {}).items():
@@ -171,14 +206,36 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
         else:
             specs.insert(0, baseline)
     loaded = load_runs(specs, reports_dir)
+    apply_labels(figure.labels, specs, loaded)
+    layout = resolve_layout(layout, len(loaded), out_format)
+
+    def document(result: Report):  # type: ignore[no-untyped-def]
+        doc = document_of(result, layout)
+        if title is not None:
+            doc.title = title
+        return doc
+
     result = build_report(loaded, base_index, warmup=warmup, slo=slo_spec, bootstrap=bootstrap, seed=seed,
-                          allow_different_traces=allow_different_traces, with_series=out_format == "html")
+                          allow_different_traces=allow_different_traces,
+                          with_series=out_format in ("html", "png", "svg"))
+
+    if out_format in ("png", "svg"):
+        from tracebench.report.render import plots as draw
+
+        assert output is not None
+        fig = draw.latency_cdfs(result, figure)
+        data = draw.to_png(fig, dpi=SLIDE_DPI) if out_format == "png" else draw.to_svg(fig).encode()
+        draw.close(fig)
+        _write_files({output: data})
+        click.echo(f"wrote {output} (the latency CDFs, {figure.size})", err=True)
+        _gate(result, fail_on_slo, percentile)
+        return
 
     if out_format == "html":
         from tracebench.report.render.html_page import render_html
 
         assert output is not None
-        page, main_png, telemetry_png = render_html(result, document(result))
+        page, main_png, telemetry_png = render_html(result, document(result), figure)
         files = {output: page.encode(), output.with_suffix(".png"): main_png}
         if telemetry_png is not None:  # the runs' /metrics scrapes and GPU samples, per server
             files[output.with_suffix(".telemetry.png")] = telemetry_png

@@ -86,6 +86,7 @@ class PdRunStats:
     stages: list[StageStats]       # empty when the records carry no prefill stamps (sglang-router)
     kv_mib_per_request: float | None
     servers: list[PdServerRow]
+    link: str = "not recorded"     # the KV link: run.json pd.kv_link (simulated servers), the hardware's, or not recorded
 
 
 def _stats(values: np.ndarray) -> tuple[int, float | None, float | None, float | None]:
@@ -143,4 +144,19 @@ def pd_stats(meta: dict[str, Any], ok: pl.DataFrame) -> PdRunStats | None:
                 kv_gib_s=(mb / 1024) / (ms * k / 1000) if mb and ms and role == "prefill" else None,
                 stages=stage_means, error=row.get("error"),
             ))
-    return PdRunStats(ratio, routing, stages, kv_mib, rows)
+    return PdRunStats(ratio, routing, stages, kv_mib, rows, _link(meta))
+
+
+def _link(meta: dict[str, Any]) -> str:
+    """Which KV link the run assumed: a simulated run's pd.kv_link; real servers': their hardware's; a simulated run
+    made before tracebench recorded the link: said so, not guessed."""
+    pd = meta["pd"]
+    if meta.get("backend") != "sim":
+        return "the servers' own (real hardware)"
+    if "kv_link" not in pd:
+        return "not recorded (run made before run.json pd.kv_link)"
+    link = pd["kv_link"]
+    if link is None:
+        return "not recorded"
+    return (f"KV link {link['name']}: {link['bandwidth_gib_s']:g} GiB/s + {link['latency_s'] * 1000:g} ms a transfer "
+            f"({link['source']})")

@@ -39,6 +39,11 @@ _POLICY = click.option(
     "--policy", default="random", show_default=True, metavar="NAME[,NAME...]",
     help="Routing policy, or a list (a dimension: every point, or search, once per policy). Each as replay's "
          "--policy: a built-in (`tracebench policies`), path/to/file.py:ClassName, or NAME for policies/NAME.py.")
+_PD = click.option(
+    "--pd", default=None, metavar="P:D[,P:D...]",
+    help="PD disaggregation, a ratio or a list (a dimension: --pd 1:3,2:2,3:1 runs every point, or search, once per "
+         "ratio): P prefill and D decode servers, launched anew for each point (the roles differ from one ratio to "
+         "the next; replay --pd's servers, --kv-link's link with --backend sim). Not with --gpus.")
 _SATURATION = click.option(
     "--saturation-window", type=FINITE, default=10.0, show_default=True, metavar="S",
     help="Stop a point early when it is over-saturated (requests arrive faster than the servers finish them: the "
@@ -83,7 +88,8 @@ _SATURATION = click.option(
 @click.option("--name", default=None, metavar="NAME",
               help="Sweep folder name, under --out-dir. [default: sweep-<trace>-<rate|concurrency|capacity>-"
                    "<YYYYmmdd-HHMMSS>]")
-@replay_options(skip=("run_name",), replace={"gpus": _GPUS, "policy": _POLICY, "saturation_window": _SATURATION})
+@replay_options(skip=("run_name",), replace={"gpus": _GPUS, "policy": _POLICY, "saturation_window": _SATURATION,
+                                             "pd": _PD})
 @click.pass_context
 def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str | None, find_max_rate: bool,
           slo: str | None, slo_percentile: float, start_rate: float | None, rate_tolerance: float, max_points: int,
@@ -96,6 +102,7 @@ def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str |
     tracebench sweep t.jsonl --find-max-rate --slo ttft=500ms,tpot=50ms --backend sim --speed 10 \\
         --gpus 1,2,4 --policy round_robin,sjf
     tracebench sweep t.jsonl --rates 2,4,6,8 --attach http://127.0.0.1:30000 --model models/llama-2-7b-hf
+    tracebench sweep t.jsonl --rates 2,4 --backend sim --speed 4 --pd 1:3,2:2,3:1 --kv-link rdma-400g
     \b
     Servers are launched once for the whole sweep (--backend sim or sglang; each point's run.json says the sweep
     launched them, with their launch commands); each point flushes their prefix cache first (--flush-cache) and is
@@ -113,17 +120,19 @@ def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str |
     from tracebench.sweep.run import SweepConfig, run_sweep
 
     gpus = _ints("--gpus", options.pop("gpus"))
+    pd_text = options.pop("pd")
+    ratios = () if pd_text is None else tuple(part.strip() for part in pd_text.split(","))
     policies = tuple(p.strip() for p in options.pop("policy").split(","))
     window = options.pop("saturation_window")
     if window < 0:
         raise ConfigError(f"--saturation-window must be >= 0 (0: never stop), got {window:g}")
     base = replay_config(ctx, trace, {**options, "gpus": None, "policy": policies[0], "run_name": None,
-                                      "saturation_window": window or None})
+                                      "saturation_window": window or None, "pd": ratios[0] if ratios else None})
     cfg = SweepConfig(
         base=base, rates=_floats("--rates", rates), concurrency=_ints("--concurrency", concurrency),
         find_max_rate=find_max_rate, gpus=gpus, policies=policies, slo_spec=slo, slo_percentile=slo_percentile,
         warmup=warmup, bootstrap=bootstrap, name=name, start_rate=start_rate, rate_tolerance=rate_tolerance,
-        max_points=max_points, point_duration=point_duration,
+        max_points=max_points, point_duration=point_duration, pd=ratios,
     )
     folder = run_sweep(cfg)
     click.echo(folder)

@@ -12,7 +12,7 @@ WIDTH = 100
 
 
 def _csv_columns(doc: dict[str, Any]) -> list[str]:
-    cols = ["point", "rate", "offered_rps", "concurrency", "gpus", "policy", "status", "verdict", "requests", "ok",
+    cols = ["point", "rate", "offered_rps", "concurrency", "gpus", "pd", "policy", "status", "verdict", "requests", "ok",
             "mismatch", "not_completed", "duration_s", "throughput_rps", "output_tokens_per_s", "goodput_rps", "slo_fraction"]
     for metric in HEADLINE_METRICS:
         for stat in HEADLINE_STATS:
@@ -41,7 +41,7 @@ def summary_csv(doc: dict[str, Any]) -> str:
     slo = doc.get("slo")
     for row in doc["points"]:
         counts = row["counts"]
-        line: dict[str, Any] = {k: row.get(k) for k in ("point", "rate", "offered_rps", "concurrency", "gpus", "policy",
+        line: dict[str, Any] = {k: row.get(k) for k in ("point", "rate", "offered_rps", "concurrency", "gpus", "pd", "policy",
                                                        "status", "verdict", "requests", "duration_s", "throughput_rps",
                                                        "output_tokens_per_s", "goodput_rps", "slo_fraction",
                                                        "saturation", "wall_s")}
@@ -110,6 +110,12 @@ def _wrap(text: str, indent: str = "  ") -> list[str]:
     return lines
 
 
+def setup_name(gpus: int, pd: str | None) -> str:
+    """`2 servers`, or `PD 1:3 (4 servers)` for PD points."""
+    servers = f"{gpus} server{'s' if gpus > 1 else ''}"
+    return servers if pd is None else f"PD {pd} ({servers})"
+
+
 def terminal_summary(doc: dict[str, Any], folder: str) -> str:
     """The sweep as a table that fits WIDTH columns (one block per --gpus / --policy combination), then the
     capacity found, the notes, the folder."""
@@ -117,10 +123,10 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
     kind = doc["kind"]
     head = ["conc." if kind == "concurrency" else "rate", "req/s", "good/s", "TTFT p50", "p99", "TPOT p50", "p99",
             "ITL p99", "total p99", "result"]
-    groups: dict[tuple[int, str], list[list[str]]] = {}
+    groups: dict[tuple[int, str | None, str], list[list[str]]] = {}
     for row in points:
         value = row["concurrency"] if kind == "concurrency" else row["rate"]
-        groups.setdefault((row["gpus"], row["policy"]), []).append([
+        groups.setdefault((row["gpus"], row.get("pd"), row["policy"]), []).append([
             f"{value:.4g}", _num(row["throughput_rps"]), _num(row["goodput_rps"]), _lat(row, "ttft", "p50"),
             _lat(row, "ttft", "p99"), _lat(row, "tpot", "p50"), _lat(row, "tpot", "p99"), _lat(row, "itl", "p99"),
             _lat(row, "total", "p99"), _result(row)])
@@ -139,9 +145,9 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
 
     multi = len(groups) > 1
     lines.append(fmt(head))
-    for (gpus, policy), block in groups.items():
+    for (gpus, pd, policy), block in groups.items():
         if multi:
-            lines.append(f"  {gpus} server{'s' if gpus > 1 else ''}, policy {policy}:")
+            lines.append(f"  {setup_name(gpus, pd)}, policy {policy}:")
         lines += [fmt(r) for r in block]
     slo = doc.get("slo")
     notes = ["latencies in ms (p50/p99 over ok requests, the report's definitions; their 95% intervals are in "
@@ -167,10 +173,10 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
     for entry in doc.get("capacity") or []:
         from tracebench.sweep.run import capacity_line
 
-        lines += _wrap(f"capacity, {entry['gpus']} server(s), policy {entry['policy']}: {capacity_line(entry)}",
-                       indent="")
-        best = next((r for r in points if r["gpus"] == entry["gpus"] and r["policy"] == entry["policy"]
-                     and r["rate"] == entry.get("max_rate")), None)
+        lines += _wrap(f"capacity, {setup_name(entry['gpus'], entry.get('pd'))}, policy {entry['policy']}: "
+                       f"{capacity_line(entry)}", indent="")
+        best = next((r for r in points if r["gpus"] == entry["gpus"] and r.get("pd") == entry.get("pd")
+                     and r["policy"] == entry["policy"] and r["rate"] == entry.get("max_rate")), None)
         if best is not None and best.get("slo_check"):
             checks = "; ".join(
                 f"{k} p{c['percentile']:g} {_ms(c['value'])} ms [{_ms(c['ci95'][0]) if c['ci95'] else '-'}, "

@@ -65,6 +65,7 @@ class SweepConfig:
     rate_tolerance: float = 0.05
     max_points: int = 12
     point_duration: float | None = None  # trace seconds of arrivals per rate point (a prefix of the trace)
+    pd: tuple[str, ...] = ()  # PD ratios "P:D", a dimension (each point launches its own PD servers)
 
     @property
     def kind(self) -> str:
@@ -78,6 +79,7 @@ class Point:
     value: float  # req/s, or requests in flight
     gpus: int
     policy: str
+    pd: str | None = None  # "P:D" for a PD point (gpus = P + D)
 
 
 def _label(spec: str) -> str:
@@ -111,8 +113,9 @@ class Sweep:
             raise ConfigError(f"sweep folder {self.dir} already exists: choose another --name (never overwritten)")
         resolved = base.resolve()
         self.attach = resolved.attach
-        # servers launched once for every point; --clock virtual: each point's run has its own, in process
-        self.launches = resolved.backend in ("sim", "sglang") and resolved.clock == "real"
+        # servers launched once for every point, except: PD points launch their own (the roles differ from one ratio
+        # to the next), and --clock virtual points each run their own, in process
+        self.launches = resolved.backend in ("sim", "sglang") and not cfg.pd and resolved.clock == "real"
         self.gpus = cfg.gpus or (resolved.num_servers,)
         self.policies = cfg.policies or (base.policy,)
         if self.attach and max(self.gpus) > len(self.attach):
@@ -121,14 +124,23 @@ class Sweep:
         for policy in self.policies:  # refused now, not at the first point that uses it
             if base.router == "tracebench":
                 load_policy(policy, np.random.default_rng(0), dict(base.policy_options))
-        for gpus in self.gpus:
+        for gpus, pd in self.setups:
             for policy in self.policies:
-                self._point_config(Point("check", "rate", 1.0, gpus, policy), base.trace).resolve()
+                self._point_config(Point("check", "rate", 1.0, gpus, policy, pd), base.trace).resolve()
         self.rows: list[dict[str, Any]] = []
         self.searches: list[dict[str, Any]] = []
         self.status = "running"
         self.servers: list[dict[str, Any]] | None = None
         self.t0 = time.monotonic()
+
+    @property
+    def setups(self) -> list[tuple[int, str | None]]:
+        """(servers, PD ratio or None) of each setup the points run on: --pd's ratios, else --gpus's counts."""
+        if self.cfg.pd:
+            from tracebench.replay.pd import parse_ratio
+
+            return [(sum(parse_ratio(ratio)), ratio) for ratio in self.cfg.pd]
+        return [(gpus, None) for gpus in self.gpus]
 
     def _check_options(self) -> None:
         cfg = self.cfg
@@ -167,9 +179,13 @@ class Sweep:
             raise ConfigError("--bootstrap and --warmup must be >= 0")
         if cfg.base.attach and cfg.base.gpus is not None:
             raise ConfigError("--gpus with --attach: the points use the first N URLs; give --gpus as the list")
-        if cfg.base.is_pd:
-            raise ConfigError("tracebench sweep does not run PD points (--pd, --attach-prefill, --attach-decode) yet: "
-                              "sweep the PD setup with one tracebench replay per rate")
+        if cfg.base.attach_prefill or cfg.base.attach_decode:
+            raise ConfigError("tracebench sweep does not run attached PD servers (--attach-prefill, --attach-decode): "
+                              "sweep launched ones with --pd P:D[,P:D...], or one tracebench replay per rate")
+        if len(set(cfg.pd)) != len(cfg.pd):
+            raise ConfigError("--pd: a ratio is given twice")
+        if cfg.pd and cfg.gpus:
+            raise ConfigError("--gpus with --pd: each ratio P:D says how many servers its points launch")
         if cfg.base.run_name is not None:
             raise ConfigError("a sweep names its points itself (give --name for the sweep folder)")
         if cfg.concurrency and cfg.base.max_concurrency is not None:
@@ -180,7 +196,9 @@ class Sweep:
     def _point_config(self, point: Point, trace: Path) -> ReplayConfig:
         base = self.cfg.base
         changes: dict[str, Any] = {"trace": trace, "run_name": point.name, "out_dir": self.dir, "policy": point.policy}
-        if base.attach:
+        if point.pd is not None:
+            changes["pd"] = point.pd
+        elif base.attach:
             changes["attach"] = tuple(base.attach[: point.gpus])
         else:
             changes["gpus"] = point.gpus
@@ -188,8 +206,9 @@ class Sweep:
             changes["max_concurrency"] = int(point.value)
         return dataclasses.replace(base, **changes)
 
-    def _point_name(self, kind: str, value: float, gpus: int, policy: str) -> str:
-        prefix = (f"g{gpus}-" if len(self.gpus) > 1 else "") + (f"{_label(policy)}-" if len(self.policies) > 1 else "")
+    def _point_name(self, kind: str, value: float, gpus: int, policy: str, pd: str | None = None) -> str:
+        servers = f"pd{pd.replace(':', 'x')}-" if pd is not None else (f"g{gpus}-" if len(self.gpus) > 1 else "")
+        prefix = servers + (f"{_label(policy)}-" if len(self.policies) > 1 else "")
         name = f"{prefix}{kind}-{_fmt_value(value)}"
         taken = {row["point"] for row in self.rows}
         unique, n = name, 2
@@ -197,11 +216,12 @@ class Sweep:
             unique, n = f"{name}-{n}", n + 1
         return unique
 
-    def run_point(self, kind: str, value: float, gpus: int, policy: str, shared: SharedServers | None) -> dict[str, Any]:
+    def run_point(self, kind: str, value: float, gpus: int, policy: str, shared: SharedServers | None,
+                  pd: str | None = None) -> dict[str, Any]:
         from tracebench.report.columns import finish_run_copy
         from tracebench.report.headline import headline
 
-        point = Point(self._point_name(kind, value, gpus, policy), kind, value, gpus, policy)
+        point = Point(self._point_name(kind, value, gpus, policy, pd), kind, value, gpus, policy, pd)
         trace = self.dir / "traces" / f"{point.name}.jsonl"
         if kind == "rate":
             write_point_trace(trace, self.cfg.base.trace, self.header, self.requests, rate=value,
@@ -209,11 +229,13 @@ class Sweep:
         else:
             write_point_trace(trace, self.cfg.base.trace, self.header, self.requests, at_once=True)
         unit = "req/s" if kind == "rate" else "in flight"
+        servers = f"PD {pd} ({gpus} servers)" if pd is not None else f"{gpus} server(s)"
         self.stderr.write(f"tracebench sweep: point {len(self.rows) + 1}: {point.name} ({_fmt_value(value)} {unit}, "
-                          f"{gpus} server(s), policy {policy})\n")
+                          f"{servers}, policy {policy})\n")
         self.stderr.flush()
         config = self._point_config(point, trace)
         if config.flush_cache:  # the flush needs idle servers: a point stopped early leaves them aborting its requests
+            # (a PD point launches its own servers: nothing to wait for)
             urls = ([p.url for p in shared.fleet.plans[:gpus]] if shared is not None else list(config.attach))
             asyncio.run(_wait_idle(urls, IDLE_TIMEOUT_S))
         t0 = time.monotonic()
@@ -274,10 +296,10 @@ class Sweep:
                     self._search(shared)
                 else:
                     values = self.cfg.rates if self.cfg.kind == "rate" else self.cfg.concurrency
-                    for gpus in self.gpus:
+                    for gpus, pd in self.setups:
                         for policy in self.policies:
                             for value in values:
-                                self.run_point(self.cfg.kind, float(value), gpus, policy, shared)
+                                self.run_point(self.cfg.kind, float(value), gpus, policy, shared, pd)
                 self.status = "completed"
             except (KeyboardInterrupt, RunInterrupted, Interrupted):  # Interrupted: in a point's columnar copy
                 self.status = "interrupted"
@@ -300,33 +322,37 @@ class Sweep:
     def _search(self, shared: SharedServers | None) -> None:
         base_start = self.cfg.start_rate or self.source_rate
         assert base_start is not None
-        found: dict[int, float] = {}
-        for gpus in self.gpus:
+        found: dict[tuple[int, str | None], float] = {}
+        smallest = min(gpus for gpus, _ in self.setups)
+        for gpus, pd in self.setups:
             for policy in self.policies:
-                if gpus in found:
-                    start = found[gpus]
+                if (gpus, pd) in found:
+                    start = found[(gpus, pd)]
                 else:
-                    start = base_start * gpus / min(self.gpus)
+                    start = base_start * gpus / smallest
                 search = RateSearch(start, self.cfg.rate_tolerance, self.cfg.max_points)
-                entry: dict[str, Any] = {"gpus": gpus, "policy": policy, "start_rate": start}
+                entry: dict[str, Any] = {"gpus": gpus, "pd": pd, "policy": policy, "start_rate": start}
                 self.searches.append(entry)
                 while (rate := search.next_rate()) is not None:
-                    row = self.run_point("rate", rate, gpus, policy, shared)
+                    row = self.run_point("rate", rate, gpus, policy, shared, pd)
                     verdict = row["verdict"]
                     search.record(rate, "missed" if verdict == "saturated" else verdict)
                     entry.update(search.result().to_json())
                 entry.update(search.result().to_json())
                 result: SearchResult = search.result()
                 if result.lo is not None:
-                    found.setdefault(gpus, result.lo)
-                self.stderr.write(f"tracebench sweep: {gpus} server(s), policy {policy}: {capacity_line(entry)}\n")
+                    found.setdefault((gpus, pd), result.lo)
+                servers = f"PD {pd}" if pd is not None else f"{gpus} server(s)"
+                self.stderr.write(f"tracebench sweep: {servers}, policy {policy}: {capacity_line(entry)}\n")
         self.write_summary()
 
     # ---- outputs -----------------------------------------------------------------------------------------------
 
     def summary(self) -> dict[str, Any]:
         cfg = self.cfg
-        dims: dict[str, Any] = {"gpus": list(self.gpus), "policies": list(self.policies)}
+        dims: dict[str, Any] = {"gpus": [gpus for gpus, _ in self.setups], "policies": list(self.policies)}
+        if cfg.pd:
+            dims["pd"] = list(cfg.pd)
         if cfg.kind == "rate":
             dims["rates"] = list(cfg.rates)
         elif cfg.kind == "concurrency":
@@ -427,6 +453,7 @@ def point_row(point: Point, h: Any, saturation: dict[str, Any] | None, wall: flo
         "rate": point.value if point.kind == "rate" else None,
         "concurrency": int(point.value) if point.kind == "concurrency" else None,
         "gpus": point.gpus,
+        "pd": point.pd,
         "policy": point.policy,
         "status": h.status,
         "saturated": saturated,

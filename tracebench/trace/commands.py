@@ -28,6 +28,7 @@ _GENERATE_HELP = """Make a request trace (JSONL, trace format v1) and print its 
 Synthetic:     tracebench generate --rate 8 --num-requests 1000 --arrival gamma --burstiness 4
 From a file:   tracebench generate --dataset AzureLLMInferenceTrace_conv.csv --keep-timestamps --time-scale 2
                tracebench generate --dataset mooncake_trace.jsonl --rate 4 --duration 600
+               tracebench generate --dataset AzureLLMInferenceTrace_code.csv --keep-timestamps --busiest 60
 Shared prefixes:
                tracebench generate --workload shared-prompt --groups 16 --prefix-len 2048 --group-dist zipf
                tracebench generate --workload multi-turn --sessions 200 --turns 6 --think-time 10 --closed-loop
@@ -62,7 +63,9 @@ Datasets (--dataset PATH; --dataset-format auto detects from the content):
               (hash_ids are carried as prefix_blocks, block_size 512)
   tracebench  a tracebench trace (re-time or re-sample it; its optional fields are carried, closed-loop
               after/delay_s only with the rows in order: --keep-timestamps or --in-order)
-With --keep-timestamps the dataset's own arrivals are replayed (shifted to start at 0; --time-scale K divides
+A window of the dataset's own time (seconds since its first usable row, before --time-scale): --window-start /
+--window-end, or --busiest S (the S seconds with the most arrivals); only its rows are used, their times shifted
+so the window starts at 0. With --keep-timestamps the dataset's own arrivals are replayed (shifted to start at 0; --time-scale K divides
 the gaps by K), every row by default. Without it arrivals are generated at --rate and the dataset supplies the
 lengths: rows sampled with the seed (1000 by default), or with --in-order taken in file order (every row by
 default). Rows with zero input or output tokens are dropped and counted.
@@ -129,6 +132,15 @@ Arguments that do not apply to what was asked (e.g. --burstiness without --arriv
               help="With --keep-timestamps: divide the dataset's gaps by K (2 = twice as fast).  [default: 1]")
 @click.option("--in-order", is_flag=True, default=False,
               help="Take the dataset's rows in file order, each once, instead of sampling them with the seed.")
+@click.option("--window-start", type=FINITE, default=None, metavar="S",
+              help="Take only the dataset rows from S seconds of its own time on (0 = its first row; before "
+                   "--time-scale); their times shifted so S is 0.  [default: 0]")
+@click.option("--window-end", type=FINITE, default=None, metavar="S",
+              help="Take only the dataset rows before S seconds of its own time.  [default: its last row]")
+@click.option("--busiest", type=FINITE, default=None, metavar="S",
+              help="Take the dataset's busiest S seconds: the window [t, t+S) of its own time with the most arrivals "
+                   "(t a row's time, the earliest on a tie), shifted to start at 0; the header's source.window "
+                   "says where it was.")
 @click.option("--workload", type=click.Choice(_WORKLOADS), default=None,
               help="Requests with shared prompt prefixes (see above).  [default: none: independent prompts]")
 @click.option("--block-size", type=INT, default=None, metavar="TOKENS",
@@ -164,11 +176,11 @@ def generate(**options: object) -> None:
     # SIGINT/SIGTERM while generating: the temporary file is removed, nothing written, exit 130/143
     with StopSignals("generate stopped by {signal}: nothing was written (no temporary file left)") as stop:
         result = generate_trace(GenerateArgs(**options), output, stop)  # type: ignore[arg-type]
-        _report_generated(result, default_context)
+        _report_generated(result, default_context, options["dataset"])  # type: ignore[arg-type]
         stop.check(f"{result.path} was being put in place: it is complete")
 
 
-def _report_generated(result: GeneratedTrace, default_context: bool) -> None:
+def _report_generated(result: GeneratedTrace, default_context: bool, dataset: str | None) -> None:
     from tracebench.trace.lengths import OUTPUT_RESERVE
 
     for path, pid in result.stale_removed:
@@ -197,8 +209,14 @@ def _report_generated(result: GeneratedTrace, default_context: bool) -> None:
                    f"({workload['turns_dropped']} turns dropped): the prompt outgrew --max-context", err=True)
     source = header.get("source")
     if source is not None:
-        click.echo(f"tracebench: dataset {source['path']} ({source['format']}): {source['rows']} rows, "
+        click.echo(f"tracebench: dataset {dataset} ({source['format']}): {source['rows']} rows, "
                    f"{source['dropped_zero_tokens']} dropped for zero tokens, {source['usable_rows']} usable", err=True)
+        window = source.get("window")
+        if window is not None:
+            end = "its end" if window["end_s"] is None else f"{window['end_s']:.3f} s"
+            which = f"its busiest {window['busiest_s']:g} s: " if "busiest_s" in window else ""
+            click.echo(f"tracebench: window: {which}{window['start_s']:.3f} s to {end} of the dataset's own time, "
+                       f"{window['rows']} rows", err=True)
     click.echo(str(result.path))
     count, duration = header["num_requests"], header["duration_s"]
     rate = f"{(count - 1) / duration:.2f} req/s" if count > 1 and duration > 0 else "- req/s"

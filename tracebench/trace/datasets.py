@@ -60,7 +60,7 @@ class Dataset:
     def usable_rows(self) -> int:
         return len(self.input_len)
 
-    def check_time_order(self) -> None:
+    def check_time_order(self, needed_by: str = "--keep-timestamps") -> None:
         """Raise DatasetError at the first row whose timestamp is earlier than the row before it."""
         back = np.flatnonzero(self.time_s[1:] < self.time_s[:-1])
         if back.size:
@@ -68,7 +68,32 @@ class Dataset:
             field = {"azure": "TIMESTAMP", "mooncake": "timestamp", "tracebench": "arrival_s"}[self.format]
             raise DatasetError(self.path, int(self.line[i]), field,
                                f"goes backwards ({self.time_s[i]:.6f} s after {self.time_s[i - 1]:.6f} s since the "
-                               f"first row): --keep-timestamps needs rows in time order")
+                               f"first row): {needed_by} needs rows in time order")
+
+    @property
+    def span_s(self) -> float:
+        """Seconds from the first usable row to the last (time order not assumed)."""
+        return float(self.time_s.max())
+
+    def busiest_start(self, seconds: float) -> float:
+        """The start of the `seconds`-long window [t, t + seconds) of the dataset's own time with the most arrivals,
+        t one of the rows' times (the earliest such window on a tie). Rows must be in time order (DatasetError)."""
+        self.check_time_order("--busiest")
+        times = self.time_s
+        counts = np.searchsorted(times, times + seconds, side="left") - np.arange(len(times))
+        return float(times[int(np.argmax(counts))])
+
+    def window(self, start: float, end: float) -> Dataset:
+        """The rows whose time lies in [start, end) of the dataset's own time (seconds since its first usable row),
+        their times shifted so that `start` is 0. The caller checks that the window holds a row."""
+        keep = np.flatnonzero((self.time_s >= start) & (self.time_s < end))
+        return Dataset(
+            path=self.path, format=self.format, sha256=self.sha256, rows=self.rows,
+            dropped_zero_tokens=self.dropped_zero_tokens, time_s=self.time_s[keep] - start,
+            input_len=self.input_len[keep], output_len=self.output_len[keep], line=self.line[keep],
+            extras=None if self.extras is None else [self.extras[i] for i in keep.tolist()],
+            block_size=self.block_size,
+        )
 
 
 def _read_bytes(path: Path) -> bytes:

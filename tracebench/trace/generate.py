@@ -21,6 +21,7 @@ import numpy as np
 from tracebench import __version__
 from tracebench.cleanup import StopSignals, remove_stale, temp_files
 from tracebench.errors import ConfigError
+from tracebench.paths import portable_path
 from tracebench.trace import arrivals as arrival_mod
 from tracebench.trace import workloads
 from tracebench.trace.datasets import DATASET_FORMATS, Dataset, load_dataset
@@ -79,6 +80,9 @@ class GenerateArgs:
     keep_timestamps: bool = False
     time_scale: float | None = None
     in_order: bool = False
+    window_start: float | None = None
+    window_end: float | None = None
+    busiest: float | None = None
     workload: str | None = None
     block_size: int | None = None
     groups: int | None = None
@@ -125,6 +129,9 @@ class _Plan:
     keep_timestamps: bool
     time_scale: float | None
     in_order: bool
+    window_start: float | None
+    window_end: float | None
+    busiest: float | None
     workload: str | None
     block_size: int | None
     groups: int | None
@@ -153,7 +160,8 @@ def plan(args: GenerateArgs) -> _Plan:
     if args.num_requests is not None and args.duration is not None:
         raise ConfigError("--num-requests and --duration exclude each other: give a request count or a time span")
     if args.dataset is None:
-        stray = _given(args, "keep_timestamps", "time_scale", "in_order", "dataset_format")
+        stray = _given(args, "keep_timestamps", "time_scale", "in_order", "dataset_format", "window_start",
+                       "window_end", "busiest")
         if stray:
             raise ConfigError(f"{_listing(stray)} only with --dataset")
     else:
@@ -170,6 +178,7 @@ def plan(args: GenerateArgs) -> _Plan:
             raise ConfigError(f"{_listing(stray, negated=True)} with --keep-timestamps: the dataset's own timestamps "
                               f"are the arrivals and nothing is random")
     _check_workload(args)
+    _check_window(args)
     if args.burstiness is not None and args.arrival != "gamma":
         raise ConfigError(f"--burstiness only applies to --arrival gamma (got --arrival {args.arrival or DEFAULT_ARRIVAL})")
 
@@ -226,6 +235,7 @@ def plan(args: GenerateArgs) -> _Plan:
         keep_timestamps=args.keep_timestamps,
         time_scale=(1.0 if args.time_scale is None else args.time_scale) if args.keep_timestamps else None,
         in_order=args.in_order,
+        window_start=args.window_start, window_end=args.window_end, busiest=args.busiest,
         workload=args.workload,
         block_size=(DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size) if args.workload else None,
         groups=(DEFAULT_GROUPS if args.groups is None else args.groups) if shared_prompt else None,
@@ -238,6 +248,54 @@ def plan(args: GenerateArgs) -> _Plan:
         think_dist=(args.think_dist or DEFAULT_THINK_DIST) if multi_turn else None,
         closed_loop=args.closed_loop,
     )
+
+
+def _check_window(args: GenerateArgs) -> None:
+    """--window-start / --window-end (a window of the dataset's own time) or --busiest (its busiest window)."""
+    if args.busiest is not None:
+        stray = _given(args, "window_start", "window_end")
+        if stray:
+            raise ConfigError(f"{_listing(stray, negated=True)} with --busiest: it picks the window itself")
+        if not (math.isfinite(args.busiest) and args.busiest > 0):
+            raise ConfigError(f"--busiest must be a number of seconds > 0, got {args.busiest}")
+    for flag, value in (("--window-start", args.window_start), ("--window-end", args.window_end)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{flag} must be a number of seconds >= 0 (since the dataset's first row), got {value}")
+    if args.window_start is not None and args.window_end is not None and args.window_end <= args.window_start:
+        raise ConfigError(f"--window-end {_num(args.window_end)} must be after --window-start "
+                          f"{_num(args.window_start)}")
+
+
+def _windowed(p: _Plan, dataset: Dataset) -> tuple[Dataset, dict[str, Any] | None]:
+    """The dataset cut to the asked window of its own time, and the header's `source.window` (None: no window)."""
+    if p.window_start is None and p.window_end is None and p.busiest is None:
+        return dataset, None
+    if dataset.extras is not None and any(e is not None and "after" in e for e in dataset.extras):
+        raise ConfigError(f"--dataset {p.dataset} is closed loop (requests sent after others finished): a window would "
+                          f"cut requests from the ones they follow")
+    span = dataset.span_s
+    spans = f"the dataset {p.dataset} spans {span:.3f} s (its first usable row is at 0)"
+    if p.busiest is not None:
+        if p.busiest > span:
+            raise ConfigError(f"--busiest {_num(p.busiest)} s: {spans}; ask for a shorter window")
+        start = dataset.busiest_start(p.busiest)
+        end = start + p.busiest
+    else:
+        start = 0.0 if p.window_start is None else p.window_start
+        if start >= span:
+            raise ConfigError(f"--window-start {_num(start)} s: {spans}")
+        if p.window_end is not None and p.window_end > span:
+            raise ConfigError(f"--window-end {_num(p.window_end)} s: {spans}; leave --window-end out to take it to "
+                              f"the end")
+        end = math.inf if p.window_end is None else p.window_end
+    cut = dataset.window(start, end)
+    if cut.usable_rows == 0:
+        raise ConfigError(f"--window-start {_num(start)} / --window-end {_num(end)}: no usable row of {p.dataset} "
+                          f"arrives in that window")
+    info: dict[str, Any] = {"start_s": start, "end_s": None if math.isinf(end) else end, "rows": cut.usable_rows}
+    if p.busiest is not None:
+        info["busiest_s"] = p.busiest
+    return cut, info
 
 
 def _check_workload(args: GenerateArgs) -> None:
@@ -304,6 +362,10 @@ def default_output_path(p: _Plan) -> Path:
     parts: list[str] = []
     if p.dataset is not None:
         parts.append(re.sub(r"[^A-Za-z0-9._-]+", "_", Path(p.dataset).stem) or "dataset")
+        if p.busiest is not None:
+            parts.append(f"busiest{_num(p.busiest)}s")
+        elif p.window_start is not None or p.window_end is not None:
+            parts.append(f"w{_num(p.window_start or 0)}-{'end' if p.window_end is None else _num(p.window_end)}s")
         if p.keep_timestamps:
             parts.append("timestamps" + ("" if p.time_scale == 1.0 else f"-x{_num(p.time_scale)}"))  # type: ignore[arg-type]
     if p.arrival is not None:
@@ -343,6 +405,9 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None,
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(p.seed or 0).spawn(4)]
     arrival_rng, input_rng, output_rng, workload_rng = streams
     dataset = load_dataset(p.dataset, p.dataset_format) if p.dataset is not None else None  # type: ignore[arg-type]
+    whole, window = dataset, None
+    if dataset is not None:
+        dataset, window = _windowed(p, dataset)
 
     extras: list[dict[str, Any] | None] | None = None
     workload_info: dict[str, Any] | None = None
@@ -383,7 +448,8 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None,
         "num_requests": count,
         "duration_s": duration_s,
         "generator": {"tool": "tracebench generate", "tracebench": __version__, "numpy": np.__version__},
-        "args": asdict(p),
+        # the dataset's path as a shared file records it (docs/run-format.md, "Paths"): its sha256 identifies it
+        "args": {**asdict(p), "dataset": None if p.dataset is None else portable_path(p.dataset)},
         "arrivals": _arrivals_info(p),
         "lengths": lengths_info,
         "max_context": p.max_context,
@@ -395,12 +461,14 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None,
         header["block_size"] = p.block_size
     elif extras is not None and any(e is not None and "prefix_blocks" in e for e in extras):
         header["block_size"] = dataset.block_size  # type: ignore[union-attr]
-    if dataset is not None:
+    if whole is not None:
         header["source"] = {
-            "path": str(dataset.path), "format": dataset.format, "detected": p.dataset_format == "auto",
-            "sha256": dataset.sha256, "rows": dataset.rows, "dropped_zero_tokens": dataset.dropped_zero_tokens,
-            "usable_rows": dataset.usable_rows,
+            "path": portable_path(whole.path), "format": whole.format, "detected": p.dataset_format == "auto",
+            "sha256": whole.sha256, "rows": whole.rows, "dropped_zero_tokens": whole.dropped_zero_tokens,
+            "usable_rows": whole.usable_rows,
         }
+        if window is not None:
+            header["source"]["window"] = window
     path = Path(output) if output is not None else default_output_path(p)
     if path.is_dir():
         raise ConfigError(f"-o {path}: is a directory (give the trace file's path)")
@@ -477,7 +545,8 @@ def _dataset_rows(p: _Plan, dataset: Dataset, arrival_rng: np.random.Generator,
                   row_rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Arrival times and the dataset rows (indices) that supply each request's lengths."""
     usable = dataset.usable_rows
-    where = f"the dataset {dataset.path} has {usable} usable rows"
+    where = f"the dataset {dataset.path} has {usable} usable rows" + (
+        " in the window" if p.window_start is not None or p.window_end is not None or p.busiest is not None else "")
     if p.keep_timestamps:
         dataset.check_time_order()
         times = dataset.time_s / p.time_scale  # type: ignore[operator]

@@ -237,9 +237,11 @@ def _capacity_text(fit: CapacityFit) -> list[str]:
         lines.append(f"working set       {fit.shared_tokens:,} tokens of prefix blocks sent by 2+ requests: "
                      f"{fit.working_set}")
     if fit.load is not None:
-        lines.append(f"offered load      {fit.load:.0%} of what {fit.servers} server(s) can serve at best (at most "
-                     f"{fit.capacity_rate:.1f} req/s of this mix, batch {fit.batch}, the ceiling's hits; a lower "
-                     f"bound, rule: docs/trace-format.md \"Capacity\")")
+        lines.append(f"offered load      {fit.load:.0%} of what {fit.servers} server(s) can serve at best: "
+                     f"{fit.capacity_rate:.1f} req/s of this mix is their throughput ceiling (batch {fit.batch}, "
+                     f"the ceiling's hits, servers saturated and queues growing), not a rate that meets a latency "
+                     f"SLO: simulated runs queue from about {LOAD_WARN:.0%} of it; to find that rate, tracebench "
+                     f"sweep (docs/sweep.md); rule: docs/trace-format.md \"Capacity\"")
         if fit.load > LOAD_WARN and fit.requests >= MIN_REQUESTS:
             lines.append(f"warning: the offered load is {fit.load:.0%} of the servers' estimated capacity, past "
                          f"{LOAD_WARN:.0%} (where simulated runs start to queue): expect queues that grow through the "

@@ -48,6 +48,16 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
+def percentile_ci(sorted_values: np.ndarray, q: float, resamples: int, seed: list[int]) -> tuple[float, float] | None:
+    """95% percentile-bootstrap interval of one run's q-percentile. None with < 2 values or no resamples."""
+    if resamples <= 0 or sorted_values.size < 2:
+        return None
+    draws = bootstrap_percentile(sorted_values, q, resamples, np.random.default_rng(seed))
+    tail = (1.0 - CI_LEVEL) / 2 * 100
+    low, high = np.percentile(draws, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 def ratio_ci(run: tuple[np.ndarray, np.ndarray], base: tuple[np.ndarray, np.ndarray]) -> tuple[float, float] | None:
     """95% interval of sum(num)/sum(den) of `run` minus that of `base` ((num, den) per request), by the delta method:
     var(R) ~ var(num - R den) / (n mean(den)^2). None with < 2 requests or no denominator."""

@@ -36,6 +36,8 @@ class Row:
     better: str | None  # "lower" / "higher" / None: which way a delta is an improvement
     values: list[float | None]
     deltas: list[Delta | None]  # None for the baseline
+    # each run's own 95% interval of its value (latency percentiles, bootstrap; None where there is none)
+    cis: list[tuple[float, float] | None] | None = None
 
 
 @dataclass

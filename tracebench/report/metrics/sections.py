@@ -10,7 +10,7 @@ from typing import Any
 from tracebench.errors import ConfigError
 from tracebench.report.breakdown import ALL_STAGES, CAP, GATE, STATIC, STATS
 from tracebench.report.load import REQUEST_STATUSES, Run
-from tracebench.report.metrics.ci import bootstrap_ci, ratio_ci
+from tracebench.report.metrics.ci import bootstrap_ci, percentile_ci, ratio_ci
 from tracebench.report.metrics.config import _show, attached_sim_speeds, diff_config, speed_warning
 from tracebench.report.metrics.definitions import LATENCY, LATENCY_STATS, MIN_GROUP, PERCENTILES, PROMPT_BANDS
 from tracebench.report.metrics.lag import FIGURES, LAG_BOUND, lag_warning
@@ -244,6 +244,10 @@ def latency_section(inp: _Inputs) -> Section:
             row = _row("latency", key, metric.label, stat, metric.unit, metric.better,
                        [st.latency[key][stat] for st in stats], baseline)
             if stat in PERCENTILES and bootstrap > 0 and not metric.pooled:
+                # each run's own interval (seeded apart from the deltas': a 5th seed word)
+                row.cis = [percentile_ci(st.sorted_latency[key], PERCENTILES[stat], bootstrap,
+                                         [seed, m_index, s_index, r_index, 1]) if value is not None else None
+                           for r_index, (st, value) in enumerate(zip(stats, row.values))]
                 for r_index, delta in enumerate(row.deltas):
                     if delta is None or delta.abs is None:
                         continue

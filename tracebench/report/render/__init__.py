@@ -3,10 +3,14 @@ table, Markdown and HTML renderers draw that layout; CSV and JSON write the numb
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from tracebench.report.breakdown import BY_KEY as BREAKDOWN_STAGES
 from tracebench.report.metrics import BALANCE_CV_MAX, CI_LEVEL, PERCENTILES, Delta, Report, Row, time_note
+
+LAYOUTS = ("auto", "wide", "runs")
+RUNS_LAYOUT_FROM = 3  # --layout auto: the runs layout from this many runs on
 
 
 @dataclass
@@ -142,7 +146,7 @@ def run_heading(report: Report, index: int) -> str:
     return text
 
 
-def _section_table(report: Report, title: str, rows: list[Row], with_stat: bool) -> Table:
+def _wide_section_table(report: Report, title: str, rows: list[Row], with_stat: bool) -> Table:
     others = [i for i in range(len(report.runs)) if i != report.baseline]
     with_ci = any(d is not None and d.ci_low is not None for row in rows for d in row.deltas)
     header = ["metric"] + (["stat"] if with_stat else []) + [run_heading(report, i) for i in range(len(report.runs))]
@@ -176,6 +180,68 @@ def _section_table(report: Report, title: str, rows: list[Row], with_stat: bool)
     # the metric's label and the intervals may wrap (at spaces; an interval stays whole)
     wrap = frozenset([0, *(i for i, name in enumerate(header) if name.endswith("CI of Δ"))])
     return Table(title, header, out, align, keys=keys, groups=groups, wrap=wrap)
+
+
+def _delta_short(row: Row, delta: Delta | None) -> str:
+    """A run's change against the baseline in a runs-layout cell: % of the baseline (pp for a fraction), `*` when its
+    95% interval excludes 0."""
+    if delta is None or delta.abs is None or (delta.abs == 0 and delta.pct is None):
+        return ""
+    if row.unit == "fraction":
+        text = f"{delta.abs * 100:+.1f}pp"
+    elif delta.pct is None:
+        text = fmt_signed(unit_shown(row), delta.abs)
+    else:
+        text = f"{delta.pct:+.1f}%"
+    return text + ("*" if delta.significant else "")
+
+
+def _runs_layout_table(report: Report, title: str, rows: list[Row], with_stat: bool) -> Table:
+    """The many-run layout (--layout runs): one column per run, each cell its value and its change against the
+    baseline (%; `*` when the change's 95% interval excludes 0); under a percentile, a row of each run's own 95%
+    interval. Narrow enough for five runs at 120 columns."""
+    n = len(report.runs)
+    header = ["metric"] + (["stat"] if with_stat else []) + [run_heading(report, i) for i in range(n)]
+    align = ["l"] + (["l"] if with_stat else []) + ["r"] * n
+    out: list[list[Cell]] = []
+    previous = None
+    for row in rows:
+        name = row.label if row.metric != previous else ""
+        if not with_stat and row.unit not in ("requests", "tokens"):
+            name = f"{row.label} ({unit_shown(row)})" if row.unit != "fraction" else row.label
+        previous = row.metric
+        cells = [Cell(name)] + ([Cell(row.stat)] if with_stat else [])
+        for i, value in enumerate(row.values):
+            delta = row.deltas[i]
+            change = _delta_short(row, delta) if i != report.baseline else ""
+            text = fmt_value(unit_shown(row), value) + (f" {change}" if change else "")
+            cells.append(Cell(text, None if delta is None else delta_tone(row, delta)))
+        out.append(cells)
+        if row.cis is not None and any(ci is not None for ci in row.cis):
+            unit = unit_shown(row)
+            out.append([Cell("")] + ([Cell("95% CI")] if with_stat else []) + [
+                Cell("" if ci is None else f"{fmt_value(unit, ci[0])}–{fmt_value(unit, ci[1])}") for ci in row.cis])
+    notes = []
+    if n > 1:
+        notes.append("each run: its value and its change against the baseline (% of the baseline's value; pp for a "
+                     "fraction; * when the change's 95% bootstrap interval excludes 0)")
+    if any(row.cis for row in rows):
+        notes.append("95% CI: the run's own interval of that percentile (bootstrap over its requests)")
+    return Table(title, header, out, align, notes, keys=2 if with_stat else 1, wrap=frozenset([0]))
+
+
+def _config_by_value_table(report: Report) -> Table:
+    """What changed, for many runs (--layout runs): one row per setting and value, naming the runs that had it."""
+    shorts = [run_heading(report, i) for i in range(len(report.runs))]
+    rows: list[list[Cell]] = []
+    for key, values in report.config.changed:
+        first = True
+        for value in dict.fromkeys(values):
+            who = ", ".join(shorts[i] for i, v in enumerate(values) if v == value)
+            rows.append([Cell(key if first else ""), Cell(value.replace('","', '", "'), strong=True), Cell(who)])
+            first = False
+    table = _config_table(report)
+    return Table(table.title, ["setting", "value", "runs"], rows, ["l"] * 3, table.notes, wrap=frozenset((1, 2)))
 
 
 def _runs_table(report: Report) -> Table:
@@ -258,7 +324,7 @@ def _pd_servers_table(report: Report) -> Table:
     for i, pd in enumerate(report.pd):
         if pd is None:
             continue
-        notes.append(f"{report.runs[i].label}: {pd.ratio}, {pd.routing}")
+        notes.append(f"{report.runs[i].label}: {pd.ratio}, {pd.routing}; {pd.link}")
         for j, row in enumerate(pd.servers):
             stages = ", ".join(f"{k} {fmt_value('ms', v)}" for k, v in row.stages.items() if v is not None)
             rows.append([
@@ -272,9 +338,33 @@ def _pd_servers_table(report: Report) -> Table:
                  wrap=frozenset((2, 8)))
 
 
-def _breakdown_table(report: Report, rows: list[Row], title: str) -> Table:
+_BREAKDOWN_NOTES = [
+        "each stage lies between two stamps of a request's record (docs/overhead.md); the main stages follow one "
+        "another from release lag to answer checked (their means add up to arrival -> record complete); first token "
+        "out/in run beside them, on the way to the first token; sglang's stamps are its time.time() on the run clock",
+        "whose: tracebench (this client), sglang (the server), both (the wire and both ends' reads and writes, not "
+        "split further by the stamps), --max-concurrency (the run's own client limit), router cap (the run's own "
+        "per-server cap: the wait for a free slot, record field slot_wait_s), static batching (the run's --mode "
+        "static: the wait in a forming batch until it was sent, record field batch_wait_s)",
+]
+
+
+def _breakdown_table(report: Report, rows: list[Row], title: str, runs_layout: bool) -> Table:
     """The breakdown's stages with whose time each is and the two stamps it lies between."""
-    table = _section_table(report, title, rows, with_stat=True)
+    table = (_runs_layout_table if runs_layout else _wide_section_table)(report, title, rows, with_stat=True)
+    assert len(table.rows) == len(rows), "a breakdown row has no interval row under it"
+    if runs_layout:  # narrower: whose in the metric's cell, (tracebench) etc.
+        for row, cells in zip(rows, table.rows):
+            if cells[0].text:
+                cells[0] = Cell(f"{cells[0].text} ({BREAKDOWN_STAGES[row.metric].whose})")
+            cells[1:1] = [Cell(BREAKDOWN_STAGES[row.metric].span if cells[0].text else "")]
+        table.header[1:1] = ["from -> to"]
+        table.align[1:1] = ["l"]
+        table.keys += 1
+        table.wrap = frozenset([0, 1])
+        table.notes.append(_BREAKDOWN_NOTES[0])
+        table.notes.append(_BREAKDOWN_NOTES[1].replace("whose:", "(whose):"))
+        return table
     table.header[1:1] = ["whose", "from -> to"]
     table.align[1:1] = ["l", "l"]
     # the two new columns are keys too (repeated in every part of a split table); whose and the stamps may wrap
@@ -288,26 +378,31 @@ def _breakdown_table(report: Report, rows: list[Row], title: str) -> Table:
         first = row.metric != previous
         previous = row.metric
         cells[1:1] = [Cell(stage.whose if first else ""), Cell(stage.span if first else "")]
-    table.notes += [
-        "each stage lies between two stamps of a request's record (docs/overhead.md); the main stages follow one "
-        "another from release lag to answer checked (their means add up to arrival -> record complete); first token "
-        "out/in run beside them, on the way to the first token; sglang's stamps are its time.time() on the run clock",
-        "whose: tracebench (this client), sglang (the server), both (the wire and both ends' reads and writes, not "
-        "split further by the stamps), --max-concurrency (the run's own client limit), router cap (the run's own "
-        "per-server cap: the wait for a free slot, record field slot_wait_s), static batching (the run's --mode "
-        "static: the wait in a forming batch until it was sent, record field batch_wait_s)",
-    ]
+    table.notes += _BREAKDOWN_NOTES
     return table
 
 
-def document(report: Report) -> Document:
+def resolve_layout(layout: str, runs: int, out_format: str) -> str:
+    """--layout auto: `runs` for the terminal table (format `table`) of RUNS_LAYOUT_FROM runs or more, else `wide`
+    (a page scrolls sideways; a terminal splits the table)."""
+    if layout == "auto":
+        return "runs" if runs >= RUNS_LAYOUT_FROM and out_format == "table" else "wide"
+    return layout
+
+
+def document(report: Report, layout: str = "wide") -> Document:
+    """The report as titled tables. `layout` wide: each run's values, then each run's change against the baseline
+    with the 95% interval of that change, in columns of their own; runs: one column per run (value, change, its own
+    interval under each percentile)."""
     n = len(report.runs)
+    runs_layout = layout == "runs"
+    _section_table = _runs_layout_table if runs_layout else _wide_section_table
     lines = []
     if n > 1:
         lines.append(f"baseline: {report.runs[report.baseline].label} · Δ = run − baseline (absolute, and % of the baseline)")
     lines.append("latencies over completed requests (ok + mismatch), in ms · percentiles by linear interpolation "
                  "(numpy's default)")
-    if n > 1 and report.bootstrap > 0:
+    if n > 1 and report.bootstrap > 0 and not runs_layout:
         lines.append(f"{int(CI_LEVEL * 100)}% CI of Δ: bootstrap over requests, {report.bootstrap} resamples, seed {report.seed}; "
                      "'significant' only when it excludes 0")
     lines.append("duration: first arrival to last completed finish" + (f"; warm-up: arrivals before {report.warmup_s:g} s excluded"
@@ -315,7 +410,7 @@ def document(report: Report) -> Document:
     note = time_note(report.runs)
     if note is not None:
         lines.append(note)
-    tables = [_runs_table(report), _config_table(report)]
+    tables = [_runs_table(report), _config_by_value_table(report) if runs_layout and n > 1 else _config_table(report)]
     by_key = {s.key: s for s in report.sections}
     tables.append(_section_table(report, "Requests and throughput",
                                  by_key["requests"].rows + by_key["throughput"].rows, with_stat=False))
@@ -341,7 +436,29 @@ def document(report: Report) -> Document:
         tables.append(table)
         tables.append(_pd_servers_table(report))
     if "breakdown" in by_key:
-        tables.append(_breakdown_table(report, by_key["breakdown"].rows, by_key["breakdown"].title))
+        tables.append(_breakdown_table(report, by_key["breakdown"].rows, by_key["breakdown"].title, runs_layout))
     tables.append(_servers_table(report))
     title = "tracebench report: " + " vs ".join(run.label for run in report.runs)
-    return Document(title, lines, report.warnings, tables)
+    return Document(title, lines, merged_warnings(report.warnings), tables)
+
+
+_RUN_WARNING = re.compile(r"run '((?:[^']|'(?!: ))*)': (.*)", re.S)
+
+
+def merged_warnings(warnings: list[str]) -> list[str]:
+    """The same warning about several runs once, naming them all (`runs 'a', 'b': ...`), where the first was."""
+    out: list[str] = []
+    runs_of: dict[str, list[str]] = {}
+    for warning in warnings:
+        match = _RUN_WARNING.fullmatch(warning)
+        if match is None:
+            out.append(warning)
+            continue
+        if match[2] not in runs_of:
+            runs_of[match[2]] = []
+            out.append(match[2])
+        runs_of[match[2]].append(match[1])
+    return [text if text not in runs_of else
+            (f"run '{runs_of[text][0]}': " if len(runs_of[text]) == 1 else
+             "runs " + ", ".join(f"'{run}'" for run in runs_of[text]) + ": ") + text
+            for text in out]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from tracebench.report.breakdown import ALL_STAGES
+from tracebench.report.figure_options import FigureOptions
 from tracebench.report.metrics import LATENCY_METRICS, Report
 from tracebench.report.render import Cell, Document, Table
 
@@ -39,12 +40,12 @@ def _table(table: Table) -> str:
     return "\n".join(parts)
 
 
-def render_html(report: Report, doc: Document) -> tuple[str, bytes, bytes | None]:
+def render_html(report: Report, doc: Document, figure: FigureOptions | None = None) -> tuple[str, bytes, bytes | None]:
     """The page, the main figure (latency CDFs) as PNG bytes, and the server telemetry figure as PNG bytes (None when
     no run has /metrics scrapes or GPU samples)."""
     from tracebench.report.render import plots
 
-    main = plots.latency_cdfs(report)
+    main = plots.latency_cdfs(report, figure)
     main_svg, main_png = plots.to_svg(main), plots.to_png(main)
     plots.close(main)
     figures = []

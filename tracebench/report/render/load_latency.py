@@ -19,15 +19,15 @@ _PANELS = (("ttft", "Time to first token (from arrival)"), ("tpot", "Time per ou
 
 
 def _series(doc: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
-    """Points grouped by (gpus, policy), each group sorted by its x value."""
+    """Points grouped by (gpus, PD ratio, policy), each group sorted by its x value."""
     kind = doc["kind"]
-    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[int, str | None, str], list[dict[str, Any]]] = {}
     for row in doc["points"]:
-        groups.setdefault((row["gpus"], row["policy"]), []).append(row)
+        groups.setdefault((row["gpus"], row.get("pd"), row["policy"]), []).append(row)
     out = []
-    for (gpus, policy), rows in groups.items():
+    for (gpus, pd, policy), rows in groups.items():
         rows.sort(key=lambda r: _x(r, kind))
-        label = f"{gpus} server{'s' if gpus > 1 else ''}, {policy}"
+        label = f"{gpus} server{'s' if gpus > 1 else ''}, {policy}" if pd is None else f"PD {pd}, {policy}"
         out.append((label, rows))
     return out
 
@@ -162,7 +162,8 @@ def render_sweep_html(doc: dict[str, Any]) -> tuple[str, bytes]:
             return _ms(est["value"]) + ci
 
         x = r["concurrency"] if kind == "concurrency" else f"{r['rate']:.4g}"
-        cells = [r["point"], str(x), str(r["gpus"]), r["policy"], r["status"],
+        servers = str(r["gpus"]) if r.get("pd") is None else f"{r['gpus']} (PD {r['pd']})"
+        cells = [r["point"], str(x), servers, r["policy"], r["status"],
                  "-" if r["throughput_rps"] is None else f"{r['throughput_rps']:.2f}",
                  "-" if r["goodput_rps"] is None else f"{r['goodput_rps']:.2f}",
                  cell("ttft", "p50"), cell("ttft", "p99"), cell("tpot", "p99"), cell("itl", "p99"),

@@ -13,7 +13,9 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, MaxNLocator, NullLocator  # noqa: E402
 
+from tracebench.report.figure_options import SIZES, FigureOptions  # noqa: E402
 from tracebench.report.metrics import LATENCY_LABELS, SLO_KEYS, Report  # noqa: E402
 
 _COLOURS = plt.get_cmap("tab10").colors
@@ -56,15 +58,31 @@ CDF_TITLES = {"total": "Total latency (arrival → finish)", "ttft": "Time to fi
               "tpot": "Time per output token"}
 
 
-def latency_cdfs(report: Report) -> Figure:
-    """The main figure: CDFs of total latency, TTFT, server latency, router wait and TPOT, all runs overlaid."""
+# (rows, columns) of the CDF grid for 1..5 panels; a spare cell holds the legend
+_GRIDS = {1: (1, 1), 2: (1, 2), 3: (1, 3), 4: (2, 2), 5: (2, 3)}
+_TAIL_TICKS = (0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999)
+
+
+def latency_cdfs(report: Report, opts: FigureOptions | None = None) -> Figure:
+    """The main figure: CDFs of total latency, TTFT, server latency, router wait and TPOT (or the panels `opts.plots`
+    names, in that order), all runs overlaid; x linear or log, y linear or tail-focused (logit: p50, p90, p99, p99.9
+    equally spaced); `opts.size` in inches (figure_options.SIZES)."""
     assert report.series is not None
-    keys = ("total", "ttft", "server_client", "router_wait", "tpot")
+    opts = opts if opts is not None else FigureOptions()
+    keys = opts.plots
     slo_by_metric = {SLO_KEYS[k]: v for k, v in (report.slo or {}).items()}
-    fig, grid = plt.subplots(2, 3, figsize=(15, 8.6), layout="constrained")
+    rows, cols = _GRIDS[len(keys)]
+    spare = rows * cols > len(keys)
+    slide = opts.size != "page"
+    with plt.rc_context({"font.size": 13 if slide else 10}):
+        fig, grid = plt.subplots(rows, cols, figsize=SIZES[opts.size], layout="constrained", squeeze=False)
     axes = grid.flatten()
+    # tail: up to p99.9, or to the highest level below 1 that a run's CDF reaches (1 - 1/n for n requests)
+    below_one = [float(p[p < 1].max()) for s in report.series for k in keys for p in (s.cdf[k][1],) if (p < 1).any()]
+    y_top = min(0.999, max(below_one)) if below_one and max(below_one) > 0.5 else 0.99
     for ax, key in zip(axes, keys):
         top = max((float(s.cdf[key][0][-1]) for s in report.series if s.cdf[key][0].size), default=0.0)
+        low = min((float(x[x > 0][0]) for s in report.series for x in (s.cdf[key][0],) if (x > 0).any()), default=0.0)
         scale, unit = 1000.0, "ms"  # every panel in ms, as the tables (issue 23: panels mixed s and ms)
         drawn = False
         for i, ser in enumerate(report.series):
@@ -74,27 +92,57 @@ def latency_cdfs(report: Report) -> Figure:
             drawn = True
             ax.step(np.concatenate([[x[0]], x]) * scale, np.concatenate([[0.0], p]), where="post",
                     color=_colour(i), linewidth=1.8, label=_run_name(report, i))
+        tail = opts.y_scale == "tail"
         for q in (0.5, 0.9, 0.99):
             ax.axhline(q, color="#999999", linewidth=0.8, linestyle=":")
-            ax.annotate(f"p{int(q * 100)}", xy=(1.0, q), xycoords=("axes fraction", "data"), xytext=(2, 0),
-                        textcoords="offset points", va="center", fontsize=8, color="#666666")
+            if not tail:  # (the tail axis's own ticks say p50, p90, ...)
+                ax.annotate(f"p{q * 100:g}", xy=(1.0, q), xycoords=("axes fraction", "data"), xytext=(2, 0),
+                            textcoords="offset points", va="center", fontsize=8 if not slide else 11, color="#666666")
         # the axis follows the data, never the SLO: a far SLO would squeeze the curves into a corner
-        right = top * scale * 1.04 if top > 0 else 1.0
-        ax.set_xlim(0, right)
+        if opts.x_scale == "log" and low > 0:
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))  # 100, 1,000: not 10^2, 10^3
+            left, right = low * scale / 1.25, top * scale * 1.25
+            ax.set_xlim(left, right)
+        else:
+            right = top * scale * 1.04 if top > 0 else 1.0
+            ax.set_xlim(0, right)
+            if slide:  # larger type: fewer ticks, so that 10,000 and 12,000 do not run into each other
+                ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
         if key in slo_by_metric:
             mark_slo(ax, slo_by_metric[key] * scale, unit, right)
-        ax.set_title(CDF_TITLES[key], fontsize=12)
-        ax.set_xlabel(f"{LATENCY_LABELS[key]} ({unit})")
-        ax.set_ylabel("fraction of completed requests ≤ x")
-        ax.set_ylim(0, 1.02)
+        ax.set_title(CDF_TITLES[key], fontsize=12 if not slide else 15)
+        ax.set_xlabel(f"{LATENCY_LABELS[key]} ({unit}{', log scale' if ax.get_xscale() == 'log' else ''})")
+        first_column = list(axes).index(ax) % cols == 0
+        if tail:
+            ax.set_yscale("logit", nonpositive="clip")
+            ax.set_ylim(0.5, y_top)
+            ticks = [q for q in _TAIL_TICKS if q <= y_top + 1e-12]
+            ax.yaxis.set_major_locator(FixedLocator(ticks))
+            ax.yaxis.set_major_formatter(FixedFormatter([f"p{q * 100:g}" for q in ticks]))
+            ax.yaxis.set_minor_locator(NullLocator())
+            if first_column:
+                ax.set_ylabel("percentile of completed requests (tail-focused)")
+        else:
+            if first_column:
+                ax.set_ylabel("fraction of completed requests ≤ x")
+            ax.set_ylim(0, 1.02)
         _style(ax)
         if not drawn:
             ax.text(0.5, 0.5, "no first-token stamps\n(not streamed)", ha="center", va="center", transform=ax.transAxes)
     handles, labels = axes[0].get_legend_handles_labels()
-    axes[-1].axis("off")  # the sixth cell holds the legend
-    axes[-1].legend(handles, labels, loc="center", frameon=False, fontsize=10)
-    fig.suptitle("Latency CDFs" + (f" (requests arriving after {report.warmup_s:g} s)" if report.warmup_s > 0 else ""),
-                 fontsize=14, fontweight="bold")
+    legend_size = 10 if not slide else 13
+    if spare:  # the first spare cell holds the legend, the others stay empty
+        for ax in axes[len(keys):]:
+            ax.axis("off")
+        axes[len(keys)].legend(handles, labels, loc="center", frameon=False, fontsize=legend_size)
+    else:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), frameon=False,
+                   fontsize=legend_size)
+    title = opts.title if opts.title is not None else "Latency CDFs"
+    fig.suptitle(title + (f" (requests arriving after {report.warmup_s:g} s)" if report.warmup_s > 0 else ""),
+                 fontsize=14 if not slide else 18, fontweight="bold")
     return fig
 
 
@@ -192,11 +240,11 @@ def per_server_over_time(report: Report) -> Figure:
         if not any(row < len(ser.servers) and ser.servers[row].telemetry_t.size for ser in report.series):
             right.text(0.5, 0.5, "no telemetry.jsonl", ha="center", va="center", transform=right.transAxes)
         _cap_lines(left, report, labelled=False)
-        left.set_title(f"server {row}: requests in flight (solid), cap (dashed), waiting in sglang (dotted)",
-                       fontsize=10, loc="left")
+        left.set_title(f"{server_name(report, row)}: requests in flight (solid), cap (dashed), waiting in sglang "
+                       f"(dotted)", fontsize=10, loc="left")
         left.set_ylabel("requests")
         left.set_ylim(bottom=0)
-        right.set_title(f"server {row}: KV cache usage (sglang token_usage)", fontsize=10, loc="left")
+        right.set_title(f"{server_name(report, row)}: KV cache usage (sglang token_usage)", fontsize=10, loc="left")
         right.set_ylabel("% of the KV cache")
         right.set_ylim(0, 105)
         _style(left)
@@ -250,18 +298,29 @@ def server_telemetry(report: Report) -> Figure:
     servers = min(max(len(ser.servers) for ser in report.series), MAX_SERVER_ROWS)
     host = sorted({g.index for ser in report.series for g in ser.host_gpus})[:4 * MAX_SERVER_ROWS]
     host_rows = math.ceil(len(host) / 4)
-    fig, grid = plt.subplots(servers + host_rows, 4, figsize=(17, 2.7 * (servers + host_rows) + 1.4), sharex=True,
-                             squeeze=False, layout="constrained")
+    # a kind of panel no run has data for is left out (a simulated run has no GPU samples), not drawn empty
+    any_metrics = any(srv.metrics is not None for ser in report.series for srv in ser.servers)
+    any_gpu = any(srv.gpus for ser in report.series for srv in ser.servers)
+    width = 3 * any_metrics + any_gpu
+    cols = max(width, 4 if host else 1)
+    fig, grid = plt.subplots(servers + host_rows, cols, figsize=(max(17 * cols / 4, 15),
+                                                                 2.7 * (servers + host_rows) + 1.4),
+                             sharex=True, squeeze=False, layout="constrained")
     for row in range(servers):
-        requests_ax, cache_ax, gen_ax, gpu_ax = grid[row]
-        power_ax = gpu_ax.twinx()
+        cells = list(grid[row])
+        for ax in cells[width:]:
+            ax.set_visible(False)
+        requests_ax, cache_ax, gen_ax = cells[:3] if any_metrics else (None, None, None)
+        gpu_ax = cells[3 if any_metrics else 0] if any_gpu else None
+        power_ax = gpu_ax.twinx() if gpu_ax is not None else None
+        name_row = server_name(report, row)
         drawn_metrics = drawn_gpu = False
         for i, ser in enumerate(report.series):
             if row >= len(ser.servers):
                 continue
             colour, name, srv = _colour(i), _run_name(report, i), ser.servers[row]
             m = srv.metrics
-            if m is not None:
+            if m is not None and requests_ax is not None:
                 drawn_metrics = True
                 requests_ax.plot(m.t, m.running, color=colour, linewidth=1.4, label=f"{name}: running")
                 requests_ax.plot(m.t, m.queued, color=colour, linewidth=1.1, linestyle="--", label=f"{name}: queued")
@@ -269,23 +328,26 @@ def server_telemetry(report: Report) -> Figure:
                 cache_ax.plot(m.hit_t, m.hit_rate * 100.0, color=colour, linewidth=1.1, linestyle=":", marker=".",
                               markersize=3)
                 gen_ax.plot(m.t, m.gen_throughput, color=colour, linewidth=1.3)
-            if srv.gpus:
+            if srv.gpus and gpu_ax is not None:
                 drawn_gpu = True
                 _gpu_lines(gpu_ax, power_ax, srv.gpus, colour)
-        for ax, what, ylabel in (
-            (requests_ax, "sglang requests: running (solid), queued (dashed)", "requests"),
-            (cache_ax, "KV usage (solid), prefix-cache hit rate (dotted)", "%"),
-            (gen_ax, "generation throughput (sglang)", "tokens/s"),
-        ):
-            ax.set_title(f"server {row}: {what}", fontsize=9, loc="left")
-            ax.set_ylabel(ylabel)
-            _style(ax)
-            if not drawn_metrics:
-                ax.text(0.5, 0.5, "no /metrics scrapes", ha="center", va="center", transform=ax.transAxes)
-        requests_ax.set_ylim(bottom=0)
-        gen_ax.set_ylim(bottom=0)
-        cache_ax.set_ylim(0, 105)
-        _gpu_axes(gpu_ax, power_ax, f"server {row}: GPU", drawn_gpu)
+        if any_metrics:
+            for ax, what, ylabel in (
+                (requests_ax, "sglang requests: running (solid), queued (dashed)", "requests"),
+                (cache_ax, "KV usage (solid), prefix-cache hit rate (dotted)", "%"),
+                (gen_ax, "generation throughput (sglang)", "tokens/s"),
+            ):
+                # the server's name once, on its row's first panel (it would not fit on every title)
+                ax.set_title(f"{name_row}: {what}" if ax is requests_ax else what, fontsize=9, loc="left")
+                ax.set_ylabel(ylabel)
+                _style(ax)
+                if not drawn_metrics:
+                    ax.text(0.5, 0.5, "no /metrics scrapes", ha="center", va="center", transform=ax.transAxes)
+            requests_ax.set_ylim(bottom=0)
+            gen_ax.set_ylim(bottom=0)
+            cache_ax.set_ylim(0, 105)
+        if gpu_ax is not None:
+            _gpu_axes(gpu_ax, power_ax, f"{name_row}: GPU", drawn_gpu)
     for k, index in enumerate(host):
         ax = grid[servers + k // 4][k % 4]
         power_ax = ax.twinx()
@@ -305,10 +367,28 @@ def server_telemetry(report: Report) -> Figure:
     if handles:
         fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), frameon=False, fontsize=9)
     more = max(len(ser.servers) for ser in report.series) - servers
-    fig.suptitle("Server telemetry: sglang's /metrics and the GPUs" +
+    what = ("sglang's /metrics and the GPUs" if any_metrics and (any_gpu or host) else "sglang's /metrics (no run has GPU "
+            "samples: simulated, attached or no nvidia-smi)" if any_metrics else "the GPUs (no run has /metrics scrapes)")
+    fig.suptitle(f"Server telemetry: {what}" +
                  (f" (first {servers} servers; {more} more not drawn)" if more > 0 else ""),
                  fontsize=14, fontweight="bold")
     return fig
+
+
+def server_name(report: Report, index: int) -> str:
+    """`server 0`, with its PD role where a run gave it one (`server 0 (prefill)`; `server 0 (prefill in a, decode in
+    b)` where the runs differ; a plain run's server has none)."""
+    roles: dict[str, list[str]] = {}
+    for i, loads in enumerate(report.servers):
+        for load in loads:
+            if load.server == index and load.role:
+                roles.setdefault(load.role, []).append(report.runs[i].label)
+    if not roles:
+        return f"server {index}"
+    plain = len(report.runs) - sum(map(len, roles.values()))
+    if len(roles) == 1 and not plain:
+        return f"server {index} ({next(iter(roles))})"
+    return f"server {index} (" + ", ".join(f"{role} in {', '.join(runs)}" for role, runs in roles.items()) + ")"
 
 
 def server_load(report: Report) -> Figure:
