@@ -309,6 +309,24 @@ def test_disk_obviously_too_small_is_refused_before_anything_starts(tmp_path: Pa
         assert not (disk / "d").exists()
 
 
+def test_disk_full_keeps_every_whole_line_that_fits(tmp_path: Path) -> None:
+    # issue 33 item 9: a batch that only partly fits keeps its whole lines (it was cut back to the previous batch, so
+    # a 512 KiB disk kept none of 550 records with 304 KB free)
+    from tracebench.replay.records import AppendFile
+    line = b"x" * 199 + b"\n"
+    failures: list[BaseException] = []
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        out = AppendFile(disk / "f.jsonl", failures.append, flush_lines=1000)
+        for _ in range(1000):  # 200 KB in one batch: about a third of it fits
+            out.write(line)
+        out.close()
+        data = (disk / "f.jsonl").read_bytes()
+        assert len(failures) == 1 and out.failure is not None and "disk full" in str(out.failure)
+        assert data.endswith(b"\n") and set(data.splitlines()) == {line[:-1]}
+        assert out.lines_on_disk == len(data) // len(line)
+        assert len(data) > 65536 - 4096 - len(line), len(data)  # all but the last page and a line
+
+
 def fill_disk(disk: Path) -> None:
     """Write zeros into `disk` until it is full."""
     with contextlib.suppress(OSError), (disk / "filler").open("wb") as fh:
