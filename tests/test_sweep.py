@@ -182,10 +182,48 @@ def test_point_traces(small_trace: Path, tmp_path: Path) -> None:
     assert [(r.id, r.input_len, r.output_len) for r in whole] == [(r.id, r.input_len, r.output_len) for r in requests]
     cut_header, cut = load_trace(write_point_trace(tmp_path / "b.jsonl", source, header, requests, rate=2.0,
                                                    duration=5.0))
-    assert cut == whole[: len(cut)] and cut[-1].arrival_s <= 5.0 < whole[len(cut)].arrival_s
-    assert cut_header.num_requests == len(cut) and cut_header.fields["sweep_point"]["point_duration_s"] == 5.0
+    # the window offers the rate: the first round(2 x 5) + 1 requests, spanning 5 s
+    assert [r.id for r in cut] == [r.id for r in requests[:11]] and cut[-1].arrival_s == pytest.approx(5.0)
+    assert trace_rate(cut) == pytest.approx(2.0, rel=1e-4)
+    made = cut_header.fields["sweep_point"]
+    assert cut_header.num_requests == 11 and made["point_duration_s"] == 5.0 and made["source_requests"] == 11
     _, at_once = load_trace(write_point_trace(tmp_path / "c.jsonl", source, header, requests, at_once=True))
     assert {r.arrival_s for r in at_once} == {0.0} and len(at_once) == 50
+
+
+def test_a_rate_point_offers_its_rate_over_its_window_on_a_bursty_trace(tmp_path: Path) -> None:
+    # issue 33 A1: a quiet opening (20 requests over 40 s) then a burst (400 over 10 s). Rescaling the whole trace to
+    # 10 req/s and keeping what fell within 10 s replayed the quiet slice at ~1.5 req/s; the window offers 10 req/s
+    from tracebench.sweep.traces import trace_rate, write_point_trace
+    from tracebench.trace.format import load_trace, write_trace
+
+    quiet = [i * 2.0 for i in range(20)]
+    burst = [40.0 + i * 0.025 for i in range(400)]
+    source = write_trace(tmp_path / "bursty.jsonl", {"num_requests": 420, "duration_s": burst[-1]},
+                         (json.dumps({"id": i, "arrival_s": a, "input_len": 8, "output_len": 8}).encode() + b"\n"
+                          for i, a in enumerate(quiet + burst)))
+    header, requests = load_trace(source)
+    for rate in (1.0, 10.0, 40.0):
+        _, point = load_trace(write_point_trace(tmp_path / f"p{rate}.jsonl", source, header, requests, rate=rate,
+                                                duration=10.0))
+        assert len(point) == round(rate * 10) + 1 and trace_rate(point) == pytest.approx(rate, rel=1e-4)
+        assert point[-1].arrival_s == pytest.approx(10.0, rel=1e-4)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--rates", "1e-300"], "puts its last arrival at"),
+    (["--rates", "2,0.01", "--point-duration", "10"], "it needs at least two requests"),
+    (["--concurrency", "99999999999999999999999"], "--concurrency: 99999999999999999999999 is out of range"),
+    (["--rates", "2", "--cap-schedule", "1s:99999999999999999999999"], "the cap must be an integer from 1 to 2^63-1"),
+])
+def test_sweep_refuses_a_point_it_cannot_write_before_anything_starts(small_trace: Path, tmp_path: Path,
+                                                                      args: list[str], expected: str) -> None:
+    # issue 33 items 10 and 11: these started the servers, then failed on free space with a 300-digit number, or
+    # crashed writing summary.json
+    done = run_cli("sweep", str(small_trace), *args, "--backend", "sim", "--quiet", "--out-dir", str(tmp_path),
+                   "--name", "x")
+    assert done.returncode == 2 and expected in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_saturation_rule() -> None:

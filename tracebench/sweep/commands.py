@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from tracebench.errors import ConfigError
-from tracebench.options import FINITE, INT
+from tracebench.options import FINITE, INT, INT64_MAX, INT64_MIN
 from tracebench.replay.commands import replay_config, replay_options
 
 
@@ -25,9 +25,13 @@ def _ints(name: str, text: str | None) -> tuple[int, ...]:
     if text is None:
         return ()
     try:
-        return tuple(int(part) for part in text.split(","))
+        values = tuple(int(part) for part in text.split(","))
     except ValueError:
         raise ConfigError(f"{name} {text!r}: expected integers separated by commas, e.g. 1,4,16,64") from None
+    for value in values:  # what run.json and summary.json can hold (orjson: 64-bit)
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise ConfigError(f"{name}: {value} is out of range (at most 2^63-1)")
+    return values
 
 
 _GPUS = click.option(

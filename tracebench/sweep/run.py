@@ -36,7 +36,8 @@ from tracebench.replay.telemetry import parse_loads
 from tracebench.replay.saturation import RULE as SATURATION_RULE
 from tracebench.sweep.search import RULE as SEARCH_RULE
 from tracebench.sweep.search import RateSearch, SearchResult
-from tracebench.sweep.traces import refuse_closed_loop, trace_rate, write_point_trace
+from tracebench.replay.caps import parse_cap_schedule
+from tracebench.sweep.traces import rate_window, refuse_closed_loop, trace_rate, write_point_trace
 from tracebench.trace.format import load_trace, sha256_file
 
 SWEEP_FORMAT = 1
@@ -99,6 +100,8 @@ class Sweep:
         refuse_closed_loop(base.trace, self.requests)
         self.trace_sha = sha256_file(base.trace)
         self.source_rate = trace_rate(self.requests) if cfg.kind != "concurrency" else None
+        for rate in cfg.rates:  # a point that cannot be written is refused before any server starts
+            rate_window(self.requests, rate, cfg.point_duration)
         from tracebench.report.metrics import parse_slo  # the report's --slo syntax, the report's parser
 
         self.slo = parse_slo(cfg.slo_spec) if cfg.slo_spec is not None else None
@@ -122,7 +125,9 @@ class Sweep:
                 load_policy(policy, np.random.default_rng(0), dict(base.policy_options))
         for gpus in self.gpus:
             for policy in self.policies:
-                self._point_config(Point("check", "rate", 1.0, gpus, policy), base.trace).resolve()
+                checked = self._point_config(Point("check", "rate", 1.0, gpus, policy), base.trace).resolve()
+                if checked.cap_schedule:  # as the replay does before its folder: refused before the sweep's
+                    parse_cap_schedule(checked.cap_schedule, checked.num_servers, checked.time_speed)
         self.rows: list[dict[str, Any]] = []
         self.searches: list[dict[str, Any]] = []
         self.status = "running"
