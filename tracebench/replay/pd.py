@@ -113,6 +113,7 @@ def add_pd_launch_args(plans: list[Any], n_prefill: int, port_base: int | None) 
         role = "prefill" if i < n_prefill else "decode"
         plan.command += launch_args(role, ports[i] if role == "prefill" else None)
         plan.role = role
+        plan.bootstrap_port = ports[i] if role == "prefill" else None  # checked free with the server's own port
 
 
 def check_role(index: int, url: str, info: dict[str, Any], role: str) -> int | None:

@@ -11,7 +11,7 @@ from tracebench.sim.args import (
 from tracebench.options import FINITE, INT, SEED, SPEED_RANGE
 
 
-def check_can_listen(host: str, port: int) -> None:
+def check_can_listen(host: str, port: int, flag: str = "--port") -> None:
     """A ConfigError (one line, exit 2) naming the address when the server could not listen there: a --host that is
     no address of this machine, a --port taken. Bound as the server binds it (every address of the host,
     SO_REUSEADDR), then let go at once; the server binds it a moment later."""
@@ -28,7 +28,7 @@ def check_can_listen(host: str, port: int) -> None:
                 sock.bind(address)
                 sock.listen(1)
             except OSError as err:
-                raise ConfigError(f"--host {host} --port {port}: cannot listen there ({err.strerror})") from None
+                raise ConfigError(f"--host {host} {flag} {port}: cannot listen there ({err.strerror})") from None
 
 
 @click.command("sim-server")
@@ -156,6 +156,8 @@ def sim_server(port: int, host: str, profile_name: str | None, gpu: str | None, 
         raise ConfigError(f"--disaggregation-bootstrap-port {port} is the server's own --port: give another")
     profile = resolve_profile(profile_name, gpu)
     check_can_listen(host, port)
+    if disaggregation_mode == "prefill":  # its bootstrap server listens there too (it was a traceback)
+        check_can_listen(host, disaggregation_bootstrap_port, "--disaggregation-bootstrap-port")
     serve(SimArgs(host=host, port=port, profile=profile, speed=speed, max_running_requests=max_running_requests,
                   max_total_tokens=max_total_tokens, context_length=context_length,
                   chunked_prefill_size=chunked_prefill_size, startup_delay=startup_delay, seed=seed,
