@@ -93,6 +93,7 @@ def test_rate_sweep_end_to_end(tmp_path: Path) -> None:
     with (folder / "summary.csv").open() as fh:
         table = list(csv.DictReader(fh))
     assert [float(r["rate"]) for r in table] == [2.0, 4.0, 8.0, 16.0]
+    assert [int(r["not_completed"]) for r in table] == [0, 0, 0, 0]  # it was `requests` (counts hold `completed`)
     assert {"ttft_p99_s", "ttft_p99_ci95_low_s", "tpot_p50_s", "itl_p99_s", "total_p99_s", "goodput_rps",
             "slo_ttft_p99_s", "slo_ttft_verdict"} <= set(table[0])
     # any two points compare with the report (their traces differ in arrivals only: no flag needed, a warning)

@@ -6,7 +6,9 @@ import csv
 import io
 from typing import Any
 
+from tracebench.replay.records import STATUSES
 from tracebench.report.headline import HEADLINE_METRICS, HEADLINE_STATS
+from tracebench.report.load import COMPLETED_STATUSES
 
 WIDTH = 100
 
@@ -46,7 +48,8 @@ def summary_csv(doc: dict[str, Any]) -> str:
                                                        "output_tokens_per_s", "goodput_rps", "slo_fraction",
                                                        "saturation", "wall_s")}
         line["ok"], line["mismatch"] = counts.get("ok", 0), counts.get("mismatch", 0)
-        line["not_completed"] = sum(v for k, v in counts.items() if k not in ("ok", "mismatch"))
+        # the record statuses that did not complete (counts also holds the derived `completed`, ok + mismatch)
+        line["not_completed"] = sum(counts.get(k, 0) for k in STATUSES if k not in COMPLETED_STATUSES)
         latency = row["latency_s"] or {}
         for metric in HEADLINE_METRICS:
             for stat in HEADLINE_STATS:
