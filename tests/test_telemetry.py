@@ -124,6 +124,49 @@ def test_scraper_records_failures_as_rows(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("metrics-*.txt"))
 
 
+def test_a_bad_metrics_body_is_a_failed_scrape_not_the_runs_failure(tmp_path: Path) -> None:
+    """Issue 33 item 14: a malformed sample line ended the benchmark at t=0, and random bytes counted as a good scrape
+    with every value null. A server answering those (then a good body): error rows, counted, the scraper goes on."""
+    from aiohttp import web
+
+    bodies = ['sglang:num_queue_reqs{a="1"} lots\n', "\x8b\x1f random bytes \x00\x07\n",
+              "sglang:num_running_reqs 3\nsglang:num_queue_reqs 1\n"]
+    served = []
+
+    async def metrics(request: web.Request) -> web.Response:
+        served.append(1)
+        return web.Response(text=bodies[min(len(served), len(bodies)) - 1])
+
+    async def scrape() -> MetricsScraper:
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        client = SglangClient(None, True)
+        failures: list[BaseException] = []
+        scraper = MetricsScraper(client, {0: f"http://127.0.0.1:{port}"}, RunClock(), 0.05, tmp_path, failures.append)
+        task = asyncio.ensure_future(scraper.run())
+        await asyncio.sleep(0.22)
+        assert not task.done()  # still scraping
+        task.cancel()
+        await asyncio.wait([task])
+        await scraper.finish()
+        await client.close()
+        await runner.cleanup()
+        assert not failures
+        return scraper
+
+    scraper = asyncio.run(scrape())
+    rows = jsonl(tmp_path / "server_metrics.jsonl")
+    assert "no number after the labels" in rows[0]["error"] and "num_queue_reqs" in rows[0]["error"]
+    assert "not one sglang: family" in rows[1]["error"] and rows[1].get("num_running_reqs") is None
+    assert all("error" not in r and r["num_running_reqs"] == 3 for r in rows[2:]) and len(rows) >= 4
+    assert scraper.describe()["failed"] == 2
+    assert scraper.describe()["servers"][0]["start"] == "metrics-0-start.txt"  # the first good body
+
+
 def test_metrics_interval_option() -> None:
     with pytest.raises(ConfigError, match="--metrics-interval must be >= 0"):
         ReplayConfig(trace=Path("t.jsonl"), backend="sim", metrics_interval=-1).resolve()
