@@ -43,7 +43,7 @@ from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.engine import Engine, Rows
 from tracebench.replay.loop import run as run_loop
 from tracebench.replay.pd import (
-    PdPolicies, add_pd_launch_args, bootstrap_host, check_pd_config, check_role, metrics_delta, parse_ratio,
+    PdPolicies, add_pd_launch_args, bootstrap_host, check_pd_config, check_role, check_unified, metrics_delta, parse_ratio,
     read_pd_metrics,
 )
 from tracebench.replay.pd_router import PdPools, PdRouter, pool_states
@@ -1072,6 +1072,8 @@ class Replay:
                 port = check_role(plan.index, plan.url, info.obj, plan.role)
                 if port is not None:
                     self.pd_bootstrap[plan.index] = (bootstrap_host(plan.url), port)
+            else:
+                check_unified(plan.index, plan.url, info.obj)
             self.limits[plan.index] = ContextLimits.from_server_info(f"server {plan.index} ({plan.url})", info.obj)
         # the simulator says its vocabulary size in /server_info (tracebench_sim.vocab_size); sglang does not
         reported = {i.obj["tracebench_sim"].get("vocab_size") for i in infos if isinstance(i.obj.get("tracebench_sim"), dict)}
