@@ -331,3 +331,30 @@ def test_points_wait_for_idle_servers(sim_server) -> None:
             await waited
 
     asyncio.run(scenario())
+
+
+def test_an_absolute_policy_path_stays_out_of_the_sweep_files(tmp_path: Path) -> None:
+    """Issue 33 item 16: `--policy /abs/path.py:Class` stayed absolute in run.json options.policy and in every sweep
+    file (docs/run-format.md "Paths": only `…/<last component>` of a path outside the folders)."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    policy = outside / "mine.py"
+    policy.write_text("from tracebench.policies import Policy\n\nclass Mine(Policy):\n    name = 'mine'\n"
+                      "    description = 'first server'\n\n    def assign(self, queue, servers):\n"
+                      "        return [(queue[0], servers[0])]\n")
+    trace = _gen(tmp_path / "t.jsonl", "--rate", "20", "--num-requests", "8", "--input-len", "16", "--output-len", "8")
+    work = tmp_path / "work"
+    work.mkdir()
+    done = run_cli("sweep", str(trace), "--rates", "20", "--backend", "sim", "--speed", "20", "--policy",
+                   f"{policy}:Mine,round_robin", "--bootstrap", "10", "--quiet", "--out-dir", "out", "--name", "p",
+                   cwd=work)
+    assert done.returncode == 0, done.stderr
+    folder = work / "out" / "p"
+    written = [path for path in folder.rglob("*") if path.is_file() and path.suffix in (".json", ".csv", ".html")]
+    assert len(written) >= 5
+    for path in written:
+        assert str(outside) not in path.read_text(), path
+    doc = _summary(folder)
+    assert doc["dimensions"]["policies"] == ["…/mine.py:Mine", "round_robin"]
+    mine = next(row for row in doc["points"] if row["policy"] == "…/mine.py:Mine")
+    assert json.loads((folder / mine["run"] / "run.json").read_text())["options"]["policy"] == "…/mine.py:Mine"

@@ -30,7 +30,7 @@ import orjson
 
 from tracebench import __version__
 from tracebench.errors import ConfigError, OutputWriteError, RunInterrupted, ServerStartError
-from tracebench.paths import portable_path, portable_words
+from tracebench.paths import portable_path, portable_policy, portable_words
 from tracebench.policies.base import Policy
 from tracebench.policies.registry import load_policy
 from tracebench.replay.beside import BesideTelemetry
@@ -264,6 +264,8 @@ class ReplayConfig:
         out["model"] = portable_path(self.model) if self.model is not None else None
         out["server_args"] = portable_words(self.server_args)
         out["router_args"] = portable_words(self.router_args)
+        out["policy"] = portable_policy(self.policy)
+        out["prefill_policy"], out["decode_policy"] = portable_policy(self.prefill_policy), portable_policy(self.decode_policy)
         out["policy_options"] = dict(self.policy_options)
         out["prefill_policy_options"] = dict(self.prefill_policy_options)
         out["decode_policy_options"] = dict(self.decode_policy_options)

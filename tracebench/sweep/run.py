@@ -28,6 +28,7 @@ import orjson
 
 from tracebench import __version__
 from tracebench.errors import ConfigError, Interrupted, RunFailed, RunInterrupted
+from tracebench.paths import portable_policy
 from tracebench.policies.registry import load_policy
 from tracebench.replay.client import SglangClient
 from tracebench.replay.run import ReplayConfig, SharedServers, launch_fleet, run_replay
@@ -83,7 +84,7 @@ class Point:
 
 def _label(spec: str) -> str:
     """A policy spec as part of a folder name (policies/x.py:Cls -> policies_x.py_Cls)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", spec).strip("_.") or "policy"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", portable_policy(spec) or "").strip("_.") or "policy"
 
 
 def _fmt_value(value: float) -> str:
@@ -312,7 +313,7 @@ class Sweep:
                 else:
                     start = base_start * gpus / min(self.gpus)
                 search = RateSearch(start, self.cfg.rate_tolerance, self.cfg.max_points)
-                entry: dict[str, Any] = {"gpus": gpus, "policy": policy, "start_rate": start}
+                entry: dict[str, Any] = {"gpus": gpus, "policy": portable_policy(policy), "start_rate": start}
                 self.searches.append(entry)
                 while (rate := search.next_rate()) is not None:
                     row = self.run_point("rate", rate, gpus, policy, shared)
@@ -330,7 +331,7 @@ class Sweep:
 
     def summary(self) -> dict[str, Any]:
         cfg = self.cfg
-        dims: dict[str, Any] = {"gpus": list(self.gpus), "policies": list(self.policies)}
+        dims: dict[str, Any] = {"gpus": list(self.gpus), "policies": [portable_policy(p) for p in self.policies]}
         if cfg.kind == "rate":
             dims["rates"] = list(cfg.rates)
         elif cfg.kind == "concurrency":
@@ -431,7 +432,7 @@ def point_row(point: Point, h: Any, saturation: dict[str, Any] | None, wall: flo
         "rate": point.value if point.kind == "rate" else None,
         "concurrency": int(point.value) if point.kind == "concurrency" else None,
         "gpus": point.gpus,
-        "policy": point.policy,
+        "policy": portable_policy(point.policy),
         "status": h.status,
         "saturated": saturated,
         "saturation": None if saturation is None else saturation.get("detail"),
