@@ -54,6 +54,9 @@ def test_rate_sweep_end_to_end(tmp_path: Path) -> None:
     for name in ("summary.json", "summary.csv", "load-latency.html", "servers/server-0.log", "servers/server-1.log"):
         assert (folder / name).is_file(), name
     assert (folder / "load-latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the summary's last status is written after the figure (issue 33 item 17: a sweep killed between the two said
+    # completed without its figure)
+    assert (folder / "summary.json").stat().st_mtime_ns > (folder / "load-latency.png").stat().st_mtime_ns
 
     doc = _summary(folder)
     assert doc["status"] == "completed" and doc["kind"] == "rate"

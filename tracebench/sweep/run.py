@@ -298,8 +298,18 @@ class Sweep:
         except Interrupted as err:
             raise Interrupted(err.signum, f"{err}; the sweep folder {self.dir} keeps the points done") from None
         finally:
-            self.write_summary()
-            self._write_figure()
+            # the figure before the summary's last status: a summary that says `completed` has its figure (a sweep
+            # killed between the two said completed without it)
+            try:
+                self._write_figure()
+            except (KeyboardInterrupt, RunInterrupted, Interrupted):
+                self.status = "interrupted"
+                raise
+            except BaseException:
+                self.status = "failed"
+                raise
+            finally:
+                self.write_summary()
         return self.dir
 
     def _search(self, shared: SharedServers | None) -> None:
