@@ -410,6 +410,8 @@ def test_pd_policy_that_never_assigns_is_named(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr
     assert ("policies 'random' (prefill pool) and 'never' (decode pool) assigned nothing" in result.stderr
             and "nothing can ask it again" in result.stderr), result.stderr
+    assert ("prefill: 1 healthy uncapped server(s) (no slot limit); decode: 1 healthy uncapped server(s)"
+            in result.stderr), result.stderr
     assert run["status"] == "failed" and Counter(r["status"] for r in records) == {"not_sent": 3}
 
 

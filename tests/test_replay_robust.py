@@ -209,6 +209,8 @@ def test_policy_that_never_assigns_stops_at_once(tmp_path: Path, shared_sim: str
     _, stderr = finish(proc, timeout=30)
     assert proc.returncode == 1, stderr
     assert "policy 'never' assigned nothing" in stderr and "nothing can ask it again" in stderr, stderr
+    # an uncapped server's slots are not a number to sum (issue 33 item 18: "1073741824 free slot(s)")
+    assert "1 healthy uncapped server(s) (no slot limit)" in stderr and "1073741824" not in stderr, stderr
     run, records = read_run(tmp_path / "n")
     check_every_request_once(records, 5)
     assert all(r["status"] == "not_sent" and "PolicyError" in r["error"] for r in records)

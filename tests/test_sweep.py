@@ -361,3 +361,19 @@ def test_an_absolute_policy_path_stays_out_of_the_sweep_files(tmp_path: Path) ->
     assert doc["dimensions"]["policies"] == ["…/mine.py:Mine", "round_robin"]
     mine = next(row for row in doc["points"] if row["policy"] == "…/mine.py:Mine")
     assert json.loads((folder / mine["run"] / "run.json").read_text())["options"]["policy"] == "…/mine.py:Mine"
+
+
+def test_sweep_help_lists_no_pd_option_and_record_help_says_recover_needs_no_listen() -> None:
+    """Issue 33 item 18: `sweep --help` listed the PD options it refuses; `record --help` marked --listen required
+    though --recover works without it."""
+    from click.testing import CliRunner
+
+    from tracebench.cli import main
+
+    sweep_help = CliRunner().invoke(main, ["sweep", "--help"], terminal_width=200).output
+    for flag in ("--pd ", "--attach-prefill", "--attach-decode", "--prefill-policy", "--decode-policy"):
+        assert flag not in sweep_help, flag
+    assert "--point-duration" in sweep_help and "--attach URL" in sweep_help
+    record_help = CliRunner().invoke(main, ["record", "--help"], terminal_width=200).output
+    listen = next(line for line in record_help.splitlines() if line.strip().startswith("--listen"))
+    assert "not with --recover" in listen, listen

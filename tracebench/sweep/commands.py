@@ -51,6 +51,19 @@ _SATURATION = click.option(
          "reporting its latency. 0: never stop a point.")
 
 
+# The PD options are hidden from --help: a sweep does not run PD points (issue 33 item 18: --help listed them). They
+# are still parsed, so that a sweep given one says why it refuses it (Sweep._check_options), not "no such option".
+_HIDDEN_PD = {
+    "pd": click.option("--pd", default=None, hidden=True),
+    "attach_prefill": click.option("--attach-prefill", multiple=True, hidden=True),
+    "attach_decode": click.option("--attach-decode", multiple=True, hidden=True),
+    "prefill_policy": click.option("--prefill-policy", default=None, hidden=True),
+    "decode_policy": click.option("--decode-policy", default=None, hidden=True),
+    "prefill_policy_opts": click.option("--prefill-policy-opt", "prefill_policy_opts", multiple=True, hidden=True),
+    "decode_policy_opts": click.option("--decode-policy-opt", "decode_policy_opts", multiple=True, hidden=True),
+}
+
+
 @click.command("sweep")
 @click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--rates", default=None, metavar="R,R,...",
@@ -77,8 +90,10 @@ _SATURATION = click.option(
 @click.option("--max-points", type=INT, default=12, show_default=True, metavar="N",
               help="--find-max-rate: at most N points per search.")
 @click.option("--point-duration", type=FINITE, default=None, metavar="S",
-              help="Rate points: replay only the requests arriving in the first S trace seconds at the point's rate "
-                   "(a prefix of the trace, in order), so every point lasts about S. [default: the whole trace]")
+              help="Rate points: each point offers its rate over a window of S trace seconds: the first round(rate "
+                   "x S) + 1 requests of the trace, in order, their arrivals rescaled so they span S at exactly "
+                   "that rate, whatever that slice's own rate in the trace (docs/sweep.md). [default: the whole "
+                   "trace, rescaled to the rate]")
 @click.option("--warmup", type=FINITE, default=0.0, show_default=True, metavar="S",
               help="Leave out of each point's figures the requests arriving in its first S trace seconds (the "
                    "report's --warmup).")
@@ -87,7 +102,8 @@ _SATURATION = click.option(
 @click.option("--name", default=None, metavar="NAME",
               help="Sweep folder name, under --out-dir. [default: sweep-<trace>-<rate|concurrency|capacity>-"
                    "<YYYYmmdd-HHMMSS>]")
-@replay_options(skip=("run_name",), replace={"gpus": _GPUS, "policy": _POLICY, "saturation_window": _SATURATION})
+@replay_options(skip=("run_name",), replace={"gpus": _GPUS, "policy": _POLICY, "saturation_window": _SATURATION,
+                                             **_HIDDEN_PD})
 @click.pass_context
 def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str | None, find_max_rate: bool,
           slo: str | None, slo_percentile: float, start_rate: float | None, rate_tolerance: float, max_points: int,
