@@ -423,6 +423,25 @@ def test_request_slices_and_lanes() -> None:
     assert assign_lanes([(0, 10), (5, 8), (10, 20), (6, 12), (8, 9)]) == [1, 2, 1, 3, 2]
 
 
+def test_prefill_and_decode_are_drawn_where_sglangs_stamps_put_them() -> None:
+    """Issue 33 item 19: on a loaded host tracebench stamps t_written late, after the simulator had already received
+    and prefilled the request; the host part ran past the prefill's start, so the prefill (clamped after it) had no
+    width and was dropped: the request's slice lacked it. The host part is cut back instead."""
+    rec = {"id": 7, "status": "ok", "t_arrival": 1.0, "t_released": 1.0001, "t_admitted": 1.0001, "t_assigned": 1.0002,
+           "batch_wait_s": 0.0, "t_built": 1.0003, "t_dispatch": 1.0003,
+           "t_written": 1.030,  # the loop came back to stamp the write 30 ms late
+           "server_received": 1.001, "server_forward_entry": 1.002, "server_prefill_finished": 1.020,
+           "server_finished": 1.100, "t_first_token": 1.031, "t_last_chunk": 1.101, "t_finish": 1.102}
+    slices = request_slices(rec)
+    names = [name for name, _, _ in slices[1:]]
+    assert "prefill" in names and "decode" in names, slices
+    parts = {name: (lo, hi) for name, lo, hi in slices[1:]}
+    assert parts["prefill"] == (1_002_000, 1_020_000) and parts["decode"] == (1_020_000, 1_100_000)
+    for (_, _, hi), (_, lo, _) in zip(slices[1:], slices[2:]):
+        assert hi <= lo, slices  # in order, never overlapping
+    assert all(1_000_000 <= lo < hi <= 1_102_000 for _, lo, hi in slices[1:])
+
+
 # ---- the CI gate ------------------------------------------------------------------------------------------------
 
 def test_fail_on_slo_exit_codes(capped_run: Path) -> None:
