@@ -9,6 +9,7 @@ import json
 import lzma
 import os
 import stat
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -474,3 +475,26 @@ def test_fail_on_slo_exit_codes(capped_run: Path) -> None:
     assert no_slo.exit_code == 2 and "--fail-on-slo needs --slo" in no_slo.output
     alone = report("--slo", "ttft=1", "--slo-percentile", "90")
     assert alone.exit_code == 2 and "give --fail-on-slo too" in alone.output
+
+
+def test_fail_on_slo_never_passes_an_unfinished_run(capped_run: Path, tmp_path: Path) -> None:
+    """Issue 33 item 5: a replay killed after 256 of 600 records (run.json still `running`) passed `--slo
+    ttft=100,total=100 --fail-on-slo` with exit 0, "SLO met by every run", though the report said UNFINISHED."""
+    from click.testing import CliRunner
+
+    from tracebench.cli import main
+
+    killed = tmp_path / "killed"
+    shutil.copytree(capped_run / "r", killed)
+    lines = (killed / "requests.jsonl").read_bytes().splitlines(keepends=True)
+    (killed / "requests.jsonl").write_bytes(b"".join(lines[:25]))  # what reached the disk before kill -9
+    for name in killed.glob("requests.columns*"):
+        name.unlink()
+    meta = json.loads((killed / "run.json").read_text())
+    meta.update(status="running", t_end=None, counts=dict.fromkeys(meta["counts"], 0), records_written=0)
+    (killed / "run.json").write_text(json.dumps(meta))
+    gate = CliRunner().invoke(main, ["report", str(killed), "--bootstrap", "0", "--slo", "ttft=100,total=100",
+                                     "--fail-on-slo"])
+    assert gate.exit_code == 3, gate.output
+    assert "run 'r' [UNFINISHED]: the run did not complete, 35 of 60 trace requests not recorded" in gate.output
+    assert "SLO met by every run" not in gate.output
