@@ -377,3 +377,32 @@ def test_sweep_help_lists_no_pd_option_and_record_help_says_recover_needs_no_lis
     record_help = CliRunner().invoke(main, ["record", "--help"], terminal_width=200).output
     listen = next(line for line in record_help.splitlines() if line.strip().startswith("--listen"))
     assert "not with --recover" in listen, listen
+
+
+def test_a_fault_is_not_a_capacity_answer(sim_server, tmp_path: Path) -> None:
+    """Issue 33 A2: with a server stalled mid-search, the point with the stall timeouts became `missed` and
+    `lowest_rate_not_met`, the sweep ended `failed` with no reason in summary.json, and stdout was empty. Now: the
+    point is a FAULT with its reasons, the search stops there, and summary.json and stdout say why."""
+    from test_replay_robust import proxy
+
+    sims = [sim_server("--speed", "10"), sim_server("--speed", "10")]
+    trace = _gen(tmp_path / "t.jsonl", "--rate", "20", "--num-requests", "24", "--input-len", "32", "--output-len",
+                 "48")
+    with proxy(sims[0].url, "--freeze-after", "0.3") as hung:
+        done = run_cli("sweep", str(trace), "--find-max-rate", "--slo", "ttft=5", "--start-rate", "20", "--attach",
+                       hung, "--attach", sims[1].url, "--policy", "round_robin", "--stall-timeout", "1",
+                       "--poll-interval", "0.2", "--bootstrap", "50", "--quiet", "--out-dir", str(tmp_path), "--name",
+                       "f", timeout=120)
+    assert done.returncode == 1, done.stderr
+    doc = _summary(tmp_path / "f")
+    (row,) = doc["points"]
+    assert row["verdict"] == "fault" and row["faults"], row
+    assert any(f.startswith("server 0 down") and "stalled" in f for f in row["faults"]), row["faults"]
+    assert any("request(s) stalled or timed out" in f for f in row["faults"]), row["faults"]
+    assert doc["status"] == "failed" and doc["error"].startswith("PointFault: point rate-20: a fault"), doc["error"]
+    (search,) = doc["capacity"]
+    assert search["max_rate"] is None and search["lowest_rate_not_met"] is None, search
+    assert search["stopped"].startswith("stopped by a fault at 20 req/s"), search
+    assert "FAULT" in done.stdout and "! the sweep failed: PointFault" in done.stdout, done.stdout
+    assert "a fault, not a capacity answer" in done.stderr
+    assert "capacity, 2 server(s), policy round_robin: no answer; stopped by a fault at 20 req/s" in done.stdout

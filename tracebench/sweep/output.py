@@ -96,6 +96,8 @@ def _lat(row: dict[str, Any], metric: str, stat: str) -> str:
 def _result(row: dict[str, Any]) -> str:
     if row["saturated"]:
         return "saturated"
+    if row.get("faults"):
+        return "FAULT"
     if row["status"] != "completed":
         return row["status"].upper()
     return row["verdict"] or "ok"
@@ -163,8 +165,15 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
         notes.append(f"saturated: the point was stopped as over-saturated (--saturation-window "
                      f"{doc['saturation_window_s']:g} s; docs/sweep.md): no latency is reported for it. First: "
                      + next(r["saturation"] for r in points if r["saturated"]))
+    faulted = [r for r in points if r.get("faults")]
+    if faulted:
+        notes.append("FAULT: a server went down, a request stalled or failed during the point: its figures measure "
+                     "the fault, not the rate, so it has no SLO verdict, and the sweep stops there (docs/sweep.md; "
+                     f"the reasons: summary.json points[].faults): {', '.join(r['point'] for r in faulted)}.")
     for note in notes:
         lines += _wrap(note)
+    if doc.get("error"):
+        lines += _wrap(f"! the sweep {doc['status']}: {doc['error']}", indent="")
     for warning in doc.get("warnings") or []:
         lines += _wrap("! " + warning, indent="")
     for entry in doc.get("capacity") or []:

@@ -38,6 +38,7 @@ from tracebench.replay.saturation import RULE as SATURATION_RULE
 from tracebench.sweep.search import RULE as SEARCH_RULE
 from tracebench.sweep.search import RateSearch, SearchResult
 from tracebench.replay.caps import parse_cap_schedule
+from tracebench.sweep.faults import PointFault, point_faults
 from tracebench.sweep.traces import rate_window, refuse_closed_loop, trace_rate, write_point_trace
 from tracebench.trace.format import load_trace, sha256_file
 
@@ -132,6 +133,7 @@ class Sweep:
         self.rows: list[dict[str, Any]] = []
         self.searches: list[dict[str, Any]] = []
         self.status = "running"
+        self.error: str | None = None
         self.servers: list[dict[str, Any]] | None = None
         self.t0 = time.monotonic()
 
@@ -237,13 +239,19 @@ class Sweep:
         if not_written is not None:  # a warning: the point is whole without it
             self.stderr.write(f"tracebench sweep: warning: {not_written}\n")
             self.stderr.flush()
-        return self._add_row(point, run_dir, wall, headline)
+        row = self._add_row(point, run_dir, wall, headline)
+        if row["faults"]:  # a server down, a stall, a failed request: not a capacity answer (sweep/faults.py)
+            raise PointFault(point.name, row["faults"])
+        return row
 
     def _add_row(self, point: Point, run_dir: Path, wall: float, headline: Any) -> dict[str, Any]:
         h = headline(run_dir, warmup=self.cfg.warmup, slo=self.slo, slo_percentile=self.cfg.slo_percentile,
                      bootstrap=self.cfg.bootstrap, seed=0, from_dispatch=point.kind == "concurrency")
         run_json = orjson.loads((run_dir / "run.json").read_bytes())
         row = point_row(point, h, run_json.get("saturation"), wall)
+        row["faults"] = point_faults(run_dir, run_json) or None
+        if row["faults"]:
+            row["verdict"] = "fault"  # never an SLO verdict
         row["trace"] = f"traces/{point.name}.jsonl"
         row["arrivals_s"] = run_json["trace"]["duration_s"]  # trace seconds from the first arrival to the last
         n = run_json["trace"]["num_requests"]
@@ -287,8 +295,9 @@ class Sweep:
             except (KeyboardInterrupt, RunInterrupted, Interrupted):  # Interrupted: in a point's columnar copy
                 self.status = "interrupted"
                 raise
-            except BaseException:
+            except BaseException as err:
                 self.status = "failed"
+                self.error = f"{type(err).__name__}: {err}"  # summary.json and the terminal say why
                 raise
             finally:
                 if fleet is not None:
@@ -326,7 +335,14 @@ class Sweep:
                 entry: dict[str, Any] = {"gpus": gpus, "policy": portable_policy(policy), "start_rate": start}
                 self.searches.append(entry)
                 while (rate := search.next_rate()) is not None:
-                    row = self.run_point("rate", rate, gpus, policy, shared)
+                    try:
+                        row = self.run_point("rate", rate, gpus, policy, shared)
+                    except RunFailed as err:  # a fault (PointFault) or a run that could not go on: no answer
+                        entry.update(search.result().to_json())
+                        entry["points"].append({"rate": rate, "verdict": "fault"})
+                        entry["stopped"] = f"stopped by a fault at {_fmt_value(rate)} req/s, not a capacity answer: {err}"
+                        self.stderr.write(f"tracebench sweep: {gpus} server(s), policy {policy}: {entry['stopped']}\n")
+                        raise
                     verdict = row["verdict"]
                     search.record(rate, "missed" if verdict == "saturated" else verdict)
                     entry.update(search.result().to_json())
@@ -360,6 +376,7 @@ class Sweep:
             "name": self.name,
             "kind": cfg.kind,
             "status": self.status,
+            "error": self.error,
             "wall_s": time.monotonic() - self.t0,
             "trace": {"path": str(cfg.base.trace), "sha256": self.trace_sha, "num_requests": len(self.requests),
                       "rate": self.source_rate},
@@ -469,7 +486,8 @@ def _some(points: list[str]) -> str:
 def capacity_line(entry: dict[str, Any]) -> str:
     lo, hi = entry.get("max_rate"), entry.get("lowest_rate_not_met")
     if lo is None:
-        return f"no rate met the SLO (lowest tried {_fmt_value(hi)} req/s); {entry.get('stopped')}" if hi else "no point"
+        return (f"no rate met the SLO (lowest tried {_fmt_value(hi)} req/s); {entry.get('stopped')}" if hi
+                else f"no answer; {entry['stopped']}" if entry.get("stopped") else "no point")
     if hi is None:
         return f"every rate tried met the SLO, up to {_fmt_value(lo)} req/s; {entry.get('stopped')}"
     per = f", {_fmt_value(lo / entry['gpus'])} per server" if entry["gpus"] > 1 else ""
@@ -527,8 +545,12 @@ def run_sweep(cfg: SweepConfig, stdout: IO[str] = sys.stdout, stderr: IO[str] = 
     """Run the sweep; returns its folder. Every launched server is stopped whatever happens; the summary keeps the
     points that ran."""
     sweep = Sweep(cfg, stderr)
-    folder = sweep.run()
     from tracebench.sweep.output import terminal_summary
 
-    stdout.write(terminal_summary(sweep.summary(), str(folder)))
+    try:
+        folder = sweep.run()
+    finally:
+        if sweep.dir.exists():  # a sweep that failed shows what it did and why too (the error follows on stderr)
+            stdout.write(terminal_summary(sweep.summary(), str(sweep.dir)))
+            stdout.flush()
     return folder
