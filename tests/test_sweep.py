@@ -59,7 +59,12 @@ def test_rate_sweep_end_to_end(tmp_path: Path) -> None:
     assert (folder / "summary.json").stat().st_mtime_ns > (folder / "load-latency.png").stat().st_mtime_ns
 
     doc = _summary(folder)
-    assert doc["status"] == "completed" and doc["kind"] == "rate"
+    assert doc["status"] == "completed" and doc["kind"] == "rate" and doc["error"] is None
+    # --slo's two figures under their own names (issue 33 A6): each key's p99 (the verdict), and the share meeting
+    # every limit together (the report's, --fail-on-slo's)
+    assert {"slo_verdict", "slo_fraction"} <= set(doc["rules"])
+    head = next(line for line in done.stdout.splitlines() if "TTFT p50" in line)
+    assert "all met" in head and "result" in head and "all met: the share of the point's requests" in done.stdout
     rows = doc["points"]
     assert [row["rate"] for row in rows] == [2.0, 4.0, 8.0, 16.0]
     source = [json.loads(line) for line in trace.read_text().splitlines()[1:]]

@@ -468,6 +468,7 @@ def test_fail_on_slo_exit_codes(capped_run: Path) -> None:
     assert f"run 'r': {share * 100:.1f}% of 60 kept requests meet every limit (needed 99%)" in missed.output
     assert f"ttft <= {limit:g} s met by {share * 100:.1f}%" in missed.output and "total <=" not in missed.output
     assert "fraction meeting ttft" in out.read_text()  # each limit alone in the SLO table
+    assert "share of requests meeting every limit together" in out.read_text()  # what the gate reads (issue 33 A6)
     met = report("--slo", f"ttft={limit!r}", "--fail-on-slo", "--slo-percentile", f"{share * 100 - 1:g}")
     assert met.exit_code == 0 and "SLO met by every run" in met.output, met.output
     assert report("--slo", "ttft=100,total=100", "--fail-on-slo").exit_code == 0

@@ -120,15 +120,21 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
     capacity found, the notes, the folder."""
     points = doc["points"]
     kind = doc["kind"]
+    slo = doc.get("slo")
+    # with --slo, both of its figures under their own names (issue 33 A6): "all met", the share of requests meeting
+    # every limit together (the report's figure and its --fail-on-slo gate), and "result", each key's percentile
+    # against its limit (the sweep's verdict)
     head = ["conc." if kind == "concurrency" else "rate", "req/s", "good/s", "TTFT p50", "p99", "TPOT p50", "p99",
-            "ITL p99", "total p99", "result"]
+            "ITL p99", "total p99", *(["all met"] if slo else []), "result"]
     groups: dict[tuple[int, str], list[list[str]]] = {}
     for row in points:
         value = row["concurrency"] if kind == "concurrency" else row["rate"]
+        share = row.get("slo_fraction")
         groups.setdefault((row["gpus"], row["policy"]), []).append([
             f"{value:.4g}", _num(row["throughput_rps"]), _num(row["goodput_rps"]), _lat(row, "ttft", "p50"),
             _lat(row, "ttft", "p99"), _lat(row, "tpot", "p50"), _lat(row, "tpot", "p99"), _lat(row, "itl", "p99"),
-            _lat(row, "total", "p99"), _result(row)])
+            _lat(row, "total", "p99"), *([("-" if share is None else f"{share * 100:.1f}%")] if slo else []),
+            _result(row)])
     rows = [r for block in groups.values() for r in block]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = []
@@ -148,7 +154,6 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
         if multi:
             lines.append(f"  {gpus} server{'s' if gpus > 1 else ''}, policy {policy}:")
         lines += [fmt(r) for r in block]
-    slo = doc.get("slo")
     notes = ["latencies in ms (p50/p99 over ok requests, the report's definitions; their 95% intervals are in "
              "summary.csv and summary.json); req/s: ok requests per second of the point's window; "
              + ("good/s: requests meeting every --slo limit per second." if slo else "good/s needs --slo.")]
@@ -158,9 +163,12 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
                      "check uses them too; goodput (the report's, from arrival) is left out.")
     if slo:
         limits = ", ".join(f"{k} <= {_ms(v)} ms" for k, v in slo["limits_s"].items())
-        notes.append(f"result: the p{slo['percentile']:g} of each SLO key ({limits}) with its 95% bootstrap interval: "
-                     "met when the interval's upper end is within every limit, missed when a lower end is above one, "
-                     "else uncertain (a request that did not finish counts as a miss).")
+        notes.append(f"result (the sweep's SLO verdict): the p{slo['percentile']:g} of each SLO key ({limits}) with its "
+                     "95% bootstrap interval: met when the interval's upper end is within every limit, missed when a "
+                     "lower end is above one, else uncertain (a request that did not finish counts as a miss). all "
+                     "met: the share of the point's requests meeting every limit together, the report's \"fraction "
+                     "meeting all\", on which `tracebench report --slo ... --fail-on-slo` gates (it may be below "
+                     f"{slo['percentile']:g}% while each key alone is met).")
     if any(r["saturated"] for r in points):
         notes.append(f"saturated: the point was stopped as over-saturated (--saturation-window "
                      f"{doc['saturation_window_s']:g} s; docs/sweep.md): no latency is reported for it. First: "

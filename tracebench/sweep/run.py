@@ -365,6 +365,15 @@ class Sweep:
         rules = {"saturation": SATURATION_RULE if cfg.base.saturation_window is not None else None,
                  "intervals": "95% percentile-bootstrap intervals of each point's own percentile "
                               f"({cfg.bootstrap} resamples, seed 0; report/headline.py); pooled ITL has none"}
+        if self.slo is not None:  # --slo's two figures, named (issue 33 A6)
+            rules.update({
+                "slo_verdict": f"each SLO key's p{cfg.slo_percentile:g} (its 95% bootstrap interval) against its limit: met "
+                           "when every upper end is within its limit, missed when a lower end is above one, else "
+                           "uncertain (report/headline.py); the capacity search's verdict",
+                "slo_fraction": "the share of kept requests meeting every limit together (a request that did not "
+                                "finish meets none): the report's 'fraction meeting all', which `tracebench report "
+                                "--fail-on-slo` compares with --slo-percentile",
+            })
         if cfg.kind == "capacity":
             rules["search"] = SEARCH_RULE
         options = cfg.base.to_json()

@@ -260,7 +260,9 @@ def slo_section(inp: _Inputs) -> Section | None:
         return None
     stats, baseline = inp.stats, inp.baseline
     spec = ", ".join(f"{k} <= {v:g} s" for k, v in inp.slo.items())
-    return Section("slo", f"SLO ({spec})", [
+    # the share meeting every limit together: --fail-on-slo's figure; `tracebench sweep` judges each key's percentile
+    # alone (its verdict; its summary shows this share too, as "all met") (issue 33 A6)
+    return Section("slo", f"SLO ({spec}): share of requests meeting every limit together", [
         _row("slo", "met", "requests meeting all", "count", "requests", "higher", [st.slo["met"] for st in stats], baseline),
         _row("slo", "fraction", "fraction meeting all", "value", "fraction", "higher",
              [st.slo["fraction"] for st in stats], baseline),
