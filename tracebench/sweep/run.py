@@ -424,6 +424,20 @@ class Sweep:
             out.append(f"{_some(short)} had arrivals for less than the {needed:g} s the over-saturation rule needs "
                        f"(--saturation-window {window:g}): it could not judge them (their latencies then depend on "
                        "the trace's length)")
+        lagging = [row for row in self.rows if row.get("host_lag") and row["host_lag"]["over"]]
+        if lagging:
+            from tracebench.report.metrics.lag import LAG_BOUND
+
+            worst = max(lagging, key=lambda row: max(row["host_lag"]["shares"][k] or float("inf")
+                                                      for k in row["host_lag"]["over"]))
+            key = max(worst["host_lag"]["over"], key=lambda k: worst["host_lag"]["shares"][k] or float("inf"))
+            share = worst["host_lag"]["shares"][key]
+            speed = f"--speed {self.cfg.base.speed:g}" if self.cfg.base.speed is not None else "speed 1"
+            out.append(f"host lag: {_some([row['point'] for row in lagging])} had lag that could account for more than "
+                       f"the replay's bound of {LAG_BOUND:.0%} of a latency figure (worst: {worst['point']}, "
+                       f"{'inf' if share is None else f'{share:.0%}'} of {key}; points[].host_lag): their latencies "
+                       f"may be the host's, not the servers'; rerun the sweep at a lower speed than {speed} (a "
+                       "replay's --adapt-speed finds one this host holds) or on a quieter machine")
         if self.cfg.base.speed is not None and self.cfg.base.speed > 1 and self.rows:
             out.append(f"ITL at --speed {self.cfg.base.speed:g} is distorted (the stream's chunks come "
                        f"{self.cfg.base.speed:g} times closer and are read together): measure ITL at --speed 1")
@@ -484,8 +498,22 @@ def point_row(point: Point, h: Any, saturation: dict[str, Any] | None, wall: flo
         },
         "slo_check": slo_check or None,
         "verdict": verdict,
+        "host_lag": host_lag(h.lag),
         "wall_s": wall,
     }
+
+
+def host_lag(stats: Any) -> dict[str, Any] | None:
+    """A point's host lag as the replay's report judges it (report/metrics/lag.py): the share of TTFT and total
+    latency p50/p99 the host's lag (the simulators' and tracebench's own time) could account for, the bound, and
+    whether the point passed it (issue 33 A3: a sweep at --speed 10 had a point at 174% of TTFT p50, unsaid)."""
+    from tracebench.report.metrics.lag import LAG_BOUND
+
+    if stats is None:
+        return None
+    return {"shares": {k: _finite(v) for k, v in stats.shares.items()}, "bound": LAG_BOUND, "over": stats.over(),
+            "sim_lag_p50_s": stats.sim_p50, "sim_lag_p99_s": stats.sim_p99, "own_p50_s": stats.own_p50,
+            "own_p99_s": stats.own_p99}
 
 
 def _some(points: list[str]) -> str:
