@@ -601,3 +601,34 @@ def test_a_router_refusing_connections_before_it_is_seen_to_exit_is_named_by_its
     finally:
         router.fleet.procs[0].kill()
         router.fleet.procs[0].wait()
+
+
+# ---- issue 33 B7: the client's pool against a server that closes idle connections ------------------------------
+
+
+def test_no_request_is_written_into_a_connection_the_server_closes_for_idling(tmp_path: Path, shared_sim: str) -> None:
+    """sglang's uvicorn closes a connection idle for 5 s; aiohttp kept idle connections 15 s and reuses the one idle
+    longest first, so a request could be written into a connection the server was closing: "Connection reset by
+    peer" / ServerDisconnectedError, 2 of 7,961 on GPUs. Here the server side (tests/fault_proxy.py --idle-reset 0.8)
+    resets every request that comes on a connection idle for more than 0.8 s: two bursts 1.5 s apart. A client pool
+    that keeps connections longer than the server (--keepalive 3, like the 4 s default against a 0.8 s server) loses
+    the second burst; one below it (--keepalive 0.5) loses nothing."""
+    burst = [format_request_line(i, 0.002 * i, 16, 4) for i in range(8)]
+    burst += [format_request_line(8 + i, 1.5 + 0.002 * i, 16, 4) for i in range(8)]
+    trace = write_trace(tmp_path / "t.jsonl", {"num_requests": 16, "duration_s": 1.514}, burst)
+    errors = {}
+    with proxy(shared_sim, "--idle-reset", "0.8") as server:
+        for keepalive in ("3", "0.5"):
+            result = run_cli("replay", str(trace), "--attach", server, "--keepalive", keepalive, "--poll-interval",
+                             "5", "--metrics-interval", "0", "--quiet", "--run-name", f"k{keepalive}", "--out-dir",
+                             str(tmp_path), timeout=60)
+            # the longer pool: its liveness probe after the first reset meets a reset too, the server is taken
+            # for down and the run fails (exit 1)
+            assert result.returncode == (1 if keepalive == "3" else 0), result.stderr
+            run, records = read_run(tmp_path / f"k{keepalive}")
+            check_every_request_once(records, 16)
+            errors[keepalive] = [r for r in records if r["status"] == "error"]
+            assert run["options"]["keepalive"] == float(keepalive)
+    # the longer pool writes the second burst into connections the server has given up: they fail
+    assert errors["3"] and all(r["id"] >= 8 and "Server disconnected" in r["error"] for r in errors["3"]), errors["3"]
+    assert not errors["0.5"], errors["0.5"]

@@ -38,7 +38,7 @@ from tracebench.replay.answer_check import ContextLimits
 from tracebench.replay.caps import (
     CapChange, ControlServer, bind_control_socket, launch_cap, parse_cap_schedule, run_cap_schedule,
 )
-from tracebench.replay.client import APIS, SglangClient
+from tracebench.replay.client import APIS, KEEPALIVE_S, SglangClient
 from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.engine import Engine, Rows
 from tracebench.replay.loop import run as run_loop
@@ -104,6 +104,7 @@ class ReplayConfig:
     seed: int = 0
     sjf_key: str | None = None
     poll_interval: float = 0.5
+    keepalive: float = KEEPALIVE_S  # seconds a pooled connection may idle and be reused (client.py)
     metrics_interval: float = 1.0  # run seconds between /metrics scrapes (server_metrics.jsonl); 0: none
     startup_timeout: float | None = None
     flush_cache: bool = True
@@ -168,6 +169,7 @@ class ReplayConfig:
             ("--batch-timeout", self.batch_timeout), ("--timeout", self.timeout), ("--speed", self.speed),
             ("--stall-timeout", self.stall_timeout),
             ("--poll-interval", self.poll_interval), ("--startup-timeout", self.startup_timeout),
+            ("--keepalive", self.keepalive),
             ("--saturation-window", self.saturation_window),
         ):
             if value is not None and not (math.isfinite(value) and value > 0):  # inf: a run that never ends
@@ -804,7 +806,7 @@ class Replay:
             reason = (f"no complete answer within --timeout {cfg.timeout:g} s (simulated seconds: {timeout:g} s of run "
                       f"time at --speed {cfg.speed:g})")
         api = APIS[cfg.api]()
-        client = SglangClient(timeout, cfg.stream, reason, api=api)
+        client = SglangClient(timeout, cfg.stream, reason, api=api, keepalive=cfg.keepalive)
         engine: Engine | None = None
         side_tasks: list[asyncio.Task[Any]] = []
         control: ControlServer | None = None
