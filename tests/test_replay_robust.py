@@ -241,7 +241,7 @@ def test_blocking_policy_is_measured_and_warned(tmp_path: Path, shared_sim: str)
     result = run_cli("replay", str(trace), "--attach", shared_sim, "--quiet", "--max-running-requests", "2",
                      "--policy", policy, "--run-name", "s", "--out-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    said = re.search(r"warning: policy 'sleepy' held the replay loop .*longest call (\d+) ms.* over the bound of "
+    said = re.search(r"warning: policy 'sleepy' held the replay loop .*?assign: .*?longest call (\d+) ms.* over the bound of "
                      r"20 ms", result.stderr)
     assert said and 400 <= int(said[1]) < 1000, result.stderr
     run, records = read_run(tmp_path / "s")
@@ -253,6 +253,14 @@ def test_blocking_policy_is_measured_and_warned(tmp_path: Path, shared_sim: str)
     report = run_cli("report", str(tmp_path / "s"), "--format", "md")  # the report repeats the warning
     assert report.returncode == 0, report.stderr
     assert "run 's': policy 'sleepy' held the replay loop" in report.stdout
+    # issue 33 B8: the requests released behind that call went out ~0.4 s late: the client could not keep up, and
+    # the terminal, run.json and the report say so
+    keepup = run["client_keepup"]
+    assert keepup["bound_p99_s"] == 0.010 and keepup["release_lag_s"]["requests"] == 8
+    assert keepup["release_lag_s"]["p99"] > 0.2 and keepup["own_before_wire_s"]["p99"] > 0.2
+    assert keepup["behind"].startswith("the client could not keep up: release lag p99 "), keepup
+    assert f"tracebench replay: warning: {keepup['behind']}" in result.stderr
+    assert "run 's': the client could not keep up: release lag p99" in report.stdout, report.stdout
 
 
 @pytest.mark.parametrize("raised", ["SystemExit(0)", "KeyboardInterrupt()", "ValueError('bad')"])

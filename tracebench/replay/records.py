@@ -13,6 +13,7 @@ from typing import Literal
 import orjson
 
 from tracebench.errors import OutputWriteError
+from tracebench.replay.keepup import KeepUp
 
 Status = Literal["ok", "mismatch", "error", "timeout", "cancelled", "not_sent"]
 STATUSES: tuple[str, ...] = ("ok", "mismatch", "error", "timeout", "cancelled", "not_sent")
@@ -195,6 +196,7 @@ class RecordWriter:
         self.path = path
         self._out = AppendFile(path, on_failure, flush_every)
         self.count = 0
+        self.keepup = KeepUp()  # whether the client kept up with the trace (keepup.py)
 
     @property
     def on_failure(self) -> OnFailure | None:
@@ -216,6 +218,7 @@ class RecordWriter:
         # orjson serialises the dataclass itself, fields in declaration order (10x faster than asdict + dumps)
         self._out.write(orjson.dumps(record) + b"\n")
         self.count += 1
+        self.keepup.note(record)
 
     def flush(self) -> None:
         self._out.flush()

@@ -654,6 +654,7 @@ class Replay:
             # records that reached requests.jsonl: the counts' sum, unless writing failed (disk full)
             "records_written": self.writer.written if self.writer is not None else 0,
             "policy_time": self._policy_time(),
+            "client_keepup": self.writer.keepup.describe() if self.writer is not None else None,
         }
         path = self.run_dir / "run.json"
         tmp = path.with_name(".run.json.tmp")
@@ -759,6 +760,8 @@ class Replay:
         warning = self.router.policy_time.warning() if self.router is not None else None
         if warning is not None:
             self.stderr.write(f"tracebench replay: warning: {warning}\n")
+        if self.writer is not None and (behind := self.writer.keepup.behind()) is not None:
+            self.stderr.write(f"tracebench replay: warning: {behind}\n")
         self.stderr.flush()
 
     def _simulated_duration(self) -> str:

@@ -69,6 +69,9 @@ def _warnings(runs: list[Run], stats: list[_RunStats]) -> list[str]:
     for run in runs:  # the replay measured the time spent inside the policy and found a call over its bound
         if (policy_warning := (run.meta.get("policy_time") or {}).get("warning")) is not None:
             warnings.append(f"run '{run.label}': {policy_warning}")
+    for run in runs:  # the replay found its p99 release lag or own time before the wire past its bound (keepup.py)
+        if (behind := (run.meta.get("client_keepup") or {}).get("behind")) is not None:
+            warnings.append(f"run '{run.label}': {behind}")
     for run in runs:
         if speeds := attached_sim_speeds(run.meta):
             warnings.append(
