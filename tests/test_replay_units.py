@@ -40,9 +40,10 @@ def test_cap_schedule_parses_every_form() -> None:
     [
         ("30s", "cannot read '30s'"),
         ("30s:server2=4", "no server2"),
-        ("30s:0", "must be >= 1"),
+        ("30s:0", "must be an integer from 1 to 2"),
         ("x:4", "cannot read 'x:4'"),
-        ("10s:server1=-1", "must be >= 1"),
+        ("10s:server1=-1", "must be an integer from 1 to 2"),
+        ("1s:99999999999999999999999", "must be an integer from 1 to 2"),  # issue 33 item 10: crashed run.json
         ("10s:gpu1=3", "cannot read"),
     ],
 )

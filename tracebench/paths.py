@@ -44,7 +44,7 @@ def portable_path(path: str | os.PathLike[str], roots: Sequence[Path] = (), base
 
 def portable_policy(spec: str | None) -> str | None:
     """A --policy spec as a shared folder records it: a file's path made portable (`portable_path`), the class name
-    kept (`/home/me/p.py:Cls` -> `…/p.py:Cls`); a built-in or policies/ name unchanged."""
+    kept (`<elsewhere>/p.py:Cls` -> `…/p.py:Cls`); a built-in or policies/ name unchanged."""
     if spec is None or not (spec.endswith(".py") or ":" in spec):
         return spec
     if spec.endswith(".py"):
