@@ -407,7 +407,7 @@ def test_a_fault_is_not_a_capacity_answer(sim_server, tmp_path: Path) -> None:
     (row,) = doc["points"]
     assert row["verdict"] == "fault" and row["faults"], row
     assert any(f.startswith("server 0 down") and "stalled" in f for f in row["faults"]), row["faults"]
-    assert any("request(s) stalled or timed out" in f for f in row["faults"]), row["faults"]
+    assert any("request(s) stalled, the first: server 0 stalled" in f for f in row["faults"]), row["faults"]
     assert doc["status"] == "failed" and doc["error"].startswith("PointFault: point rate-20: a fault"), doc["error"]
     (search,) = doc["capacity"]
     assert search["max_rate"] is None and search["lowest_rate_not_met"] is None, search
@@ -430,3 +430,29 @@ def test_a_point_whose_host_lag_passes_the_bound_is_said(tmp_path: Path) -> None
     (warning,) = [w for w in doc["warnings"] if w.startswith("host lag:")]
     assert "1 point(s) (rate-2)" in warning and "bound of 6%" in warning and "--adapt-speed" in warning
     assert "! host lag: 1 point(s) (rate-2)" in done.stdout
+
+
+def test_point_faults_reads_the_run_and_leaves_the_users_timeout_alone(tmp_path: Path) -> None:
+    """sweep/faults.py: a server down, a stalled request and a failed one are faults; a request ended by the user's
+    own --timeout is a latency the run asked to bound (a miss, not a fault); a clean run has none."""
+    from tracebench.sweep.faults import point_faults
+
+    def records(*rows: tuple[str, str | None]) -> None:
+        (tmp_path / "requests.jsonl").write_text("".join(json.dumps({"status": s, "error": e}) + "\n" for s, e in rows))
+
+    clean = {"status": "completed", "events": []}
+    records(("ok", None), ("timeout", "no complete answer within --timeout 2 s"))
+    assert point_faults(tmp_path, clean) == []
+    records(("ok", None), ("timeout", "server 1 stalled: nothing came from it"),
+            ("error", "ClientOSError: [Errno 104] Connection reset by peer"), ("error", "HTTP 500: boom"))
+    down = {"status": "completed",
+            "events": [{"t": 1.5, "kind": "server_down", "server": 1, "detail": "stalled: ..."},
+                       {"t": 0.2, "kind": "cap_above_launch", "server": 0, "detail": "x"}]}
+    assert point_faults(tmp_path, down) == [
+        "server 1 down at run second 1.50 (stalled: ...)",
+        "2 request(s) failed (errors of the client's side or the server's), the first: ClientOSError: [Errno 104] "
+        "Connection reset by peer",
+        "1 request(s) stalled, the first: server 1 stalled: nothing came from it"]
+    records(("ok", None))
+    assert point_faults(tmp_path, {"status": "failed", "error": "RunFailed: every server is down", "events": []}) == [
+        "the run failed: RunFailed: every server is down"]

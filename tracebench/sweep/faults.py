@@ -5,7 +5,9 @@ never `met`/`missed`, and the sweep stops there, saying why (summary.json `error
 down would fault every later point too.
 
 A request ended by a stall has status `timeout` (replay/router.py: its server stalled, or nothing more came on its
-stream); `--timeout`, the user's own limit per request, also ends one so: both are reported, neither is a verdict."""
+stream): a fault. A request ended by `--timeout`, the user's own limit per request (its error says "no complete answer
+within --timeout"), is a latency the run asked to bound, not a fault: it counts as a miss of every limit, as the SLO
+check counts any request that did not finish."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import orjson
 from tracebench.errors import RunFailed
 
 FAULT_STATUSES = ("error", "timeout")
+USER_TIMEOUT = "no complete answer within --timeout"  # replay/client.py, run.py: the --timeout reason
 
 
 class PointFault(RunFailed):
@@ -43,10 +46,12 @@ def point_faults(run_dir: Path, run_json: dict[str, Any]) -> list[str]:
             for line in fh:
                 rec = orjson.loads(line)
                 status = rec.get("status")
+                if status == "timeout" and str(rec.get("error")).startswith(USER_TIMEOUT):
+                    continue  # the user's own --timeout: a miss, not a fault
                 if status in FAULT_STATUSES:
                     counts[status] += 1
                     first.setdefault(status, str(rec.get("error")))
-    words = {"timeout": "stalled or timed out", "error": "failed (errors of the client's side or the server's)"}
+    words = {"timeout": "stalled", "error": "failed (errors of the client's side or the server's)"}
     for status in FAULT_STATUSES:
         if counts[status]:
             reasons.append(f"{counts[status]} request(s) {words[status]}, the first: {first[status]}")
