@@ -1,7 +1,7 @@
 """A proxy in front of a real sim-server that injects the faults the replay must survive (tests/test_replay_robust.py).
 
     python tests/fault_proxy.py --port P --upstream http://127.0.0.1:Q [--sse-noise] [--break-nth N]
-                                [--model-info-delay S] [--hold-nth N] [--freeze-after S]
+                                [--model-info-delay S] [--hold-nth N] [--freeze-after S] [--idle-reset S]
 
 --sse-noise         every streamed answer also carries legal SSE lines a client must ignore: a comment event
                     (`: keepalive`) before each event, and `event:`, `id:` and `retry:` lines inside each data event.
@@ -12,6 +12,9 @@
 --freeze-after S    S seconds after the first POST /generate the server hangs behind a live HTTP side, as sglang does
                     when its scheduler is stuck: streams stop, new requests get nothing, GET /v1/loads answers the last
                     snapshot again (sglang's HTTP side reads it from shared memory); /model_info still answers.
+--idle-reset S      a request that comes on a connection idle for more than S seconds since its last answer is reset
+                    (the connection aborted, no answer): what a client sees when it writes into a connection the server
+                    closes for idling (uvicorn's keep-alive: 5 s in sglang) at that moment, made certain.
 
 It is a separate process (nothing in the replay is mocked); everything else is passed through unchanged.
 """
@@ -27,8 +30,10 @@ from aiohttp import web
 
 
 def make_app(upstream: str, sse_noise: bool, break_nth: int | None, model_info_delay: float,
-             hold_nth: int | None = None, freeze_after: float | None = None) -> web.Application:
-    state: dict = {"generate": 0, "frozen_at": None, "loads": None}
+             hold_nth: int | None = None, freeze_after: float | None = None,
+             idle_reset: float | None = None) -> web.Application:
+    state: dict = {"generate": 0, "frozen_at": None, "loads": None, "resets": 0}
+    answered: dict = {}  # transport -> when its last answer ended (--idle-reset)
 
     def frozen() -> bool:
         return state["frozen_at"] is not None and time.monotonic() >= state["frozen_at"]
@@ -45,6 +50,20 @@ def make_app(upstream: str, sse_noise: bool, break_nth: int | None, model_info_d
         await session["s"].close()
 
     async def forward(request: web.Request) -> web.StreamResponse:
+        transport = request.transport
+        last = answered.pop(transport, None)
+        if idle_reset is not None and last is not None and time.monotonic() - last > idle_reset:
+            state["resets"] += 1
+            print(f"idle-reset {state['resets']}: {request.method} {request.path} on a connection idle "
+                  f"{time.monotonic() - last:.2f} s", flush=True)
+            transport.abort()  # RST: the request is never answered
+            raise ConnectionResetError("idle connection reset")
+        try:
+            return await answer(request)
+        finally:
+            answered[transport] = time.monotonic()
+
+    async def answer(request: web.Request) -> web.StreamResponse:
         if request.path == "/model_info" and model_info_delay:
             await asyncio.sleep(model_info_delay)
         body = await request.read()
@@ -106,9 +125,10 @@ def main() -> None:
     parser.add_argument("--model-info-delay", type=float, default=0.0)
     parser.add_argument("--hold-nth", type=int, default=None)
     parser.add_argument("--freeze-after", type=float, default=None)
+    parser.add_argument("--idle-reset", type=float, default=None)
     args = parser.parse_args()
     web.run_app(make_app(args.upstream, args.sse_noise, args.break_nth, args.model_info_delay, args.hold_nth,
-                         args.freeze_after), host="127.0.0.1", port=args.port, print=None, access_log=None,
+                         args.freeze_after, args.idle_reset), host="127.0.0.1", port=args.port, print=None, access_log=None,
                 shutdown_timeout=1.0)  # held connections must not hold up the exit
 
 

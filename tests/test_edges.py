@@ -4,6 +4,7 @@ bound is one line naming it. Record's own edges are in test_record.py, pack's in
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -114,7 +115,8 @@ def test_sim_server_speed_out_of_range_is_refused(tmp_path: Path) -> None:
     (["--rate", "1e-5", "--num-requests", "100000"], "within 1,000,000,000 s"),
     (["--duration", "1e300"], "--duration must be a number of seconds > 0 and at most 1,000,000,000"),
     (["--workload", "multi-turn", "--think-time", "1e300"], "--think-time 1e300 s put the last arrival"),
-    (["--arrival", "gamma", "--burstiness", "1e308"], "--burstiness must be a number > 0 and at most 1000"),
+    (["--arrival", "gamma", "--burstiness", "1e308"], "--burstiness must be a number from 0.001 to 1000"),
+    (["--arrival", "gamma", "--burstiness", "1e-300"], "--burstiness must be a number from 0.001 to 1000"),
     (["--length-spread", "1e308"], "too wide for lognormal lengths (at most 100"),
     (["--max-context", str(10**17)], "--max-context must be at least 2"),
     (["--workload", "shared-prompt", "--groups", str(10**9)], "--groups must be an integer >= 1 and at most"),
@@ -201,6 +203,28 @@ def test_sim_server_on_a_taken_port_or_a_bad_host(tmp_path: Path) -> None:
     done = run_cli("sim-server", "--port", str(free_port()), "--host", "no-such-host.invalid", timeout=30)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("tracebench: error: --host 'no-such-host.invalid': not an address to listen on")
+
+
+def test_a_taken_pd_bootstrap_port_is_one_line(tmp_path: Path) -> None:
+    # issue 33 item 12: sim-server --disaggregation-mode prefill on a taken bootstrap port gave a traceback; replay
+    # --pd --port-base did not check the bootstrap ports (prefill server i's is base + servers + i)
+    base = free_port(3)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base + 2))
+        taken.listen(1)
+        done = run_cli("sim-server", "--port", str(base), "--disaggregation-mode", "prefill",
+                       "--disaggregation-bootstrap-port", str(base + 2), timeout=30)
+        assert done.returncode == 2 and done.stderr == (
+            f"tracebench: error: --host 127.0.0.1 --disaggregation-bootstrap-port {base + 2}: cannot listen there "
+            "(Address already in use)\n"), done.stderr
+        trace = tmp_path / "t.jsonl"
+        assert run_cli("generate", "--num-requests", "4", "-o", str(trace)).returncode == 0
+        done = run_cli("replay", str(trace), "--backend", "sim", "--pd", "1:1", "--port-base", str(base),
+                       "--run-name", "pd", "--out-dir", str(tmp_path), "--quiet", timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"server 0's PD bootstrap port {base + 2} on 127.0.0.1 is taken" in done.stderr, done.stderr
+    run = json.loads((tmp_path / "pd" / "run.json").read_text())
+    assert run["status"] == "not_started" and "bootstrap port" in run["error"]
 
 
 def test_report_refuses_an_objective_that_is_not_finite(tmp_path: Path) -> None:

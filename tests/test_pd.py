@@ -310,6 +310,14 @@ def test_attached_servers_must_be_of_their_pool(sim_server, tmp_path: Path, pd_t
                      "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode != 0
     assert "was given as a prefill server but its /server_info says disaggregation_mode 'decode'" in result.stderr
+    # issue 33 item 15: a PD server given with plain --attach ran to "completed, ok 0, error 100", exit 0
+    for server, mode in ((prefill, "prefill"), (decode, "decode")):
+        result = run_cli("replay", str(pd_trace), "--attach", server.url, "--out-dir", str(tmp_path), "--quiet",
+                         "--run-name", f"plain-{mode}")
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert f"is a PD {mode} server (its /server_info says disaggregation_mode '{mode}')" in result.stderr
+        run = json.loads((tmp_path / f"plain-{mode}" / "run.json").read_text())
+        assert run["status"] == "not_started" and not (tmp_path / f"plain-{mode}" / "requests.jsonl").exists()
 
 
 def _router_version() -> str | None:
@@ -402,6 +410,8 @@ def test_pd_policy_that_never_assigns_is_named(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr
     assert ("policies 'random' (prefill pool) and 'never' (decode pool) assigned nothing" in result.stderr
             and "nothing can ask it again" in result.stderr), result.stderr
+    assert ("prefill: 1 healthy uncapped server(s) (no slot limit); decode: 1 healthy uncapped server(s)"
+            in result.stderr), result.stderr
     assert run["status"] == "failed" and Counter(r["status"] for r in records) == {"not_sent": 3}
 
 

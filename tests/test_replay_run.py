@@ -270,6 +270,14 @@ def test_caps_schedule_and_control_endpoint(tmp_path: Path) -> None:
         raise AssertionError("a bad cap request must be refused")
     except urllib.error.HTTPError as err:
         assert err.code == 400 and "server" in json.loads(err.read())["error"]["message"]
+    # a cap run.json cannot hold (issue 33 item 10: accepted, then the run crashed writing run.json)
+    huge = urllib.request.Request(f"http://127.0.0.1:{control}/cap", method="POST",
+                                  data=json.dumps({"server": 0, "max_running_requests": 10**23}).encode())
+    try:
+        urllib.request.urlopen(huge, timeout=10)
+        raise AssertionError("a cap above 2^63-1 must be refused")
+    except urllib.error.HTTPError as err:
+        assert err.code == 400 and "from 1 to 2^63-1" in json.loads(err.read())["error"]["message"]
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     assert f"http://127.0.0.1:{control}/cap" in stderr  # the control endpoint is printed at start

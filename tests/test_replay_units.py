@@ -41,9 +41,10 @@ def test_cap_schedule_parses_every_form() -> None:
     [
         ("30s", "cannot read '30s'"),
         ("30s:server2=4", "no server2"),
-        ("30s:0", "must be >= 1"),
+        ("30s:0", "must be an integer from 1 to 2"),
         ("x:4", "cannot read 'x:4'"),
-        ("10s:server1=-1", "must be >= 1"),
+        ("10s:server1=-1", "must be an integer from 1 to 2"),
+        ("1s:99999999999999999999999", "must be an integer from 1 to 2"),  # issue 33 item 10: crashed run.json
         ("10s:gpu1=3", "cannot read"),
     ],
 )
@@ -229,3 +230,20 @@ def test_default_run_name_names_the_policy_only_where_it_decides() -> None:
     capped = _cfg(backend="sim", max_running_requests=4).resolve()  # sjf orders the queue at the cap
     assert default_run_name(capped, policy).startswith("t-sjf-continuous-1g-")
     assert default_run_name(_cfg(backend="sim", gpus=2).resolve(), policy).startswith("t-sjf-continuous-2g-")
+
+
+def test_policy_time_warning_names_each_kind_of_call() -> None:
+    """Issue 33 item 18: the slow-policy warning counted assign and on_complete together ("in 5 calls", "assign p99")."""
+    import time as _time
+
+    from tracebench.replay.policy_time import PolicyTime
+
+    timer = PolicyTime("p")
+    for _ in range(3):
+        timer.call("assign", lambda: None)
+    timer.call("on_complete", _time.sleep, 0.03)
+    timer.call("on_complete", lambda: None)
+    warning = timer.warning()
+    assert warning is not None and "assign: 3 call(s)" in warning and "on_complete: 2 call(s)" in warning, warning
+    longest = [int(m) for m in re.findall(r"longest call (\d+) ms", warning)]
+    assert longest[0] < 20 <= longest[1], warning

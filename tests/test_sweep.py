@@ -54,9 +54,17 @@ def test_rate_sweep_end_to_end(tmp_path: Path) -> None:
     for name in ("summary.json", "summary.csv", "load-latency.html", "servers/server-0.log", "servers/server-1.log"):
         assert (folder / name).is_file(), name
     assert (folder / "load-latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the summary's last status is written after the figure (issue 33 item 17: a sweep killed between the two said
+    # completed without its figure)
+    assert (folder / "summary.json").stat().st_mtime_ns > (folder / "load-latency.png").stat().st_mtime_ns
 
     doc = _summary(folder)
-    assert doc["status"] == "completed" and doc["kind"] == "rate"
+    assert doc["status"] == "completed" and doc["kind"] == "rate" and doc["error"] is None
+    # --slo's two figures under their own names (issue 33 A6): each key's p99 (the verdict), and the share meeting
+    # every limit together (the report's, --fail-on-slo's)
+    assert {"slo_verdict", "slo_fraction"} <= set(doc["rules"])
+    head = next(line for line in done.stdout.splitlines() if "TTFT p50" in line)
+    assert "all met" in head and "result" in head and "all met: the share of the point's requests" in done.stdout
     rows = doc["points"]
     assert [row["rate"] for row in rows] == [2.0, 4.0, 8.0, 16.0]
     source = [json.loads(line) for line in trace.read_text().splitlines()[1:]]
@@ -86,6 +94,10 @@ def test_rate_sweep_end_to_end(tmp_path: Path) -> None:
                 assert est["ci95"][0] <= est["value"] <= est["ci95"][1]
         assert row["verdict"] in ("met", "missed", "uncertain")
         assert set(row["slo_check"]) == {"ttft", "tpot"}
+        # each point's host lag, as the replay's report judges it (issue 33 A3)
+        lag = row["host_lag"]
+        assert lag["bound"] == 0.06 and set(lag["shares"]) == {"ttft p50", "ttft p99", "total p50", "total p99"}
+        assert lag["sim_lag_p50_s"] >= 0 and lag["own_p50_s"] > 0
     assert len(pids) == 1  # the same server processes for every point
     for pid in next(iter(pids)):  # and all stopped at the end
         with pytest.raises(ProcessLookupError):
@@ -93,6 +105,7 @@ def test_rate_sweep_end_to_end(tmp_path: Path) -> None:
     with (folder / "summary.csv").open() as fh:
         table = list(csv.DictReader(fh))
     assert [float(r["rate"]) for r in table] == [2.0, 4.0, 8.0, 16.0]
+    assert [int(r["not_completed"]) for r in table] == [0, 0, 0, 0]  # it was `requests` (counts hold `completed`)
     assert {"ttft_p99_s", "ttft_p99_ci95_low_s", "tpot_p50_s", "itl_p99_s", "total_p99_s", "goodput_rps",
             "slo_ttft_p99_s", "slo_ttft_verdict"} <= set(table[0])
     # any two points compare with the report (their traces differ in arrivals only: no flag needed, a warning)
@@ -182,10 +195,48 @@ def test_point_traces(small_trace: Path, tmp_path: Path) -> None:
     assert [(r.id, r.input_len, r.output_len) for r in whole] == [(r.id, r.input_len, r.output_len) for r in requests]
     cut_header, cut = load_trace(write_point_trace(tmp_path / "b.jsonl", source, header, requests, rate=2.0,
                                                    duration=5.0))
-    assert cut == whole[: len(cut)] and cut[-1].arrival_s <= 5.0 < whole[len(cut)].arrival_s
-    assert cut_header.num_requests == len(cut) and cut_header.fields["sweep_point"]["point_duration_s"] == 5.0
+    # the window offers the rate: the first round(2 x 5) + 1 requests, spanning 5 s
+    assert [r.id for r in cut] == [r.id for r in requests[:11]] and cut[-1].arrival_s == pytest.approx(5.0)
+    assert trace_rate(cut) == pytest.approx(2.0, rel=1e-4)
+    made = cut_header.fields["sweep_point"]
+    assert cut_header.num_requests == 11 and made["point_duration_s"] == 5.0 and made["source_requests"] == 11
     _, at_once = load_trace(write_point_trace(tmp_path / "c.jsonl", source, header, requests, at_once=True))
     assert {r.arrival_s for r in at_once} == {0.0} and len(at_once) == 50
+
+
+def test_a_rate_point_offers_its_rate_over_its_window_on_a_bursty_trace(tmp_path: Path) -> None:
+    # issue 33 A1: a quiet opening (20 requests over 40 s) then a burst (400 over 10 s). Rescaling the whole trace to
+    # 10 req/s and keeping what fell within 10 s replayed the quiet slice at ~1.5 req/s; the window offers 10 req/s
+    from tracebench.sweep.traces import trace_rate, write_point_trace
+    from tracebench.trace.format import load_trace, write_trace
+
+    quiet = [i * 2.0 for i in range(20)]
+    burst = [40.0 + i * 0.025 for i in range(400)]
+    source = write_trace(tmp_path / "bursty.jsonl", {"num_requests": 420, "duration_s": burst[-1]},
+                         (json.dumps({"id": i, "arrival_s": a, "input_len": 8, "output_len": 8}).encode() + b"\n"
+                          for i, a in enumerate(quiet + burst)))
+    header, requests = load_trace(source)
+    for rate in (1.0, 10.0, 40.0):
+        _, point = load_trace(write_point_trace(tmp_path / f"p{rate}.jsonl", source, header, requests, rate=rate,
+                                                duration=10.0))
+        assert len(point) == round(rate * 10) + 1 and trace_rate(point) == pytest.approx(rate, rel=1e-4)
+        assert point[-1].arrival_s == pytest.approx(10.0, rel=1e-4)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--rates", "1e-300"], "puts its last arrival at"),
+    (["--rates", "2,0.01", "--point-duration", "10"], "it needs at least two requests"),
+    (["--concurrency", "99999999999999999999999"], "--concurrency: 99999999999999999999999 is out of range"),
+    (["--rates", "2", "--cap-schedule", "1s:99999999999999999999999"], "the cap must be an integer from 1 to 2^63-1"),
+])
+def test_sweep_refuses_a_point_it_cannot_write_before_anything_starts(small_trace: Path, tmp_path: Path,
+                                                                      args: list[str], expected: str) -> None:
+    # issue 33 items 10 and 11: these started the servers, then failed on free space with a 300-digit number, or
+    # crashed writing summary.json
+    done = run_cli("sweep", str(small_trace), *args, "--backend", "sim", "--quiet", "--out-dir", str(tmp_path),
+                   "--name", "x")
+    assert done.returncode == 2 and expected in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_saturation_rule() -> None:
@@ -296,3 +347,118 @@ def test_points_wait_for_idle_servers(sim_server) -> None:
             await waited
 
     asyncio.run(scenario())
+
+
+def test_an_absolute_policy_path_stays_out_of_the_sweep_files(tmp_path: Path) -> None:
+    """Issue 33 item 16: `--policy /abs/path.py:Class` stayed absolute in run.json options.policy and in every sweep
+    file (docs/run-format.md "Paths": only `…/<last component>` of a path outside the folders)."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    policy = outside / "mine.py"
+    policy.write_text("from tracebench.policies import Policy\n\nclass Mine(Policy):\n    name = 'mine'\n"
+                      "    description = 'first server'\n\n    def assign(self, queue, servers):\n"
+                      "        return [(queue[0], servers[0])]\n")
+    trace = _gen(tmp_path / "t.jsonl", "--rate", "20", "--num-requests", "8", "--input-len", "16", "--output-len", "8")
+    work = tmp_path / "work"
+    work.mkdir()
+    done = run_cli("sweep", str(trace), "--rates", "20", "--backend", "sim", "--speed", "20", "--policy",
+                   f"{policy}:Mine,round_robin", "--bootstrap", "10", "--quiet", "--out-dir", "out", "--name", "p",
+                   cwd=work)
+    assert done.returncode == 0, done.stderr
+    folder = work / "out" / "p"
+    written = [path for path in folder.rglob("*") if path.is_file() and path.suffix in (".json", ".csv", ".html")]
+    assert len(written) >= 5
+    for path in written:
+        assert str(outside) not in path.read_text(), path
+    doc = _summary(folder)
+    assert doc["dimensions"]["policies"] == ["…/mine.py:Mine", "round_robin"]
+    mine = next(row for row in doc["points"] if row["policy"] == "…/mine.py:Mine")
+    assert json.loads((folder / mine["run"] / "run.json").read_text())["options"]["policy"] == "…/mine.py:Mine"
+
+
+def test_sweep_help_lists_no_pd_option_and_record_help_says_recover_needs_no_listen() -> None:
+    """Issue 33 item 18: `sweep --help` listed the PD options it refuses (attached PD servers; --pd itself is a
+    dimension of its own since issue 35); `record --help` marked --listen required though --recover works without
+    it."""
+    from click.testing import CliRunner
+
+    from tracebench.cli import main
+
+    sweep_help = CliRunner().invoke(main, ["sweep", "--help"], terminal_width=200).output
+    for flag in ("--attach-prefill", "--attach-decode"):
+        assert flag not in sweep_help, flag
+    assert "--pd P:D[,P:D...]" in sweep_help and "--prefill-policy" in sweep_help
+    assert "--point-duration" in sweep_help and "--attach URL" in sweep_help
+    record_help = CliRunner().invoke(main, ["record", "--help"], terminal_width=200).output
+    listen = next(line for line in record_help.splitlines() if line.strip().startswith("--listen"))
+    assert "not with --recover" in listen, listen
+
+
+def test_a_fault_is_not_a_capacity_answer(sim_server, tmp_path: Path) -> None:
+    """Issue 33 A2: with a server stalled mid-search, the point with the stall timeouts became `missed` and
+    `lowest_rate_not_met`, the sweep ended `failed` with no reason in summary.json, and stdout was empty. Now: the
+    point is a FAULT with its reasons, the search stops there, and summary.json and stdout say why."""
+    from test_replay_robust import proxy
+
+    sims = [sim_server("--speed", "10"), sim_server("--speed", "10")]
+    trace = _gen(tmp_path / "t.jsonl", "--rate", "20", "--num-requests", "24", "--input-len", "32", "--output-len",
+                 "48")
+    with proxy(sims[0].url, "--freeze-after", "0.3") as hung:
+        done = run_cli("sweep", str(trace), "--find-max-rate", "--slo", "ttft=5", "--start-rate", "20", "--attach",
+                       hung, "--attach", sims[1].url, "--policy", "round_robin", "--stall-timeout", "1",
+                       "--poll-interval", "0.2", "--bootstrap", "50", "--quiet", "--out-dir", str(tmp_path), "--name",
+                       "f", timeout=120)
+    assert done.returncode == 1, done.stderr
+    doc = _summary(tmp_path / "f")
+    (row,) = doc["points"]
+    assert row["verdict"] == "fault" and row["faults"], row
+    assert any(f.startswith("server 0 down") and "stalled" in f for f in row["faults"]), row["faults"]
+    assert any("request(s) stalled, the first: server 0 stalled" in f for f in row["faults"]), row["faults"]
+    assert doc["status"] == "failed" and doc["error"].startswith("PointFault: point rate-20: a fault"), doc["error"]
+    (search,) = doc["capacity"]
+    assert search["max_rate"] is None and search["lowest_rate_not_met"] is None, search
+    assert search["stopped"].startswith("stopped by a fault at 20 req/s"), search
+    assert "FAULT" in done.stdout and "! the sweep failed: PointFault" in done.stdout, done.stdout
+    assert "a fault, not a capacity answer" in done.stderr
+    assert "capacity, 2 server(s), policy round_robin: no answer; stopped by a fault at 20 req/s" in done.stdout
+
+
+def test_a_point_whose_host_lag_passes_the_bound_is_said(tmp_path: Path) -> None:
+    """Issue 33 A3: the README's sweep at --speed 10 had a point whose own report said host lag could account for 174%
+    of TTFT p50, and the summary said nothing. At --speed 300 every point's lag passes the bound."""
+    trace = _gen(tmp_path / "t.jsonl", "--rate", "2", "--num-requests", "12", "--input-len", "16", "--output-len", "8")
+    done = run_cli("sweep", str(trace), "--rates", "2", "--backend", "sim", "--speed", "300", "--bootstrap", "10",
+                   "--quiet", "--out-dir", str(tmp_path), "--name", "lag")
+    assert done.returncode == 0, done.stderr
+    doc = _summary(tmp_path / "lag")
+    (row,) = doc["points"]
+    assert row["host_lag"]["over"] and max(row["host_lag"]["shares"][k] for k in row["host_lag"]["over"]) > 0.06
+    (warning,) = [w for w in doc["warnings"] if w.startswith("host lag:")]
+    assert "1 point(s) (rate-2)" in warning and "bound of 6%" in warning and "--adapt-speed" in warning
+    assert "! host lag: 1 point(s) (rate-2)" in done.stdout
+
+
+def test_point_faults_reads_the_run_and_leaves_the_users_timeout_alone(tmp_path: Path) -> None:
+    """sweep/faults.py: a server down, a stalled request and a failed one are faults; a request ended by the user's
+    own --timeout is a latency the run asked to bound (a miss, not a fault); a clean run has none."""
+    from tracebench.sweep.faults import point_faults
+
+    def records(*rows: tuple[str, str | None]) -> None:
+        (tmp_path / "requests.jsonl").write_text("".join(json.dumps({"status": s, "error": e}) + "\n" for s, e in rows))
+
+    clean = {"status": "completed", "events": []}
+    records(("ok", None), ("timeout", "no complete answer within --timeout 2 s"))
+    assert point_faults(tmp_path, clean) == []
+    records(("ok", None), ("timeout", "server 1 stalled: nothing came from it"),
+            ("error", "ClientOSError: [Errno 104] Connection reset by peer"), ("error", "HTTP 500: boom"))
+    down = {"status": "completed",
+            "events": [{"t": 1.5, "kind": "server_down", "server": 1, "detail": "stalled: ..."},
+                       {"t": 0.2, "kind": "cap_above_launch", "server": 0, "detail": "x"}]}
+    assert point_faults(tmp_path, down) == [
+        "server 1 down at run second 1.50 (stalled: ...)",
+        "2 request(s) failed (errors of the client's side or the server's), the first: ClientOSError: [Errno 104] "
+        "Connection reset by peer",
+        "1 request(s) stalled, the first: server 1 stalled: nothing came from it"]
+    records(("ok", None))
+    assert point_faults(tmp_path, {"status": "failed", "error": "RunFailed: every server is down", "events": []}) == [
+        "the run failed: RunFailed: every server is down"]

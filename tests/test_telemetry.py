@@ -9,6 +9,7 @@ import json
 import lzma
 import os
 import stat
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,49 @@ def test_scraper_records_failures_as_rows(tmp_path: Path) -> None:
     described = scraper.describe()["servers"][0]
     assert described["start"] is None and described["end"] is None and described["end_error"]
     assert not list(tmp_path.glob("metrics-*.txt"))
+
+
+def test_a_bad_metrics_body_is_a_failed_scrape_not_the_runs_failure(tmp_path: Path) -> None:
+    """Issue 33 item 14: a malformed sample line ended the benchmark at t=0, and random bytes counted as a good scrape
+    with every value null. A server answering those (then a good body): error rows, counted, the scraper goes on."""
+    from aiohttp import web
+
+    bodies = ['sglang:num_queue_reqs{a="1"} lots\n', "\x8b\x1f random bytes \x00\x07\n",
+              "sglang:num_running_reqs 3\nsglang:num_queue_reqs 1\n"]
+    served = []
+
+    async def metrics(request: web.Request) -> web.Response:
+        served.append(1)
+        return web.Response(text=bodies[min(len(served), len(bodies)) - 1])
+
+    async def scrape() -> MetricsScraper:
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        client = SglangClient(None, True)
+        failures: list[BaseException] = []
+        scraper = MetricsScraper(client, {0: f"http://127.0.0.1:{port}"}, RunClock(), 0.05, tmp_path, failures.append)
+        task = asyncio.ensure_future(scraper.run())
+        await asyncio.sleep(0.22)
+        assert not task.done()  # still scraping
+        task.cancel()
+        await asyncio.wait([task])
+        await scraper.finish()
+        await client.close()
+        await runner.cleanup()
+        assert not failures
+        return scraper
+
+    scraper = asyncio.run(scrape())
+    rows = jsonl(tmp_path / "server_metrics.jsonl")
+    assert "no number after the labels" in rows[0]["error"] and "num_queue_reqs" in rows[0]["error"]
+    assert "not one sglang: family" in rows[1]["error"] and rows[1].get("num_running_reqs") is None
+    assert all("error" not in r and r["num_running_reqs"] == 3 for r in rows[2:]) and len(rows) >= 4
+    assert scraper.describe()["failed"] == 2
+    assert scraper.describe()["servers"][0]["start"] == "metrics-0-start.txt"  # the first good body
 
 
 def test_metrics_interval_option() -> None:
@@ -380,6 +424,25 @@ def test_request_slices_and_lanes() -> None:
     assert assign_lanes([(0, 10), (5, 8), (10, 20), (6, 12), (8, 9)]) == [1, 2, 1, 3, 2]
 
 
+def test_prefill_and_decode_are_drawn_where_sglangs_stamps_put_them() -> None:
+    """Issue 33 item 19: on a loaded host tracebench stamps t_written late, after the simulator had already received
+    and prefilled the request; the host part ran past the prefill's start, so the prefill (clamped after it) had no
+    width and was dropped: the request's slice lacked it. The host part is cut back instead."""
+    rec = {"id": 7, "status": "ok", "t_arrival": 1.0, "t_released": 1.0001, "t_admitted": 1.0001, "t_assigned": 1.0002,
+           "batch_wait_s": 0.0, "t_built": 1.0003, "t_dispatch": 1.0003,
+           "t_written": 1.030,  # the loop came back to stamp the write 30 ms late
+           "server_received": 1.001, "server_forward_entry": 1.002, "server_prefill_finished": 1.020,
+           "server_finished": 1.100, "t_first_token": 1.031, "t_last_chunk": 1.101, "t_finish": 1.102}
+    slices = request_slices(rec)
+    names = [name for name, _, _ in slices[1:]]
+    assert "prefill" in names and "decode" in names, slices
+    parts = {name: (lo, hi) for name, lo, hi in slices[1:]}
+    assert parts["prefill"] == (1_002_000, 1_020_000) and parts["decode"] == (1_020_000, 1_100_000)
+    for (_, _, hi), (_, lo, _) in zip(slices[1:], slices[2:]):
+        assert hi <= lo, slices  # in order, never overlapping
+    assert all(1_000_000 <= lo < hi <= 1_102_000 for _, lo, hi in slices[1:])
+
+
 # ---- the CI gate ------------------------------------------------------------------------------------------------
 
 def test_fail_on_slo_exit_codes(capped_run: Path) -> None:
@@ -405,6 +468,7 @@ def test_fail_on_slo_exit_codes(capped_run: Path) -> None:
     assert f"run 'r': {share * 100:.1f}% of 60 kept requests meet every limit (needed 99%)" in missed.output
     assert f"ttft <= {limit:g} s met by {share * 100:.1f}%" in missed.output and "total <=" not in missed.output
     assert "fraction meeting ttft" in out.read_text()  # each limit alone in the SLO table
+    assert "share of requests meeting every limit together" in out.read_text()  # what the gate reads (issue 33 A6)
     met = report("--slo", f"ttft={limit!r}", "--fail-on-slo", "--slo-percentile", f"{share * 100 - 1:g}")
     assert met.exit_code == 0 and "SLO met by every run" in met.output, met.output
     assert report("--slo", "ttft=100,total=100", "--fail-on-slo").exit_code == 0
@@ -412,3 +476,26 @@ def test_fail_on_slo_exit_codes(capped_run: Path) -> None:
     assert no_slo.exit_code == 2 and "--fail-on-slo needs --slo" in no_slo.output
     alone = report("--slo", "ttft=1", "--slo-percentile", "90")
     assert alone.exit_code == 2 and "give --fail-on-slo too" in alone.output
+
+
+def test_fail_on_slo_never_passes_an_unfinished_run(capped_run: Path, tmp_path: Path) -> None:
+    """Issue 33 item 5: a replay killed after 256 of 600 records (run.json still `running`) passed `--slo
+    ttft=100,total=100 --fail-on-slo` with exit 0, "SLO met by every run", though the report said UNFINISHED."""
+    from click.testing import CliRunner
+
+    from tracebench.cli import main
+
+    killed = tmp_path / "killed"
+    shutil.copytree(capped_run / "r", killed)
+    lines = (killed / "requests.jsonl").read_bytes().splitlines(keepends=True)
+    (killed / "requests.jsonl").write_bytes(b"".join(lines[:25]))  # what reached the disk before kill -9
+    for name in killed.glob("requests.columns*"):
+        name.unlink()
+    meta = json.loads((killed / "run.json").read_text())
+    meta.update(status="running", t_end=None, counts=dict.fromkeys(meta["counts"], 0), records_written=0)
+    (killed / "run.json").write_text(json.dumps(meta))
+    gate = CliRunner().invoke(main, ["report", str(killed), "--bootstrap", "0", "--slo", "ttft=100,total=100",
+                                     "--fail-on-slo"])
+    assert gate.exit_code == 3, gate.output
+    assert "run 'r' [UNFINISHED]: the run did not complete, 35 of 60 trace requests not recorded" in gate.output
+    assert "SLO met by every run" not in gate.output

@@ -42,6 +42,17 @@ def portable_path(path: str | os.PathLike[str], roots: Sequence[Path] = (), base
     return ELSEWHERE + _last(text)
 
 
+def portable_policy(spec: str | None) -> str | None:
+    """A --policy spec as a shared folder records it: a file's path made portable (`portable_path`), the class name
+    kept (`<elsewhere>/p.py:Cls` -> `…/p.py:Cls`); a built-in or policies/ name unchanged."""
+    if spec is None or not (spec.endswith(".py") or ":" in spec):
+        return spec
+    if spec.endswith(".py"):
+        return portable_path(spec)
+    path, _, cls = spec.rpartition(":")
+    return f"{portable_path(path)}:{cls}"
+
+
 def portable_words(words: Iterable[str], roots: Sequence[Path] = (), base: Path | None = None) -> list[str]:
     """A command line as recorded: every path in it (a word, or the value of `--flag=PATH`) made portable."""
     return [shareable_text(word, roots, base, everywhere=True) for word in words]

@@ -63,7 +63,7 @@ def judge(run_dir: Path) -> Attempt:
     run = load_run(run_dir)
     ok = run.requests.filter(pl.col("status").is_in(COMPLETED_STATUSES))
     stats = lag_stats(ok, run.speed)
-    if stats is None:
+    if stats is None or stats.sim_p50 is None:
         raise ConfigError(f"{run_dir}: --adapt-speed needs the simulators' lag (sim_lag), and no completed request "
                           "has one (no request completed, or the servers are not tracebench simulators)")
     return Attempt(speed=run.speed if run.speed is not None else 1.0, shares=stats.shares, bound=LAG_BOUND)

@@ -74,6 +74,17 @@ def slots_left(cap: int, in_flight: int, healthy: bool) -> int:
     return max(0, cap - in_flight) if healthy else 0
 
 
+def free_slots_text(views: Sequence[ServerView]) -> str:
+    """What `views` had free, as a message says it: the capped servers' free slots and how many healthy servers have
+    no cap (an uncapped server's free_slots is UNCAPPED: summed, it said "2147483648 free slot(s)")."""
+    uncapped = sum(1 for v in views if v.cap >= UNCAPPED and v.healthy)
+    capped = [v for v in views if v.cap < UNCAPPED]
+    parts = [f"{sum(v.free_slots for v in capped)} free slot(s)"] if capped or not uncapped else []
+    if uncapped:
+        parts.append(f"{uncapped} healthy uncapped server(s) (no slot limit)")
+    return " and ".join(parts)
+
+
 @dataclass(frozen=True, slots=True)
 class ServerView:
     """A read-only snapshot of one server, taken when `assign` is called.

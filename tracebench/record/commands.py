@@ -27,7 +27,8 @@ def _upstream(value: str) -> str:
 
 @click.command("record")
 @click.option("--listen", default=None, metavar="HOST:PORT",
-              help="Where the proxy listens; point your clients here instead of at the server.  [required]")
+              help="Where the proxy listens; point your clients here instead of at the server.  [required to "
+                   "record; not with --recover]")
 @click.option("--upstream", default=None, metavar="URL",
               help="The sglang server or router the traffic goes to, e.g. http://127.0.0.1:30000. It must answer "
                    "when the recording starts.  [required]")

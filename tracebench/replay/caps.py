@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from tracebench.errors import ConfigError
+from tracebench.options import INT64_MAX
 from tracebench.replay.clock import RunClock, run_seconds
 
 _ITEM = re.compile(r"^\s*(?P<t>\d+(?:\.\d*)?|\.\d+)s?\s*:\s*(?:(?P<target>all|server(?P<index>\d+))\s*=\s*)?(?P<cap>[+-]?\d+)\s*$")
@@ -46,8 +47,8 @@ def parse_cap_schedule(spec: str, num_servers: int, speed: float = 1.0) -> list[
         if index is not None and index >= num_servers:
             raise ConfigError(f"--cap-schedule: {item.strip()!r}: there is no server{index} (servers are 0..{num_servers - 1})")
         cap = int(match["cap"])
-        if cap < 1:
-            raise ConfigError(f"--cap-schedule: {item.strip()!r}: the cap must be >= 1, got {cap}")
+        if not 1 <= cap <= INT64_MAX:
+            raise ConfigError(f"--cap-schedule: {item.strip()!r}: the cap must be an integer from 1 to 2^63-1, got {cap}")
         changes.append(CapChange(t=run_seconds(float(match["t"]), speed), server=index, cap=cap))
     return sorted(changes, key=lambda c: c.t)
 
@@ -125,8 +126,8 @@ class ControlServer:
             index = server
         else:
             return _bad(f'"server" must be "all" or an index 0..{self._num_servers - 1}, got {server!r}')
-        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-            return _bad(f'"max_running_requests" must be an integer >= 1, got {cap!r}')
+        if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= INT64_MAX:
+            return _bad(f'"max_running_requests" must be an integer from 1 to 2^63-1, got {cap!r}')
         self._set_cap(index, cap, "control")
         return web.json_response({"caps": self._caps()})
 

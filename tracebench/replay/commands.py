@@ -151,6 +151,11 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
     "poll_interval": click.option("--poll-interval", type=FINITE, default=0.5, show_default=True, metavar="S",
         help="Run seconds between /v1/loads polls (telemetry.jsonl; what policies see as the servers' "
              "reports); not divided by --speed."),
+    "keepalive": click.option("--keepalive", type=FINITE, default=4.0, show_default=True, metavar="S",
+        help="A connection of the client's pool idle for more than S run seconds is closed, not reused: keep it "
+             "below the servers' own keep-alive (sglang's uvicorn closes an idle connection after 5 s, "
+             "SGLANG_TIMEOUT_KEEP_ALIVE), or a request can be written into a connection the server is closing "
+             "and fail (Connection reset by peer)."),
     "metrics_interval": click.option("--metrics-interval", type=FINITE, default=1.0, show_default=True, metavar="S",
         help="Run seconds between two scrapes of each server's /metrics (sglang's Prometheus counters, gauges "
              "and histograms) into server_metrics.jsonl, with each server's whole text at the start and end "

@@ -113,6 +113,18 @@ def add_pd_launch_args(plans: list[Any], n_prefill: int, port_base: int | None) 
         role = "prefill" if i < n_prefill else "decode"
         plan.command += launch_args(role, ports[i] if role == "prefill" else None)
         plan.role = role
+        plan.bootstrap_port = ports[i] if role == "prefill" else None  # checked free with the server's own port
+
+
+def check_unified(index: int, url: str, info: dict[str, Any]) -> None:
+    """A server given as a plain one (`--attach`, not PD) must not be a PD prefill or decode server: it refuses every
+    request without the bootstrap fields (a run of 100 ended "completed, ok 0, error 100", exit 0)."""
+    mode = info.get("disaggregation_mode")
+    if mode in ("prefill", "decode"):
+        raise ServerStartError(f"server {index} ({url}) is a PD {mode} server (its /server_info says disaggregation_mode "
+                               f"{mode!r}): it refuses requests without bootstrap fields; give it with "
+                               f"--attach-{mode} (and its {'decode' if mode == 'prefill' else 'prefill'} servers), or "
+                               "attach a server started without --disaggregation-mode")
 
 
 def check_role(index: int, url: str, info: dict[str, Any], role: str) -> int | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from tracebench.errors import ServerProtocolError
 from tracebench.itl import ItlGaps
-from tracebench.policies.base import Policy, ServerView
+from tracebench.policies.base import Policy, ServerView, free_slots_text
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer
 from tracebench.replay.flight import HttpSender
 from tracebench.replay.pd import DECODE_DONE, PairClient, PrefillAnswer, Rooms, assign_pairs, with_bootstrap
@@ -85,9 +85,9 @@ class PdRouter(Router):
                 "(decode pool)")
 
     def _free_text(self, views: list[ServerView]) -> str:
-        prefill = sum(views[i].free_slots for i in self.pools.prefill)
-        decode = sum(views[i].free_slots for i in self.pools.decode)
-        return f"{prefill} free prefill and {decode} free decode slot(s)"
+        prefill = free_slots_text([views[i] for i in self.pools.prefill])
+        decode = free_slots_text([views[i] for i in self.pools.decode])
+        return f"prefill: {prefill}; decode: {decode}"
 
     def _none_left(self) -> str | None:
         """A pair needs a server of each pool: the run cannot go on once either pool is all down."""

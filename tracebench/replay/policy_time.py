@@ -70,9 +70,10 @@ class PolicyTime:
         longest = max((s["max_s"] or 0.0) for s in (summary["assign"], summary["on_complete"]))
         if longest <= WARN_CALL_S or not self.in_run_time:
             return None  # on the virtual clock a call costs wall time only: no latency is made longer by it
-        calls = summary["assign"]["calls"] + summary["on_complete"]["calls"]
-        p99 = summary["assign"]["p99_s"] or 0.0
-        return (f"policy {self.name!r} held the replay loop for {self.total:.3f} s in {calls} calls (longest call "
-                f"{longest * 1000:.0f} ms, assign p99 {p99 * 1000:.1f} ms), over the bound of {WARN_CALL_S * 1000:.0f} "
-                "ms per call: nothing is released, sent or read meanwhile, so the latencies of the requests waiting "
+        # each kind on its own (they were counted together: "in 40 calls" of which 20 were on_complete)
+        kinds = "; ".join(
+            f"{kind}: {s['calls']} call(s), {s['total_s']:.3f} s, longest call {s['max_s'] * 1000:.0f} ms, p99 "
+            f"{s['p99_s'] * 1000:.1f} ms" for kind in ("assign", "on_complete") if (s := summary[kind])["calls"])
+        return (f"policy {self.name!r} held the replay loop for {self.total:.3f} s ({kinds}), over the bound of "
+                f"{WARN_CALL_S * 1000:.0f} ms per call: nothing is released, sent or read meanwhile, so the latencies of the requests waiting "
                 "through such a call are too long by up to that much (requests.jsonl policy_s; run.json policy_time)")

@@ -13,6 +13,7 @@ from typing import Literal
 import orjson
 
 from tracebench.errors import OutputWriteError
+from tracebench.replay.keepup import KeepUp
 
 Status = Literal["ok", "mismatch", "error", "timeout", "cancelled", "not_sent"]
 STATUSES: tuple[str, ...] = ("ok", "mismatch", "error", "timeout", "cancelled", "not_sent")
@@ -118,7 +119,8 @@ class AppendFile:
     """A file of the run folder that grows as the run goes (requests.jsonl, telemetry.jsonl), written in whole lines.
 
     Lines are buffered and written with os.write; a write that fails (disk full, quota, I/O error) is cut back to the
-    last whole line, so the file never ends in half a line. From then on nothing more is written: `failure` says
+    last whole line that reached the file (every whole line that fitted is kept), so the file never ends in half a
+    line. From then on nothing more is written: `failure` says
     why, `lines_on_disk` how many lines reached the file, and `on_failure` (once) tells the run to stop. Nothing is
     lost silently: the caller counts what it gave, this counts what reached the disk."""
 
@@ -152,7 +154,7 @@ class AppendFile:
                 done += os.write(self._fd, view[done:])
         except OSError as err:
             view.release()
-            self._failed(err)
+            self._failed(err, done)
             return
         view.release()
         self._size += done
@@ -160,8 +162,13 @@ class AppendFile:
         self._buf.clear()
         self._buf_lines = 0
 
-    def _failed(self, err: OSError) -> None:
-        os.ftruncate(self._fd, self._size)  # back to the last whole line (truncating frees space: it works on a full disk)
+    def _failed(self, err: OSError, done: int) -> None:
+        # `done` bytes of the buffer reached the file before the write failed: keep its whole lines, cut the rest
+        # (truncating frees space: it works on a full disk)
+        whole = self._buf.rfind(b"\n", 0, done) + 1
+        self._size += whole
+        self.lines_on_disk += self._buf.count(b"\n", 0, whole)
+        os.ftruncate(self._fd, self._size)
         what = "disk full (no space left on the device)" if err.errno in (errno.ENOSPC, errno.EDQUOT) else (
             f"cannot write ({err.strerror})")
         self.failure = OutputWriteError(f"{what}: writing {self.path} failed after {self.lines_on_disk} line(s)",
@@ -189,6 +196,7 @@ class RecordWriter:
         self.path = path
         self._out = AppendFile(path, on_failure, flush_every)
         self.count = 0
+        self.keepup = KeepUp()  # whether the client kept up with the trace (keepup.py)
 
     @property
     def on_failure(self) -> OnFailure | None:
@@ -210,6 +218,7 @@ class RecordWriter:
         # orjson serialises the dataclass itself, fields in declaration order (10x faster than asdict + dumps)
         self._out.write(orjson.dumps(record) + b"\n")
         self.count += 1
+        self.keepup.note(record)
 
     def flush(self) -> None:
         self._out.flush()

@@ -38,7 +38,9 @@ from typing import Any
 import numpy as np
 
 from tracebench.errors import PolicyError, RunFailed, ServerProtocolError
-from tracebench.policies.base import UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView, slots_left
+from tracebench.policies.base import (
+    UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView, free_slots_text, slots_left,
+)
 from tracebench.replay.answer_check import ContextLimits, check_answer, mismatch_reason
 from tracebench.replay.client import Answer, Fetched
 from tracebench.replay.clock import RunClock, run_seconds
@@ -581,7 +583,7 @@ class Router:
         return f"policy {self.policy.name!r}"
 
     def _free_text(self, views: list[ServerView]) -> str:
-        return f"{sum(v.free_slots for v in views)} free slot(s)"
+        return free_slots_text(views)
 
     def _nothing_can_ask_again(self) -> bool:
         """No event is left that would call the policy again: every request released, none in flight, no probe,

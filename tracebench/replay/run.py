@@ -30,7 +30,7 @@ import orjson
 
 from tracebench import __version__
 from tracebench.errors import ConfigError, OutputWriteError, RunInterrupted, ServerStartError
-from tracebench.paths import portable_path, portable_words
+from tracebench.paths import portable_path, portable_policy, portable_words
 from tracebench.policies.base import Policy
 from tracebench.policies.registry import load_policy
 from tracebench.replay.beside import BesideTelemetry
@@ -38,14 +38,14 @@ from tracebench.replay.answer_check import ContextLimits
 from tracebench.replay.caps import (
     CapChange, ControlServer, bind_control_socket, launch_cap, parse_cap_schedule, run_cap_schedule,
 )
-from tracebench.replay.client import APIS, SglangClient
+from tracebench.replay.client import APIS, KEEPALIVE_S, SglangClient
 from tracebench.replay.clock import RunClock, VirtualRunClock, run_seconds
 from tracebench.replay.flight import HttpSender
 from tracebench.replay.engine import Engine, Rows
 from tracebench.replay.loop import run as run_loop
 from tracebench.replay.loop import run_virtual
 from tracebench.replay.pd import (
-    PdPolicies, add_pd_launch_args, bootstrap_host, check_pd_config, check_role, metrics_delta, parse_ratio,
+    PdPolicies, add_pd_launch_args, bootstrap_host, check_pd_config, check_role, check_unified, metrics_delta, parse_ratio,
     read_pd_metrics,
 )
 from tracebench.replay.pd_router import PdPools, PdRouter, pool_states
@@ -108,6 +108,7 @@ class ReplayConfig:
     seed: int = 0
     sjf_key: str | None = None
     poll_interval: float = 0.5
+    keepalive: float = KEEPALIVE_S  # seconds a pooled connection may idle and be reused (client.py)
     metrics_interval: float = 1.0  # run seconds between /metrics scrapes (server_metrics.jsonl); 0: none
     startup_timeout: float | None = None
     flush_cache: bool = True
@@ -173,6 +174,7 @@ class ReplayConfig:
             ("--batch-timeout", self.batch_timeout), ("--timeout", self.timeout), ("--speed", self.speed),
             ("--stall-timeout", self.stall_timeout),
             ("--poll-interval", self.poll_interval), ("--startup-timeout", self.startup_timeout),
+            ("--keepalive", self.keepalive),
             ("--saturation-window", self.saturation_window),
         ):
             if value is not None and not (math.isfinite(value) and value > 0):  # inf: a run that never ends
@@ -295,6 +297,8 @@ class ReplayConfig:
         out["model"] = portable_path(self.model) if self.model is not None else None
         out["server_args"] = portable_words(self.server_args)
         out["router_args"] = portable_words(self.router_args)
+        out["policy"] = portable_policy(self.policy)
+        out["prefill_policy"], out["decode_policy"] = portable_policy(self.prefill_policy), portable_policy(self.decode_policy)
         out["policy_options"] = dict(self.policy_options)
         out["prefill_policy_options"] = dict(self.prefill_policy_options)
         out["decode_policy_options"] = dict(self.decode_policy_options)
@@ -697,6 +701,7 @@ class Replay:
             # records that reached requests.jsonl: the counts' sum, unless writing failed (disk full)
             "records_written": self.writer.written if self.writer is not None else 0,
             "policy_time": self._policy_time(),
+            "client_keepup": self.writer.keepup.describe() if self.writer is not None else None,
         }
         path = self.run_dir / "run.json"
         tmp = path.with_name(".run.json.tmp")
@@ -809,6 +814,8 @@ class Replay:
         warning = self.router.policy_time.warning() if self.router is not None else None
         if warning is not None:
             self.stderr.write(f"tracebench replay: warning: {warning}\n")
+        if self.writer is not None and (behind := self.writer.keepup.behind()) is not None:
+            self.stderr.write(f"tracebench replay: warning: {behind}\n")
         self.stderr.flush()
 
     def _simulated_duration(self) -> str:
@@ -862,7 +869,7 @@ class Replay:
             assert isinstance(self.fleet, InProcessFleet)
             client: Any = InProcessClient(self.fleet, cfg.stream)
         else:
-            client = SglangClient(timeout, cfg.stream, reason, api=api)
+            client = SglangClient(timeout, cfg.stream, reason, api=api, keepalive=cfg.keepalive)
         engine: Engine | None = None
         side_tasks: list[asyncio.Task[Any]] = []
         control: ControlServer | None = None
@@ -1151,6 +1158,8 @@ class Replay:
                 port = check_role(plan.index, plan.url, info.obj, plan.role)
                 if port is not None:
                     self.pd_bootstrap[plan.index] = (bootstrap_host(plan.url), port)
+            else:
+                check_unified(plan.index, plan.url, info.obj)
             self.limits[plan.index] = ContextLimits.from_server_info(f"server {plan.index} ({plan.url})", info.obj)
         # the simulator says its vocabulary size in /server_info (tracebench_sim.vocab_size); sglang does not
         reported = {i.obj["tracebench_sim"].get("vocab_size") for i in infos if isinstance(i.obj.get("tracebench_sim"), dict)}

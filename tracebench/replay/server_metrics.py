@@ -4,7 +4,9 @@ plots), and each server's whole text at the start and the end of the run (`metri
 every family, every histogram bucket). docs/run-format.md describes the files.
 
 The scraper is not the load poller (telemetry.py `poll_loads`): it feeds no routing decision and marks no server
-suspect; a failed scrape is a row with `error`. Behind sglang-router it asks the servers themselves (sglang-router
+suspect; a failed scrape is a row with `error`: no answer, an answer that is not Prometheus text (a sample line
+without a number, or not one family of sglang's: random bytes), never the run's failure (issue 33 item 14: a
+malformed line ended the benchmark at t=0). Behind sglang-router it asks the servers themselves (sglang-router
 has its own, different /metrics).
 
 Cost on the event loop: one GET per server per period, and one pass over the body's lines with a prefix check
@@ -116,12 +118,24 @@ class MetricsScraper:
         got = await self.client.get_text(f"{self.urls[index]}/metrics", self.timeout)
         t = self.clock.now()
         row: dict[str, Any] = {"t": t, "server": index, "scrape_s": t - t_sent}
+        values = None
         if got.error is not None:
             row["error"] = got.error
-            self.failed += 1
         else:
             text: str = got.obj
-            row.update(parse_metrics(f"{self.urls[index]}/metrics", text))
+            try:
+                values = parse_metrics(f"{self.urls[index]}/metrics", text)
+            except ServerProtocolError as err:  # recorded in the row (and counted), the run goes on
+                row["error"] = str(err)
+            else:
+                if all(v is None for v in values.values()):
+                    row["error"] = (f"{self.urls[index]}/metrics: not one sglang: family of the kept ones in the answer "
+                                    f"({len(text)} characters, starting {text[:80]!r})")
+                    values = None
+        if values is None:
+            self.failed += 1
+        else:
+            row.update(values)
             kept = self.kept[index]
             which = moment or ("start" if kept["start"] is None else None)
             if which is not None:

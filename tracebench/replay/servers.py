@@ -52,6 +52,7 @@ class ServerPlan:
     log: Path | None = None
     port: int | None = None
     role: str | None = None  # PD: "prefill" or "decode" (replay/pd.py); None: a plain server
+    bootstrap_port: int | None = None  # a launched prefill server's --disaggregation-bootstrap-port
 
     @property
     def launched(self) -> bool:
@@ -198,11 +199,11 @@ def _pdeathsig_preexec():
     return lambda: prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def _check_port_free(port: int) -> None:
+def _check_port_free(port: int, what: str = "port") -> None:
     if not _bindable(port):
         raise ServerStartError(
-            f"port {port} on 127.0.0.1 is taken: stop what uses it, choose another --port-base, or leave --port-base "
-            "out (free ports)"
+            f"{what} {port} on 127.0.0.1 is taken: stop what uses it, choose another --port-base, or leave "
+            "--port-base out (free ports)"
         )
 
 
@@ -238,6 +239,8 @@ class Fleet:
         for plan in launched:
             assert plan.port is not None
             _check_port_free(plan.port)
+            if plan.bootstrap_port is not None:
+                _check_port_free(plan.bootstrap_port, f"server {plan.index}'s PD bootstrap port")
         preexec = _pdeathsig_preexec()
         for plan in launched:
             assert plan.command is not None and plan.log is not None

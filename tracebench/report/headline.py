@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +66,7 @@ class Headline:
     slo_fraction: float | None  # fraction of kept requests meeting every limit
     latency: dict[str, dict[str, Estimate]]  # HEADLINE_METRICS -> HEADLINE_STATS -> estimate
     slo: dict[str, SloCheck] = field(default_factory=dict)
+    lag: Any = None  # the run's LagStats (report/metrics/lag.py): the share of each figure the host's lag could move
 
     @property
     def slo_verdict(self) -> str | None:
@@ -141,5 +143,5 @@ def headline(folder: Path, *, warmup: float = 0.0, slo: dict[str, float] | None 
         output_tokens_per_s=st.throughput["output_tokens_per_s"],
         goodput=st.slo.get("goodput") if slo is not None and not from_dispatch else None,
         slo_fraction=st.slo.get("fraction") if slo is not None and not from_dispatch else None,
-        latency=latency, slo=checks,
+        latency=latency, slo=checks, lag=st.lag,
     )

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from tracebench.sim.args import SimArgs
 
 
-def check_can_listen(host: str, port: int) -> None:
+def check_can_listen(host: str, port: int, flag: str = "--port") -> None:
     """A ConfigError (one line, exit 2) naming the address when the server could not listen there: a --host that is
     no address of this machine, a --port taken. Bound as the server binds it (every address of the host,
     SO_REUSEADDR), then let go at once; the server binds it a moment later."""
@@ -33,7 +33,7 @@ def check_can_listen(host: str, port: int) -> None:
                 sock.bind(address)
                 sock.listen(1)
             except OSError as err:
-                raise ConfigError(f"--host {host} --port {port}: cannot listen there ({err.strerror})") from None
+                raise ConfigError(f"--host {host} {flag} {port}: cannot listen there ({err.strerror})") from None
 
 
 @click.command("sim-server")
@@ -139,6 +139,8 @@ def sim_server(port: int, host: str, profile_name: str | None, gpu: str | None, 
         disable_overlap_schedule, disable_radix_cache, enable_cache_report, skip_tokenizer_init, disaggregation_mode,
         disaggregation_bootstrap_port, disaggregation_transfer_backend, kv_transfer_bandwidth, kv_transfer_latency)
     check_can_listen(host, port)
+    if disaggregation_mode == "prefill":  # its bootstrap server listens there too (it was a traceback)
+        check_can_listen(host, disaggregation_bootstrap_port, "--disaggregation-bootstrap-port")
     serve(args)
 
 
@@ -181,12 +183,12 @@ def resolve_sim_args(port: int, host: str, profile_name: str | None, gpu: str | 
         raise ConfigError(f"--disaggregation-bootstrap-port {port} is the server's own --port: give another")
     profile = resolve_profile(profile_name, gpu)
     return SimArgs(host=host, port=port, profile=profile, speed=speed, max_running_requests=max_running_requests,
-                   max_total_tokens=max_total_tokens, context_length=context_length,
-                  chunked_prefill_size=chunked_prefill_size, startup_delay=startup_delay, seed=seed,
-                  vocab_size=vocab_size, crash_on_bad_token=crash_on_bad_token, enable_metrics=enable_metrics,
-                  disable_overlap_schedule=disable_overlap_schedule, skip_tokenizer_init=skip_tokenizer_init,
-                  disable_radix_cache=disable_radix_cache, enable_cache_report=enable_cache_report,
-                  disaggregation_mode=disaggregation_mode,
-                  disaggregation_transfer_backend=disaggregation_transfer_backend,
-                  disaggregation_bootstrap_port=disaggregation_bootstrap_port,
-                  kv_transfer_bandwidth=kv_transfer_bandwidth, kv_transfer_latency=kv_transfer_latency)
+                    max_total_tokens=max_total_tokens, context_length=context_length,
+                   chunked_prefill_size=chunked_prefill_size, startup_delay=startup_delay, seed=seed,
+                   vocab_size=vocab_size, crash_on_bad_token=crash_on_bad_token, enable_metrics=enable_metrics,
+                   disable_overlap_schedule=disable_overlap_schedule, skip_tokenizer_init=skip_tokenizer_init,
+                   disable_radix_cache=disable_radix_cache, enable_cache_report=enable_cache_report,
+                   disaggregation_mode=disaggregation_mode,
+                   disaggregation_transfer_backend=disaggregation_transfer_backend,
+                   disaggregation_bootstrap_port=disaggregation_bootstrap_port,
+                   kv_transfer_bandwidth=kv_transfer_bandwidth, kv_transfer_latency=kv_transfer_latency)

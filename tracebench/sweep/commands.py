@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from tracebench.errors import ConfigError
-from tracebench.options import FINITE, INT
+from tracebench.options import FINITE, INT, INT64_MAX, INT64_MIN
 from tracebench.replay.commands import replay_config, replay_options
 
 
@@ -25,9 +25,13 @@ def _ints(name: str, text: str | None) -> tuple[int, ...]:
     if text is None:
         return ()
     try:
-        return tuple(int(part) for part in text.split(","))
+        values = tuple(int(part) for part in text.split(","))
     except ValueError:
         raise ConfigError(f"{name} {text!r}: expected integers separated by commas, e.g. 1,4,16,64") from None
+    for value in values:  # what run.json and summary.json can hold (orjson: 64-bit)
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise ConfigError(f"{name}: {value} is out of range (at most 2^63-1)")
+    return values
 
 
 _GPUS = click.option(
@@ -50,6 +54,14 @@ _SATURATION = click.option(
          "outstanding count grows with a significant slope, leaving >= 15% of two windows' arrivals behind; "
          "docs/sweep.md), judged over windows of S trace seconds; the summary marks it saturated instead of "
          "reporting its latency. 0: never stop a point.")
+
+
+# The PD options are hidden from --help: a sweep does not run PD points (issue 33 item 18: --help listed them). They
+# are still parsed, so that a sweep given one says why it refuses it (Sweep._check_options), not "no such option".
+_HIDDEN_PD = {  # refused by sweep (it launches each ratio's PD servers itself: --pd): parsed, so the refusal explains
+    "attach_prefill": click.option("--attach-prefill", multiple=True, hidden=True),
+    "attach_decode": click.option("--attach-decode", multiple=True, hidden=True),
+}
 
 
 @click.command("sweep")
@@ -78,8 +90,10 @@ _SATURATION = click.option(
 @click.option("--max-points", type=INT, default=12, show_default=True, metavar="N",
               help="--find-max-rate: at most N points per search.")
 @click.option("--point-duration", type=FINITE, default=None, metavar="S",
-              help="Rate points: replay only the requests arriving in the first S trace seconds at the point's rate "
-                   "(a prefix of the trace, in order), so every point lasts about S. [default: the whole trace]")
+              help="Rate points: each point offers its rate over a window of S trace seconds: the first round(rate "
+                   "x S) + 1 requests of the trace, in order, their arrivals rescaled so they span S at exactly "
+                   "that rate, whatever that slice's own rate in the trace (docs/sweep.md). [default: the whole "
+                   "trace, rescaled to the rate]")
 @click.option("--warmup", type=FINITE, default=0.0, show_default=True, metavar="S",
               help="Leave out of each point's figures the requests arriving in its first S trace seconds (the "
                    "report's --warmup).")
@@ -89,7 +103,7 @@ _SATURATION = click.option(
               help="Sweep folder name, under --out-dir. [default: sweep-<trace>-<rate|concurrency|capacity>-"
                    "<YYYYmmdd-HHMMSS>]")
 @replay_options(skip=("run_name",), replace={"gpus": _GPUS, "policy": _POLICY, "saturation_window": _SATURATION,
-                                             "pd": _PD})
+                                             "pd": _PD, **_HIDDEN_PD})
 @click.pass_context
 def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str | None, find_max_rate: bool,
           slo: str | None, slo_percentile: float, start_rate: float | None, rate_tolerance: float, max_points: int,

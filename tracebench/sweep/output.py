@@ -6,7 +6,9 @@ import csv
 import io
 from typing import Any
 
+from tracebench.replay.records import STATUSES
 from tracebench.report.headline import HEADLINE_METRICS, HEADLINE_STATS
+from tracebench.report.load import COMPLETED_STATUSES
 
 WIDTH = 100
 
@@ -46,7 +48,8 @@ def summary_csv(doc: dict[str, Any]) -> str:
                                                        "output_tokens_per_s", "goodput_rps", "slo_fraction",
                                                        "saturation", "wall_s")}
         line["ok"], line["mismatch"] = counts.get("ok", 0), counts.get("mismatch", 0)
-        line["not_completed"] = sum(v for k, v in counts.items() if k not in ("ok", "mismatch"))
+        # the record statuses that did not complete (counts also holds the derived `completed`, ok + mismatch)
+        line["not_completed"] = sum(counts.get(k, 0) for k in STATUSES if k not in COMPLETED_STATUSES)
         latency = row["latency_s"] or {}
         for metric in HEADLINE_METRICS:
             for stat in HEADLINE_STATS:
@@ -93,6 +96,8 @@ def _lat(row: dict[str, Any], metric: str, stat: str) -> str:
 def _result(row: dict[str, Any]) -> str:
     if row["saturated"]:
         return "saturated"
+    if row.get("faults"):
+        return "FAULT"
     if row["status"] != "completed":
         return row["status"].upper()
     return row["verdict"] or "ok"
@@ -121,15 +126,21 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
     capacity found, the notes, the folder."""
     points = doc["points"]
     kind = doc["kind"]
+    slo = doc.get("slo")
+    # with --slo, both of its figures under their own names (issue 33 A6): "all met", the share of requests meeting
+    # every limit together (the report's figure and its --fail-on-slo gate), and "result", each key's percentile
+    # against its limit (the sweep's verdict)
     head = ["conc." if kind == "concurrency" else "rate", "req/s", "good/s", "TTFT p50", "p99", "TPOT p50", "p99",
-            "ITL p99", "total p99", "result"]
+            "ITL p99", "total p99", *(["all met"] if slo else []), "result"]
     groups: dict[tuple[int, str | None, str], list[list[str]]] = {}
     for row in points:
         value = row["concurrency"] if kind == "concurrency" else row["rate"]
+        share = row.get("slo_fraction")
         groups.setdefault((row["gpus"], row.get("pd"), row["policy"]), []).append([
             f"{value:.4g}", _num(row["throughput_rps"]), _num(row["goodput_rps"]), _lat(row, "ttft", "p50"),
             _lat(row, "ttft", "p99"), _lat(row, "tpot", "p50"), _lat(row, "tpot", "p99"), _lat(row, "itl", "p99"),
-            _lat(row, "total", "p99"), _result(row)])
+            _lat(row, "total", "p99"), *([("-" if share is None else f"{share * 100:.1f}%")] if slo else []),
+            _result(row)])
     rows = [r for block in groups.values() for r in block]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = []
@@ -149,7 +160,6 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
         if multi:
             lines.append(f"  {setup_name(gpus, pd)}, policy {policy}:")
         lines += [fmt(r) for r in block]
-    slo = doc.get("slo")
     notes = ["latencies in ms (p50/p99 over ok requests, the report's definitions; their 95% intervals are in "
              "summary.csv and summary.json); req/s: ok requests per second of the point's window; "
              + ("good/s: requests meeting every --slo limit per second." if slo else "good/s needs --slo.")]
@@ -159,15 +169,25 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
                      "check uses them too; goodput (the report's, from arrival) is left out.")
     if slo:
         limits = ", ".join(f"{k} <= {_ms(v)} ms" for k, v in slo["limits_s"].items())
-        notes.append(f"result: the p{slo['percentile']:g} of each SLO key ({limits}) with its 95% bootstrap interval: "
-                     "met when the interval's upper end is within every limit, missed when a lower end is above one, "
-                     "else uncertain (a request that did not finish counts as a miss).")
+        notes.append(f"result (the sweep's SLO verdict): the p{slo['percentile']:g} of each SLO key ({limits}) with its "
+                     "95% bootstrap interval: met when the interval's upper end is within every limit, missed when a "
+                     "lower end is above one, else uncertain (a request that did not finish counts as a miss). all "
+                     "met: the share of the point's requests meeting every limit together, the report's \"fraction "
+                     "meeting all\", on which `tracebench report --slo ... --fail-on-slo` gates (it may be below "
+                     f"{slo['percentile']:g}% while each key alone is met).")
     if any(r["saturated"] for r in points):
         notes.append(f"saturated: the point was stopped as over-saturated (--saturation-window "
                      f"{doc['saturation_window_s']:g} s; docs/sweep.md): no latency is reported for it. First: "
                      + next(r["saturation"] for r in points if r["saturated"]))
+    faulted = [r for r in points if r.get("faults")]
+    if faulted:
+        notes.append("FAULT: a server went down, a request stalled or failed during the point: its figures measure "
+                     "the fault, not the rate, so it has no SLO verdict, and the sweep stops there (docs/sweep.md; "
+                     f"the reasons: summary.json points[].faults): {', '.join(r['point'] for r in faulted)}.")
     for note in notes:
         lines += _wrap(note)
+    if doc.get("error"):
+        lines += _wrap(f"! the sweep {doc['status']}: {doc['error']}", indent="")
     for warning in doc.get("warnings") or []:
         lines += _wrap("! " + warning, indent="")
     for entry in doc.get("capacity") or []:

@@ -28,6 +28,7 @@ import orjson
 
 from tracebench import __version__
 from tracebench.errors import ConfigError, Interrupted, RunFailed, RunInterrupted
+from tracebench.paths import portable_policy
 from tracebench.policies.registry import load_policy
 from tracebench.replay.client import SglangClient
 from tracebench.replay.run import ReplayConfig, SharedServers, launch_fleet, run_replay
@@ -36,7 +37,9 @@ from tracebench.replay.telemetry import parse_loads
 from tracebench.replay.saturation import RULE as SATURATION_RULE
 from tracebench.sweep.search import RULE as SEARCH_RULE
 from tracebench.sweep.search import RateSearch, SearchResult
-from tracebench.sweep.traces import refuse_closed_loop, trace_rate, write_point_trace
+from tracebench.replay.caps import parse_cap_schedule
+from tracebench.sweep.faults import PointFault, point_faults
+from tracebench.sweep.traces import rate_window, refuse_closed_loop, trace_rate, write_point_trace
 from tracebench.trace.format import load_trace, sha256_file
 
 SWEEP_FORMAT = 1
@@ -84,7 +87,7 @@ class Point:
 
 def _label(spec: str) -> str:
     """A policy spec as part of a folder name (policies/x.py:Cls -> policies_x.py_Cls)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", spec).strip("_.") or "policy"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", portable_policy(spec) or "").strip("_.") or "policy"
 
 
 def _fmt_value(value: float) -> str:
@@ -101,6 +104,8 @@ class Sweep:
         refuse_closed_loop(base.trace, self.requests)
         self.trace_sha = sha256_file(base.trace)
         self.source_rate = trace_rate(self.requests) if cfg.kind != "concurrency" else None
+        for rate in cfg.rates:  # a point that cannot be written is refused before any server starts
+            rate_window(self.requests, rate, cfg.point_duration)
         from tracebench.report.metrics import parse_slo  # the report's --slo syntax, the report's parser
 
         self.slo = parse_slo(cfg.slo_spec) if cfg.slo_spec is not None else None
@@ -126,10 +131,13 @@ class Sweep:
                 load_policy(policy, np.random.default_rng(0), dict(base.policy_options))
         for gpus, pd in self.setups:
             for policy in self.policies:
-                self._point_config(Point("check", "rate", 1.0, gpus, policy, pd), base.trace).resolve()
+                checked = self._point_config(Point("check", "rate", 1.0, gpus, policy, pd), base.trace).resolve()
+                if checked.cap_schedule:  # as the replay does before its folder: refused before the sweep's
+                    parse_cap_schedule(checked.cap_schedule, checked.num_servers, checked.time_speed)
         self.rows: list[dict[str, Any]] = []
         self.searches: list[dict[str, Any]] = []
         self.status = "running"
+        self.error: str | None = None
         self.servers: list[dict[str, Any]] | None = None
         self.t0 = time.monotonic()
 
@@ -254,13 +262,19 @@ class Sweep:
         if not_written is not None:  # a warning: the point is whole without it
             self.stderr.write(f"tracebench sweep: warning: {not_written}\n")
             self.stderr.flush()
-        return self._add_row(point, run_dir, wall, headline)
+        row = self._add_row(point, run_dir, wall, headline)
+        if row["faults"]:  # a server down, a stall, a failed request: not a capacity answer (sweep/faults.py)
+            raise PointFault(point.name, row["faults"])
+        return row
 
     def _add_row(self, point: Point, run_dir: Path, wall: float, headline: Any) -> dict[str, Any]:
         h = headline(run_dir, warmup=self.cfg.warmup, slo=self.slo, slo_percentile=self.cfg.slo_percentile,
                      bootstrap=self.cfg.bootstrap, seed=0, from_dispatch=point.kind == "concurrency")
         run_json = orjson.loads((run_dir / "run.json").read_bytes())
         row = point_row(point, h, run_json.get("saturation"), wall)
+        row["faults"] = point_faults(run_dir, run_json) or None
+        if row["faults"]:
+            row["verdict"] = "fault"  # never an SLO verdict
         row["trace"] = f"traces/{point.name}.jsonl"
         row["arrivals_s"] = run_json["trace"]["duration_s"]  # trace seconds from the first arrival to the last
         n = run_json["trace"]["num_requests"]
@@ -304,8 +318,9 @@ class Sweep:
             except (KeyboardInterrupt, RunInterrupted, Interrupted):  # Interrupted: in a point's columnar copy
                 self.status = "interrupted"
                 raise
-            except BaseException:
+            except BaseException as err:
                 self.status = "failed"
+                self.error = f"{type(err).__name__}: {err}"  # summary.json and the terminal say why
                 raise
             finally:
                 if fleet is not None:
@@ -315,8 +330,18 @@ class Sweep:
         except Interrupted as err:
             raise Interrupted(err.signum, f"{err}; the sweep folder {self.dir} keeps the points done") from None
         finally:
-            self.write_summary()
-            self._write_figure()
+            # the figure before the summary's last status: a summary that says `completed` has its figure (a sweep
+            # killed between the two said completed without it)
+            try:
+                self._write_figure()
+            except (KeyboardInterrupt, RunInterrupted, Interrupted):
+                self.status = "interrupted"
+                raise
+            except BaseException:
+                self.status = "failed"
+                raise
+            finally:
+                self.write_summary()
         return self.dir
 
     def _search(self, shared: SharedServers | None) -> None:
@@ -331,10 +356,19 @@ class Sweep:
                 else:
                     start = base_start * gpus / smallest
                 search = RateSearch(start, self.cfg.rate_tolerance, self.cfg.max_points)
-                entry: dict[str, Any] = {"gpus": gpus, "pd": pd, "policy": policy, "start_rate": start}
+                entry: dict[str, Any] = {"gpus": gpus, "pd": pd, "policy": portable_policy(policy), "start_rate": start}
                 self.searches.append(entry)
                 while (rate := search.next_rate()) is not None:
-                    row = self.run_point("rate", rate, gpus, policy, shared, pd)
+                    try:
+                        row = self.run_point("rate", rate, gpus, policy, shared, pd)
+                    except RunFailed as err:  # a fault (PointFault) or a run that could not go on: no answer
+                        from tracebench.sweep.output import setup_name
+
+                        entry.update(search.result().to_json())
+                        entry["points"].append({"rate": rate, "verdict": "fault"})
+                        entry["stopped"] = f"stopped by a fault at {_fmt_value(rate)} req/s, not a capacity answer: {err}"
+                        self.stderr.write(f"tracebench sweep: {setup_name(gpus, pd)}, policy {policy}: {entry['stopped']}\n")
+                        raise
                     verdict = row["verdict"]
                     search.record(rate, "missed" if verdict == "saturated" else verdict)
                     entry.update(search.result().to_json())
@@ -350,7 +384,8 @@ class Sweep:
 
     def summary(self) -> dict[str, Any]:
         cfg = self.cfg
-        dims: dict[str, Any] = {"gpus": [gpus for gpus, _ in self.setups], "policies": list(self.policies)}
+        dims: dict[str, Any] = {"gpus": [gpus for gpus, _ in self.setups],
+                                "policies": [portable_policy(p) for p in self.policies]}
         if cfg.pd:
             dims["pd"] = list(cfg.pd)
         if cfg.kind == "rate":
@@ -360,6 +395,15 @@ class Sweep:
         rules = {"saturation": SATURATION_RULE if cfg.base.saturation_window is not None else None,
                  "intervals": "95% percentile-bootstrap intervals of each point's own percentile "
                               f"({cfg.bootstrap} resamples, seed 0; report/headline.py); pooled ITL has none"}
+        if self.slo is not None:  # --slo's two figures, named (issue 33 A6)
+            rules.update({
+                "slo_verdict": f"each SLO key's p{cfg.slo_percentile:g} (its 95% bootstrap interval) against its limit: met "
+                           "when every upper end is within its limit, missed when a lower end is above one, else "
+                           "uncertain (report/headline.py); the capacity search's verdict",
+                "slo_fraction": "the share of kept requests meeting every limit together (a request that did not "
+                                "finish meets none): the report's 'fraction meeting all', which `tracebench report "
+                                "--fail-on-slo` compares with --slo-percentile",
+            })
         if cfg.kind == "capacity":
             rules["search"] = SEARCH_RULE
         options = cfg.base.to_json()
@@ -371,6 +415,7 @@ class Sweep:
             "name": self.name,
             "kind": cfg.kind,
             "status": self.status,
+            "error": self.error,
             "wall_s": time.monotonic() - self.t0,
             "trace": {"path": str(cfg.base.trace), "sha256": self.trace_sha, "num_requests": len(self.requests),
                       "rate": self.source_rate},
@@ -409,6 +454,20 @@ class Sweep:
             out.append(f"{_some(short)} had arrivals for less than the {needed:g} s the over-saturation rule needs "
                        f"(--saturation-window {window:g}): it could not judge them (their latencies then depend on "
                        "the trace's length)")
+        lagging = [row for row in self.rows if row.get("host_lag") and row["host_lag"]["over"]]
+        if lagging:
+            from tracebench.report.metrics.lag import LAG_BOUND
+
+            worst = max(lagging, key=lambda row: max(row["host_lag"]["shares"][k] or float("inf")
+                                                      for k in row["host_lag"]["over"]))
+            key = max(worst["host_lag"]["over"], key=lambda k: worst["host_lag"]["shares"][k] or float("inf"))
+            share = worst["host_lag"]["shares"][key]
+            speed = f"--speed {self.cfg.base.speed:g}" if self.cfg.base.speed is not None else "speed 1"
+            out.append(f"host lag: {_some([row['point'] for row in lagging])} had lag that could account for more than "
+                       f"the replay's bound of {LAG_BOUND:.0%} of a latency figure (worst: {worst['point']}, "
+                       f"{'inf' if share is None else f'{share:.0%}'} of {key}; points[].host_lag): their latencies "
+                       f"may be the host's, not the servers'; rerun the sweep at a lower speed than {speed} (a "
+                       "replay's --adapt-speed finds one this host holds) or on a quieter machine")
         if self.cfg.base.speed is not None and self.cfg.base.speed > 1 and self.rows:
             out.append(f"ITL at --speed {self.cfg.base.speed:g} is distorted (the stream's chunks come "
                        f"{self.cfg.base.speed:g} times closer and are read together): measure ITL at --speed 1")
@@ -454,7 +513,7 @@ def point_row(point: Point, h: Any, saturation: dict[str, Any] | None, wall: flo
         "concurrency": int(point.value) if point.kind == "concurrency" else None,
         "gpus": point.gpus,
         "pd": point.pd,
-        "policy": point.policy,
+        "policy": portable_policy(point.policy),
         "status": h.status,
         "saturated": saturated,
         "saturation": None if saturation is None else saturation.get("detail"),
@@ -470,8 +529,22 @@ def point_row(point: Point, h: Any, saturation: dict[str, Any] | None, wall: flo
         },
         "slo_check": slo_check or None,
         "verdict": verdict,
+        "host_lag": host_lag(h.lag),
         "wall_s": wall,
     }
+
+
+def host_lag(stats: Any) -> dict[str, Any] | None:
+    """A point's host lag as the replay's report judges it (report/metrics/lag.py): the share of TTFT and total
+    latency p50/p99 the host's lag (the simulators' and tracebench's own time) could account for, the bound, and
+    whether the point passed it (issue 33 A3: a sweep at --speed 10 had a point at 174% of TTFT p50, unsaid)."""
+    from tracebench.report.metrics.lag import LAG_BOUND
+
+    if stats is None:
+        return None
+    return {"shares": {k: _finite(v) for k, v in stats.shares.items()}, "bound": LAG_BOUND, "over": stats.over(),
+            "sim_lag_p50_s": stats.sim_p50, "sim_lag_p99_s": stats.sim_p99, "own_p50_s": stats.own_p50,
+            "own_p99_s": stats.own_p99}
 
 
 def _some(points: list[str]) -> str:
@@ -481,7 +554,8 @@ def _some(points: list[str]) -> str:
 def capacity_line(entry: dict[str, Any]) -> str:
     lo, hi = entry.get("max_rate"), entry.get("lowest_rate_not_met")
     if lo is None:
-        return f"no rate met the SLO (lowest tried {_fmt_value(hi)} req/s); {entry.get('stopped')}" if hi else "no point"
+        return (f"no rate met the SLO (lowest tried {_fmt_value(hi)} req/s); {entry.get('stopped')}" if hi
+                else f"no answer; {entry['stopped']}" if entry.get("stopped") else "no point")
     if hi is None:
         return f"every rate tried met the SLO, up to {_fmt_value(lo)} req/s; {entry.get('stopped')}"
     per = f", {_fmt_value(lo / entry['gpus'])} per server" if entry["gpus"] > 1 else ""
@@ -539,8 +613,12 @@ def run_sweep(cfg: SweepConfig, stdout: IO[str] = sys.stdout, stderr: IO[str] = 
     """Run the sweep; returns its folder. Every launched server is stopped whatever happens; the summary keeps the
     points that ran."""
     sweep = Sweep(cfg, stderr)
-    folder = sweep.run()
     from tracebench.sweep.output import terminal_summary
 
-    stdout.write(terminal_summary(sweep.summary(), str(folder)))
+    try:
+        folder = sweep.run()
+    finally:
+        if sweep.dir.exists():  # a sweep that failed shows what it did and why too (the error follows on stderr)
+            stdout.write(terminal_summary(sweep.summary(), str(sweep.dir)))
+            stdout.flush()
     return folder

@@ -27,6 +27,9 @@ MAX_REQUESTS = 50_000_000
 MAX_ARRIVAL_S = 1e9
 # Gamma gaps have shape k = 1/B^2: beyond B = 1000 (k = 1e-6) almost every gap is 0.0 and B^2 overflows near 1e154.
 MAX_BURSTINESS = 1000.0
+# Below B = 0.001 (k = 1e6) the gaps are constant to a part in a thousand (use --arrival constant), and B^2 underflows
+# to 0 near 1e-162 (`--burstiness 1e-300` divided by zero).
+MIN_BURSTINESS = 0.001
 
 
 def check_arrival(kind: str, rate: float, burstiness: float | None) -> None:
@@ -38,8 +41,9 @@ def check_arrival(kind: str, rate: float, burstiness: float | None) -> None:
     if kind == "gamma":
         if burstiness is None:
             raise ConfigError("--arrival gamma needs --burstiness (the CV of the gaps: 1 is Poisson, 4 is very bursty)")
-        if not (math.isfinite(burstiness) and 0 < burstiness <= MAX_BURSTINESS):
-            raise ConfigError(f"--burstiness must be a number > 0 and at most {MAX_BURSTINESS:g}, got {burstiness!r}")
+        if not (math.isfinite(burstiness) and MIN_BURSTINESS <= burstiness <= MAX_BURSTINESS):
+            raise ConfigError(f"--burstiness must be a number from {MIN_BURSTINESS:g} to {MAX_BURSTINESS:g} (below, use "
+                              f"--arrival constant), got {burstiness!r}")
     elif burstiness is not None:
         raise ConfigError(f"--burstiness only applies to --arrival gamma (got --arrival {kind})")
 

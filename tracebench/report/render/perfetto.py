@@ -26,7 +26,8 @@ Layout, per run:
 Times are integer microseconds on the run clock (simulated seconds for a run at --speed K, as every figure of the
 report): integers, so a part clamped into its request never ends a rounding error after it. A part whose stamps
 disagree by the clock skew between sglang's time.time() and tracebench's monotonic clock is clamped into its request
-and after the part before it (the record's exact stamps are in the slice's args).
+and after the part before it (the record's exact stamps are in the slice's args); prefill and decode, from sglang's
+own stamps, are clamped into the request only: a host part before them that runs past their start is cut there.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from tracebench.report.load import Run, read_beside, read_telemetry, run_file
 SERVER_PARTS = (("server queue", "server_received", "server_forward_entry"),
                 ("prefill", "server_forward_entry", "server_prefill_finished"),
                 ("decode", "server_prefill_finished", "server_finished"))
+EXACT_PARTS = frozenset({"prefill", "decode"})  # of SERVER_PARTS: drawn where sglang's stamps put them
 CLIENT_PARTS = (("to first token", "t_dispatch", "t_first_token"), ("decode", "t_first_token", "t_finish"))
 # before the dispatch, with the breakdown's stamps: tracebench's own steps
 # (BATCH_SENT: t_assigned + batch_wait_s, when its static batch was sent; = t_assigned in continuous mode)
@@ -71,6 +73,7 @@ def request_slices(rec: dict[str, Any]) -> list[tuple[str, int, int]]:
     name = f"req {rec['id']}" + ("" if rec["status"] == "ok" else f" ({rec['status']})")
     out = [(name, start, end)]
     parts: list[tuple[str, str, str]] = []
+    exact: frozenset[str] = frozenset()  # parts drawn from sglang's own stamps, which win over the host parts before
     if rec["t_dispatch"] is not None:
         breakdown = rec.get("t_written") is not None
         parts.extend(OWN_PARTS if breakdown else [("router wait", "t_arrival", "t_dispatch")])
@@ -80,6 +83,7 @@ def request_slices(rec: dict[str, Any]) -> list[tuple[str, int, int]]:
         if has_server and breakdown:
             parts.append(("sglang HTTP intake", "t_written", "server_received"))
         parts.extend(SERVER_PARTS if has_server else CLIENT_PARTS)
+        exact = EXACT_PARTS if has_server else frozenset()
         if has_server and breakdown:
             parts.append(("last chunk in", "server_finished", "t_last_chunk"))
     else:
@@ -89,6 +93,15 @@ def request_slices(rec: dict[str, Any]) -> list[tuple[str, int, int]]:
         if rec.get(a) is None or rec.get(b) is None:
             continue
         lo = min(max(_us(rec[a]), cursor), end)
+        if part in exact:
+            # prefill and decode come from the simulator's (sglang's) own stamps: a host part before them that ran
+            # past their start (a loaded host stamps t_written late) is cut back to it, not they dropped (issue 33
+            # item 19: on a loaded machine a request's prefill or decode was missing from its slice)
+            lo = min(max(_us(rec[a]), start, out[-1][2] if out[-1][0] in exact else start), end)
+            while len(out) > 1 and out[-1][0] not in exact and out[-1][1] >= lo:
+                out.pop()
+            if len(out) > 1 and out[-1][0] not in exact and out[-1][2] > lo:
+                out[-1] = (out[-1][0], out[-1][1], lo)
         hi = min(max(_us(rec[b]), lo), end)
         if hi > lo:  # a part that took no time (not queued) is not drawn
             out.append((part, lo, hi))
