@@ -285,6 +285,7 @@ def pooled_figure(runs: list[Result], key: tuple[str, str]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # the committed trace is reports/examples/sim4-routing/azure4.jsonl.xz: `xz -dk` it first
     ap.add_argument("--trace", type=Path, default=REPO / "reports/examples/sim4-routing/azure4.jsonl")
     ap.add_argument("--requests", type=int, default=None,
                     help="replay only the trace's first N requests (a quick check; no comparison with the real run)")

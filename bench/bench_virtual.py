@@ -1,6 +1,6 @@
 """How fast the virtual clock runs (issue #32, "Fast"): whole `tracebench replay --clock virtual` processes, timed.
 
-    .venv/bin/python bench/bench_virtual.py [--out DIR] [--big N] [--only NAME ...]
+    .venv/bin/python bench/bench_virtual.py [--out DIR (default reports/bench-virtual)] [--big N] [--only NAME ...]
 
 Cases (each trace generated first, not timed):
 - mooncake4:  a Mooncake-like workload (shared-prompt: 64 system prompts of 2,048 tokens by zipf popularity, ~700 more
@@ -52,7 +52,7 @@ def run(cmd: list[str]) -> tuple[float, int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("/tmp/bench-virtual"))
+    parser.add_argument("--out", type=Path, default=Path("reports/bench-virtual"))
     parser.add_argument("--big", type=int, default=200_000, help="requests of the big64 case")
     parser.add_argument("--only", nargs="*", default=None, choices=sorted(CASES))
     opts = parser.parse_args()

@@ -420,7 +420,7 @@ def test_a_fault_is_not_a_capacity_answer(sim_server, tmp_path: Path) -> None:
     assert search["stopped"].startswith("stopped by a fault at 20 req/s"), search
     assert "FAULT" in done.stdout and "! the sweep failed: PointFault" in done.stdout, done.stdout
     assert "a fault, not a capacity answer" in done.stderr
-    assert "capacity, 2 server(s), policy round_robin: no answer; stopped by a fault at 20 req/s" in done.stdout
+    assert "capacity, 2 servers, policy round_robin: no answer; stopped by a fault at 20 req/s" in done.stdout
 
 
 def test_a_point_whose_host_lag_passes_the_bound_is_said(tmp_path: Path) -> None:

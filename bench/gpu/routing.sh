@@ -8,7 +8,7 @@
 # arrivals at $RATE, $N requests).
 # Examples:
 #   GPUS=2 bash bench/gpu/routing.sh                                     # issue 6 (h200x2-routing)
-#   GPUS=4 TRACE=reports/examples/sim4-routing/azure4.jsonl POLICIES="round_robin sjf param_aware power_of_two" \
+#   xz -dk reports/examples/sim4-routing/azure4.jsonl.xz; GPUS=4 TRACE=reports/examples/sim4-routing/azure4.jsonl POLICIES="round_robin sjf param_aware power_of_two" \
 #     CAP_RUN=0 bash bench/gpu/routing.sh                                # issue 11 (h200x4-routing)
 source bench/gpu/common.sh
 GPUS=${GPUS:-2}; RATE=${RATE:-16}; N=${N:-720}; CAP=${CAP:-24}; TRACE=${TRACE:-}

@@ -51,7 +51,7 @@ class Histogram:
         lines = [f"{name}_sum{{{labels}}} {self.total!r}"]
         cum = 0
         buckets = _bucket_labels(labels, self.bounds)
-        for bucket, count in zip(buckets, self.counts):
+        for bucket, count in zip(buckets[:-1], self.counts):  # the last count is +Inf's: self.n says it
             cum += count
             lines.append(f"{name}_bucket{{{bucket}}} {float(cum)!r}")
         lines.append(f"{name}_bucket{{{buckets[-1]}}} {float(self.n)!r}")
