@@ -191,3 +191,28 @@ def test_virtual_timeout_and_no_stream(tmp_path: Path) -> None:
     assert {r["status"] for r in records} == {"ok"}
     assert all(r["t_first_token"] is None and r["itl_hist"] is None and r["t_headers"] == r["t_finish"]
                for r in records)
+
+
+def test_ctrl_c_stops_a_virtual_run_with_every_request_recorded(tmp_path: Path) -> None:
+    """The virtual loop still sees a signal (it looks at its wake-up pipe every few turns): SIGINT stops the run,
+    exit 130, each request recorded exactly once."""
+    import signal
+    import time
+
+    from conftest import tracebench_cmd
+
+    trace = _generate(tmp_path / "t.jsonl", "--rate", "40", "--num-requests", "20000", "--seed", "0")
+    proc = subprocess.Popen(tracebench_cmd("replay", str(trace), "--clock", "virtual", "--gpus", "2", "--run-name",
+                                           "stopped", "--out-dir", str(tmp_path), "--quiet"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "stopped" / "requests.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # requests are being recorded (20,000 take far longer than this)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    meta = json.loads((tmp_path / "stopped" / "run.json").read_text())
+    assert meta["status"] == "interrupted" and meta["counts"]["not_sent"] > 0
+    ids = [r["id"] for r in _records(tmp_path / "stopped")]
+    assert sorted(ids) == list(range(20000))
