@@ -411,6 +411,9 @@ class ProcessSender:
                                    "that the router had not cancelled")
             return answer
         except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                # its sender died first: that is how it ended
+                raise future.exception() from None  # type: ignore[misc]
             if not future.done() and worker.alive:
                 # the router ends it: the sender process cancels it and says what it stamped (was it sent?); an
                 # error that comes instead (its sender died meanwhile, a broken answer) is raised in its place
