@@ -79,6 +79,7 @@ def test_two_senders_record_what_one_does(tmp_path: Path) -> None:
         name = f"s{senders}"
         result = run_cli("replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", "20", "--port-base",
                          str(free_port(2)), "--policy", "round_robin", "--senders", str(senders), "--run-name", name,
+                         *(("--router-sends-under", "0") if senders > 1 else ()),
                          "--out-dir", str(tmp_path), "--quiet")
         assert result.returncode == 0, result.stderr
         runs[senders] = read_run(tmp_path / name)
@@ -86,6 +87,9 @@ def test_two_senders_record_what_one_does(tmp_path: Path) -> None:
     assert run1["senders"] == {"count": 1} and run1["options"]["senders"] == 1
     assert run2["senders"]["count"] == 2 and len(run2["senders"]["pids"]) == 2 and run2["senders"]["fault"] is None
     assert run2["options"]["senders"] == 2 and run2["status"] == "completed"
+    # --router-sends-under 0: every request went through a sender process, both of them used
+    assert run2["senders"]["carried_by_router"] == 0 and sum(run2["senders"]["carried_by_process"]) == n
+    assert min(run2["senders"]["carried_by_process"]) > 0
     for recs in (recs1, recs2):
         check_every_request_once(recs, n)
     one, two = ({r["id"]: r for r in recs} for recs in (recs1, recs2))
@@ -117,7 +121,7 @@ def test_a_killed_sender_process_is_a_fault_the_run_reports(tmp_path: Path) -> N
     # long answers (200-400 tokens at --speed 4: 0.5-1 s each) at 40 req/s: ~30 in flight when the sender dies
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=40 / 4, outputs=(200, 400))
     proc = start_replay(str(trace), "--backend", "sim", "--gpus", "2", "--speed", "4", "--port-base", str(free_port(2)),
-                        "--senders", "2", "--run-name", "k", "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path)
+                        "--senders", "2", "--router-sends-under", "0", "--run-name", "k", "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path)
     run = wait_running(tmp_path / "k", proc)
     pids = run["senders"]["pids"]
     wait_served([s["url"] for s in run["servers"]], 5)
@@ -142,7 +146,7 @@ def test_ctrl_c_with_senders_records_every_request_once(tmp_path: Path) -> None:
     n = 400
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=100 / 2, outputs=(32, 64))  # 100 req/s of run time
     proc = start_replay(str(trace), "--backend", "sim", "--gpus", "2", "--speed", "2", "--port-base", str(free_port(2)),
-                        "--senders", "2", "--run-name", "int", "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path)
+                        "--senders", "2", "--router-sends-under", "0", "--run-name", "int", "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path)
     run = wait_running(tmp_path / "int", proc)
     wait_served([s["url"] for s in run["servers"]], 21)
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the replay and its sender processes
@@ -165,7 +169,21 @@ def test_senders_refused_where_they_cannot_work(tmp_path: Path) -> None:
         (("--senders", "0"), "--senders must be from 1 to"),
         (("--senders", "2", "--clock", "virtual"), "--clock virtual needs --senders 1"),
         (("--senders", "2", "--pd", "1:1"), "PD runs need --senders 1"),
+        (("--router-sends-under", "0.01",), "--router-sends-under is for --senders N > 1"),
     ):
         result = run_cli("replay", str(trace), "--backend", "sim", *args, "--out-dir", str(tmp_path), "--quiet")
         assert result.returncode == 2, (args, result.stderr)
         assert why in result.stderr, result.stderr
+
+
+def test_the_router_hands_over_only_when_it_falls_behind() -> None:
+    from tracebench.replay.senders import Split
+
+    split = Split(0.001)
+    assert not any(split.hand_over(0.0003) for _ in range(1000))  # on time: it sends everything itself
+    # a few late ones (1 in 10) do not make it hand over
+    assert not any(split.hand_over(0.005 if i % 10 == 0 else 0.0003) for i in range(1000))
+    behind = [split.hand_over(0.005) for _ in range(200)]  # behind: it hands over, soon all
+    assert any(behind[:40]) and all(behind[100:])
+    back = [split.hand_over(0.0003) for _ in range(200)]  # on time again: it takes them back
+    assert not any(back[100:])

@@ -63,6 +63,7 @@ from tracebench.replay.tokens import InputIds, vocab_size_from_model
 from tracebench.trace.format import TraceHeader, TraceTable, load_trace_table
 
 RUN_FORMAT = 1
+ROUTER_SENDS_UNDER_S = 0.001  # --senders N > 1: see replay/senders.py, "the router sends what it can"
 STARTUP_TIMEOUT_S = {"sglang": 600.0, "sim": 30.0}
 PROBE_TIMEOUT_S = 30.0  # /server_info, /v1/loads at start; /model_info when a server may be down
 # Free space: the run folder's file system must hold at least every record at its smallest (all fields null) and the
@@ -127,6 +128,7 @@ class ReplayConfig:
     decode_policy_options: tuple[tuple[str, str], ...] = ()
     kv_link: str | None = None  # --backend sim --pd: a replay/kv_link.py preset or BANDWIDTH:LATENCY
     senders: int = 1  # processes that carry the requests (replay/senders.py); 1: the router's own (HttpSender)
+    router_sends_under: float = ROUTER_SENDS_UNDER_S  # --senders N > 1: the router carries a request itself when on time
 
     @property
     def is_pd(self) -> bool:
@@ -191,7 +193,8 @@ class ReplayConfig:
                 refuse(f"{name} must be a port in 1..65535, got {value}")
         if self.clock not in ("real", "virtual"):
             refuse(f"--clock must be real or virtual, got {self.clock!r}")
-        check_senders(self.senders, self.clock, self.is_pd)
+        check_senders(self.senders, self.clock, self.is_pd, self.router_sends_under,
+                      self.router_sends_under != ROUTER_SENDS_UNDER_S)
         if self.clock == "virtual":
             for name, key, why in (
                 ("--attach", "attach", "attached servers run in real time"),
@@ -307,12 +310,18 @@ class ReplayConfig:
         return out
 
 
-def check_senders(senders: int, clock: str, pd: bool) -> None:
+def check_senders(senders: int, clock: str, pd: bool, sends_under: float, sends_under_given: bool) -> None:
     """--senders N: 1..MAX_SENDERS; more than one only where requests go through the one HTTP sender (ConfigError)."""
+    import math
+
     from tracebench.replay.senders import MAX_SENDERS
 
     if not 1 <= senders <= MAX_SENDERS:
         raise ConfigError(f"--senders must be from 1 to {MAX_SENDERS}, got {senders}")
+    if not (math.isfinite(sends_under) and sends_under >= 0):
+        raise ConfigError(f"--router-sends-under must be >= 0 and finite, got {sends_under}")
+    if sends_under_given and senders == 1:
+        raise ConfigError("--router-sends-under is for --senders N > 1 (with one sender the router sends everything)")
     if senders > 1 and clock == "virtual":
         raise ConfigError("--senders: the virtual clock runs every request in its own process (--clock virtual "
                           "needs --senders 1)")
@@ -909,7 +918,7 @@ class Replay:
                 from tracebench.replay.senders import start_senders
 
                 self.senders = await start_senders(cfg.senders, self.trace_sha, self.vocab, self.header.block_size,  # type: ignore[arg-type]
-                                                   api, client, cfg.keepalive)
+                                                   api, client, cfg.keepalive, cfg.router_sends_under)
             if cfg.is_pd:
                 self.pd_metrics_before = await read_pd_metrics(client, [p.url for p in self.fleet.plans],
                                                                 PROBE_TIMEOUT_S)

@@ -88,11 +88,13 @@ class SenderSetup:
 
 
 async def start_senders(count: int, trace_sha: str, vocab: int, block_size: int | None, api: Api,
-                        client: SglangClient, keepalive: float) -> ProcessSender:
-    """Start `count` sender processes speaking like `client` (its API, streaming, timeout) with its keep-alive."""
+                        client: SglangClient, keepalive: float, sends_under: float) -> ProcessSender:
+    """Start `count` sender processes speaking like `client` (its API, streaming, timeout) with its keep-alive; the
+    router sends a request itself through `client` when its own time so far is under `sends_under` (0: never)."""
     setup = SenderSetup(trace_sha, vocab, block_size, api.name, api.cache_reported, client.stream,
                         client.request_timeout, client.timeout_reason, keepalive)
-    sender = ProcessSender(count, setup, api, client.stream)
+    local = HttpSender(client, InputIds(trace_sha, vocab, block_size)) if sends_under > 0 else None
+    sender = ProcessSender(count, setup, api, client.stream, local, sends_under)
     try:
         await sender.start()
     except BaseException:
@@ -235,6 +237,7 @@ class _SenderLoop:
         finally:
             self.tasks.pop(rid, None)
         self._post(("done", rid, _stamps(rec), answer.status, answer.error, answer.meta, answer.connection_lost))
+        self._flush()  # at once (the router writes the record when it comes)
 
     async def _progress_ticks(self) -> None:
         """Every PROGRESS_PERIOD_S: the requests whose stream moved since the last report (their last progress and
@@ -265,6 +268,45 @@ class _SenderLoop:
                 self.stopped.set()
 
 
+SPLIT_ALPHA = 0.05  # the share of late requests is a moving average over the last ~20 requests
+SPLIT_LATE = 0.25  # the router hands requests over while more than this share of them is late
+SPLIT_GAIN = 0.05  # how fast the share handed over follows (from none to all in ~20 requests when all are late)
+
+
+class Split:
+    """Which requests the router hands to the sender processes. A request is late when tracebench's own time on it
+    up to the hand-over (`own_so_far`) is above `target` seconds; while more than SPLIT_LATE of the recent ones are
+    (a moving average), the share handed over grows, else it shrinks; it is applied deterministically (every
+    1/share-th request, no random draw). An idle router hands nothing over (the hop to another process costs more
+    than it saves: docs/overhead.md); one that falls behind hands over as much as it takes to keep three quarters of
+    its requests on time."""
+
+    __slots__ = ("target", "late", "share", "_due")
+
+    def __init__(self, target: float) -> None:
+        self.target = target
+        self.late = 0.0
+        self.share = 0.0
+        self._due = 0.0
+
+    def hand_over(self, own: float) -> bool:
+        self.late += SPLIT_ALPHA * ((own > self.target) - self.late)
+        self.share = min(1.0, max(0.0, self.share + SPLIT_GAIN * (self.late - SPLIT_LATE) / SPLIT_LATE))
+        self._due += self.share
+        if self._due >= 1.0:
+            self._due -= 1.0
+            return True
+        return False
+
+
+def own_so_far(rec: RequestRecord, now: float) -> float:
+    """tracebench's own time on `rec` until `now`: since its arrival, less the waits the run asked for (the client
+    gate's, the wait for a free slot, the wait for a static batch), as keepup.py counts the own time before the wire."""
+    gate = rec.t_admitted - rec.t_released if rec.t_admitted is not None and rec.t_released is not None else 0.0
+    waits = gate + (rec.slot_wait_s or 0.0) + (rec.batch_wait_s or 0.0)
+    return now - rec.t_arrival - waits
+
+
 def _stamps(rec: RequestRecord) -> tuple[Any, ...]:
     return tuple(getattr(rec, name) for name in STAMP_FIELDS)
 
@@ -283,7 +325,7 @@ class _Pending:
 class _Worker:
     """One sender process as the router sees it."""
 
-    __slots__ = ("index", "process", "conn", "pid", "in_flight", "outbox", "alive", "reported", "ready")
+    __slots__ = ("index", "process", "conn", "pid", "in_flight", "carried", "outbox", "alive", "reported", "ready")
 
     def __init__(self, index: int, process: Any, conn: Connection) -> None:
         self.index = index
@@ -291,6 +333,7 @@ class _Worker:
         self.conn = conn
         self.pid: int = process.pid
         self.in_flight = 0
+        self.carried = 0  # requests handed to it
         self.outbox: list[tuple[Any, ...]] = []
         self.alive = True  # its pipe is open: assignments may go to it
         self.reported = False  # its exit was seen (_died)
@@ -300,15 +343,23 @@ class _Worker:
 class ProcessSender:
     """The router's Sender when the work of the requests runs in N sender processes (module docstring)."""
 
-    prepares_ahead = False  # the sender process builds the body when the assignment reaches it
-
-    def __init__(self, count: int, setup: SenderSetup, api: Api, stream: bool) -> None:
+    def __init__(self, count: int, setup: SenderSetup, api: Api, stream: bool, local: HttpSender | None = None,
+                 sends_under: float = 0.0) -> None:
+        """`local`: the router's own HttpSender, which carries a request itself when the request's own time so far
+        (own_so_far) is under `sends_under` run seconds (module docstring, "the router sends what it can"); None or
+        0.0: every request goes through a sender process."""
         if not 1 <= count <= MAX_SENDERS:
             raise ValueError(f"sender processes: 1..{MAX_SENDERS}, got {count}")
         self.count = count
         self.setup = setup
         self.api = api
         self.stream = stream
+        self.local = local if sends_under > 0 else None
+        self.sends_under = sends_under
+        # the body of the next arrival is made ahead (as with one process) only where the router may send it itself
+        self.prepares_ahead = self.local is not None
+        self.carried_here = 0  # requests the router carried itself
+        self.split = Split(sends_under)
         self.workers: list[_Worker] = []
         self._pending: dict[int, _Pending] = {}
         self._flush_handle: asyncio.Handle | None = None
@@ -355,6 +406,10 @@ class ProcessSender:
             "transport": "multiprocessing pipes (spawned processes), pickled message lists",
             "clock": "CLOCK_MONOTONIC of this host, shared: stamps are time.monotonic() - the run clock's mono_start",
             "progress_period_s": PROGRESS_PERIOD_S,
+            # the router carries a request itself when its own time so far is under this (0: never)
+            "router_sends_under_s": self.sends_under if self.local is not None else 0.0,
+            "carried_by_router": self.carried_here,
+            "carried_by_process": [w.carried for w in self.workers],
             "fault": None if self.fault is None else str(self.fault),
         }
 
@@ -385,15 +440,19 @@ class ProcessSender:
 
     # ---- the Sender contract ----
 
-    def prepare_body(self, request: TraceRequest) -> None:  # the sender process builds it
-        return None
+    def prepare_body(self, request: TraceRequest) -> None:
+        if self.local is not None:
+            self.local.prepare_body(request)
 
     async def exchange(self, rec: RequestRecord, server: Any, flight: Progress, blocks: tuple[int, ...] | None,
                        now: Callable[[], float]) -> Answer:
-        """Hand `rec` to the sender process with the fewest requests in flight and wait for its answer; its stamps
-        are set on `rec` when it comes."""
+        """Carry `rec` here if the router is on time for it (`sends_under`), else hand it to the sender process with
+        the fewest requests in flight and wait for its answer; its stamps are set on `rec` when it comes."""
         if self.fault is not None:
             raise self.fault
+        if self.local is not None and not self.split.hand_over(own_so_far(rec, now())):
+            self.carried_here += 1
+            return await self.local.exchange(rec, server, flight, blocks, now)
         alive = [w for w in self.workers if w.alive]
         if not alive:
             raise SenderDied("no sender process is left")
@@ -401,9 +460,9 @@ class ProcessSender:
         future: asyncio.Future[Answer | None] = self._loop.create_future()
         pending = self._pending[rec.id] = _Pending(rec, server, flight, worker, future)
         worker.in_flight += 1
+        worker.carried += 1
         worker.outbox.append(("go", rec.id, server.generate_url, rec.input_len, rec.output_len, blocks))
-        if self._flush_handle is None:
-            self._flush_handle = self._loop.call_soon(self._flush)
+        self._send(worker)  # at once: a wait for the loop's next turn was most of the hop (bench_senders.py)
         try:
             answer = await asyncio.shield(future)
             if answer is None:
@@ -507,10 +566,16 @@ class ProcessSender:
             return
         worker.reported = True
         self._forget(worker)
+        self._report_exit(worker, 0)
+
+    def _report_exit(self, worker: _Worker, tries: int) -> None:
         if self._closing:
             return
-        worker.process.join(0)  # it has exited: this only collects its exit code
+        worker.process.join(0)  # it has exited: this only collects its exit code...
         code = worker.process.exitcode
+        if code is None and tries < 100:  # ...once the kernel has it (its pipes close a moment before)
+            self._loop.call_later(0.01, self._report_exit, worker, tries + 1)
+            return
         how = ("exit code unknown" if code is None else
                f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
         err = SenderDied(f"sender process {worker.index} (pid {worker.pid}) died ({how}); its requests in flight "
