@@ -187,3 +187,9 @@ def test_the_router_hands_over_only_when_it_falls_behind() -> None:
     assert any(behind[:40]) and all(behind[100:])
     back = [split.hand_over(0.0003) for _ in range(200)]  # on time again: it takes them back
     assert not any(back[100:])
+    # behind, but no spare core on the host (every core busy): it keeps sending itself
+    split = Split(0.001)
+    split.idle_cores = 0.3
+    assert not any(split.hand_over(0.005) for _ in range(200))
+    split.idle_cores = 4.0
+    assert all([split.hand_over(0.005) for _ in range(200)][100:])

@@ -268,35 +268,69 @@ class _SenderLoop:
                 self.stopped.set()
 
 
-SPLIT_ALPHA = 0.05  # the share of late requests is a moving average over the last ~20 requests
-SPLIT_LATE = 0.25  # the router hands requests over while more than this share of them is late
-SPLIT_GAIN = 0.05  # how fast the share handed over follows (from none to all in ~20 requests when all are late)
+SPLIT_ALPHA = 0.05  # the share of late requests: a moving average over the last ~20 requests
+SPLIT_LATE = 0.25  # the router is behind while more than this share of the requests is late at the hand-over
+SPLIT_GAIN = 0.05  # how fast the share handed over moves (from none to all in ~20 requests)
+SPARE_CORES = 1.0  # idle cores (over the last IDLE_PERIOD_S) below which a sender process has no core to run on
+IDLE_PERIOD_S = 0.25
 
 
 class Split:
-    """Which requests the router hands to the sender processes. A request is late when tracebench's own time on it
-    up to the hand-over (`own_so_far`) is above `target` seconds; while more than SPLIT_LATE of the recent ones are
-    (a moving average), the share handed over grows, else it shrinks; it is applied deterministically (every
-    1/share-th request, no random draw). An idle router hands nothing over (the hop to another process costs more
-    than it saves: docs/overhead.md); one that falls behind hands over as much as it takes to keep three quarters of
-    its requests on time."""
+    """Which requests the router hands to the sender processes; the rest it sends itself (HttpSender).
 
-    __slots__ = ("target", "late", "share", "_due")
+    A request is late when tracebench's own time on it up to the hand-over (`own_so_far`) is above `target` seconds.
+    While the router is behind (more than SPLIT_LATE of the recent requests late, a moving average) and the host has
+    a spare core (`idle_cores`, measured by the caller: more than SPARE_CORES idle), the share handed over grows;
+    otherwise it shrinks. So an idle router hands nothing over (a hop to another process costs more than it saves:
+    docs/overhead.md), and a router behind on a host whose cores are all busy keeps sending itself: there a sender
+    process would only wait for a core, and take it from the router and the servers. The share is applied
+    deterministically (every 1/share-th request, no random draw)."""
+
+    __slots__ = ("target", "late", "share", "_due", "idle_cores")
 
     def __init__(self, target: float) -> None:
         self.target = target
         self.late = 0.0
         self.share = 0.0
         self._due = 0.0
+        self.idle_cores: float | None = None  # the host's idle cores lately (None: not measured, taken as spare)
 
     def hand_over(self, own: float) -> bool:
+        """Whether the request whose own time so far is `own` goes to a sender process."""
         self.late += SPLIT_ALPHA * ((own > self.target) - self.late)
-        self.share = min(1.0, max(0.0, self.share + SPLIT_GAIN * (self.late - SPLIT_LATE) / SPLIT_LATE))
+        spare = self.idle_cores is None or self.idle_cores > SPARE_CORES
+        step = SPLIT_GAIN if self.late > SPLIT_LATE and spare else -SPLIT_GAIN
+        self.share = min(1.0, max(0.0, self.share + step))
         self._due += self.share
         if self._due >= 1.0:
             self._due -= 1.0
             return True
         return False
+
+
+class IdleCores:
+    """The host's idle cores over the last interval, from /proc/stat (Linux; None elsewhere: not measured)."""
+
+    def __init__(self) -> None:
+        self._last = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int] | None:
+        """(idle + iowait jiffies, all jiffies) summed over the cores, or None without /proc/stat."""
+        try:
+            with open("/proc/stat", "rb") as fh:  # a procfs read: no disk, never blocks
+                fields = fh.readline().split()
+        except FileNotFoundError:
+            return None
+        ticks = [int(v) for v in fields[1:]]
+        return ticks[3] + ticks[4], sum(ticks[:8])  # user..steal (guest time is counted in user already)
+
+    def sample(self, cores: int) -> float | None:
+        now = self._read()
+        last, self._last = self._last, now
+        if now is None or last is None or now[1] <= last[1]:
+            return None
+        return cores * (now[0] - last[0]) / (now[1] - last[1])
 
 
 def own_so_far(rec: RequestRecord, now: float) -> float:
@@ -360,6 +394,7 @@ class ProcessSender:
         self.prepares_ahead = self.local is not None
         self.carried_here = 0  # requests the router carried itself
         self.split = Split(sends_under)
+        self._idle_task: asyncio.Task[None] | None = None
         self.workers: list[_Worker] = []
         self._pending: dict[int, _Pending] = {}
         self._flush_handle: asyncio.Handle | None = None
@@ -385,12 +420,22 @@ class ProcessSender:
             self.workers.append(worker)
             loop.add_reader(mine.fileno(), self._readable, worker)
             loop.add_reader(process.sentinel, self._died, worker)
+        if self.local is not None:
+            self._idle_task = loop.create_task(self._watch_idle())
         try:
             await asyncio.wait_for(asyncio.gather(*(w.ready for w in self.workers if w.ready is not None)),
                                    START_TIMEOUT_S)
         except asyncio.TimeoutError:
             late = [w.index for w in self.workers if w.ready is not None and not w.ready.done()]
             raise SenderDied(f"sender process(es) {late} not ready within {START_TIMEOUT_S:g} s") from None
+
+    async def _watch_idle(self) -> None:
+        """The host's idle cores every IDLE_PERIOD_S, for the split (a spare core or not)."""
+        idle = IdleCores()
+        cores = os.cpu_count() or 1
+        while True:
+            await asyncio.sleep(IDLE_PERIOD_S)
+            self.split.idle_cores = idle.sample(cores)
 
     def use_clock(self, mono_start: float, wall_start: float) -> None:
         """The run clock started: every sender process stamps on it from now on (sent before any assignment)."""
@@ -408,6 +453,7 @@ class ProcessSender:
             "progress_period_s": PROGRESS_PERIOD_S,
             # the router carries a request itself when its own time so far is under this (0: never)
             "router_sends_under_s": self.sends_under if self.local is not None else 0.0,
+            "spare_cores_needed": SPARE_CORES if self.local is not None else None,
             "carried_by_router": self.carried_here,
             "carried_by_process": [w.carried for w in self.workers],
             "fault": None if self.fault is None else str(self.fault),
@@ -416,6 +462,9 @@ class ProcessSender:
     async def close(self) -> None:
         """Tell every sender process to stop and wait for it (killed after STOP_TIMEOUT_S)."""
         self._closing = True
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            await asyncio.wait([self._idle_task])
         for worker in self.workers:
             if worker.alive:
                 worker.outbox.append(("stop",))
@@ -453,6 +502,10 @@ class ProcessSender:
         if self.local is not None and not self.split.hand_over(own_so_far(rec, now())):
             self.carried_here += 1
             return await self.local.exchange(rec, server, flight, blocks, now)
+        return await self._hand_over(rec, server, flight, blocks)
+
+    async def _hand_over(self, rec: RequestRecord, server: Any, flight: Progress,
+                         blocks: tuple[int, ...] | None) -> Answer:
         alive = [w for w in self.workers if w.alive]
         if not alive:
             raise SenderDied("no sender process is left")
