@@ -1,35 +1,42 @@
-"""Parallel senders on one host (`--senders N`, N > 1): the per-request work that decides nothing runs in N sender
-processes, the router stays one.
+"""Parallel senders on one host (`--senders N`, N > 1): the per-request work that decides nothing can run in N
+sender processes; the router stays one.
 
 The router process keeps the queue, the policies, caps, every decision and the records (router.py); `ProcessSender`
-is its `Sender` (flight.py). For each dispatched request it hands the assignment (request id, the server's URL,
-input_len / output_len / prefix blocks) to one sender process, the one with the fewest requests in flight. That
-process rebuilds the body itself (`InputIds`: the same trace sha256, vocabulary and block size give the same ids),
-writes it, reads the stream and parses the answer with today's `HttpSender` in its own asyncio loop and aiohttp
-session, and sends back the stamps (t_built, t_dispatch, t_written, t_headers, t_first_token, t_last_chunk, t_finish,
-the inter-token gaps) with the final Answer. The router then reads the answer into the record, checks it and writes
-it, once, as with one process.
+is its `Sender` (flight.py). A request handed over goes (request id, the server's URL, input_len / output_len /
+prefix blocks) to the sender process with the fewest requests in flight. That process rebuilds the body itself
+(`InputIds`: the same trace sha256, vocabulary and block size give the same ids), writes it, reads the stream and
+parses the answer with today's `HttpSender` in its own asyncio loop and aiohttp session, and sends back the stamps
+(t_built, t_dispatch, t_written, t_headers, t_first_token, t_last_chunk, t_finish, the inter-token gaps) with the
+final Answer. The router reads the answer into the record, checks it and writes it, once, as with one process.
+
+The router sends what it can (`Split`): a hop to another process costs a wake-up there, ~0.05 ms on an idle core and
+0.5-1.5 ms on a host whose cores are all busy (bench/bench_senders.py on 2 shared cores); the work it saves the
+router is ~0.2-0.3 ms a request. So the router keeps sending requests itself (HttpSender, its own session) while it
+keeps up, and hands a growing share over only while it is behind (more than a quarter of the recent requests late
+by --router-sends-under, 1 ms by default) and the host has a spare core (/proc/stat). `--router-sends-under 0` hands
+every request over. run.json `senders` counts who carried how many.
 
 Transport: a `multiprocessing` duplex pipe per sender process (spawned, not forked: the router's loop and threads are
-never copied), pickled lists of messages, one `send` per loop turn and direction (a burst of dispatches is one
-write). Router -> sender: ("go", id, url, input_len, output_len, blocks), ("cancel", id), ("stop",). Sender ->
-router: ("ready", pid), ("progress", [(id, t_progress, t_first_token), ...]) every PROGRESS_PERIOD_S for the
-requests whose stream moved (the watchdog's input), ("done", id, stamps, status, error, meta, connection_lost),
-("raised", id, stamps, error type, message) for an answer that broke the contract (ServerProtocolError: the run
-stops, as with one process), ("cancelled", id, stamps).
+never copied), pickled lists of messages. Router -> sender: ("clock", mono_start, wall_start), ("go", id, url,
+input_len, output_len, blocks), ("cancel", id), ("stop",). Sender -> router: ("ready", pid), ("progress", [(id,
+t_progress, t_first_token), ...]) every PROGRESS_PERIOD_S for the requests whose stream moved (the watchdog's input),
+("done", id, stamps, status, error, meta, connection_lost), ("raised", id, stamps, error type, message) for an answer
+that broke the contract (ServerProtocolError: the run stops, as with one process), ("cancelled", id, stamps). A send
+is a write of a few hundred bytes into a socket pair whose buffer the other side empties as its loop turns.
 
 One clock: on one host CLOCK_MONOTONIC is the same clock in every process, so each sender process stamps with
-`time.monotonic() - mono_start` of the router's RunClock (and converts nothing: sglang's wall-clock stamps stay in
-meta_info and the router converts them with its `wall_start`). A stamp taken in a sender process is therefore on the
-run's one clock, as exact as one taken in the router; only progress reaches the router's watchdog up to
-PROGRESS_PERIOD_S late (its bounds are seconds).
+`time.monotonic() - mono_start` of the router's RunClock (sent to it when the run clock starts, before any request);
+it converts nothing: sglang's wall-clock stamps stay in meta_info and the router converts them with its
+`wall_start`. A stamp taken in a sender process is therefore on the run's one clock, as exact as one taken in the
+router; only progress reaches the router's watchdog up to PROGRESS_PERIOD_S late (its bounds are seconds).
 
 A sender process that dies (killed, out of memory) is a fault of tracebench itself, not of the servers: its requests
 in flight end as `error` ("SenderDied: sender process k (pid p) died: ..."), and the run stops, status failed (the
 rest are recorded cancelled / not_sent, as for any run that stops). Continuing would measure a load that lost part
 of its requests for a reason outside the system under test. Cancelling (Ctrl-C, a saturation stop, the watchdog)
 asks the sender process to cancel the request and waits for its stamps, so a cancelled record says truly whether
-the request went out (`t_dispatch`).
+the request went out (`t_dispatch`). Sender processes ignore SIGINT and SIGTERM (the router decides how the run
+ends and tells them) and end when their pipe closes.
 """
 
 from __future__ import annotations
@@ -397,7 +404,6 @@ class ProcessSender:
         self._idle_task: asyncio.Task[None] | None = None
         self.workers: list[_Worker] = []
         self._pending: dict[int, _Pending] = {}
-        self._flush_handle: asyncio.Handle | None = None
         self._closing = False
         # the run's failure handler (router.fail), told at once when a sender process dies
         self.on_fault: Callable[[BaseException], None] | None = None
@@ -538,12 +544,6 @@ class ProcessSender:
                 pending.worker.in_flight -= 1
 
     # ---- the pipes ----
-
-    def _flush(self) -> None:
-        self._flush_handle = None
-        for worker in self.workers:
-            if worker.outbox:
-                self._send(worker)
 
     def _send(self, worker: _Worker) -> None:
         out, worker.outbox = worker.outbox, []
