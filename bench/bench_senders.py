@@ -14,7 +14,9 @@ by default, so the servers are not the bottleneck), round robin, uncapped. The s
 at each rate (and each repeat), so they share the machine's load of that moment; with `--repeat` > 1 the medians
 decide. Everything shares this machine's CPUs: the figures are for the machine and the load they were taken on
 (the load average is printed before and after). The last lines compare 2 senders with 1 at every rate (the issue's
-acceptance on 2 cores: never slower).
+acceptance on 2 cores: never slower), beside the spread of the 1-sender runs themselves (the noise of the machine).
+The router hands requests to its sender processes only while it falls behind and the host has a spare core
+(docs/replay.md, "Parallel senders"); the `handed` column says how many it did.
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ def figures(run_dir: Path) -> dict[str, float]:
     own = np.array([r["t_written"] - r["t_arrival"] for r in records if r["t_written"] is not None]) * 1e3
     lag50, lag99 = np.percentile(lag, [50, 99]) if lag.size else (np.nan, np.nan)
     own50, own99 = np.percentile(own, [50, 99]) if own.size else (np.nan, np.nan)
+    senders = json.loads((run_dir / "run.json").read_text())["senders"]
+    handed = sum(senders.get("carried_by_process", [])) / max(len(records), 1)
     return {"lag50": float(lag50), "lag99": float(lag99), "own50": float(own50), "own99": float(own99),
-            "ok": sum(r["status"] == "ok" for r in records), "n": len(records)}
+            "ok": sum(r["status"] == "ok" for r in records), "n": len(records), "handed": handed}
 
 
 COLUMNS = ("lag50", "lag99", "own50", "own99")
@@ -64,7 +68,7 @@ COLUMNS = ("lag50", "lag99", "own50", "own99")
 
 def line(rate: float, senders: int, f: dict[str, float], note: str = "") -> str:
     return (f"{rate:8.0f} {senders:8d} " + " ".join(f"{f[c]:9.3f}" for c in COLUMNS)
-            + f" {f['ok']:7.0f}/{f['n']:<7.0f}{note}")
+            + f" {f['ok']:7.0f}/{f['n']:<7.0f} {f['handed']:7.0%}{note}")
 
 
 def main() -> None:
@@ -79,7 +83,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs per point; the medians decide")
     parser.add_argument("--goal-ms", type=float, default=GOAL_MS,
                         help="the bound on release lag p99 and own time p50 (the GPU host's goal: 2 ms at the p99)")
-    parser.add_argument("--replay-args", default="", help="more `tracebench replay` arguments, split like a shell")
+    parser.add_argument("--replay-args", default="", help="more `tracebench replay` arguments, split like a shell, "
+                        "e.g. '--router-sends-under 0' (every request through the sender processes)")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     counts = [int(s) for s in args.senders.split(",")]
@@ -90,8 +95,10 @@ def main() -> None:
           f"of Poisson arrivals of {args.input_len} / {args.output_len}-token requests per point; run folders in {work}")
     print(f"load average before: {os.getloadavg()[0]:.2f} (1 min)")
     print(f"{'rate':>8} {'senders':>8} " + " ".join(f"{h:>9}" for h in ("lag p50", "lag p99", "own p50", "own p99"))
-          + "      ok/n   (ms; lag = t_released - t_arrival, own = t_written - t_arrival)")
+          + "      ok/n     handed   (ms; lag = t_released - t_arrival, own = t_written - t_arrival; handed: "
+          "the share of requests the router handed to sender processes, run.json senders)")
     medians: dict[tuple[float, int], dict[str, float]] = {}
+    spreads: dict[float, list[dict[str, float]]] = {}  # the 1-sender runs of each rate
     try:
         for rate in rates:
             trace = work / f"trace-{rate:g}.jsonl"
@@ -110,6 +117,7 @@ def main() -> None:
                         raise SystemExit(f"replay at {rate:g} req/s with {senders} sender(s) failed:\n{result.stderr}")
                     points[senders].append(figures(work / name))
                     print(line(rate, senders, points[senders][-1]), flush=True)
+            spreads[rate] = points.get(1, [])
             for senders in counts:
                 runs = points[senders]
                 med = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
@@ -130,11 +138,18 @@ def main() -> None:
         print(f"--senders {senders}: highest rate with release lag p99 < {goal:g} ms and own time p50 < {goal:g} ms: "
               f"{verdict}")
     if 1 in counts and 2 in counts:
-        print("2 senders against 1 (medians; + = 2 senders slower):")
+        print("2 senders against 1 (medians; + = 2 senders slower; [the 1-sender runs' own spread, min..max])")
         for rate in rates:
             one, two = medians[rate, 1], medians[rate, 2]
-            print(f"  {rate:6.0f} req/s: release lag p99 {two['lag99'] - one['lag99']:+.3f} ms, "
-                  f"own time p50 {two['own50'] - one['own50']:+.3f} ms, own time p99 {two['own99'] - one['own99']:+.3f} ms")
+            runs = spreads[rate]
+
+            def spread(key: str) -> str:
+                return f"[{min(r[key] for r in runs):.3f}..{max(r[key] for r in runs):.3f}]"
+
+            print(f"  {rate:6.0f} req/s: release lag p99 {two['lag99'] - one['lag99']:+.3f} ms {spread('lag99')}, "
+                  f"own time p50 {two['own50'] - one['own50']:+.3f} ms {spread('own50')}, "
+                  f"own time p99 {two['own99'] - one['own99']:+.3f} ms {spread('own99')}, "
+                  f"handed over {two['handed']:.0%}")
 
 
 if __name__ == "__main__":

@@ -160,6 +160,7 @@ class _SenderLoop:
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.stopped = asyncio.Event()
+        self.busy = asyncio.Event()  # requests are in flight here (the progress reports run)
         api = APIS[setup.api]()
         api.cache_reported = setup.cache_reported
         client = SglangClient(setup.request_timeout, setup.stream, setup.timeout_reason, api=api,
@@ -216,6 +217,7 @@ class _SenderLoop:
                 task = self.loop.create_task(coro)
             if not task.done():
                 self.tasks[rid] = (task, rec, flight)
+                self.busy.set()
         elif kind == "cancel":
             entry = self.tasks.get(msg[1])
             if entry is not None:
@@ -251,6 +253,9 @@ class _SenderLoop:
         first token), so that the router's watchdog sees them alive."""
         reported: dict[int, float] = {}
         while True:
+            if not self.tasks:  # an idle sender process does not wake up (its host's cores may be busy)
+                self.busy.clear()
+                await self.busy.wait()
             await asyncio.sleep(PROGRESS_PERIOD_S)
             tasks = self.tasks
             moved = [(rid, flight.t_progress, rec.t_first_token) for rid, (_, rec, flight) in tasks.items()
