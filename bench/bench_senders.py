@@ -6,7 +6,8 @@ the highest rate at which release lag p99 < 1 ms and own time p50 < 1 ms (issue 
     .venv/bin/python bench/bench_senders.py                                   # this machine (2 cores: 2 sim-servers)
     .venv/bin/python bench/bench_senders.py --rates 200,400 --senders 1,2 --repeat 3
     # a many-core machine (the GPU host's CPUs; sim-servers need no GPU), issue 34's goal:
-    .venv/bin/python bench/bench_senders.py --servers 32 --rates 500,1000,2000,4000 --senders 1,2,4,8 --goal-ms 2
+    .venv/bin/python bench/bench_senders.py --servers 32 --rates 500,1000,2000,4000 --senders 1,2,4,8 --goal-ms 2 \
+        --own-quantile 99
 
 Each point is one `tracebench replay --attach ...` (a real process, as a user runs it) of a Poisson trace of 128 /
 16-token requests (`--input-len`, `--output-len`) against sim-servers started once for the whole bench (`--speed 50`
@@ -82,7 +83,9 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=1, help="runs per point; the medians decide")
     parser.add_argument("--goal-ms", type=float, default=GOAL_MS,
-                        help="the bound on release lag p99 and own time p50 (the GPU host's goal: 2 ms at the p99)")
+                        help="the bound on release lag p99 and on own time (the GPU host's goal: 2 ms)")
+    parser.add_argument("--own-quantile", type=int, choices=(50, 99), default=50,
+                        help="the own time's quantile held to the bound (the GPU host's goal: 99)")
     parser.add_argument("--replay-args", default="", help="more `tracebench replay` arguments, split like a shell, "
                         "e.g. '--router-sends-under 0' (every request through the sender processes)")
     args = parser.parse_args()
@@ -130,12 +133,12 @@ def main() -> None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=10)
     print(f"load average after: {os.getloadavg()[0]:.2f} (1 min)")
-    goal = args.goal_ms
+    goal, q = args.goal_ms, args.own_quantile
     for senders in counts:
-        kept = [rate for rate in rates if (f := medians[rate, senders])["lag99"] < goal and f["own50"] < goal
+        kept = [rate for rate in rates if (f := medians[rate, senders])["lag99"] < goal and f[f"own{q}"] < goal
                 and f["ok"] == f["n"]]
         verdict = "none of the rates tried" if not kept else f"{max(kept):g} req/s"
-        print(f"--senders {senders}: highest rate with release lag p99 < {goal:g} ms and own time p50 < {goal:g} ms: "
+        print(f"--senders {senders}: highest rate with release lag p99 < {goal:g} ms and own time p{q} < {goal:g} ms: "
               f"{verdict}")
     if 1 in counts and 2 in counts:
         print("2 senders against 1 (medians; + = 2 senders slower; [the 1-sender runs' own spread, min..max])")
