@@ -156,7 +156,7 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
              "below the servers' own keep-alive (sglang's uvicorn closes an idle connection after 5 s, "
              "SGLANG_TIMEOUT_KEEP_ALIVE), or a request can be written into a connection the server is closing "
              "and fail (Connection reset by peer)."),
-    "senders": click.option("--senders", type=int, default=1, show_default=True, metavar="N",
+    "senders": click.option("--senders", type=INT, default=1, show_default=True, metavar="N",
         help="Processes that carry the requests. 1: the router's own process builds, writes and reads every "
              "request (enough up to a few hundred req/s: watch run.json client_keepup). N > 1: the router "
              "(queue, policy, caps, records) stays one process and hands each request to one of N sender "
