@@ -314,10 +314,11 @@ def check_senders(senders: int, clock: str, pd: bool, sends_under: float, sends_
     """--senders N: 1..MAX_SENDERS; more than one only where requests go through the one HTTP sender (ConfigError)."""
     import math
 
-    from tracebench.replay.senders import MAX_SENDERS
+    if senders != 1:  # (senders.py, with multiprocessing, is imported only by runs that use it)
+        from tracebench.replay.senders import MAX_SENDERS
 
-    if not 1 <= senders <= MAX_SENDERS:
-        raise ConfigError(f"--senders must be from 1 to {MAX_SENDERS}, got {senders}")
+        if not 1 <= senders <= MAX_SENDERS:
+            raise ConfigError(f"--senders must be from 1 to {MAX_SENDERS}, got {senders}")
     if not (math.isfinite(sends_under) and sends_under >= 0):
         raise ConfigError(f"--router-sends-under must be >= 0 and finite, got {sends_under}")
     if sends_under_given and senders == 1:
