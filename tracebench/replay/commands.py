@@ -156,6 +156,23 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
              "below the servers' own keep-alive (sglang's uvicorn closes an idle connection after 5 s, "
              "SGLANG_TIMEOUT_KEEP_ALIVE), or a request can be written into a connection the server is closing "
              "and fail (Connection reset by peer)."),
+    "senders": click.option("--senders", type=INT, default=1, show_default=True, metavar="N",
+        help="Processes that carry the requests. 1: the router's own process builds, writes and reads every "
+             "request (enough up to a few hundred req/s: watch run.json client_keepup). N > 1: the router "
+             "(queue, policy, caps, records) stays one process and hands each request to one of N sender "
+             "processes, each with its own event loop and connections, which build the body, send it, read the "
+             "stream and send the stamps back; every stamp stays on the run's one clock (this host's monotonic "
+             "clock). The router still sends a request itself while it keeps up (--router-sends-under). Useful "
+             "only with spare cores (about N + 1). A sender process that dies stops the run "
+             "(status failed; its requests in flight recorded as errors). Not with --clock virtual or PD "
+             "(docs/replay.md, \"Parallel senders\")."),
+    "router_sends_under": click.option("--router-sends-under", type=FINITE, default=0.001, show_default=True,
+        metavar="S",
+        help="--senders N > 1: the router still sends requests itself (no hand-over to a sender process) while it "
+             "keeps up: while no more than a quarter of the recent requests had more than S seconds of "
+             "tracebench's own time before the hand-over (since their arrival, less the waits the run asked "
+             "for); past that, a growing share goes to the sender processes. 0: every request goes through a "
+             "sender process. run.json senders counts who carried how many."),
     "metrics_interval": click.option("--metrics-interval", type=FINITE, default=1.0, show_default=True, metavar="S",
         help="Run seconds between two scrapes of each server's /metrics (sglang's Prometheus counters, gauges "
              "and histograms) into server_metrics.jsonl, with each server's whole text at the start and end "

@@ -63,6 +63,7 @@ from tracebench.replay.tokens import InputIds, vocab_size_from_model
 from tracebench.trace.format import TraceHeader, TraceTable, load_trace_table
 
 RUN_FORMAT = 1
+ROUTER_SENDS_UNDER_S = 0.001  # --senders N > 1: see replay/senders.py, "the router sends what it can"
 STARTUP_TIMEOUT_S = {"sglang": 600.0, "sim": 30.0}
 PROBE_TIMEOUT_S = 30.0  # /server_info, /v1/loads at start; /model_info when a server may be down
 # Free space: the run folder's file system must hold at least every record at its smallest (all fields null) and the
@@ -126,6 +127,8 @@ class ReplayConfig:
     prefill_policy_options: tuple[tuple[str, str], ...] = ()
     decode_policy_options: tuple[tuple[str, str], ...] = ()
     kv_link: str | None = None  # --backend sim --pd: a replay/kv_link.py preset or BANDWIDTH:LATENCY
+    senders: int = 1  # processes that carry the requests (replay/senders.py); 1: the router's own (HttpSender)
+    router_sends_under: float = ROUTER_SENDS_UNDER_S  # --senders N > 1: the router carries a request itself when on time
 
     @property
     def is_pd(self) -> bool:
@@ -190,6 +193,8 @@ class ReplayConfig:
                 refuse(f"{name} must be a port in 1..65535, got {value}")
         if self.clock not in ("real", "virtual"):
             refuse(f"--clock must be real or virtual, got {self.clock!r}")
+        check_senders(self.senders, self.clock, self.is_pd, self.router_sends_under,
+                      self.router_sends_under != ROUTER_SENDS_UNDER_S)
         if self.clock == "virtual":
             for name, key, why in (
                 ("--attach", "attach", "attached servers run in real time"),
@@ -303,6 +308,27 @@ class ReplayConfig:
         out["prefill_policy_options"] = dict(self.prefill_policy_options)
         out["decode_policy_options"] = dict(self.decode_policy_options)
         return out
+
+
+def check_senders(senders: int, clock: str, pd: bool, sends_under: float, sends_under_given: bool) -> None:
+    """--senders N: 1..MAX_SENDERS; more than one only where requests go through the one HTTP sender (ConfigError)."""
+    import math
+
+    if senders != 1:  # (senders.py, with multiprocessing, is imported only by runs that use it)
+        from tracebench.replay.senders import MAX_SENDERS
+
+        if not 1 <= senders <= MAX_SENDERS:
+            raise ConfigError(f"--senders must be from 1 to {MAX_SENDERS}, got {senders}")
+    if not (math.isfinite(sends_under) and sends_under >= 0):
+        raise ConfigError(f"--router-sends-under must be >= 0 and finite, got {sends_under}")
+    if sends_under_given and senders == 1:
+        raise ConfigError("--router-sends-under is for --senders N > 1 (with one sender the router sends everything)")
+    if senders > 1 and clock == "virtual":
+        raise ConfigError("--senders: the virtual clock runs every request in its own process (--clock virtual "
+                          "needs --senders 1)")
+    if senders > 1 and pd:
+        raise ConfigError("--senders: a PD pair's flight (prefill and decode, one request) runs in the router's "
+                          "process for now (PD runs need --senders 1)")
 
 
 def trace_prefix(header: TraceHeader, table: TraceTable) -> dict[str, Any] | None:
@@ -616,6 +642,7 @@ class Replay:
         self.saturation: Saturation | None = None  # the verdict that stopped the run (--saturation-window)
         self.wall_start: float | None = None  # --clock virtual: host monotonic time at the loop's start
         self.hops: Any = None  # --clock virtual: the modelled HTTP hops (inprocess.Hops)
+        self.senders: Any = None  # --senders N > 1: the sender processes (senders.ProcessSender)
 
     # ---- the run folder ----------------------------------------------------------------------------------------
 
@@ -654,6 +681,8 @@ class Replay:
             "clock": self.cfg.clock,
             # --clock virtual: what stands for the HTTP the run does not do (docs/virtual-clock.md)
             "virtual_clock": None if self.hops is None else self.hops.to_json(),
+            # --senders: the processes that carried the requests (replay/senders.py)
+            "senders": {"count": 1} if self.senders is None else self.senders.describe(),
             "backend": self.cfg.backend,
             "mode": self.cfg.mode,
             "batch_size": self.cfg.batch_size,
@@ -886,6 +915,11 @@ class Replay:
                 await self._flush_caches(client)
             await self.beside.start(client, self._beside_servers())
             input_ids = InputIds(self.trace_sha, self.vocab, self.header.block_size)  # type: ignore[arg-type]
+            if cfg.senders > 1:  # started before the run clock: their start-up is not run time
+                from tracebench.replay.senders import start_senders
+
+                self.senders = await start_senders(cfg.senders, self.trace_sha, self.vocab, self.header.block_size,  # type: ignore[arg-type]
+                                                   api, client, cfg.keepalive, cfg.router_sends_under)
             if cfg.is_pd:
                 self.pd_metrics_before = await read_pd_metrics(client, [p.url for p in self.fleet.plans],
                                                                 PROBE_TIMEOUT_S)
@@ -935,6 +969,8 @@ class Replay:
                 self.router = router = PdRouter(pools=pools, seed=cfg.seed, decode_answers=True, **common)
             else:  # sglang-router's PD mode passes the decode server's answer on
                 self.router = router = Router(policy=self.policy, decode_answers=cfg.is_pd, **common)
+            if self.senders is not None:
+                self.senders.on_fault = router.fail  # a sender process that died stops the run (senders.py)
             if cfg.clock == "virtual":  # an in-process engine that raised stops the run (a bug: fail fast)
                 for task in self.fleet.tasks:  # type: ignore[attr-defined]
                     task.add_done_callback(self._side_done)
@@ -995,6 +1031,8 @@ class Replay:
                     await self._pd_metrics_after(client)
                 await self.beside.finish()
             finally:
+                if self.senders is not None:
+                    await self.senders.close()
                 await client.close()
             if not cfg.quiet and self.router is not None and self.t_end:
                 # the last state, whatever the period of the progress line (its rate: over the whole run)
@@ -1006,6 +1044,9 @@ class Replay:
                 reason: str | None) -> Any:
         """How the requests reach the servers (flight.py): HTTP, or (--clock virtual) a direct call into the
         in-process servers, with the HTTP hops modelled from their profile."""
+        if self.senders is not None:
+            self.senders.use_clock(clock.mono_start, clock.wall_start)
+            return self.senders
         if self.cfg.clock == "real":
             return HttpSender(client, input_ids)
         from tracebench.replay.inprocess import Hops, InProcessFleet, InProcessSender

@@ -1,0 +1,195 @@
+"""`tracebench replay --senders N` (replay/senders.py): real replay processes, their sender processes and simulated
+servers on 127.0.0.1; nothing mocked. The records of a run through sender processes are those of one process (same
+ids, statuses, servers, fields), a sender process that dies is a fault the run reports, and Ctrl-C still records
+every request once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from conftest import free_port, run_cli, tracebench_cmd, wait_served
+from tracebench.trace.format import format_request_line, write_trace
+
+STAMP_SLACK = 0.005  # server stamps are time.time(), ours monotonic
+
+
+def write_trace_file(path: Path, n: int, rate: float, outputs: tuple[int, int] = (4, 48), seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+    lines = [format_request_line(i, float(arrivals[i]), int(rng.integers(16, 256)), int(rng.integers(*outputs)))
+             for i in range(n)]
+    return write_trace(path, {"num_requests": n, "duration_s": float(arrivals[-1])}, lines)
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    run = json.loads((run_dir / "run.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    return run, records
+
+
+def check_every_request_once(records: list[dict[str, Any]], n: int) -> None:
+    ids = [r["id"] for r in records]
+    assert len(ids) == n and sorted(ids) == list(range(n)), "every request of the trace exactly once"
+
+
+def start_replay(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    # its own session, as a shell's job: Ctrl-C reaches its whole process group (its sender processes too)
+    return subprocess.Popen(tracebench_cmd("replay", *args), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def wait_running(run_dir: Path, proc: subprocess.Popen[str], timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        path = run_dir / "run.json"
+        if path.is_file():
+            run = json.loads(path.read_text())
+            if run["wall_clock_start"] is not None:
+                return run
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("the run did not start")
+
+
+def gone(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_two_senders_record_what_one_does(tmp_path: Path) -> None:
+    n = 240
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=120 / 20)  # 120 req/s of run time at --speed 20
+    runs = {}
+    for senders in (1, 2):
+        name = f"s{senders}"
+        result = run_cli("replay", str(trace), "--backend", "sim", "--gpus", "2", "--speed", "20", "--port-base",
+                         str(free_port(2)), "--policy", "round_robin", "--senders", str(senders), "--run-name", name,
+                         *(("--router-sends-under", "0") if senders > 1 else ()),
+                         "--out-dir", str(tmp_path), "--quiet")
+        assert result.returncode == 0, result.stderr
+        runs[senders] = read_run(tmp_path / name)
+    (run1, recs1), (run2, recs2) = runs[1], runs[2]
+    assert run1["senders"] == {"count": 1} and run1["options"]["senders"] == 1
+    assert run2["senders"]["count"] == 2 and len(run2["senders"]["pids"]) == 2 and run2["senders"]["fault"] is None
+    assert run2["options"]["senders"] == 2 and run2["status"] == "completed"
+    # --router-sends-under 0: every request went through a sender process, both of them used
+    assert run2["senders"]["carried_by_router"] == 0 and sum(run2["senders"]["carried_by_process"]) == n
+    assert min(run2["senders"]["carried_by_process"]) > 0
+    for recs in (recs1, recs2):
+        check_every_request_once(recs, n)
+    one, two = ({r["id"]: r for r in recs} for recs in (recs1, recs2))
+    same = ("status", "server", "input_len", "output_len", "completion_tokens", "prompt_tokens", "error", "mismatch")
+    assert [[one[i][k] for k in same] for i in range(n)] == [[two[i][k] for k in same] for i in range(n)]
+    assert Counter(r["status"] for r in recs2) == {"ok": n}
+    # the same fields, null in the same places (but the inter-token gaps: whether an answer came in one chunk or in
+    # several is the network's timing, in either run)
+    timing = {"itl_max", "itl_hist"}
+    assert [sorted(k for k, v in one[i].items() if v is not None and k not in timing) for i in range(n)] == \
+           [sorted(k for k, v in two[i].items() if v is not None and k not in timing) for i in range(n)]
+    assert one[0].keys() == two[0].keys()
+    # one clock: the stamps a sender process took and the router's own are in order, and sglang's (time.time() on
+    # the server, converted by the router) fall inside [t_dispatch, t_finish]
+    for r in recs2:
+        ordered = [r["t_released"], r["t_admitted"], r["t_assigned"], r["t_built"], r["t_written"], r["t_headers"],
+                   r["t_first_token"], r["t_last_chunk"], r["t_finish"], r["t_parsed"]]
+        assert ordered == sorted(ordered), r
+        assert r["t_built"] == r["t_dispatch"]
+        assert r["t_dispatch"] - STAMP_SLACK <= r["server_received"] <= r["server_finished"] <= r["t_finish"] + STAMP_SLACK, r
+        assert r["t_arrival"] - 0.001 <= r["t_released"]
+    keep = run2["client_keepup"]
+    assert keep["own_before_wire_s"]["requests"] == n and keep["release_lag_s"]["requests"] == n
+    assert all(gone(pid) for pid in run2["senders"]["pids"]), "a sender process outlived the run"
+
+
+def test_a_killed_sender_process_is_a_fault_the_run_reports(tmp_path: Path) -> None:
+    n = 300
+    # long answers (200-400 tokens at --speed 4: 0.5-1 s each) at 40 req/s: ~30 in flight when the sender dies
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=40 / 4, outputs=(200, 400))
+    proc = start_replay(str(trace), "--backend", "sim", "--gpus", "2", "--speed", "4", "--port-base", str(free_port(2)),
+                        "--senders", "2", "--router-sends-under", "0", "--run-name", "k", "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path)
+    run = wait_running(tmp_path / "k", proc)
+    pids = run["senders"]["pids"]
+    wait_served([s["url"] for s in run["servers"]], 5)
+    os.kill(pids[1], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    why = f"sender process 1 (pid {pids[1]}) died (killed by signal SIGKILL)"
+    assert why in stderr and "Traceback" not in stderr
+    run, records = read_run(tmp_path / "k")
+    check_every_request_once(records, n)
+    assert run["status"] == "failed" and why in run["error"] and why in run["senders"]["fault"]
+    statuses = Counter(r["status"] for r in records)
+    assert set(statuses) <= {"ok", "error", "cancelled", "not_sent"} and statuses["ok"] and statuses["not_sent"]
+    # its requests in flight: error, saying why; the other sender's: cancelled when the run stopped
+    errors = [r for r in records if r["status"] == "error"]
+    assert errors and all(r["error"].startswith("SenderDied: " + why) for r in errors)
+    assert all(r["t_dispatch"] is None for r in records if r["status"] == "not_sent")
+    assert gone(pids[0]), "the other sender process outlived the run"
+
+
+def test_ctrl_c_with_senders_records_every_request_once(tmp_path: Path) -> None:
+    n = 400
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=100 / 2, outputs=(32, 64))  # 100 req/s of run time
+    proc = start_replay(str(trace), "--backend", "sim", "--gpus", "2", "--speed", "2", "--port-base", str(free_port(2)),
+                        "--senders", "2", "--router-sends-under", "0", "--run-name", "int", "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path)
+    run = wait_running(tmp_path / "int", proc)
+    wait_served([s["url"] for s in run["servers"]], 21)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the replay and its sender processes
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    run, records = read_run(tmp_path / "int")
+    check_every_request_once(records, n)
+    assert run["status"] == "interrupted" and run["senders"]["fault"] is None
+    statuses = Counter(r["status"] for r in records)
+    assert set(statuses) <= {"ok", "cancelled", "not_sent"} and statuses["ok"] > 20 and statuses["not_sent"]
+    assert all(r["t_dispatch"] is None for r in records if r["status"] == "not_sent")
+    assert any(r["t_dispatch"] is not None for r in records if r["status"] == "cancelled")  # in flight at Ctrl-C
+    assert all(gone(pid) for pid in run["senders"]["pids"]), "a sender process outlived the run"
+
+
+def test_senders_refused_where_they_cannot_work(tmp_path: Path) -> None:
+    trace = write_trace_file(tmp_path / "t.jsonl", 5, rate=10)
+    for args, why in (
+        (("--senders", "0"), "--senders must be from 1 to"),
+        (("--senders", "2", "--clock", "virtual"), "--clock virtual needs --senders 1"),
+        (("--senders", "2", "--pd", "1:1"), "PD runs need --senders 1"),
+        (("--router-sends-under", "0.01",), "--router-sends-under is for --senders N > 1"),
+    ):
+        result = run_cli("replay", str(trace), "--backend", "sim", *args, "--out-dir", str(tmp_path), "--quiet")
+        assert result.returncode == 2, (args, result.stderr)
+        assert why in result.stderr, result.stderr
+
+
+def test_the_router_hands_over_only_when_it_falls_behind() -> None:
+    from tracebench.replay.senders import Split
+
+    split = Split(0.001)
+    assert not any(split.hand_over(0.0003) for _ in range(1000))  # on time: it sends everything itself
+    # a few late ones (1 in 10) do not make it hand over
+    assert not any(split.hand_over(0.005 if i % 10 == 0 else 0.0003) for i in range(1000))
+    behind = [split.hand_over(0.005) for _ in range(200)]  # behind: it hands over, soon all
+    assert any(behind[:40]) and all(behind[100:])
+    back = [split.hand_over(0.0003) for _ in range(200)]  # on time again: it takes them back
+    assert not any(back[100:])
+    # behind, but no spare core on the host (every core busy): it keeps sending itself
+    split = Split(0.001)
+    split.idle_cores = 0.3
+    assert not any(split.hand_over(0.005) for _ in range(200))
+    split.idle_cores = 4.0
+    assert all([split.hand_over(0.005) for _ in range(200)][100:])

@@ -1,0 +1,652 @@
+"""Parallel senders on one host (`--senders N`, N > 1): the per-request work that decides nothing can run in N
+sender processes; the router stays one.
+
+The router process keeps the queue, the policies, caps, every decision and the records (router.py); `ProcessSender`
+is its `Sender` (flight.py). A request handed over goes (request id, the server's URL, input_len / output_len /
+prefix blocks) to the sender process with the fewest requests in flight. That process rebuilds the body itself
+(`InputIds`: the same trace sha256, vocabulary and block size give the same ids), writes it, reads the stream and
+parses the answer with today's `HttpSender` in its own asyncio loop and aiohttp session, and sends back the stamps
+(t_built, t_dispatch, t_written, t_headers, t_first_token, t_last_chunk, t_finish, the inter-token gaps) with the
+final Answer. The router reads the answer into the record, checks it and writes it, once, as with one process.
+
+The router sends what it can (`Split`): a hop to another process costs a wake-up there, ~0.05 ms on an idle core and
+0.5-1.5 ms on a host whose cores are all busy (bench/bench_senders.py on 2 shared cores); the work it saves the
+router is ~0.2-0.3 ms a request. So the router keeps sending requests itself (HttpSender, its own session) while it
+keeps up, and hands a growing share over only while it is behind (more than a quarter of the recent requests late
+by --router-sends-under, 1 ms by default) and the host has a spare core (/proc/stat). `--router-sends-under 0` hands
+every request over. run.json `senders` counts who carried how many.
+
+Transport: a `multiprocessing` duplex pipe per sender process (spawned, not forked: the router's loop and threads are
+never copied), pickled lists of messages. Router -> sender: ("clock", mono_start, wall_start), ("go", id, url,
+input_len, output_len, blocks), ("cancel", id), ("stop",). Sender -> router: ("ready", pid), ("progress", [(id,
+t_progress, t_first_token), ...]) every PROGRESS_PERIOD_S for the requests whose stream moved (the watchdog's input),
+("done", id, stamps, status, error, meta, connection_lost), ("raised", id, stamps, error type, message) for an answer
+that broke the contract (ServerProtocolError: the run stops, as with one process), ("cancelled", id, stamps). A send
+is a write of a few hundred bytes into a socket pair whose buffer the other side empties as its loop turns.
+
+One clock: on one host CLOCK_MONOTONIC is the same clock in every process, so each sender process stamps with
+`time.monotonic() - mono_start` of the router's RunClock (sent to it when the run clock starts, before any request);
+it converts nothing: sglang's wall-clock stamps stay in meta_info and the router converts them with its
+`wall_start`. A stamp taken in a sender process is therefore on the run's one clock, as exact as one taken in the
+router; only progress reaches the router's watchdog up to PROGRESS_PERIOD_S late (its bounds are seconds).
+
+A sender process that dies (killed, out of memory) is a fault of tracebench itself, not of the servers: its requests
+in flight end as `error` ("SenderDied: sender process k (pid p) died: ..."), and the run stops, status failed (the
+rest are recorded cancelled / not_sent, as for any run that stops). Continuing would measure a load that lost part
+of its requests for a reason outside the system under test. Cancelling (Ctrl-C, a saturation stop, the watchdog)
+asks the sender process to cancel the request and waits for its stamps, so a cancelled record says truly whether
+the request went out (`t_dispatch`). Sender processes ignore SIGINT and SIGTERM (the router decides how the run
+ends and tells them) and end when their pipe closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from tracebench.errors import RunFailed, ServerProtocolError, TracebenchError
+from tracebench.replay.client import APIS, Answer, Api, SglangClient
+from tracebench.replay.flight import HttpSender, Progress
+from tracebench.replay.records import RequestRecord
+from tracebench.replay.tokens import InputIds
+from tracebench.trace.format import TraceRequest
+
+PROGRESS_PERIOD_S = 0.1  # a sender process reports stream progress this often (the watchdog's bounds are seconds)
+START_TIMEOUT_S = 60.0  # a sender process must be ready within this (it imports aiohttp and numpy)
+STOP_TIMEOUT_S = 5.0  # a sender process told to stop must exit within this, else it is killed
+MAX_SENDERS = 256
+
+# the stamps a sender process takes on a record, in this order on the pipe
+STAMP_FIELDS = ("t_built", "t_dispatch", "t_written", "t_headers", "t_first_token", "t_last_chunk", "t_finish",
+                "itl_max", "itl_hist")
+_EAGER = sys.version_info >= (3, 12)
+
+
+class SenderDied(RunFailed):
+    """A sender process ended while the run needed it (killed, out of memory, crashed)."""
+
+
+class SenderFailed(RunFailed):
+    """A sender process met an error that is not a measurement (a bug, or a broken contract it could not name)."""
+
+
+@dataclass(frozen=True)
+class SenderSetup:
+    """What every sender process needs (pickled to it at start). The run clock comes later, by message ("clock",
+    mono_start, wall_start): the processes start before the run clock does, so that their start-up is not run time."""
+
+    trace_sha: str
+    vocab: int
+    block_size: int | None
+    api: str
+    cache_reported: bool
+    stream: bool
+    request_timeout: float | None
+    timeout_reason: str | None
+    keepalive: float
+
+
+async def start_senders(count: int, trace_sha: str, vocab: int, block_size: int | None, api: Api,
+                        client: SglangClient, keepalive: float, sends_under: float) -> ProcessSender:
+    """Start `count` sender processes speaking like `client` (its API, streaming, timeout) with its keep-alive; the
+    router sends a request itself through `client` when its own time so far is under `sends_under` (0: never)."""
+    setup = SenderSetup(trace_sha, vocab, block_size, api.name, api.cache_reported, client.stream,
+                        client.request_timeout, client.timeout_reason, keepalive)
+    local = HttpSender(client, InputIds(trace_sha, vocab, block_size)) if sends_under > 0 else None
+    sender = ProcessSender(count, setup, api, client.stream, local, sends_under)
+    try:
+        await sender.start()
+    except BaseException:
+        await sender.close()
+        raise
+    return sender
+
+
+# ---- the sender process ----------------------------------------------------------------------------------------
+
+
+class _Server:
+    """What HttpSender needs of a server in a sender process."""
+
+    __slots__ = ("generate_url", "t_heard")
+
+    def __init__(self, url: str) -> None:
+        self.generate_url = url
+        self.t_heard = 0.0
+
+
+class _Flight:
+    __slots__ = ("t_progress",)
+
+    def __init__(self) -> None:
+        self.t_progress = 0.0
+
+
+def sender_main(conn: Connection, setup: SenderSetup) -> None:
+    """A sender process's body: serve the router's assignments until it says stop or its pipe closes."""
+    # Ctrl-C and SIGTERM reach the whole process group: the router decides how the run ends and tells this process
+    # (cancel, stop); a sender that died of the signal first would turn an interruption into a fault
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from tracebench.replay.loop import run
+
+    run(_SenderLoop(conn, setup).serve())
+
+
+class _SenderLoop:
+    def __init__(self, conn: Connection, setup: SenderSetup) -> None:
+        self.conn = conn
+        self.setup = setup
+        self.mono_start: float | None = None  # the router's RunClock, when its ("clock", ...) message came
+        self.tasks: dict[int, tuple[asyncio.Task[None], RequestRecord, _Flight]] = {}
+        self.outbox: list[tuple[Any, ...]] = []
+        self.flush_handle: asyncio.Handle | None = None
+        self.fatal: BaseException | None = None
+        self.stopped: asyncio.Event | None = None
+
+    def now(self) -> float:
+        return time.monotonic() - self.mono_start  # type: ignore[operator]
+
+    async def serve(self) -> None:
+        setup = self.setup
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.stopped = asyncio.Event()
+        self.busy = asyncio.Event()  # requests are in flight here (the progress reports run)
+        api = APIS[setup.api]()
+        api.cache_reported = setup.cache_reported
+        client = SglangClient(setup.request_timeout, setup.stream, setup.timeout_reason, api=api,
+                              keepalive=setup.keepalive)
+        self.sender = HttpSender(client, InputIds(setup.trace_sha, setup.vocab, setup.block_size))
+        self.servers: dict[str, _Server] = {}
+        loop.add_reader(self.conn.fileno(), self._readable)
+        self._post(("ready", os.getpid()))
+        ticker = loop.create_task(self._progress_ticks())
+        try:
+            await self.stopped.wait()
+        finally:
+            loop.remove_reader(self.conn.fileno())
+            ticker.cancel()
+            for task, _, _ in list(self.tasks.values()):
+                task.cancel()
+            pending = [t for t, _, _ in self.tasks.values()] + [ticker]
+            await asyncio.wait(pending)
+            self._flush()
+            await client.close()
+        if self.fatal is not None:
+            raise self.fatal  # the process ends with its traceback; the router reports it as a sender that died
+
+    def _readable(self) -> None:
+        try:
+            while self.conn.poll():
+                for msg in self.conn.recv():
+                    self._handle(msg)
+        except (EOFError, OSError):  # the router is gone: nothing to send to, nothing to record
+            assert self.stopped is not None
+            self.stopped.set()
+        except Exception as err:  # a bug: this process stops with it
+            self.fatal = err
+            assert self.stopped is not None
+            self.stopped.set()
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "clock":
+            self.mono_start = msg[1]
+        elif kind == "go":
+            if self.mono_start is None:
+                raise SenderFailed("sender process: a request came before the run clock")
+            _, rid, url, input_len, output_len, blocks = msg
+            server = self.servers.get(url)
+            if server is None:
+                server = self.servers[url] = _Server(url)
+            rec = RequestRecord(rid, input_len, output_len, 0.0)
+            flight = _Flight()
+            coro = self._exchange(rec, server, flight, blocks)
+            if _EAGER:
+                task = asyncio.Task(coro, loop=self.loop, eager_start=True)
+            else:
+                task = self.loop.create_task(coro)
+            if not task.done():
+                self.tasks[rid] = (task, rec, flight)
+                self.busy.set()
+        elif kind == "cancel":
+            entry = self.tasks.get(msg[1])
+            if entry is not None:
+                entry[0].cancel()
+        elif kind == "stop":
+            assert self.stopped is not None
+            self.stopped.set()
+        else:
+            raise SenderFailed(f"sender process: unknown message {kind!r}")
+
+    async def _exchange(self, rec: RequestRecord, server: _Server, flight: Progress, blocks: tuple[int, ...] | None) -> None:
+        rid = rec.id
+        try:
+            answer = await self.sender.exchange(rec, server, flight, blocks, self.now)  # type: ignore[arg-type]
+        except asyncio.CancelledError:
+            if rec.t_finish is None:
+                rec.t_finish = self.now()
+            self._post(("cancelled", rid, _stamps(rec)))
+            return
+        except TracebenchError as err:  # a broken contract (ServerProtocolError): the router stops the run with it
+            self._post(("raised", rid, _stamps(rec), type(err).__name__, str(err)))
+            return
+        except Exception as err:  # a bug: named, and the router stops the run with it
+            self._post(("raised", rid, _stamps(rec), type(err).__name__, repr(err)))
+            return
+        finally:
+            self.tasks.pop(rid, None)
+        self._post(("done", rid, _stamps(rec), answer.status, answer.error, answer.meta, answer.connection_lost))
+        self._flush()  # at once (the router writes the record when it comes)
+
+    async def _progress_ticks(self) -> None:
+        """Every PROGRESS_PERIOD_S: the requests whose stream moved since the last report (their last progress and
+        first token), so that the router's watchdog sees them alive."""
+        reported: dict[int, float] = {}
+        while True:
+            if not self.tasks:  # an idle sender process does not wake up (its host's cores may be busy)
+                self.busy.clear()
+                await self.busy.wait()
+            await asyncio.sleep(PROGRESS_PERIOD_S)
+            tasks = self.tasks
+            moved = [(rid, flight.t_progress, rec.t_first_token) for rid, (_, rec, flight) in tasks.items()
+                     if flight.t_progress and reported.get(rid) != flight.t_progress]
+            reported = {rid: flight.t_progress for rid, (_, _, flight) in tasks.items()}
+            if moved:
+                self._post(("progress", moved))
+
+    def _post(self, msg: tuple[Any, ...]) -> None:
+        self.outbox.append(msg)
+        if self.flush_handle is None:
+            self.flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_handle = None
+        if self.outbox:
+            out, self.outbox = self.outbox, []
+            try:
+                self.conn.send(out)
+            except (BrokenPipeError, ConnectionResetError):  # the router is gone
+                assert self.stopped is not None
+                self.stopped.set()
+
+
+SPLIT_ALPHA = 0.05  # the share of late requests: a moving average over the last ~20 requests
+SPLIT_LATE = 0.25  # the router is behind while more than this share of the requests is late at the hand-over
+SPLIT_GAIN = 0.05  # how fast the share handed over moves (from none to all in ~20 requests)
+SPARE_CORES = 1.0  # idle cores (over the last IDLE_PERIOD_S) below which a sender process has no core to run on
+IDLE_PERIOD_S = 0.25
+
+
+class Split:
+    """Which requests the router hands to the sender processes; the rest it sends itself (HttpSender).
+
+    A request is late when tracebench's own time on it up to the hand-over (`own_so_far`) is above `target` seconds.
+    While the router is behind (more than SPLIT_LATE of the recent requests late, a moving average) and the host has
+    a spare core (`idle_cores`, measured by the caller: more than SPARE_CORES idle), the share handed over grows;
+    otherwise it shrinks. So an idle router hands nothing over (a hop to another process costs more than it saves:
+    docs/overhead.md), and a router behind on a host whose cores are all busy keeps sending itself: there a sender
+    process would only wait for a core, and take it from the router and the servers. The share is applied
+    deterministically (every 1/share-th request, no random draw)."""
+
+    __slots__ = ("target", "late", "share", "_due", "idle_cores")
+
+    def __init__(self, target: float) -> None:
+        self.target = target
+        self.late = 0.0
+        self.share = 0.0
+        self._due = 0.0
+        self.idle_cores: float | None = None  # the host's idle cores lately (None: not measured, taken as spare)
+
+    def hand_over(self, own: float) -> bool:
+        """Whether the request whose own time so far is `own` goes to a sender process."""
+        self.late += SPLIT_ALPHA * ((own > self.target) - self.late)
+        spare = self.idle_cores is None or self.idle_cores > SPARE_CORES
+        step = SPLIT_GAIN if self.late > SPLIT_LATE and spare else -SPLIT_GAIN
+        self.share = min(1.0, max(0.0, self.share + step))
+        self._due += self.share
+        if self._due >= 1.0:
+            self._due -= 1.0
+            return True
+        return False
+
+
+class IdleCores:
+    """The host's idle cores over the last interval, from /proc/stat (Linux; None elsewhere: not measured)."""
+
+    def __init__(self) -> None:
+        self._last = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int] | None:
+        """(idle + iowait jiffies, all jiffies) summed over the cores, or None without /proc/stat."""
+        try:
+            with open("/proc/stat", "rb") as fh:  # a procfs read: no disk, never blocks
+                fields = fh.readline().split()
+        except FileNotFoundError:
+            return None
+        ticks = [int(v) for v in fields[1:]]
+        return ticks[3] + ticks[4], sum(ticks[:8])  # user..steal (guest time is counted in user already)
+
+    def sample(self, cores: int) -> float | None:
+        now = self._read()
+        last, self._last = self._last, now
+        if now is None or last is None or now[1] <= last[1]:
+            return None
+        return cores * (now[0] - last[0]) / (now[1] - last[1])
+
+
+def own_so_far(rec: RequestRecord, now: float) -> float:
+    """tracebench's own time on `rec` until `now`: since its arrival, less the waits the run asked for (the client
+    gate's, the wait for a free slot, the wait for a static batch), as keepup.py counts the own time before the wire."""
+    gate = rec.t_admitted - rec.t_released if rec.t_admitted is not None and rec.t_released is not None else 0.0
+    waits = gate + (rec.slot_wait_s or 0.0) + (rec.batch_wait_s or 0.0)
+    return now - rec.t_arrival - waits
+
+
+def _stamps(rec: RequestRecord) -> tuple[Any, ...]:
+    return tuple(getattr(rec, name) for name in STAMP_FIELDS)
+
+
+# ---- the router's side -----------------------------------------------------------------------------------------
+
+
+class _Pending:
+    __slots__ = ("rec", "server", "flight", "worker", "future")
+
+    def __init__(self, rec: RequestRecord, server: Any, flight: Progress, worker: _Worker,
+                 future: asyncio.Future[Answer | None]) -> None:
+        self.rec, self.server, self.flight, self.worker, self.future = rec, server, flight, worker, future
+
+
+class _Worker:
+    """One sender process as the router sees it."""
+
+    __slots__ = ("index", "process", "conn", "pid", "in_flight", "carried", "outbox", "alive", "reported", "ready")
+
+    def __init__(self, index: int, process: Any, conn: Connection) -> None:
+        self.index = index
+        self.process = process
+        self.conn = conn
+        self.pid: int = process.pid
+        self.in_flight = 0
+        self.carried = 0  # requests handed to it
+        self.outbox: list[tuple[Any, ...]] = []
+        self.alive = True  # its pipe is open: assignments may go to it
+        self.reported = False  # its exit was seen (_died)
+        self.ready: asyncio.Future[None] | None = None
+
+
+class ProcessSender:
+    """The router's Sender when the work of the requests runs in N sender processes (module docstring)."""
+
+    def __init__(self, count: int, setup: SenderSetup, api: Api, stream: bool, local: HttpSender | None = None,
+                 sends_under: float = 0.0) -> None:
+        """`local`: the router's own HttpSender, which carries a request itself when the request's own time so far
+        (own_so_far) is under `sends_under` run seconds (module docstring, "the router sends what it can"); None or
+        0.0: every request goes through a sender process."""
+        if not 1 <= count <= MAX_SENDERS:
+            raise ValueError(f"sender processes: 1..{MAX_SENDERS}, got {count}")
+        self.count = count
+        self.setup = setup
+        self.api = api
+        self.stream = stream
+        self.local = local if sends_under > 0 else None
+        self.sends_under = sends_under
+        # the body of the next arrival is made ahead (as with one process) only where the router may send it itself
+        self.prepares_ahead = self.local is not None
+        self.carried_here = 0  # requests the router carried itself
+        self.split = Split(sends_under)
+        self._idle_task: asyncio.Task[None] | None = None
+        self.workers: list[_Worker] = []
+        self._pending: dict[int, _Pending] = {}
+        self._closing = False
+        # the run's failure handler (router.fail), told at once when a sender process dies
+        self.on_fault: Callable[[BaseException], None] | None = None
+        self.fault: BaseException | None = None
+
+    # ---- start and stop ----
+
+    async def start(self) -> None:
+        """Spawn the sender processes and wait until each is ready (SenderDied if one is not)."""
+        loop = self._loop = asyncio.get_running_loop()
+        ctx = multiprocessing.get_context("spawn")
+        for index in range(self.count):
+            mine, theirs = ctx.Pipe(duplex=True)
+            process = ctx.Process(target=sender_main, args=(theirs, self.setup), name=f"tracebench-sender-{index}",
+                                  daemon=True)
+            process.start()
+            theirs.close()
+            worker = _Worker(index, process, mine)
+            worker.ready = loop.create_future()
+            self.workers.append(worker)
+            loop.add_reader(mine.fileno(), self._readable, worker)
+            loop.add_reader(process.sentinel, self._died, worker)
+        if self.local is not None:
+            self._idle_task = loop.create_task(self._watch_idle())
+        try:
+            await asyncio.wait_for(asyncio.gather(*(w.ready for w in self.workers if w.ready is not None)),
+                                   START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            late = [w.index for w in self.workers if w.ready is not None and not w.ready.done()]
+            raise SenderDied(f"sender process(es) {late} not ready within {START_TIMEOUT_S:g} s") from None
+
+    async def _watch_idle(self) -> None:
+        """The host's idle cores every IDLE_PERIOD_S, for the split (a spare core or not)."""
+        idle = IdleCores()
+        cores = os.cpu_count() or 1
+        while True:
+            await asyncio.sleep(IDLE_PERIOD_S)
+            self.split.idle_cores = idle.sample(cores)
+
+    def use_clock(self, mono_start: float, wall_start: float) -> None:
+        """The run clock started: every sender process stamps on it from now on (sent before any assignment)."""
+        for worker in self.workers:
+            worker.outbox.append(("clock", mono_start, wall_start))
+            self._send(worker)
+
+    def describe(self) -> dict[str, Any]:
+        """run.json `senders`."""
+        return {
+            "count": self.count,
+            "pids": [w.pid for w in self.workers],
+            "transport": "multiprocessing pipes (spawned processes), pickled message lists",
+            "clock": "CLOCK_MONOTONIC of this host, shared: stamps are time.monotonic() - the run clock's mono_start",
+            "progress_period_s": PROGRESS_PERIOD_S,
+            # the router carries a request itself when its own time so far is under this (0: never)
+            "router_sends_under_s": self.sends_under if self.local is not None else 0.0,
+            "spare_cores_needed": SPARE_CORES if self.local is not None else None,
+            "carried_by_router": self.carried_here,
+            "carried_by_process": [w.carried for w in self.workers],
+            "fault": None if self.fault is None else str(self.fault),
+        }
+
+    async def close(self) -> None:
+        """Tell every sender process to stop and wait for it (killed after STOP_TIMEOUT_S)."""
+        self._closing = True
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            await asyncio.wait([self._idle_task])
+        for worker in self.workers:
+            if worker.alive:
+                worker.outbox.append(("stop",))
+                self._send(worker)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for worker in self.workers:
+            while worker.process.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            if worker.process.is_alive():
+                worker.process.kill()
+            self._forget(worker)
+            worker.reported = True
+            worker.process.join(1.0)  # exited or killed: at once
+            worker.conn.close()
+
+    def _forget(self, worker: _Worker) -> None:
+        """Stop watching the worker's pipe and sentinel (remove_reader of a descriptor not watched does nothing)."""
+        if not worker.conn.closed:
+            self._loop.remove_reader(worker.conn.fileno())
+        self._loop.remove_reader(worker.process.sentinel)
+        worker.alive = False
+
+    # ---- the Sender contract ----
+
+    def prepare_body(self, request: TraceRequest) -> None:
+        if self.local is not None:
+            self.local.prepare_body(request)
+
+    async def exchange(self, rec: RequestRecord, server: Any, flight: Progress, blocks: tuple[int, ...] | None,
+                       now: Callable[[], float]) -> Answer:
+        """Carry `rec` here if the router is on time for it (`sends_under`), else hand it to the sender process with
+        the fewest requests in flight and wait for its answer; its stamps are set on `rec` when it comes."""
+        if self.fault is not None:
+            raise self.fault
+        if self.local is not None and not self.split.hand_over(own_so_far(rec, now())):
+            self.carried_here += 1
+            return await self.local.exchange(rec, server, flight, blocks, now)
+        return await self._hand_over(rec, server, flight, blocks)
+
+    async def _hand_over(self, rec: RequestRecord, server: Any, flight: Progress,
+                         blocks: tuple[int, ...] | None) -> Answer:
+        alive = [w for w in self.workers if w.alive]
+        if not alive:
+            raise SenderDied("no sender process is left")
+        worker = min(alive, key=lambda w: w.in_flight)
+        future: asyncio.Future[Answer | None] = self._loop.create_future()
+        pending = self._pending[rec.id] = _Pending(rec, server, flight, worker, future)
+        worker.in_flight += 1
+        worker.carried += 1
+        worker.outbox.append(("go", rec.id, server.generate_url, rec.input_len, rec.output_len, blocks))
+        self._send(worker)  # at once: a wait for the loop's next turn was most of the hop (bench_senders.py)
+        try:
+            answer = await asyncio.shield(future)
+            if answer is None:
+                raise SenderFailed(f"sender process {worker.index} (pid {worker.pid}) cancelled request {rec.id} "
+                                   "that the router had not cancelled")
+            return answer
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                # its sender died first: that is how it ended
+                raise future.exception() from None  # type: ignore[misc]
+            if not future.done() and worker.alive:
+                # the router ends it: the sender process cancels it and says what it stamped (was it sent?); an
+                # error that comes instead (its sender died meanwhile, a broken answer) is raised in its place
+                worker.outbox.append(("cancel", rec.id))
+                self._send(worker)
+                await future
+            raise
+        finally:
+            if self._pending.pop(rec.id, None) is not None:
+                pending.worker.in_flight -= 1
+
+    # ---- the pipes ----
+
+    def _send(self, worker: _Worker) -> None:
+        out, worker.outbox = worker.outbox, []
+        if not worker.alive or not out:
+            return
+        try:
+            worker.conn.send(out)
+        except OSError:  # its end is closed: the process is ending (its sentinel says how: _died)
+            self._pipe_closed(worker)
+
+    def _readable(self, worker: _Worker) -> None:
+        try:
+            while worker.conn.poll():
+                for msg in worker.conn.recv():
+                    self._handle(worker, msg)
+        except (EOFError, OSError):
+            self._pipe_closed(worker)
+        except Exception as err:  # a bug in the exchange of messages: the run stops with it
+            self._fault(err)
+
+    def _pipe_closed(self, worker: _Worker) -> None:
+        """The sender process's end of the pipe closed: nothing more is sent to it; its exit (the sentinel) reports
+        it, with its exit code."""
+        if worker.alive:
+            worker.alive = False
+            self._loop.remove_reader(worker.conn.fileno())
+
+    def _handle(self, worker: _Worker, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "progress":
+            for rid, t_progress, t_first_token in msg[1]:
+                pending = self._pending.get(rid)
+                if pending is None:
+                    continue
+                if t_first_token is not None and pending.rec.t_first_token is None:
+                    pending.rec.t_first_token = t_first_token
+                if t_progress > pending.flight.t_progress:
+                    pending.flight.t_progress = t_progress
+                if t_progress > pending.server.t_heard:
+                    pending.server.t_heard = t_progress
+            return
+        if kind == "ready":
+            if worker.ready is not None and not worker.ready.done():
+                worker.ready.set_result(None)
+            return
+        pending = self._pending.get(msg[1])
+        if pending is None or pending.future.done():
+            return  # a request the router gave up on meanwhile (its sender died)
+        rec = pending.rec
+        for name, value in zip(STAMP_FIELDS, msg[2]):
+            setattr(rec, name, value)
+        if rec.t_finish is not None:
+            if rec.t_finish > pending.flight.t_progress:
+                pending.flight.t_progress = rec.t_finish
+            if rec.t_finish > pending.server.t_heard:
+                pending.server.t_heard = rec.t_finish
+        if kind == "done":
+            _, _, _, status, error, meta, connection_lost = msg
+            pending.future.set_result(Answer(status, error, meta, connection_lost))
+        elif kind == "raised":
+            _, _, _, name, text = msg
+            err: BaseException = (ServerProtocolError(text) if name == "ServerProtocolError"
+                                  else SenderFailed(f"sender process {worker.index} (pid {worker.pid}): {name}: {text}"))
+            pending.future.set_exception(err)
+        elif kind == "cancelled":
+            pending.future.set_result(None)
+        else:
+            raise SenderFailed(f"sender process {worker.index}: unknown message {kind!r}")
+
+    def _died(self, worker: _Worker) -> None:
+        """The sender process exited (its sentinel is readable): a fault the run reports."""
+        if worker.reported:
+            return
+        worker.reported = True
+        self._forget(worker)
+        self._report_exit(worker, 0)
+
+    def _report_exit(self, worker: _Worker, tries: int) -> None:
+        if self._closing:
+            return
+        worker.process.join(0)  # it has exited: this only collects its exit code...
+        code = worker.process.exitcode
+        if code is None and tries < 100:  # ...once the kernel has it (its pipes close a moment before)
+            self._loop.call_later(0.01, self._report_exit, worker, tries + 1)
+            return
+        how = ("exit code unknown" if code is None else
+               f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
+        err = SenderDied(f"sender process {worker.index} (pid {worker.pid}) died ({how}); its requests in flight "
+                         "are recorded as errors and the run stops (docs/replay.md, \"Parallel senders\")")
+        if worker.ready is not None and not worker.ready.done():
+            worker.ready.set_exception(err)
+        for pending in list(self._pending.values()):
+            if pending.worker is worker and not pending.future.done():
+                pending.future.set_exception(err)
+        self._fault(err)
+
+    def _fault(self, err: BaseException) -> None:
+        if self.fault is None:
+            self.fault = err
+        if self.on_fault is not None:
+            self.on_fault(err)
