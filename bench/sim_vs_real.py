@@ -58,6 +58,11 @@ from tracebench.report.metrics import latency_expr  # noqa: E402
 from tracebench.report.metrics.ci import bootstrap_percentile  # noqa: E402
 from tracebench.report.pd import is_pd, pd_stats, stage_exprs  # noqa: E402
 
+# traces whose header was shortened after their runs (reports/examples/README.md; requests unchanged): the sha256 the
+# runs recorded -> the committed file's. A sim replay of the file stands for a replay of the recorded trace (the ids
+# it sends differ, drawn from the sha256: the same for a trace without shared prefixes)
+RE_HEADED = {"7817d9599473c8dc664367462166f547fd085dace5eb76026d2e4921e2dcbf14":
+             "3c001fb72d029dda0cbd7db24613c63f2eed58dd45bfc7ed157fa11a8fc401e0"}   # sim4-routing/azure4.jsonl
 TOLERANCE = 0.15  # issue 6: refit the profile when the simulator is off by more than this (--tolerance)
 
 
@@ -82,6 +87,7 @@ ROWS: tuple[tuple[str, str, Metric], ...] = (
     ("ttft", "p99", Metric("TTFT from arrival p99", "ms", True)),
     ("ttft_dispatch", "p50", Metric("TTFT from dispatch p50", "ms", False)),
     ("tpot", "p50", Metric("TPOT p50", "ms", False)),
+    ("tpot", "p99", Metric("TPOT p99", "ms", False)),
 )
 # PD runs (both runs with run.json `pd`): key -> expression over the records, None where a run has no such stamps
 PD_ROWS: tuple[tuple[str, str, Metric], ...] = (
@@ -182,7 +188,7 @@ def describe(run: Run) -> str:
 
 
 def table(real: Run, sim: Run, tolerance: float) -> list[str]:
-    if real.trace_sha256 != sim.trace_sha256:
+    if real.trace_sha256 != sim.trace_sha256 and RE_HEADED.get(real.trace_sha256) != sim.trace_sha256:
         raise SystemExit(f"{real.path} and {sim.path} replayed different traces "
                          f"({real.trace_sha256[:12]} vs {sim.trace_sha256[:12]})")
     fr, fs = figures(real), figures(sim)
@@ -269,7 +275,7 @@ def sim_replay(real_dir: Path, trace: Path, out: Path, speed: float, sim_profile
         trace = out / trace.stem
         out.mkdir(parents=True, exist_ok=True)
         trace.write_bytes(data)
-    if hashlib.sha256(data).hexdigest() != real.trace_sha256:
+    if hashlib.sha256(data).hexdigest() not in (real.trace_sha256, RE_HEADED.get(real.trace_sha256)):
         raise SystemExit(f"{trace}: not the trace {real_dir} replayed (sha256 differs from its run.json)")
     opts = meta["options"]
     router = meta.get("external_router")

@@ -11,10 +11,10 @@ import pytest
 
 from conftest import REPO, SGLANG_CAPTURES
 from tracebench.errors import ConfigError
-from tracebench.sim.fit import (DECODE_MEAN_CONTEXT, RoutingRun, fit, h200_calibration, load_calibration,
-                                load_routing_runs, profile_document)
-from tracebench.sim.model import (PROFILES_DIR, BatchModel, Limits, ReqState, SimRequest, load_profile, simulate,
-                                  token_ids)
+from tracebench.sim.fit import (DECODE_MEAN_CONTEXT, RoutingRun, fit, fit_decode_grid, grid_contexts, h200_calibration,
+                                load_calibration, load_decode_grid, load_routing_runs, profile_document)
+from tracebench.sim.model import (PROFILES_DIR, BatchModel, Limits, ReqState, SimRequest, decode_kv_chunk, load_profile,
+                                  simulate, token_ids)
 
 PROFILE = load_profile("llama-2-7b-h200-triton")
 BIG = Limits(max_running_requests=4096, max_total_num_tokens=PROFILE.max_total_num_tokens, chunked_prefill_size=8192)
@@ -28,7 +28,8 @@ def test_single_request_latency_is_the_profile_sum() -> None:
     p = PROFILE
     (out,) = simulate(p, BIG, [(10.0, 512, 128)])
     prefill = p.prefill_duration([(0, 512)])
-    decode = sum(p.decode_duration(1, 512 + k) for k in range(1, 128))  # 127 decode steps, context grows
+    # 127 decode steps, context grows (the step of a request holding 512 + k tokens attends over 513 + k)
+    decode = sum(p.decode_duration(1, 513 + k, 513 + k, 513 + k) for k in range(1, 128))
     assert out.t_forward_entry == pytest.approx(10.0 + p.queue_entry_s)
     assert out.t_first_token == pytest.approx(out.t_forward_entry + prefill + p.output_s)
     assert out.t_finished == pytest.approx(out.t_forward_entry + prefill + decode + p.output_s)
@@ -233,7 +234,8 @@ def test_committed_profile_is_the_fit_of_the_calibration() -> None:
     # the fit reads the sglang captures and the committed real routing runs (bench/fit_profile.py regenerates it)
     runs = load_routing_runs(ROUTING_RUNS)
     assert len(runs) >= 4 and all(len(run.records) >= 700 for run in runs)
-    assert_committed(fit(h200_calibration(SGLANG_CAPTURES), runs, PROFILE.name))
+    assert_committed(fit(h200_calibration(SGLANG_CAPTURES), runs, PROFILE.name,
+                         load_decode_grid(SGLANG_CAPTURES / "decode-grid-h200.json")))
 
 
 def test_committed_h100_profile_is_the_fit_of_its_inputs() -> None:
@@ -260,10 +262,13 @@ def test_fit_recovers_the_decode_cost_per_kv_token_from_a_routing_run() -> None:
     # a server whose decode costs e = 0.3 us per KV token (twice the committed value), with the calibration's c and
     # d + 576 e, serves mixed-length requests at 5 req/s (batches of ~7; a routing run caps at the router, not in the server); its stamps, fed to the fit as a routing run, must
     # give back that e, the intake and the plan lag (the estimators see only the stamps, like those of a real run)
+    # (the fit without a decode grid: c + d B + e KV, the H100 profile's decode model)
     sglang = SGLANG_CAPTURES
+    classic = fit(h200_calibration(sglang), load_routing_runs(ROUTING_RUNS), PROFILE.name)
+    assert classic.decode_per_max_context_s == 0 and classic.decode_per_split_token_s == 0
     true_e = 3e-7
-    slope = PROFILE.decode_per_req_s + DECODE_MEAN_CONTEXT * PROFILE.decode_per_kv_token_s
-    server = dataclasses.replace(PROFILE, decode_per_kv_token_s=true_e, decode_per_req_s=slope - DECODE_MEAN_CONTEXT * true_e)
+    slope = classic.decode_per_req_s + DECODE_MEAN_CONTEXT * classic.decode_per_kv_token_s
+    server = dataclasses.replace(classic, decode_per_kv_token_s=true_e, decode_per_req_s=slope - DECODE_MEAN_CONTEXT * true_e)
     rng = np.random.default_rng(3)
     arrivals = np.cumsum(rng.exponential(1 / 5.0, 500))
     inputs = rng.integers(100, 3000, 500)
@@ -278,10 +283,52 @@ def test_fit_recovers_the_decode_cost_per_kv_token_from_a_routing_run() -> None:
     fitted = fit(h200_calibration(sglang), [RoutingRun("synthetic", "1 x sim", records, PROFILE.prefill_token_buckets)],
                  PROFILE.name)
     assert fitted.decode_per_kv_token_s == pytest.approx(true_e, rel=0.05)
-    assert fitted.decode_base_s == pytest.approx(PROFILE.decode_base_s, rel=1e-9)
+    assert fitted.decode_base_s == pytest.approx(classic.decode_base_s, rel=1e-9)
     # and the intake of an idle server and the plan lag, from the same stamps
-    assert fitted.queue_entry_s == pytest.approx(PROFILE.queue_entry_s, rel=1e-6)
-    assert fitted.plan_lag_s == pytest.approx(PROFILE.plan_lag_s, abs=0.5e-3)
+    assert fitted.queue_entry_s == pytest.approx(classic.queue_entry_s, rel=1e-6)
+    assert fitted.plan_lag_s == pytest.approx(classic.plan_lag_s, abs=0.5e-3)
+
+
+def test_kv_split_chunk_follows_sglang_rule() -> None:
+    # get_num_kv_splits_triton on an H200 (132 SMs), llama-2-7b (32 heads), 8 splits at most
+    assert decode_kv_chunk(1, 4000, 4000, 8, 132, 32) == 500          # one request: split 8 ways
+    assert decode_kv_chunk(32, 1056, 1056, 8, 132, 32) == 1056        # many alike: one block walks all of it
+    assert decode_kv_chunk(16, 1056, 1056, 8, 132, 32) == 528         # 132 x log2(16.5) = 533 cores / 512 -> 2
+    assert decode_kv_chunk(48, 4000, 160, 8, 132, 32) == 500          # contexts differ: up to 4000/160 -> 8 ways
+    assert decode_kv_chunk(48, 4000, 3300, 8, 132, 32) == 4000        # within 25%: taken as alike
+
+
+def test_decode_step_is_costed_on_the_batch_it_holds() -> None:
+    p = PROFILE
+    assert p.decode_per_max_context_s > 0 and p.decode_per_split_token_s > 0
+    # a lone long request costs more per KV token than many short ones
+    assert p.decode_duration(1, 4000, 4000, 4000) - p.decode_duration(1, 160, 160, 160) > 3840 * p.decode_per_kv_token_s
+    with pytest.raises(ValueError, match="not a batch"):
+        p.decode_duration(2, 100, 4000, 60)
+    # the model's decode step: every running request's KV plus its new token
+    model = BatchModel(p, BIG)
+    model.submit(SimRequest("a", 3000, 4, t_ready=0.0))
+    model.submit(SimRequest("b", 200, 4, t_ready=0.0))
+    step = model.start_step(0.0)
+    assert step.kind == "prefill"
+    model.finish_step(step)
+    step = model.start_step(step.t_end)
+    assert step.kind == "decode"
+    assert step.t_end - step.t_start == pytest.approx(p.decode_duration(2, 3202 + 2, 3002, 202))
+
+
+def test_decode_grid_fit_recovers_its_constants() -> None:
+    grid = load_decode_grid(SGLANG_CAPTURES / "decode-grid-h200.json")
+    truth = dataclasses.replace(PROFILE, decode_base_s=4e-3, decode_per_req_s=2e-5, decode_per_kv_token_s=2e-7,
+                                decode_per_max_context_s=3e-7, decode_per_split_token_s=5e-8)
+    for point in grid["points"]:
+        contexts = grid_contexts(point)
+        point["step_s"] = truth.decode_duration(len(contexts), sum(contexts), max(contexts), min(contexts))
+    params, errors = fit_decode_grid(grid)
+    assert np.abs(errors).max() < 1e-9
+    for key in ("decode_base_s", "decode_per_req_s", "decode_per_kv_token_s", "decode_per_max_context_s",
+                "decode_per_split_token_s"):
+        assert params[key] == pytest.approx(getattr(truth, key), rel=1e-6), key
 
 
 def test_fidelity_of_the_bench_serving_workload_on_the_virtual_clock() -> None:

@@ -41,7 +41,8 @@ import polars as pl
 
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.report.load import ROW, is_run_folder, load_run, run_file
-from tracebench.sim.model import Limits, Profile, padded_tokens, resolve_max_running_requests, simulate
+from tracebench.sim.model import (Limits, Profile, decode_kv_chunk, padded_tokens, resolve_max_running_requests,
+                                  simulate)
 
 LLAMA2_7B_KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # K and V, 32 layers, hidden 4096, fp16
 # HBM bandwidth of the GPUs with a profile (datasheets: H200 4.8 TB/s, H100 SXM 80GB HBM3 3.35 TB/s): only for the
@@ -291,7 +292,86 @@ def decode_points(calibration: dict) -> tuple[list[dict], list[tuple[dict, str]]
     return kept, dropped
 
 
-def fit(calibration: dict, routing_runs: list[RoutingRun], name: str) -> Profile:
+# the decode grid (bench/gpu/decode_grid.py): sglang 0.5.17's triton decode attention on llama-2-7b
+TRITON_KV_SPLITS = 8          # --triton-attention-num-kv-splits default
+LLAMA2_7B_HEADS = 32
+SM_COUNT = {"NVIDIA H200": 132, "NVIDIA H100 80GB HBM3": 132}
+MIXED_LABEL = re.compile(r"\+|spread")   # a grid point whose requests differ in context
+
+
+def load_decode_grid(path: Path) -> dict:
+    """A decode-grid document (tests/data/sglang-0.5.17/decode-grid-h200.json); ConfigError when it lacks a field."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"--decode-grid {path}: {err}") from err
+    for key in ("accelerator", "points"):
+        if key not in doc:
+            raise ConfigError(f"--decode-grid {path}: lacks '{key}'")
+    for p in doc["points"]:
+        missing = [k for k in ("label", "lens", "mid_tokens", "step_s") if k not in p]
+        if missing:
+            raise ConfigError(f"--decode-grid {path}: point {p.get('label')!r} lacks {', '.join(missing)}")
+    if doc["accelerator"] not in SM_COUNT:
+        raise ConfigError(f"--decode-grid {path}: no SM count known for {doc['accelerator']!r}")
+    return doc
+
+
+def grid_contexts(point: dict) -> list[int]:
+    """Each request's context at the middle of a grid point's window: its input and the outputs it holds then."""
+    return [round(n + point["mid_tokens"]) for n in point["lens"]]
+
+
+def decode_grid_features(point: dict, sm_count: int) -> list[float]:
+    """[1, B, KV, longest, min(KV, B x chunk)] of a grid point at its window's middle (Profile.decode_duration)."""
+    contexts = grid_contexts(point)
+    b, kv, longest, shortest = len(contexts), sum(contexts), max(contexts), min(contexts)
+    chunk = decode_kv_chunk(b, longest, shortest, TRITON_KV_SPLITS, sm_count, LLAMA2_7B_HEADS)
+    return [1.0, b, kv, longest, min(kv, b * chunk)]
+
+
+def fit_decode_grid(grid: dict) -> tuple[dict[str, float | int], np.ndarray]:
+    """c, d, e, g, h by least squares of the relative error over the grid's points, the uniform batches (every
+    request the same context) and the mixed ones (contexts that differ, as in serving) carrying half the weight each;
+    returns the Profile fields and each point's relative error."""
+    sm = SM_COUNT[grid["accelerator"]]
+    points = grid["points"]
+    x = np.array([decode_grid_features(p, sm) for p in points])
+    y = np.array([p["step_s"] for p in points])
+    mixed = np.array([bool(MIXED_LABEL.search(p["label"])) for p in points])
+    if mixed.all() or not mixed.any():
+        raise ConfigError("the decode grid needs both uniform and mixed batches")
+    weight = np.where(mixed, 0.5 / mixed.sum(), 0.5 / (~mixed).sum())
+    coef = np.linalg.lstsq(x / y[:, None] * np.sqrt(weight)[:, None], np.sqrt(weight), rcond=None)[0]
+    c, d, e, g, h = (float(v) for v in coef)
+    params = {"decode_base_s": c, "decode_per_req_s": d, "decode_per_kv_token_s": e, "decode_per_max_context_s": g,
+              "decode_per_split_token_s": h, "decode_kv_splits": TRITON_KV_SPLITS, "decode_sm_count": sm,
+              "decode_attention_heads": LLAMA2_7B_HEADS}
+    return params, x @ coef / y - 1.0
+
+
+def decode_grid_report(profile: Profile, grid: dict) -> list[str]:
+    """The fitted decode step against every grid point (and what the step cost c + d B + e KV alone gives)."""
+    lines = ["decode grid (bench/gpu/decode_grid.py: B requests at once, the full-batch window's mean step)",
+             f"  {'point':<22} {'B':>3} {'KV':>7} {'longest':>7}  measured_ms  model_ms  error"]
+    errors = []
+    mixed_errors = []
+    for p in grid["points"]:
+        contexts = grid_contexts(p)
+        model = profile.decode_duration(len(contexts), sum(contexts), max(contexts), min(contexts))
+        err = model / p["step_s"] - 1
+        errors.append(err)
+        if MIXED_LABEL.search(p["label"]):
+            mixed_errors.append(err)
+        lines.append(f"  {p['label']:<22} {len(contexts):3d} {sum(contexts):7.0f} {max(contexts):7.0f}"
+                     f"  {p['step_s'] * 1e3:11.3f}  {model * 1e3:8.3f}  {err:+6.1%}")
+    errs, mixed_errs = np.array(errors), np.array(mixed_errors)
+    lines.append(f"  rms {np.sqrt(np.mean(errs ** 2)):.1%}, max |error| {np.abs(errs).max():.1%} over {errs.size} "
+                 f"points; mixed batches rms {np.sqrt(np.mean(mixed_errs ** 2)):.1%} over {mixed_errs.size}")
+    return lines
+
+
+def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_grid: dict | None = None) -> Profile:
     """Fit the profile. Pure: takes the calibration document (load_calibration / h200_calibration) and the routing
     runs' records, returns the profile."""
     prefill = calibration["prefill"]
@@ -355,18 +435,29 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str) -> Profile
     output = statistics.median(p["server_e2e"] - p["prefill"] - p["queue_time"] for p in prefill) - intake_close
     client = statistics.median(p["client_e2e"] - p["server_e2e"] for p in prefill)
 
+    decode = {"decode_base_s": float(c), "decode_per_req_s": float(d), "decode_per_kv_token_s": float(e),
+              "decode_per_max_context_s": 0.0, "decode_per_split_token_s": 0.0, "decode_kv_splits": TRITON_KV_SPLITS,
+              "decode_sm_count": SM_COUNT.get(calibration["accelerator"], 132), "decode_attention_heads": LLAMA2_7B_HEADS}
+    runs_text = ", ".join(f"{r.name}: {r.servers}" for r in routing_runs)
+    if decode_grid is not None:
+        if decode_grid["accelerator"] != calibration["accelerator"]:
+            raise ConfigError(f"the decode grid is of {decode_grid['accelerator']}, the calibration of "
+                              f"{calibration['accelerator']}")
+        decode = fit_decode_grid(decode_grid)[0]
     return Profile(
         name=name,
         prefill_base_s=float(a), prefill_per_token_s=float(b), prefill_per_token_sq_s=float(q),
         prefill_min_s=prefill_min,
-        decode_base_s=float(c), decode_per_req_s=float(d), decode_per_kv_token_s=float(e),
+        **decode,
         queue_entry_s=float(queue_entry), plan_lag_s=plan_lag, dispatch_s=float(dispatch), output_s=float(output),
         client_overhead_s=float(client),
         max_total_num_tokens=int(calibration["server_info"]["max_total_num_tokens"]), context_length=4096,
         chunked_prefill_size=8192, accelerator=calibration["accelerator"], prefill_token_buckets=token_buckets,
-        source=f"fitted by `python -m tracebench.sim.fit` to {calibration['source']} and, for the decode cost per "
-               "KV token, the per-request stamps of real routing runs ("
-               + ", ".join(f"{r.name}: {r.servers}" for r in routing_runs) + ")",
+        source=(f"fitted by `python -m tracebench.sim.fit` to {calibration['source']} and"
+                + (f" the per-request stamps of real routing runs for the intake and the plan lag ({runs_text}); the "
+                   f"decode step to a decode grid: {decode_grid['source'].split(';')[0]}"
+                   if decode_grid is not None else
+                   f", for the decode cost per KV token, the per-request stamps of real routing runs ({runs_text})")),
     )
 
 
@@ -392,7 +483,7 @@ def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun]) 
     kept, dropped = decode_points(calibration)
     for d in kept:
         b = d["batch"]
-        step = profile.decode_duration(b, b * DECODE_MEAN_CONTEXT)
+        step = profile.decode_duration(b, b * DECODE_MEAN_CONTEXT, DECODE_MEAN_CONTEXT, DECODE_MEAN_CONTEXT)
         outs = simulate(profile, limits, [(0.0, DECODE_INPUT, DECODE_OUTPUT)] * b)
         ttft = statistics.median(o.ttft for o in outs)
         e2e = statistics.median(o.e2e for o in outs)
@@ -406,7 +497,8 @@ def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun]) 
     e_bound = None if hbm is None else LLAMA2_7B_KV_BYTES_PER_TOKEN / hbm
     bound_head = ("(no HBM bandwidth known for this accelerator)" if e_bound is None else
                   f"(e = HBM bound {e_bound * 1e6:.3f} us: model_ms  error)")
-    lines += ["decode in the routing runs (mean decode step over requests' windows, weighted by steps)",
+    lines += ["decode in the routing runs (mean decode step over requests' windows, weighted by steps; the model "
+              "c + d B + e KV at the windows' mean batch and KV, without the longest-context and split terms)",
               f"  {'run':<22} {'requests':>8} {'batch':>6} {'kv/req':>7}  measured_ms  model_ms  error   {bound_head}"]
     for run in routing_runs:
         w = decode_windows(run, lambda ilens: profile.prefill_duration([(0, n) for n in ilens]))
@@ -448,6 +540,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--routing-runs", type=Path, required=True,
                         help="a run folder, or a folder of run folders, replayed on real sglang on the same GPU "
                              "(reports/examples/h200x2-routing, reports/examples/h100-sim-vs-real/fit)")
+    parser.add_argument("--decode-grid", type=Path, default=None,
+                        help="the decode step from this decode grid (bench/gpu/decode_grid.py; "
+                             "tests/data/sglang-0.5.17/decode-grid-h200.json) instead of the sweep and routing runs")
     parser.add_argument("--name", required=True, help="the profile's name (llama-2-7b-h100-triton)")
     parser.add_argument("--write", type=Path, default=None, help="write the profile JSON here")
     opts = parser.parse_args(argv)
@@ -456,10 +551,13 @@ def main(argv: list[str] | None = None) -> None:
     else:
         calibration = h200_calibration(opts.sglang_dir)
     routing_runs = load_routing_runs(opts.routing_runs)
-    profile = fit(calibration, routing_runs, opts.name)
+    grid = load_decode_grid(opts.decode_grid) if opts.decode_grid is not None else None
+    profile = fit(calibration, routing_runs, opts.name, grid)
     doc = profile_document(profile)
     print(json.dumps(doc["params"], indent=2))
     print("\n".join(report(profile, calibration, routing_runs)))
+    if grid is not None:
+        print("\n".join(decode_grid_report(profile, grid)))
     if opts.write is not None:
         tmp = opts.write.with_suffix(".json.tmp")
         tmp.write_text(profile_text(doc))

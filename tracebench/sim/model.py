@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -62,6 +63,13 @@ class Profile:
     decode_base_s: float           # c: fixed cost of a decode step
     decode_per_req_s: float        # d: per running request in the batch
     decode_per_kv_token_s: float   # e: per KV token the batch attends to
+    decode_per_max_context_s: float  # g: per token of the longest running request's context (its attention's serial
+                                     # part: sglang splits one request's KV at most decode_kv_splits ways)
+    decode_per_split_token_s: float  # h: per token of min(kv_tokens, batch x chunk): the KV a decode attention block
+                                     # walks alone, chunk from sglang's KV-split rule (decode_kv_chunk)
+    decode_kv_splits: int          # sglang's --triton-attention-num-kv-splits (the most splits of one request's KV)
+    decode_sm_count: int           # the GPU's SMs (the split rule's device_core_count)
+    decode_attention_heads: int    # the model's attention heads (query heads; llama-2-7b: 32, no GQA)
     queue_entry_s: float           # request received by the HTTP server -> in the scheduler's waiting queue
     plan_lag_s: float              # R: a step's start -> the next step planned (the scheduler processes the last
                                    # result first), so a request ready within R of a step's start joins the next one
@@ -90,8 +98,34 @@ class Profile:
         return max(self.prefill_min_s, self.prefill_base_s + self.prefill_per_token_s * padded_tokens(
             new, self.prefill_token_buckets) + self.prefill_per_token_sq_s * pairs)
 
-    def decode_duration(self, batch_size: int, kv_tokens: int) -> float:
-        return self.decode_base_s + self.decode_per_req_s * batch_size + self.decode_per_kv_token_s * kv_tokens
+    def decode_duration(self, batch_size: int, kv_tokens: int, max_context: int, min_context: int) -> float:
+        """One decode step of `batch_size` running requests holding `kv_tokens` KV tokens together, the longest
+        `max_context` tokens, the shortest `min_context` (the KV each one attends over, its new token included):
+        c + d * B + e * KV + g * max_context + h * min(KV, B * chunk), chunk = decode_kv_chunk(...). A function of the
+        batch's aggregate state only (B, KV, longest, shortest): a caller that folds n consecutive steps of one batch
+        adds B to KV and 1 to the longest and the shortest per step."""
+        if batch_size < 1 or not 1 <= min_context <= max_context or kv_tokens < batch_size * min_context:
+            raise ValueError(f"decode step of batch {batch_size}, {kv_tokens} KV tokens, contexts "
+                             f"{min_context}..{max_context}: not a batch")
+        chunk = decode_kv_chunk(batch_size, max_context, min_context, self.decode_kv_splits, self.decode_sm_count,
+                                self.decode_attention_heads)
+        return (self.decode_base_s + self.decode_per_req_s * batch_size + self.decode_per_kv_token_s * kv_tokens
+                + self.decode_per_max_context_s * max_context
+                + self.decode_per_split_token_s * min(kv_tokens, batch_size * chunk))
+
+
+def decode_kv_chunk(batch_size: int, max_context: int, min_context: int, max_splits: int, sm_count: int,
+                    heads: int) -> int:
+    """The KV tokens one block of sglang 0.5.17's triton decode attention walks: its rule for splitting each request's
+    KV (kernels/ops/attention/metadata.py get_num_kv_splits_triton, MHA): a batch whose contexts differ (longest >= 1.25
+    x shortest) splits the longest up to longest/shortest ways; a batch of few requests splits up to
+    sm_count x log2(longest / 64) / (batch x heads) ways; at most max_splits; chunk = ceil(longest / splits) of the
+    larger of the two. Few splits (uniform contexts, many requests) leave each block a long serial walk."""
+    shortest = max_context if max_context * 8 < min_context * 10 else min_context
+    splits_1 = min(-(-max_context // shortest), max_splits)
+    cores = int(sm_count * max(math.log2(max_context / 64.0), 1.0))
+    splits_2 = min(-(-cores // (batch_size * heads)), max_splits)
+    return min(-(-max_context // splits_1), -(-max_context // splits_2))
 
 
 # sglang 0.5.17 replays a prefill step as a CUDA graph (the default "breakable" backend) only when the padding to the
@@ -454,8 +488,10 @@ class BatchModel:
         from_idle = self.last_end != t_start   # the GPU idled before this step (or it is the first)
         step = self._plan_prebuilt(t_start, cutoff) or self._plan_prefill(t_start, cutoff)
         if step is None and self.running:
+            contexts = [r.kv_used + 1 for r in self.running]   # each attends over its KV and the new token
             kv = sum(r.kv_used for r in self.running)
-            duration = self.profile.decode_duration(len(self.running), kv) / self.speed
+            duration = self.profile.decode_duration(len(contexts), sum(contexts), max(contexts),
+                                                    min(contexts)) / self.speed
             step = Step("decode", t_start, t_start + duration, list(self.running), batch_tokens=kv)
         if step is None and (cutoff < t_start or self.unprocessed):
             # the GPU would idle: the next loop turn has processed the last result and picks up the new arrivals
