@@ -351,3 +351,29 @@ def test_profile_errors_name_the_file_and_field(tmp_path) -> None:
     bad.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="bad.json: field 'params': lacks decode_base_s"):
         load_profile(str(bad))
+
+
+def test_decode_reads_a_shared_prefix_once() -> None:
+    # four requests share a 2,048-token prompt prefix (prefilled by the first, then cache hits): their decode steps
+    # read those pages once; four unique prompts of the same lengths read all of their KV
+    def decode_steps(prompts: list[list[int]]) -> list[tuple[int, float]]:
+        model = BatchModel(PROFILE, BIG)
+        for i, ids in enumerate(prompts):
+            model.submit(SimRequest(f"r{i}", len(ids), 6, t_ready=0.0, input_ids=ids))
+        t, out = 0.0, []
+        while (step := model.start_step(t)) is not None:
+            if step.kind == "decode":
+                out.append((model._shared_prefix_repeats(), step.t_end - step.t_start))
+            model.finish_step(step)
+            t = step.t_end
+        return out
+
+    rng = np.random.default_rng(0)
+    shared = rng.integers(1000, 32000, 2048).tolist()
+    tails = [rng.integers(1000, 32000, 256).tolist() for _ in range(4)]
+    with_shared = decode_steps([shared + tail for tail in tails])
+    unique = decode_steps([rng.integers(1000, 32000, 2304).tolist() for _ in range(4)])
+    assert [repeats for repeats, _ in unique] == [0] * len(unique)
+    full = [(repeats, seconds) for repeats, seconds in with_shared if repeats > 0]
+    assert full and all(repeats == 3 * 2048 for repeats, _ in full[-3:])   # 4 share 2,048: 3 x 2,048 read once
+    assert full[-1][1] < unique[-1][1] - 3 * 2048 * PROFILE.decode_per_kv_token_s * 0.99

@@ -99,12 +99,14 @@ class Profile:
             new, self.prefill_token_buckets) + self.prefill_per_token_sq_s * pairs)
 
     def decode_duration(self, batch_size: int, kv_tokens: int, max_context: int, min_context: int) -> float:
-        """One decode step of `batch_size` running requests holding `kv_tokens` KV tokens together, the longest
-        `max_context` tokens, the shortest `min_context` (the KV each one attends over, its new token included):
+        """One decode step of `batch_size` running requests whose contexts (the KV each one attends over, its new
+        token included) are at most `max_context` and at least `min_context` tokens, reading `kv_tokens` distinct KV
+        tokens (a prefix several of them share, the same radix-cache pages, counted once):
         c + d * B + e * KV + g * max_context + h * min(KV, B * chunk), chunk = decode_kv_chunk(...). A function of the
         batch's aggregate state only (B, KV, longest, shortest): a caller that folds n consecutive steps of one batch
         adds B to KV and 1 to the longest and the shortest per step."""
-        if batch_size < 1 or not 1 <= min_context <= max_context or kv_tokens < batch_size * min_context:
+        if (batch_size < 1 or not 1 <= min_context <= max_context
+                or not max_context <= kv_tokens <= batch_size * max_context):
             raise ValueError(f"decode step of batch {batch_size}, {kv_tokens} KV tokens, contexts "
                              f"{min_context}..{max_context}: not a batch")
         chunk = decode_kv_chunk(batch_size, max_context, min_context, self.decode_kv_splits, self.decode_sm_count,
@@ -472,6 +474,25 @@ class BatchModel:
             return max(t_free, min(heads))
         return None
 
+    def _shared_prefix_repeats(self) -> int:
+        """KV tokens the running requests hold through the prefix cache beyond the distinct ones: each locks the path
+        of its prompt (cache_owned tokens); a node on several paths is one set of pages, read once per decode step."""
+        if self.cache is None:
+            return 0
+        owned = 0
+        distinct = 0
+        seen: set[int] = set()
+        for r in self.running:
+            if r.cache_node is None:
+                continue
+            owned += r.cache_owned
+            node = r.cache_node
+            while node is not None and id(node) not in seen:
+                seen.add(id(node))
+                distinct += len(node.key)
+                node = node.parent
+        return owned - distinct
+
     def start_step(self, t_start: float) -> Step | None:
         """Plan the step that starts at `t_start` (only requests ready by then are admitted). None: nothing to do."""
         if self.current is not None:
@@ -490,8 +511,8 @@ class BatchModel:
         if step is None and self.running:
             contexts = [r.kv_used + 1 for r in self.running]   # each attends over its KV and the new token
             kv = sum(r.kv_used for r in self.running)
-            duration = self.profile.decode_duration(len(contexts), sum(contexts), max(contexts),
-                                                    min(contexts)) / self.speed
+            duration = self.profile.decode_duration(len(contexts), sum(contexts) - self._shared_prefix_repeats(),
+                                                    max(contexts), min(contexts)) / self.speed
             step = Step("decode", t_start, t_start + duration, list(self.running), batch_tokens=kv)
         if step is None and (cutoff < t_start or self.unprocessed):
             # the GPU would idle: the next loop turn has processed the last result and picks up the new arrivals
