@@ -62,7 +62,9 @@ from tracebench.report.pd import is_pd, pd_stats, stage_exprs  # noqa: E402
 # runs recorded -> the committed file's. A sim replay of the file stands for a replay of the recorded trace (the ids
 # it sends differ, drawn from the sha256: the same for a trace without shared prefixes)
 RE_HEADED = {"7817d9599473c8dc664367462166f547fd085dace5eb76026d2e4921e2dcbf14":
-             "3c001fb72d029dda0cbd7db24613c63f2eed58dd45bfc7ed157fa11a8fc401e0"}   # sim4-routing/azure4.jsonl
+             "3c001fb72d029dda0cbd7db24613c63f2eed58dd45bfc7ed157fa11a8fc401e0",   # sim4-routing/azure4.jsonl
+             "818bae1f86fe9ff37d25fded8d20a7df760988fac2f9db607439a824d08561f1":
+             "4955647f2ac960296cd304e2a0ee2e91f8abe0951e6e7c58cfb1b7c7fce5a10d"}   # h200-node-level/bs-arrivals.jsonl
 TOLERANCE = 0.15  # issue 6: refit the profile when the simulator is off by more than this (--tolerance)
 
 
