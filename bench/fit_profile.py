@@ -2,7 +2,7 @@
 per calibration point.
 
 - llama-2-7b-h200-triton: the H200 captures of tests/data/sglang-0.5.17 (calibration.json, prefix-cache-h200.json,
-  api_capture.json), the decode grid decode-grid-h200.json (the decode step; issue 36) and the real routing runs
+  api_capture.json), the decode grid decode-grid-h200.json.xz (the decode step; issue 36) and the real routing runs
   reports/examples/h200x2-routing/*/ (two H200s, Azure lengths: the idle intake and the plan lag).
 - llama-2-7b-h100-triton: tests/data/sglang-0.5.17/calibration-h100.json.xz (bench/gpu/calibrate.py on one H100) and
   the real fit run reports/examples/h100-sim-vs-real/fit/fit-azure-round_robin (two H100s, Azure lengths, cap 24).
@@ -28,7 +28,7 @@ from tracebench.sim.fit import main  # noqa: E402
 DATA = REPO / "tests" / "data" / "sglang-0.5.17"
 EXAMPLES = REPO / "reports" / "examples"
 PROFILES = {
-    "h200": ("llama-2-7b-h200-triton", ["--sglang-dir", str(DATA), "--decode-grid", str(DATA / "decode-grid-h200.json")],
+    "h200": ("llama-2-7b-h200-triton", ["--sglang-dir", str(DATA), "--decode-grid", str(DATA / "decode-grid-h200.json.xz")],
              EXAMPLES / "h200x2-routing"),
     "h100": ("llama-2-7b-h100-triton", ["--calibration", str(DATA / "calibration-h100.json.xz")],
              EXAMPLES / "h100-sim-vs-real" / "fit"),

@@ -235,7 +235,7 @@ def test_committed_profile_is_the_fit_of_the_calibration() -> None:
     runs = load_routing_runs(ROUTING_RUNS)
     assert len(runs) >= 4 and all(len(run.records) >= 700 for run in runs)
     assert_committed(fit(h200_calibration(SGLANG_CAPTURES), runs, PROFILE.name,
-                         load_decode_grid(SGLANG_CAPTURES / "decode-grid-h200.json")))
+                         load_decode_grid(SGLANG_CAPTURES / "decode-grid-h200.json.xz")))
 
 
 def test_committed_h100_profile_is_the_fit_of_its_inputs() -> None:
@@ -318,7 +318,7 @@ def test_decode_step_is_costed_on_the_batch_it_holds() -> None:
 
 
 def test_decode_grid_fit_recovers_its_constants() -> None:
-    grid = load_decode_grid(SGLANG_CAPTURES / "decode-grid-h200.json")
+    grid = load_decode_grid(SGLANG_CAPTURES / "decode-grid-h200.json.xz")
     truth = dataclasses.replace(PROFILE, decode_base_s=4e-3, decode_per_req_s=2e-5, decode_per_kv_token_s=2e-7,
                                 decode_per_max_context_s=3e-7, decode_per_split_token_s=5e-8)
     for point in grid["points"]:

@@ -1,6 +1,6 @@
 """sglang's own decode step for each point of a decode grid (bench/gpu/decode_grid.py), from its server log.
 
-    python3 bench/gpu/decode_grid_log.py decode-grid-0.json server.log.gz [--write tests/data/sglang-0.5.17/decode-grid-h200.json]
+    python3 bench/gpu/decode_grid_log.py decode-grid-0.json server.log.gz [--write FILE.json]
 
 With `--decode-log-interval 10` sglang logs every 10 decode steps `Decode batch, #running-req: B, #token: K, ...,
 gen throughput (token/s): G`: G is the tokens generated over the interval / its time, so B / G is the interval's mean
@@ -8,7 +8,8 @@ step. A log line belongs to a point when its second stamp lies within the point'
 and K (KV tokens in use) lies in [sum of inputs, sum of inputs + 65 B]; the point's sglang step is the median of its
 lines' B / G without the largest (the first interval of a point also holds its prefill). Prints each point's client
 step (the full-batch window) next to sglang's, and their agreement; `--write` adds `sglang_log_step_s` and
-`sglang_log_intervals` to every point of a compact grid file (the committed one, whose points have the same labels).
+`sglang_log_intervals` to every point of a compact grid file whose points have the same labels (the committed one is its xz:
+`xz -dk`, then --write, then `xz -9e`).
 """
 
 from __future__ import annotations

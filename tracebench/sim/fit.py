@@ -300,10 +300,11 @@ MIXED_LABEL = re.compile(r"\+|spread")   # a grid point whose requests differ in
 
 
 def load_decode_grid(path: Path) -> dict:
-    """A decode-grid document (tests/data/sglang-0.5.17/decode-grid-h200.json); ConfigError when it lacks a field."""
+    """A decode-grid document (tests/data/sglang-0.5.17/decode-grid-h200.json.xz); ConfigError when it lacks a field."""
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        data = path.read_bytes()
+        doc = json.loads(lzma.decompress(data) if path.suffix == ".xz" else data)
+    except (OSError, lzma.LZMAError, json.JSONDecodeError) as err:
         raise ConfigError(f"--decode-grid {path}: {err}") from err
     for key in ("accelerator", "points"):
         if key not in doc:
@@ -542,7 +543,7 @@ def main(argv: list[str] | None = None) -> None:
                              "(reports/examples/h200x2-routing, reports/examples/h100-sim-vs-real/fit)")
     parser.add_argument("--decode-grid", type=Path, default=None,
                         help="the decode step from this decode grid (bench/gpu/decode_grid.py; "
-                             "tests/data/sglang-0.5.17/decode-grid-h200.json) instead of the sweep and routing runs")
+                             "tests/data/sglang-0.5.17/decode-grid-h200.json.xz) instead of the sweep and routing runs")
     parser.add_argument("--name", required=True, help="the profile's name (llama-2-7b-h100-triton)")
     parser.add_argument("--write", type=Path, default=None, help="write the profile JSON here")
     opts = parser.parse_args(argv)
