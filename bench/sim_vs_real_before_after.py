@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/sim_vs_real_before_after.py LIST BEFORE_DIR AFTER_DIR [--check]
 
-LIST: lines `REAL_RUN TRACE` (the pairs given to `bench/sim_vs_real.py --replay`); BEFORE_DIR / AFTER_DIR: folders
+LIST: lines (bench/sim_vs_real_runs.txt: every committed real run with its trace) `REAL_RUN TRACE` (the pairs given to `bench/sim_vs_real.py --replay`); BEFORE_DIR / AFTER_DIR: folders
 holding, per real run, `<group>/<run name>/` as `bench/sim_vs_real.py --replay ... --out DIR/<group>` made them, group
 = the real run's path under reports/examples with '/' as '_', and a file `done` in `<group>/` once its replay
 finished (a run without one shows n/a). Figures are bench/sim_vs_real.py's (the report's loader
