@@ -32,7 +32,7 @@ from tracebench.replay.router import ServerState
 from tracebench.replay.servers import Fleet, ServerPlan
 from tracebench.replay.tokens import InputIds
 from tracebench.sim.args import SimArgs
-from tracebench.sim.engine import Pending, RunDelivery
+from tracebench.sim.engine import RunDelivery
 from tracebench.sim.inprocess import InProcessServer, sim_args_from_command
 from tracebench.sim.validate import BadRequest, SchedulerAbort
 from tracebench.trace.format import TraceRequest
