@@ -18,7 +18,7 @@ meta_info, answer check, `t_parsed`) is the router's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from tracebench.itl import ItlGaps
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, Api, SglangClient
@@ -26,14 +26,19 @@ from tracebench.replay.records import RequestRecord
 from tracebench.replay.tokens import InputIds
 from tracebench.trace.format import TraceRequest
 
-if TYPE_CHECKING:
-    from tracebench.replay.router import ServerState
-
 
 class Progress(Protocol):
     """What a sender updates as a request's answer comes (router._Flight)."""
 
     t_progress: float
+
+
+class Destination(Protocol):
+    """The server a request goes to, as a sender sees it (router.ServerState): where, and its last sign of work."""
+
+    index: int
+    generate_url: str
+    t_heard: float
 
 
 class Sender(Protocol):
@@ -45,7 +50,7 @@ class Sender(Protocol):
 
     def prepare_body(self, request: TraceRequest) -> None: ...
 
-    async def exchange(self, rec: RequestRecord, server: ServerState, flight: Progress,
+    async def exchange(self, rec: RequestRecord, server: Destination, flight: Progress,
                        blocks: tuple[int, ...] | None, now: Callable[[], float]) -> Answer: ...
 
 
@@ -79,7 +84,7 @@ class HttpSender:
         ids = self.input_ids.ids(rid, input_len) if blocks is None else self.input_ids.block_ids(blocks, input_len)
         return self.api.body(ids, output_len, self.stream)
 
-    async def exchange(self, rec: RequestRecord, server: ServerState, flight: Progress,
+    async def exchange(self, rec: RequestRecord, server: Destination, flight: Progress,
                        blocks: tuple[int, ...] | None, now: Callable[[], float]) -> Answer:
         """POST `rec` to `server` and read its answer: t_dispatch, t_first_token, t_finish as the items arrive (the
         gaps between later chunks: inter-token latency, tracebench/itl.py); each item is progress."""

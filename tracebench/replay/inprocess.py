@@ -26,9 +26,8 @@ from tracebench.errors import ServerStartError
 from tracebench.itl import ItlGaps
 from tracebench.replay.client import Answer, Fetched, GenerateApi
 from tracebench.replay.clock import RunClock
-from tracebench.replay.flight import Progress
+from tracebench.replay.flight import Destination, Progress
 from tracebench.replay.records import RequestRecord
-from tracebench.replay.router import ServerState
 from tracebench.replay.servers import Fleet, ServerPlan
 from tracebench.replay.tokens import InputIds
 from tracebench.sim.args import SimArgs
@@ -160,7 +159,7 @@ class _Watch:
 
     __slots__ = ("rec", "flight", "server", "hop", "offset", "gaps", "t_chunk", "done")
 
-    def __init__(self, rec: RequestRecord, flight: Progress, server: ServerState, hop: float, offset: float,
+    def __init__(self, rec: RequestRecord, flight: Progress, server: Destination, hop: float, offset: float,
                  done: asyncio.Future[float], stream: bool) -> None:
         self.rec = rec
         self.flight = flight
@@ -233,7 +232,7 @@ class InProcessSender:
     def prepare_body(self, request: TraceRequest) -> None:
         return None
 
-    async def exchange(self, rec: RequestRecord, server: ServerState, flight: Progress,
+    async def exchange(self, rec: RequestRecord, server: Destination, flight: Progress,
                        blocks: tuple[int, ...] | None, now: Callable[[], float]) -> Answer:
         srv = self.fleet.servers[server.index]
         loop = asyncio.get_running_loop()

@@ -191,8 +191,6 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
     for warning in doc.get("warnings") or []:
         lines += _wrap("! " + warning, indent="")
     for entry in doc.get("capacity") or []:
-        from tracebench.sweep.run import capacity_line
-
         lines += _wrap(f"capacity, {setup_name(entry['gpus'], entry.get('pd'))}, policy {entry['policy']}: "
                        f"{capacity_line(entry)}", indent="")
         best = next((r for r in points if r["gpus"] == entry["gpus"] and r.get("pd") == entry.get("pd")
@@ -206,3 +204,20 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
     lines += _wrap(f"folder: {folder} (summary.csv, summary.json, load-latency.html and .png, traces/, one run "
                    "folder per point: `tracebench report` compares any of them)", indent="")
     return "\n".join(lines) + "\n"
+
+
+def _fmt_value(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def capacity_line(entry: dict[str, Any]) -> str:
+    """One capacity search's answer in words (the terminal's and the sweep's progress line)."""
+    lo, hi = entry.get("max_rate"), entry.get("lowest_rate_not_met")
+    if lo is None:
+        return (f"no rate met the SLO (lowest tried {_fmt_value(hi)} req/s); {entry.get('stopped')}" if hi
+                else f"no answer; {entry['stopped']}" if entry.get("stopped") else "no point")
+    if hi is None:
+        return f"every rate tried met the SLO, up to {_fmt_value(lo)} req/s; {entry.get('stopped')}"
+    per = f", {_fmt_value(lo / entry['gpus'])} per server" if entry["gpus"] > 1 else ""
+    return (f"max rate {_fmt_value(lo)} req/s{per} (met; {_fmt_value(hi)} did not), {len(entry.get('points', []))} "
+            f"points; {entry.get('stopped')}")

@@ -377,6 +377,8 @@ class Sweep:
                 if result.lo is not None:
                     found.setdefault((gpus, pd), result.lo)
                 servers = f"PD {pd}" if pd is not None else f"{gpus} server(s)"
+                from tracebench.sweep.output import capacity_line
+
                 self.stderr.write(f"tracebench sweep: {servers}, policy {policy}: {capacity_line(entry)}\n")
         self.write_summary()
 
@@ -549,18 +551,6 @@ def host_lag(stats: Any) -> dict[str, Any] | None:
 
 def _some(points: list[str]) -> str:
     return f"{len(points)} point(s) ({', '.join(points[:3])}{', ...' if len(points) > 3 else ''})"
-
-
-def capacity_line(entry: dict[str, Any]) -> str:
-    lo, hi = entry.get("max_rate"), entry.get("lowest_rate_not_met")
-    if lo is None:
-        return (f"no rate met the SLO (lowest tried {_fmt_value(hi)} req/s); {entry.get('stopped')}" if hi
-                else f"no answer; {entry['stopped']}" if entry.get("stopped") else "no point")
-    if hi is None:
-        return f"every rate tried met the SLO, up to {_fmt_value(lo)} req/s; {entry.get('stopped')}"
-    per = f", {_fmt_value(lo / entry['gpus'])} per server" if entry["gpus"] > 1 else ""
-    return (f"max rate {_fmt_value(lo)} req/s{per} (met; {_fmt_value(hi)} did not), {len(entry.get('points', []))} "
-            f"points; {entry.get('stopped')}")
 
 
 def _finite(value: float | None) -> float | None:
