@@ -31,8 +31,8 @@ from tracebench.cleanup import StopSignals, temp_files
 from tracebench.errors import CopyNotWritten, RunFolderError
 # the threshold lives with the options: replay and sweep check its variable before a run, without this module
 from tracebench.options import COPY_MIN_BYTES, copy_min_bytes
+from tracebench.report.copy_name import COLUMNS_COPY
 
-COLUMNS_COPY = "requests.columns.parquet"  # (report/load.py reads it by this name)
 COPY_TEMP_TAG = "writing"  # the copy is written as .requests.columns.parquet.writing-<pid> first
 # what a copy not written leaves (CopyNotWritten's message ends with it)
 WHOLE = (f": the run is whole without it; `tracebench report` parses its requests.jsonl (slower above "

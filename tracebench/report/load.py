@@ -37,7 +37,7 @@ import polars as pl
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.itl import HIST_PATTERN
 # requests.jsonl's columnar copy (its name), written beside it at the clean end of a big replay
-from tracebench.report.columns import COLUMNS_COPY
+from tracebench.report.copy_name import COLUMNS_COPY
 from tracebench.report.speed import to_simulated_times
 
 RUN_FORMAT_VERSION = 1
