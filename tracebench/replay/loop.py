@@ -15,7 +15,7 @@ import asyncio
 import select
 import selectors
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -55,10 +55,15 @@ else:  # no epoll (not Linux): asyncio's own loop; tracebench's figures are for 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
     """`asyncio.run(main)` on the precise loop (same semantics: Ctrl-C cancels `main`, the loop is closed after)."""
+    return _run_on(new_loop, main)
+
+
+def _run_on(loop_factory: Callable[[], asyncio.AbstractEventLoop], main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` on a loop `loop_factory` makes."""
     if sys.version_info >= (3, 11):
-        with asyncio.Runner(loop_factory=new_loop) as runner:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
             return runner.run(main)
-    loop = new_loop()  # Python 3.10: asyncio.run's steps, by hand
+    loop = loop_factory()  # Python 3.10: asyncio.run's steps, by hand
     try:
         asyncio.set_event_loop(loop)
         return loop.run_until_complete(main)
@@ -149,21 +154,4 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
 def run_virtual(main: Coroutine[Any, Any, T]) -> T:
     """`run(main)` on a `VirtualLoop` (the replay's --clock virtual)."""
-    if sys.version_info >= (3, 11):
-        with asyncio.Runner(loop_factory=VirtualLoop) as runner:
-            return runner.run(main)
-    loop = VirtualLoop()
-    try:
-        asyncio.set_event_loop(loop)
-        return loop.run_until_complete(main)
-    finally:
-        try:
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
+    return _run_on(VirtualLoop, main)

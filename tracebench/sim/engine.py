@@ -233,6 +233,10 @@ class LiveEngine:
             pend.event.set()
             if pend.watcher is not None:
                 pend.watcher.on_token(now)
+        self._deliver_finished(finished, now, late)
+
+    def _deliver_finished(self, finished: list[SimRequest], now: float, late: float) -> None:
+        """The requests a step finished: their end is handed out at `now` (`late` behind the model's plan)."""
         for req in finished:
             pend = self.pending.pop(req, None)
             if pend is None:
@@ -251,7 +255,8 @@ class LiveEngine:
         """A decode run's tokens (`_deliver`'s, for every step of the run at once: each request's watcher gets their
         moments; the last is now)."""
         now = run.times[-1]
-        self.stats.on_lag(max(0.0, asyncio.get_running_loop().time() - now))
+        late = max(0.0, asyncio.get_running_loop().time() - now)
+        self.stats.on_lag(late)
         for req, count in produced:
             pend = self.pending.get(req)
             if pend is None:
@@ -260,15 +265,7 @@ class LiveEngine:
             pend.event.set()
             if pend.watcher is not None:
                 pend.watcher.on_tokens(run)
-        for req in finished:
-            pend = self.pending.pop(req, None)
-            if pend is None:
-                continue
-            pend.finished = True
-            pend.t_finished = now
-            pend.event.set()
-            if pend.watcher is not None:
-                pend.watcher.on_done(now)
+        self._deliver_finished(finished, now, late)
 
 
 async def all_finished(pendings: list[Pending]) -> None:
