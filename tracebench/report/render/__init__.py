@@ -164,11 +164,8 @@ def _wide_section_table(report: Report, title: str, rows: list[Row], with_stat: 
     out: list[list[Cell]] = []
     previous = None
     for row in rows:
-        name = row.label if row.metric != previous else ""
-        if not with_stat and row.unit not in ("requests", "tokens"):
-            name = f"{row.label} ({unit_shown(row)})" if row.unit != "fraction" else row.label
+        cells = _label_cells(row, previous, with_stat)
         previous = row.metric
-        cells = [Cell(name)] + ([Cell(row.stat)] if with_stat else [])
         cells += [Cell(fmt_value(unit_shown(row), v)) for v in row.values]
         for i in others:
             delta = row.deltas[i]
@@ -180,6 +177,15 @@ def _wide_section_table(report: Report, title: str, rows: list[Row], with_stat: 
     # the metric's label and the intervals may wrap (at spaces; an interval stays whole)
     wrap = frozenset([0, *(i for i, name in enumerate(header) if name.endswith("CI of Δ"))])
     return Table(title, header, out, align, keys=keys, groups=groups, wrap=wrap)
+
+
+def _label_cells(row: Row, previous: str | None, with_stat: bool) -> list[Cell]:
+    """A row's first cells: its metric's label (once per metric; with its unit where the table has no stat column),
+    then its stat."""
+    name = row.label if row.metric != previous else ""
+    if not with_stat and row.unit not in ("requests", "tokens"):
+        name = f"{row.label} ({unit_shown(row)})" if row.unit != "fraction" else row.label
+    return [Cell(name)] + ([Cell(row.stat)] if with_stat else [])
 
 
 def _delta_short(row: Row, delta: Delta | None) -> str:
@@ -206,11 +212,8 @@ def _runs_layout_table(report: Report, title: str, rows: list[Row], with_stat: b
     out: list[list[Cell]] = []
     previous = None
     for row in rows:
-        name = row.label if row.metric != previous else ""
-        if not with_stat and row.unit not in ("requests", "tokens"):
-            name = f"{row.label} ({unit_shown(row)})" if row.unit != "fraction" else row.label
+        cells = _label_cells(row, previous, with_stat)
         previous = row.metric
-        cells = [Cell(name)] + ([Cell(row.stat)] if with_stat else [])
         for i, value in enumerate(row.values):
             delta = row.deltas[i]
             change = _delta_short(row, delta) if i != report.baseline else ""
