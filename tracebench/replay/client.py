@@ -135,6 +135,11 @@ class _StampedBody(aiohttp.BytesPayload):
 KEEPALIVE_S = 4.0
 
 
+def timeout_text(request_timeout: float) -> str:
+    """What a record says of a request --timeout ended (its run seconds), unless the caller names it otherwise."""
+    return f"no complete answer within --timeout {request_timeout:g} s"
+
+
 class SglangClient:
     """One aiohttp session for the whole run: no connection limit (the router decides what is in flight), no
     session-wide timeout (aiohttp's default of 300 s would cut long requests); `request_timeout` applies per
@@ -149,7 +154,7 @@ class SglangClient:
         self.stream = stream
         self.request_timeout = request_timeout
         if timeout_reason is None and request_timeout is not None:
-            timeout_reason = f"no complete answer within --timeout {request_timeout:g} s"
+            timeout_reason = timeout_text(request_timeout)
         self.timeout_reason = timeout_reason
         self._gen_timeout = aiohttp.ClientTimeout(total=request_timeout)
         self.session = aiohttp.ClientSession(

@@ -10,8 +10,8 @@ records stay on this one clock (run seconds); `tracebench report` multiplies by 
 
 `--clock virtual` (`VirtualRunClock`): the run's seconds are the simulated loop's (`loop.VirtualLoop`), which moves
 from event to event and never reads the host's time; the in-process servers (`replay/inprocess.py`) stamp their
-answers on that same clock, so `from_wall` takes their stamps as they are. `wall_start` is still the host's wall
-time at the start, for run.json alone.
+answers in the loop's own seconds, so `from_wall` only takes the run's start off them. `wall_start` is still the
+host's wall time at the start, for run.json alone.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import orjson
 
 from tracebench.errors import ServerStartError
 from tracebench.itl import ItlGaps
-from tracebench.replay.client import Answer, Fetched, GenerateApi
+from tracebench.replay.client import Answer, Fetched, GenerateApi, timeout_text
 from tracebench.replay.clock import RunClock
 from tracebench.replay.flight import Destination, Progress
 from tracebench.replay.records import RequestRecord
@@ -221,8 +221,7 @@ class InProcessSender:
         `timeout_reason`: what a timed-out record says."""
         self.fleet = fleet
         self.request_timeout = request_timeout
-        self.timeout_reason = timeout_reason or (None if request_timeout is None else
-                                                 f"no complete answer within --timeout {request_timeout:g} s")
+        self.timeout_reason = timeout_reason or (None if request_timeout is None else timeout_text(request_timeout))
         self.input_ids = input_ids
         self.stream = stream
         self.api = GenerateApi()

@@ -640,7 +640,7 @@ class Replay:
         self.t_end: float | None = None
         self.beside = BesideTelemetry(run_dir, cfg.metrics_interval)  # /metrics scrapes, GPU samples
         self.saturation: Saturation | None = None  # the verdict that stopped the run (--saturation-window)
-        self.wall_start: float | None = None  # --clock virtual: host monotonic time at the loop's start
+        self.host_start: float | None = None  # --clock virtual: the host's monotonic time at the loop's start
         self.hops: Any = None  # --clock virtual: the modelled HTTP hops (inprocess.Hops)
         self.senders: Any = None  # --senders N > 1: the sender processes (senders.ProcessSender)
 
@@ -770,7 +770,7 @@ class Replay:
                 if self.shared is None:
                     self.fleet.start()
                 if self.cfg.clock == "virtual":
-                    self.wall_start = time.monotonic()
+                    self.host_start = time.monotonic()
                     run_virtual(self._main())  # the loop's clock jumps from event to event (replay/loop.py)
                 else:
                     run_loop(self._main())  # asyncio.run, with timers that wake when due (replay/loop.py)
@@ -830,8 +830,8 @@ class Replay:
         counts = self._counts()
         summary = ", ".join(f"{k} {counts[k]}" for k in STATUSES)
         took = f" in {self.t_end:.1f} s of run time" if self.t_end is not None else ""
-        if took and self.wall_start is not None:  # --clock virtual: run time is simulated; the host's is apart
-            wall = time.monotonic() - self.wall_start
+        if took and self.host_start is not None:  # --clock virtual: run time is simulated; the host's is apart
+            wall = time.monotonic() - self.host_start
             took = f" in {self.t_end:.1f} simulated s ({wall:.1f} s of wall time, {self.t_end / max(wall, 1e-9):,.0f}x real time)"
         if took and self.cfg.speed is not None and self.cfg.speed != 1:  # (speed 1: run time is simulated time)
             took += f" ({self._simulated_duration()})"
@@ -1043,7 +1043,8 @@ class Replay:
     def _sender(self, client: Any, input_ids: InputIds, clock: RunClock, timeout: float | None,
                 reason: str | None) -> Any:
         """How the requests reach the servers (flight.py): HTTP, or (--clock virtual) a direct call into the
-        in-process servers, with the HTTP hops modelled from their profile."""
+        in-process servers, with the HTTP hops modelled from their profile (one: they are built from one command
+        line but for --port)."""
         if self.senders is not None:
             self.senders.use_clock(clock.mono_start, clock.wall_start)
             return self.senders
@@ -1052,10 +1053,7 @@ class Replay:
         from tracebench.replay.inprocess import Hops, InProcessFleet, InProcessSender
 
         assert isinstance(self.fleet, InProcessFleet)
-        profiles = {server.args.profile for server in self.fleet.servers}
-        if len(profiles) != 1:
-            raise ConfigError("--clock virtual: every server must have the same profile")
-        self.hops = Hops.of_profile(profiles.pop().client_overhead_s)
+        self.hops = Hops.of_profile(self.fleet.servers[0].args.profile.client_overhead_s)
         return InProcessSender(self.fleet, input_ids, self.cfg.stream, self.hops, clock, timeout, reason)
 
     def _beside_servers(self) -> list[dict[str, Any]]:

@@ -61,7 +61,7 @@ class Pending:
 class Watcher(Protocol):
     def on_token(self, t_visible: float) -> None: ...
 
-    def on_tokens(self, times: RunDelivery) -> None: ...
+    def on_tokens(self, run: RunDelivery) -> None: ...
 
     def on_done(self, t_visible: float) -> None: ...
 
@@ -198,8 +198,11 @@ class LiveEngine:
             result = model.finish_step(step)
             t_free = step.t_end
             if step.kind == "decode":
-                for end in step.step_ends:
-                    self.stats.on_decode(end, len(result.produced))
+                if step.run_starts is None:
+                    self.stats.on_decode(step.t_end, len(result.produced))
+                else:
+                    for end in step.step_ends:
+                        self.stats.on_decode(end, len(result.produced))
             elif step.kind == "prefill":   # a PD decode server's "prebuilt" step computes nothing
                 self.stats.on_prefill(step)
             if result.produced or result.finished:
@@ -248,7 +251,6 @@ class LiveEngine:
             pend.event.set()
             if pend.watcher is not None:
                 pend.watcher.on_done(now)
-
 
     def _deliver_run(self, produced: list[tuple[SimRequest, int]], finished: list[SimRequest],
                      run: RunDelivery) -> None:

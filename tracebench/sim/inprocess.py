@@ -45,16 +45,13 @@ class InProcessServer:
     """One simulated server in this process. Its stamps (meta_info, /v1/loads) are in the run clock's seconds: its
     wall clock is anchored so that the run's start is 0 (`start`)."""
 
-    def __init__(self, args: SimArgs, fold_steps: int = FOLD_STEPS) -> None:
-        """`fold_steps`: the longest decode run (engine.LiveEngine; 0: one step at a time, for the tests that
-        check a run is only a shorthand)."""
+    def __init__(self, args: SimArgs) -> None:
         if args.disaggregation_mode != "null":
             raise ConfigError("an in-process (virtual-clock) server is not a PD role: PD runs need --clock real")
         self.args = args
         self.sim = SimServer(args)
         self.engine = self.sim.engine
-        self.engine.fold_steps = fold_steps
-        self.task: asyncio.Task[None] | None = None
+        self.engine.fold_steps = FOLD_STEPS
         self._seq = 0  # rids: the request's position at this server (unique, and the same every run)
 
     def start(self, run_start: float) -> asyncio.Task[None]:
@@ -65,8 +62,7 @@ class InProcessServer:
         answers.now_wall = lambda: loop.time() - run_start
         now = loop.time()
         self.sim.t_ready_at = now
-        self.task = self.engine.start(now, wall_now=now - run_start)
-        return self.task
+        return self.engine.start(now, wall_now=now - run_start)
 
     def submit(self, input_len: int, max_new_tokens: int, tokens: Sequence | None, t_received: float,
                stream: bool) -> Pending:
