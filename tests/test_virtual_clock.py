@@ -72,6 +72,20 @@ def test_virtual_run_is_deterministic_and_deaf_to_host_load(tmp_path: Path) -> N
     assert telemetry and max(line["in_flight"] for line in telemetry) <= 6
 
 
+def test_a_saturation_stop_writes_the_same_records_every_time(tmp_path: Path) -> None:
+    """The saturation stop cancels ~1,000 requests in flight: their records come out in the same order in every run
+    (the router once cancelled them in a set's order, which followed the tasks' addresses)."""
+    trace = _generate(tmp_path / "t.jsonl", "--rate", "100", "--num-requests", "1200", "--seed", "1")
+    runs = []
+    for name in ("one", "two"):
+        done = _replay(trace, tmp_path, name, "--gpus", "1", "--saturation-window", "5")
+        assert done.returncode == 0, done.stderr
+        runs.append((tmp_path / name / "requests.jsonl").read_bytes())
+    assert runs[0] == runs[1]
+    statuses = [orjson.loads(line)["status"] for line in runs[0].splitlines()]
+    assert statuses.count("cancelled") > 500 and len(statuses) == 1200
+
+
 @pytest.mark.parametrize("extra, says", [
     (("--attach", "http://127.0.0.1:9"), "--attach cannot be used"),
     (("--pd", "1:1"), "--pd cannot be used"),

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from tracebench.errors import ServerStartError
-from tracebench.itl import ItlGaps
+from tracebench.itl import ItlGaps, bucket_of
 from tracebench.replay.client import Answer, Fetched, GenerateApi, timeout_text
 from tracebench.replay.clock import RunClock
 from tracebench.replay.flight import Destination, Progress
@@ -43,6 +43,7 @@ URL_SCHEME = "inprocess://"
 # profile's client_overhead_s is split in this proportion: REQUEST_SHARE before sglang's receipt, the rest after
 # each token is handed out.
 REQUEST_SHARE = 0.75
+BUCKET_MEMO_SIZE = 4096  # gaps remembered with their ITL bucket (_Watch.buckets); a step's gap is asked B times
 
 
 @dataclass(frozen=True)
@@ -157,10 +158,10 @@ class _Watch:
     """One request's answer as the client would read it: each token a response hop after sglang handed it out; the
     flight is resumed at the end's moment."""
 
-    __slots__ = ("rec", "flight", "server", "hop", "offset", "gaps", "t_chunk", "done")
+    __slots__ = ("rec", "flight", "server", "hop", "offset", "gaps", "t_chunk", "done", "buckets")
 
     def __init__(self, rec: RequestRecord, flight: Progress, server: Destination, hop: float, offset: float,
-                 done: asyncio.Future[float], stream: bool) -> None:
+                 done: asyncio.Future[float], stream: bool, buckets: dict[float, int]) -> None:
         self.rec = rec
         self.flight = flight
         self.server = server
@@ -169,6 +170,9 @@ class _Watch:
         self.gaps = ItlGaps() if stream else None
         self.t_chunk = 0.0
         self.done = done
+        # gap -> ITL bucket, shared by the sender's watchers: the requests of a decode step see the same gap, so one
+        # log per step instead of one per token (the bucket is bucket_of's, whichever request asked first)
+        self.buckets = buckets
 
     def on_token(self, t_visible: float) -> None:
         t = t_visible + self.offset
@@ -179,7 +183,17 @@ class _Watch:
         if self.rec.t_first_token is None:
             self.rec.t_first_token = t
         else:
-            gaps.add(t - self.t_chunk)
+            gap = t - self.t_chunk  # ItlGaps.add, with the bucket looked up
+            bucket = self.buckets.get(gap)
+            if bucket is None:
+                buckets = self.buckets
+                if len(buckets) > BUCKET_MEMO_SIZE:
+                    buckets.clear()
+                bucket = buckets[gap] = bucket_of(gap)
+            counts = gaps.counts
+            counts[bucket] = counts.get(bucket, 0) + 1
+            if gaps.largest is None or gap > gaps.largest:
+                gaps.largest = gap
         self.t_chunk = t
 
     def on_tokens(self, run: RunDelivery) -> None:
@@ -227,6 +241,7 @@ class InProcessSender:
         self.api = GenerateApi()
         self.hops = hops
         self.clock = clock
+        self.buckets: dict[float, int] = {}  # _Watch.buckets
 
     def prepare_body(self, request: TraceRequest) -> None:
         return None
@@ -260,7 +275,7 @@ class InProcessSender:
             return self.api.final_answer(server.generate_url, orjson.dumps(out))
         done: asyncio.Future[float] = loop.create_future()
         watch = _Watch(rec, flight, server, hops.response_s, hops.response_s - self.clock.mono_start, done,
-                       self.stream)
+                       self.stream, self.buckets)
         pend.watcher = watch
         if self.stream:
             rec.t_headers = t + hops.request_s + hops.response_s  # the handler answers its headers at once

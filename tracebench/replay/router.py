@@ -224,9 +224,11 @@ class Router:
         # prefix blocks of the released requests that have them, until written (a static batch put back in the queue
         # needs them again)
         self._prefix_blocks: dict[int, tuple[int, ...]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()  # one _serve per dispatched request
+        # one _serve per dispatched request; a dict as an ordered set: close() cancels them (and their records are written)
+        # in dispatch order, the same from run to run (a set's order follows the tasks' addresses)
+        self._tasks: dict[asyncio.Task[None], None] = {}
         self._flights: dict[int, _Flight] = {}  # the dispatched requests whose record is not written yet
-        self._probes: set[asyncio.Task[None]] = set()
+        self._probes: dict[asyncio.Task[None], None] = {}  # ordered, as _tasks
         self._assign_handle: asyncio.Handle | None = None  # a scheduled assignment round (_kick)
         self._engine_done = False  # nothing more will enter the router queue (every request released and admitted)
         self._all_released = False  # the engine released every request (some may still wait at the client gate)
@@ -405,7 +407,7 @@ class Router:
         state.state = "probing"
         state.suspected_silent = silent
         task = self._loop.create_task(self._probe(state, why))
-        self._probes.add(task)
+        self._probes[task] = None
         task.add_done_callback(self._task_done)
 
     async def _probe(self, state: ServerState, why: str) -> None:
@@ -699,7 +701,7 @@ class Router:
             flight.task = task = asyncio.Task(serve(flight), loop=self._loop, eager_start=True)
         else:
             flight.task = task = self._loop.create_task(serve(flight))
-        self._tasks.add(task)
+        self._tasks[task] = None
         task.add_done_callback(partial(self._serve_done, flight))
 
     async def _serve(self, rec: RequestRecord, server: ServerState, flight: _Flight) -> None:
@@ -741,7 +743,7 @@ class Router:
             flight.task.cancel()
 
     def _serve_done(self, flight: _Flight, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+        self._tasks.pop(task, None)
         if flight.rec.id in self._flights:  # cancelled before it ever ran: _serve never wrote its record
             self._ended_by_router(flight.rec, flight)
             self._finish(flight.rec, flight.server)
@@ -847,8 +849,8 @@ class Router:
     # ---- the end -----------------------------------------------------------------------------------------------
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._probes.discard(task)
+        self._tasks.pop(task, None)
+        self._probes.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             self.fail(task.exception())  # type: ignore[arg-type]
 

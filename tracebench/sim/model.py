@@ -464,7 +464,7 @@ class BatchModel:
         from_idle = self.last_end != t_start   # the GPU idled before this step (or it is the first)
         step = self._plan_prebuilt(t_start, cutoff) or self._plan_prefill(t_start, cutoff)
         if step is None and self.running:
-            kv = sum(r.kv_used for r in self.running)
+            kv = sum([r.prefilled + r.output_len for r in self.running])  # each one's kv_used
             duration = self.profile.decode_duration(len(self.running), kv) / self.speed
             step = Step("decode", t_start, t_start + duration, list(self.running), batch_tokens=kv)
         if step is None and (cutoff < t_start or self.unprocessed):
