@@ -20,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 
-from tracebench.errors import ServerStartError
+from tracebench.errors import ConfigError, ServerStartError
 from tracebench.itl import ItlGaps, bucket_of
 from tracebench.replay.client import Answer, Fetched, GenerateApi, timeout_text
 from tracebench.replay.clock import RunClock
@@ -33,6 +34,7 @@ from tracebench.replay.tokens import InputIds
 from tracebench.sim.args import SimArgs
 from tracebench.sim.engine import RunDelivery
 from tracebench.sim.inprocess import InProcessServer, sim_args_from_command
+from tracebench.sim.radix import PackedTokens
 from tracebench.sim.validate import BadRequest, SchedulerAbort
 from tracebench.trace.format import TraceRequest
 
@@ -223,6 +225,22 @@ def _resolve(done: asyncio.Future[float], t: float) -> None:
         done.set_result(t)
 
 
+KEY_BASE = 1 << 62  # prefix keys are positive, apart from the negative tags of cached output (sim/model.py)
+
+
+def prefix_keys(blocks: tuple[int, ...], block_size: int | None, n: int) -> PackedTokens:
+    """A prompt of prefix blocks as the in-process radix cache needs it: one key per token, the same key for the same
+    token of the same block (token j of block b: KEY_BASE + b * block_size + j) and no two tokens alike otherwise,
+    packed (radix.PackedTokens). The real-time run sends the ids `InputIds.block_ids` makes, which are alike exactly
+    where these keys are, but for a chance match of two random ids (~1 in 31,000 per compared token, which the
+    real-time server's cache then counts as a hit); building these costs no hashing and no Python int per token."""
+    if block_size is None:
+        raise ConfigError("the trace has prefix_blocks but its header gives no block_size")
+    firsts = np.asarray(blocks, dtype=np.int64) * block_size + KEY_BASE
+    keys = (firsts[:, None] + np.arange(block_size, dtype=np.int64)[None, :]).ravel()[:n]
+    return PackedTokens(keys.astype("<i8", copy=False).tobytes())
+
+
 class InProcessSender:
     """`flight.Sender` for in-process servers: the request goes into its server's engine at dispatch + the request
     hop; its tokens reach the record a response hop after they are handed out (`_Watch`)."""
@@ -242,6 +260,7 @@ class InProcessSender:
         self.hops = hops
         self.clock = clock
         self.buckets: dict[float, int] = {}  # _Watch.buckets
+        self.block_size = input_ids.block_size
 
     def prepare_body(self, request: TraceRequest) -> None:
         return None
@@ -254,10 +273,10 @@ class InProcessSender:
         t = now()
         rec.t_built = rec.t_dispatch = rec.t_written = t
         t_received = loop.time() + hops.request_s
-        # a prompt of prefix blocks: its ids, for the server's radix cache; a prompt of its own (the trace gives no
-        # blocks): content that matches nothing (the real-time server is sent random ids, which hit its cache by
-        # chance only: a 1-token match about once in 32,000/N, N the prompts it holds)
-        ids = None if blocks is None else self.input_ids.block_ids(blocks, rec.input_len).tolist()
+        # a prompt of prefix blocks: its tokens as the server's radix cache tells them apart (prefix_keys); a prompt
+        # of its own (the trace gives no blocks): content that matches nothing (the real-time server is sent random
+        # ids, which hit its cache by chance only: a 1-token match about once in 32,000/N, N the prompts it holds)
+        ids = None if blocks is None else prefix_keys(blocks, self.block_size, rec.input_len)
         try:
             pend = srv.submit(rec.input_len, rec.output_len, ids, t_received, self.stream)
         except BadRequest as err:
