@@ -187,6 +187,45 @@ def test_sweep_on_the_virtual_clock(tmp_path: Path) -> None:
         assert json.loads(point.read_text())["clock"] == "virtual"
 
 
+def _summary_without_walls(folder: Path) -> dict:
+    doc = json.loads((folder / "summary.json").read_text())
+    for row in doc["points"]:
+        row.pop("wall_s", None)
+    doc.pop("wall_s", None)
+    return {"points": doc["points"], "capacity": doc.get("capacity"), "status": doc["status"]}
+
+
+def test_parallel_search_is_the_one_process_search(tmp_path: Path) -> None:
+    """--jobs 2 runs the capacity search's combinations in two worker processes: the same points, figures, answers
+    and byte-identical records as --jobs 1; a policy that raises in one combination fails the sweep with its own
+    error (exit 1), after the other combination's points are in the summary."""
+    trace = _generate(tmp_path / "t.jsonl", "--rate", "10", "--num-requests", "600", "--seed", "4")
+    common = ("sweep", str(trace), "--find-max-rate", "--slo", "ttft=300ms,tpot=40ms", "--point-duration", "8",
+              "--saturation-window", "0", "--clock", "virtual", "--gpus", "1,2", "--max-points", "4",
+              "--out-dir", str(tmp_path), "--quiet")
+    one = run_cli(*common, "--policy", "round_robin", "--name", "one", "--jobs", "1")
+    two = run_cli(*common, "--policy", "round_robin", "--name", "two", "--jobs", "2")
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    assert "2 parts, 2 at a time" in two.stderr
+    assert _summary_without_walls(tmp_path / "one") == _summary_without_walls(tmp_path / "two")
+    points = [row["point"] for row in json.loads((tmp_path / "one" / "summary.json").read_text())["points"]]
+    assert len(points) >= 4
+    for point in points:
+        assert (tmp_path / "one" / point / "requests.jsonl").read_bytes() == \
+            (tmp_path / "two" / point / "requests.jsonl").read_bytes()
+    bad = tmp_path / "bad.py"
+    bad.write_text("from tracebench.policies.base import Policy\n\n"
+                   "class TwoBreaks(Policy):\n    name = 'two_breaks'\n\n"
+                   "    def assign(self, queue, servers):\n"
+                   "        if len(servers) == 2:\n            raise ValueError('two servers break me')\n"
+                   "        return [(queue[0], servers[0])] if servers[0].free_slots else []\n")
+    failed = run_cli(*common, "--policy", f"{bad}:TwoBreaks", "--name", "bad", "--jobs", "2")
+    assert failed.returncode == 1, failed.stderr
+    assert "two servers break me" in failed.stderr
+    doc = json.loads((tmp_path / "bad" / "summary.json").read_text())
+    assert doc["status"] == "failed" and "two servers break me" in doc["error"]
+
+
 def test_virtual_timeout_and_no_stream(tmp_path: Path) -> None:
     """--timeout ends a request that is not whole in time (recorded `timeout`, its server aborts it); --no-stream
     answers come whole (no first token, no gaps)."""
