@@ -173,6 +173,15 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
              "tracebench's own time before the hand-over (since their arrival, less the waits the run asked "
              "for); past that, a growing share goes to the sender processes. 0: every request goes through a "
              "sender process. run.json senders counts who carried how many."),
+    "ray": click.option("--ray", default=None, metavar="ADDRESS",
+        help="Launch the servers of --gpus N (--backend sglang or sim) on a Ray cluster: one Ray actor per server, "
+             "each holding one of the cluster's GPUs (num_gpus=1, spread over the nodes), which starts the server "
+             "on its node and reports its address; tracebench's router, here, speaks HTTP to them as to any "
+             "server. ADDRESS: the cluster's head (host:port, or auto). run.json servers[] names each server's "
+             "node and its measured clock offset; a server lost with its node is a fault the run reports "
+             "(server_down, its requests in flight recorded as errors). Needs the extra: pip install "
+             "'tracebench[ray]', and tracebench on every node. Not with --attach, --pd, --port-base, --clock "
+             "virtual (docs/ray.md)."),
     "metrics_interval": click.option("--metrics-interval", type=FINITE, default=1.0, show_default=True, metavar="S",
         help="Run seconds between two scrapes of each server's /metrics (sglang's Prometheus counters, gauges "
              "and histograms) into server_metrics.jsonl, with each server's whole text at the start and end "

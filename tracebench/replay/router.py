@@ -143,12 +143,15 @@ class ServerState:
     __slots__ = (
         "index", "url", "generate_url", "require_stamps", "launch_cap", "state", "cap", "in_flight", "forming", "batch_seq",
         "batch_timer", "recent", "reported", "reported_t", "_observed", "_observed_t", "limits", "t_heard",
-        "polls_failed", "suspected_silent", "load_stamps",
+        "polls_failed", "suspected_silent", "load_stamps", "wall_offset",
     )
 
     def __init__(self, index: int, url: str, cap: int | None, require_stamps: bool, launch_cap: int | None = None,
-                 api_path: str = "/generate", limits: ContextLimits | None = None) -> None:
+                 api_path: str = "/generate", limits: ContextLimits | None = None, wall_offset: float = 0.0) -> None:
         self.index = index
+        # seconds its wall clock is ahead of this host's (a server on another node: cluster/fleet.py), taken off its
+        # meta_info stamps before they are converted to the run clock
+        self.wall_offset = wall_offset
         self.url = url
         self.generate_url = f"{url}{api_path}"  # the request path of the run's --api (client.Api.path)
         self.require_stamps = require_stamps  # the server runs with --enable-metrics: every stamp must be there
@@ -836,17 +839,18 @@ class Router:
         rec.server_queue_time = queue_time
         rec.sim_lag = meta.get("tracebench_sim_lag")   # a tracebench simulator says how late it ran (sim/answers.py)
         from_wall = self.clock.from_wall
+        offset = server.wall_offset
         for key, field in self._stamps:
             stamp = meta.get(key)
             if stamp is None:
                 if server.require_stamps:
                     raise ServerProtocolError(f"{url}: meta_info.{key} missing (the server runs with --enable-metrics), request {rec.id}")
                 continue  # an attached server without --enable-metrics: the stamp stays null
-            setattr(rec, field, from_wall(stamp))
+            setattr(rec, field, from_wall(stamp - offset))
         for key, field in _OPTIONAL_STAMPS:
             stamp = meta.get(key)
             if stamp is not None:
-                setattr(rec, field, from_wall(stamp))
+                setattr(rec, field, from_wall(stamp - offset))
 
     def _check_answer(self, rec: RequestRecord, server: ServerState) -> None:
         """A finished answer that differs from the trace (answer_check.py) is recorded as `mismatch`, never `ok`."""

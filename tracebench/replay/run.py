@@ -129,6 +129,7 @@ class ReplayConfig:
     kv_link: str | None = None  # --backend sim --pd: a replay/kv_link.py preset or BANDWIDTH:LATENCY
     senders: int = 1  # processes that carry the requests (replay/senders.py); 1: the router's own (HttpSender)
     router_sends_under: float = ROUTER_SENDS_UNDER_S  # --senders N > 1: the router carries a request itself when on time
+    ray: str | None = None  # a Ray cluster's address: the launched servers run there as actors (cluster/fleet.py)
 
     @property
     def is_pd(self) -> bool:
@@ -195,6 +196,8 @@ class ReplayConfig:
             refuse(f"--clock must be real or virtual, got {self.clock!r}")
         check_senders(self.senders, self.clock, self.is_pd, self.router_sends_under,
                       self.router_sends_under != ROUTER_SENDS_UNDER_S)
+        if self.ray is not None:
+            check_ray(self, given)
         if self.clock == "virtual":
             for name, key, why in (
                 ("--attach", "attach", "attached servers run in real time"),
@@ -329,6 +332,28 @@ def check_senders(senders: int, clock: str, pd: bool, sends_under: float, sends_
     if senders > 1 and pd:
         raise ConfigError("--senders: a PD pair's flight (prefill and decode, one request) runs in the router's "
                           "process for now (PD runs need --senders 1)")
+
+
+def check_ray(cfg: ReplayConfig, given: set[str]) -> None:
+    """--ray ADDRESS: the servers tracebench launches (--backend sim or sglang), one Ray actor per GPU; what needs
+    servers of this host or ports chosen here is refused (ConfigError). Nothing here imports ray."""
+    if not cfg.ray:
+        raise ConfigError("--ray needs a cluster address (host:port of its head, or auto)")
+    for name, key, why in (
+        ("--attach", "attach", "attached servers are already running: --ray launches them"),
+        ("--attach-prefill", "attach_prefill", "attached servers are already running: --ray launches them"),
+        ("--attach-decode", "attach_decode", "attached servers are already running: --ray launches them"),
+        ("--pd", "pd", "PD pools on Ray are not built yet (launch them on one host, or attach them)"),
+        ("--port-base", "port_base", "each server's port is chosen free on its own node"),
+    ):
+        if key in given:
+            raise ConfigError(f"--ray: {name} cannot be used ({why})")
+    if cfg.clock != "real":
+        raise ConfigError("--ray: --clock virtual runs the servers inside this process (tracebench sweep --ray runs "
+                          "virtual-clock points as Ray tasks)")
+    if cfg.router != "tracebench":
+        raise ConfigError(f"--ray: --router {cfg.router} needs the servers' addresses before they start; use "
+                          "tracebench's router")
 
 
 def trace_prefix(header: TraceHeader, table: TraceTable) -> dict[str, Any] | None:
@@ -561,13 +586,23 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr, shared: Share
     if cfg.run_name is not None and (cfg.out_dir / run_name).exists() and never_started(cfg.out_dir / run_name) is None:
         raise ConfigError(f"run folder {cfg.out_dir / run_name} already exists: choose another --run-name (runs are never "
                           "overwritten; only a run that never started is replaced by a retry)")
-    if cfg.clock == "virtual":
+    if cfg.ray is not None:
+        if shared is not None:
+            raise ConfigError("--ray: the run's servers are its own Ray actors (none to share)")
+        from tracebench.cluster.connect import connect
+        from tracebench.cluster.fleet import RayFleet
+
+        connect(cfg.ray)  # ray missing, or no cluster there: refused before the run folder exists
+        # the sim-server / sglang command lines; each actor gives them its node's interpreter, address and a free port
+        fleet: Fleet = RayFleet(cfg.backend, plan_servers(dataclasses.replace(cfg, port_base=1), cfg.out_dir / run_name,  # type: ignore[arg-type]
+                                                          vocab, cap_changes), cfg.ray, cfg.startup_timeout)  # type: ignore[arg-type]
+    elif cfg.clock == "virtual":
         if shared is not None:
             raise ConfigError("--clock virtual: the run's servers are in its own process (none to share)")
         from tracebench.replay.inprocess import InProcessFleet
 
         # the sim-server command lines configure the in-process servers (their ports are never bound)
-        fleet: Fleet = InProcessFleet(plan_servers(dataclasses.replace(cfg, port_base=1), cfg.out_dir / run_name,
+        fleet = InProcessFleet(plan_servers(dataclasses.replace(cfg, port_base=1), cfg.out_dir / run_name,
                                                    vocab, cap_changes))
     else:
         fleet = (Fleet(cfg.backend, plan_servers(cfg, cfg.out_dir / run_name, vocab, cap_changes))  # type: ignore[arg-type]
@@ -697,6 +732,8 @@ class Replay:
             "seed": self.cfg.seed,
             "vocab_size": self.vocab,
             "servers": servers,
+            # --ray: the cluster the servers ran on, each server's node and clock offset (docs/ray.md)
+            "ray": self.fleet.cluster(),
             # who launched the servers when it was not this run (tracebench sweep launches them once for its points)
             "servers_launched_by": None if self.shared is None else self.shared.launched_by,
             "gpu_names": sorted({a for a in self.accelerators if a}) if self.cfg.backend != "sim" else [],
@@ -929,7 +966,7 @@ class Replay:
                     ServerState(p.index, p.url, cfg.max_running_requests,
                                 require_stamps=self.enable_metrics[p.index] and api.server_meta,
                                 launch_cap=self.server_info[p.index].get("max_running_requests"), api_path=api.path,
-                                limits=self.limits[p.index])
+                                limits=self.limits[p.index], wall_offset=self.fleet.wall_offset(p.index))
                     for p in self.fleet.plans
                 ]
                 health_check = self._health_check(client)
@@ -1140,7 +1177,7 @@ class Replay:
             if why is not None and fleet.plans[index].launched:
                 # a killed server resets its connections a moment before its process is seen to exit: its exit,
                 # when it comes, is the cause to name
-                why = await wait_exit(lambda: fleet.exit_reason(index)) or why
+                why = await wait_exit(lambda: fleet.exit_reason(index), fleet.exit_settle_s) or why
             return why
 
         return check

@@ -264,9 +264,30 @@ class Fleet:
             return None
         return f"server {index} process exited with code {proc.returncode}"
 
-    def _start_failure(self, plan: ServerPlan, what: str) -> ServerStartError:
+    # how long a probe that could not reach a launched server waits to see it exit (wait_exit)
+    exit_settle_s = EXIT_SETTLE_S
+
+    def start_exit(self, index: int) -> str | None:
+        """How a launched server ended while starting ("exited with code N"), or None (running, or not launched)."""
+        proc = self.procs.get(index)
+        return None if proc is None or proc.poll() is None else f"exited with code {proc.returncode}"
+
+    def wall_offset(self, index: int) -> float:
+        """Seconds server `index`'s wall clock is ahead of this machine's, taken off its meta_info stamps: 0 for
+        servers of this host (cluster/fleet.py measures those on other nodes)."""
+        return 0.0
+
+    def cluster(self) -> dict[str, Any] | None:
+        """run.json `ray`: the cluster the servers ran on (cluster/fleet.py); None: this host's processes."""
+        return None
+
+    def log_text(self, plan: ServerPlan) -> str:
+        """The last lines of a launched server's log."""
         assert plan.log is not None
-        return ServerStartError(f"server {plan.index} ({plan.url}) {what}; last lines of {plan.log}:\n{log_tail(plan.log)}")
+        return log_tail(plan.log)
+
+    def _start_failure(self, plan: ServerPlan, what: str) -> ServerStartError:
+        return ServerStartError(f"server {plan.index} ({plan.url}) {what}; last lines of {plan.log}:\n{self.log_text(plan)}")
 
     async def wait_healthy(self, client: SglangClient, timeout: float) -> None:
         """Until every server answers /health 200. A launched server that exits or stays unhealthy past `timeout`
@@ -277,9 +298,9 @@ class Fleet:
             for plan in pending.values():
                 if not plan.launched:
                     continue
-                proc = self.procs[plan.index]
-                if proc.poll() is not None:
-                    raise self._start_failure(plan, f"exited with code {proc.returncode} while starting")
+                ended = self.start_exit(plan.index)
+                if ended is not None:
+                    raise self._start_failure(plan, f"{ended} while starting")
             probe_timeout = max(1.0, min(30.0, deadline - time.monotonic()))
             results = await asyncio.gather(*(client.health(p.url, probe_timeout) for p in pending.values()))
             for plan, why in zip(list(pending.values()), results):

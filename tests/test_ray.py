@@ -1,0 +1,85 @@
+"""`--ray ADDRESS` (tracebench/cluster/, docs/ray.md) on a real Ray cluster of three nodes on this machine
+(`ray.cluster_utils.Cluster`: a head and two worker nodes, each with its own raylet, each declaring 2 GPUs that
+stand for real ones: num_gpus on a CPU-only machine only counts). Real replay processes connect to it; their servers
+are tracebench's simulators, started by Ray actors on the nodes; nothing is mocked. Skipped without ray (the
+optional extra: pip install 'tracebench[ray]').
+
+One cluster for the module (it takes ~10 s to start on 2 cores); the last test removes one of its nodes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import run_cli, tracebench_cmd
+from tracebench.trace.format import format_request_line, write_trace
+
+ray = pytest.importorskip("ray", reason="ray is not installed (the optional extra: pip install 'tracebench[ray]')")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+NODES = 3
+GPUS_PER_NODE = 2
+OBJECT_STORE = 80 << 20  # the least Ray accepts: nothing big goes through it
+# a node's death reaches the cluster (and so the replay) within ~1 s, not Ray's default ~30 s
+HEAD_CONFIG = {"health_check_period_ms": 300, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "num_gpus": GPUS_PER_NODE, "object_store_memory": OBJECT_STORE, "include_dashboard": False,
+        "_system_config": HEAD_CONFIG})
+    for _ in range(NODES - 1):
+        cluster.add_node(num_cpus=2, num_gpus=GPUS_PER_NODE, object_store_memory=OBJECT_STORE)
+    cluster.wait_for_nodes()
+    yield cluster
+    cluster.shutdown()
+
+
+def write_trace_file(path: Path, n: int, rate: float, outputs: tuple[int, int] = (4, 32), seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+    lines = [format_request_line(i, float(arrivals[i]), int(rng.integers(16, 128)), int(rng.integers(*outputs)))
+             for i in range(n)]
+    return write_trace(path, {"num_requests": n, "duration_s": float(arrivals[-1])}, lines)
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    run = json.loads((run_dir / "run.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    return run, records
+
+
+def test_six_servers_on_three_nodes(tmp_path: Path, cluster: Any) -> None:
+    n = 120
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=60)
+    result = run_cli("replay", str(trace), "--ray", cluster.address, "--backend", "sim", "--gpus", "6", "--speed", "4",
+                     "--policy", "round_robin", "--run-name", "r", "--out-dir", str(tmp_path), "--quiet", timeout=120)
+    assert result.returncode == 0, result.stderr
+    run, records = read_run(tmp_path / "r")
+    assert sorted(r["id"] for r in records) == list(range(n))
+    assert Counter(r["status"] for r in records) == {"ok": n}
+    servers = run["servers"]
+    assert len(servers) == 6
+    nodes = {s["node"]["id"] for s in servers}
+    assert nodes == {node.node_id for node in [cluster.head_node, *cluster.worker_nodes]}  # every node has servers
+    assert Counter(s["node"]["id"] for s in servers) == dict.fromkeys(nodes, GPUS_PER_NODE)
+    assert sorted(s["gpu"] for s in servers) == ["0", "0", "0", "1", "1", "1"]  # Ray's GPU ids, one per server
+    assert run["ray"]["address"] == cluster.address and len(run["ray"]["nodes"]) == NODES and run["ray"]["lost"] == []
+    for s in servers:  # each server reached at its node's address, its clock measured, its log back in the folder
+        assert s["url"] == f"http://{s['node']['ip']}:{s['launch_command'][s['launch_command'].index('--port') + 1]}"
+        assert s["same_host"] == (s["node"]["id"] == run["ray"]["this_node"])
+        clock = s["clock"]
+        assert clock["uncertainty_s"] > 0 and abs(clock["offset_s"]) < 0.05 and isinstance(clock["after"], float)
+        assert (tmp_path / "r" / s["log"]).read_text().startswith(f"sim-server listening on {s['url']} ")
+    assert Counter(r["server"] for r in records) == dict.fromkeys(range(6), n // 6)  # round robin over all six
+    # the servers' stamps, converted to the run clock, fall between dispatch and finish
+    for r in records:
+        assert r["t_dispatch"] - 0.01 <= r["server_received"] <= r["t_finish"] + 0.01, r
