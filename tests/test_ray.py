@@ -83,3 +83,50 @@ def test_six_servers_on_three_nodes(tmp_path: Path, cluster: Any) -> None:
     # the servers' stamps, converted to the run clock, fall between dispatch and finish
     for r in records:
         assert r["t_dispatch"] - 0.01 <= r["server_received"] <= r["t_finish"] + 0.01, r
+
+
+def test_a_node_removed_mid_run_is_a_fault_the_run_reports(tmp_path: Path, cluster: Any) -> None:
+    # the last test of the module: it takes one of the cluster's nodes away
+    n = 200
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=40, outputs=(16, 64))
+    proc = subprocess.Popen(tracebench_cmd("replay", str(trace), "--ray", cluster.address, "--backend", "sim",
+                                           "--gpus", "3", "--policy", "round_robin", "--run-name", "k",
+                                           "--out-dir", str(tmp_path), "--quiet"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the run clock has started (run.json says when)
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run did not start"
+            path = tmp_path / "k" / "run.json"
+            if path.is_file() and (start := json.loads(path.read_text())["wall_clock_start"]) is not None:
+                break
+            time.sleep(0.05)
+        time.sleep(max(0.0, start + 1.0 - time.time()))  # a second into the 5 s trace
+        run = json.loads((tmp_path / "k" / "run.json").read_text())
+        used = {s["node"]["id"] for s in run["servers"]}
+        victim = min((node for node in cluster.worker_nodes if node.node_id in used), key=lambda node: node.node_id)
+        on_victim = sorted(s["index"] for s in run["servers"] if s["node"]["id"] == victim.node_id)
+        t_removed = time.time()
+        cluster.remove_node(victim, allow_graceful=False)
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    run, records = read_run(tmp_path / "k")
+    assert sorted(r["id"] for r in records) == list(range(n))
+    assert run["status"] == "completed"  # the other servers served the rest
+    downs = [e for e in run["events"] if e["kind"] == "server_down"]
+    assert sorted(e["server"] for e in downs) == on_victim, downs
+    for event in downs:  # the cause named: its actor died with the node
+        assert f"lost on node {victim.node_ip_address} ({victim.node_id[:12]}): its Ray actor died" in event["detail"], event
+    lost = run["ray"]["lost"]
+    assert sorted(e["server"] for e in lost) == on_victim and all(e["node_id"] == victim.node_id for e in lost)
+    assert all(abs(e["seen_wall_time"] - t_removed) < 20 for e in lost)
+    assert all(run["servers"][i]["lost"] is not None for i in on_victim)
+    failed = [r for r in records if r["status"] != "ok"]
+    assert failed and all(r["server"] in on_victim and r["status"] == "error" for r in failed), failed
+    t_down = max(e["t"] for e in downs)
+    assert not [r for r in records if r["server"] in on_victim and r["t_dispatch"] is not None and r["t_dispatch"] > t_down]
+    assert sum(r["status"] == "ok" and r["t_dispatch"] > t_down for r in records) > 20  # the run went on

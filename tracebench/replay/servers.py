@@ -23,12 +23,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from tracebench.errors import ConfigError, ServerStartError
 from tracebench.paths import portable_words
-from tracebench.replay.client import SglangClient
+
+if TYPE_CHECKING:  # (a Ray actor imports this module on its node: it stays light, without aiohttp)
+    from tracebench.replay.client import SglangClient
 
 LOG_TAIL_LINES = 30
 # flags tracebench sets itself on a launched server: the user must not pass them again through --server-arg
