@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,9 +22,6 @@ import pytest
 from conftest import run_cli, tracebench_cmd
 from tracebench.trace.format import format_request_line, write_trace
 
-ray = pytest.importorskip("ray", reason="ray is not installed (the optional extra: pip install 'tracebench[ray]')")
-from ray.cluster_utils import Cluster  # noqa: E402
-
 NODES = 3
 GPUS_PER_NODE = 2
 OBJECT_STORE = 80 << 20  # the least Ray accepts: nothing big goes through it
@@ -33,6 +31,9 @@ HEAD_CONFIG = {"health_check_period_ms": 300, "health_check_failure_threshold": 
 
 @pytest.fixture(scope="module")
 def cluster() -> Any:
+    pytest.importorskip("ray", reason="ray is not installed (the optional extra: pip install 'tracebench[ray]')")
+    from ray.cluster_utils import Cluster
+
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "num_gpus": GPUS_PER_NODE, "object_store_memory": OBJECT_STORE, "include_dashboard": False,
         "_system_config": HEAD_CONFIG})
@@ -55,6 +56,24 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     run = json.loads((run_dir / "run.json").read_text())
     records = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
     return run, records
+
+
+def test_without_ray_installed_ray_is_a_one_line_error_naming_the_extra(tmp_path: Path) -> None:
+    # ray made unimportable in a real tracebench process (as where it is not installed); the other commands and the
+    # replay without --ray never import it
+    trace = write_trace_file(tmp_path / "t.jsonl", 4, rate=10)
+    code = ("import sys; sys.modules['ray'] = None; from tracebench.cli import main; sys.argv[0] = 'tracebench'; "
+            "main()")
+    for command in (("replay", str(trace), "--backend", "sim", "--ray", "auto"),
+                    ("sweep", str(trace), "--rates", "1,2", "--clock", "virtual", "--ray", "auto")):
+        result = subprocess.run([sys.executable, "-c", code, *command], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == ["tracebench: error: --ray needs Ray, which is not installed: pip install "
+                                              "'tracebench[ray]'"], result.stderr
+    check = ("import sys, tracebench.cli, tracebench.replay.run, tracebench.replay.router, tracebench.sweep.run; "
+             "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')]")
+    assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True).returncode == 0
 
 
 def test_six_servers_on_three_nodes(tmp_path: Path, cluster: Any) -> None:
@@ -83,6 +102,34 @@ def test_six_servers_on_three_nodes(tmp_path: Path, cluster: Any) -> None:
     # the servers' stamps, converted to the run clock, fall between dispatch and finish
     for r in records:
         assert r["t_dispatch"] - 0.01 <= r["server_received"] <= r["t_finish"] + 0.01, r
+
+
+def test_a_sweep_of_twelve_points_on_ray_equals_the_point_by_point_one(tmp_path: Path, cluster: Any) -> None:
+    # on the virtual clock a point's figures depend on nothing but its trace and options: the rows must be the same
+    trace = write_trace_file(tmp_path / "t.jsonl", 60, rate=20)
+    common = ("sweep", str(trace), "--rates", "5,10,20,40", "--policy", "round_robin,least_outstanding,random",
+              "--clock", "virtual", "--gpus", "2", "--max-running-requests", "4", "--bootstrap", "50",
+              "--saturation-window", "0", "--out-dir", str(tmp_path))
+    local = run_cli(*common, "--name", "local", timeout=120)
+    assert local.returncode == 0, local.stderr
+    remote = run_cli(*common, "--name", "remote", "--ray", cluster.address, timeout=120)
+    assert remote.returncode == 0, remote.stderr
+    one, parallel = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("local", "remote"))
+    assert len(one["points"]) == len(parallel["points"]) == 12
+    assert [p["status"] for p in parallel["points"]] == ["completed"] * 12
+
+    def figures(row: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in row.items() if k != "wall_s"}  # the one figure of the host, not of the run
+
+    assert [figures(p) for p in parallel["points"]] == [figures(p) for p in one["points"]]
+    assert parallel["warnings"] == one["warnings"] and parallel["dimensions"] == one["dimensions"]
+    assert one["ray"] is None and parallel["ray"]["address"] == cluster.address
+    nodes = parallel["ray"]["points"]
+    assert sorted(nodes) == sorted(p["point"] for p in one["points"])
+    assert len({node["id"] for node in nodes.values()}) >= 2  # the points ran on several nodes
+    for p in parallel["points"]:  # each point's run folder came back whole
+        assert (tmp_path / "remote" / p["point"] / "run.json").is_file()
+        assert len((tmp_path / "remote" / p["point"] / "requests.jsonl").read_text().splitlines()) == 60
 
 
 def test_a_node_removed_mid_run_is_a_fault_the_run_reports(tmp_path: Path, cluster: Any) -> None:

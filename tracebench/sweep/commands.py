@@ -56,6 +56,17 @@ _SATURATION = click.option(
          "reporting its latency. 0: never stop a point.")
 
 
+_RAY = click.option(
+    "--ray", default=None, metavar="ADDRESS",
+    help="Run the points as Ray tasks on the cluster at ADDRESS (its head's host:port, or auto), in parallel "
+         "wherever it has room: each task replays its point on its node with servers of its own (in process with "
+         "--clock virtual, the cheapest; sim-server or sglang processes there otherwise; it holds 1 CPU, or a CPU "
+         "per simulated server + 1, or a GPU per sglang server), and sends its run folder back; the summary is the "
+         "one a point-by-point sweep writes (summary.json ray names each point's node). Every point runs; the "
+         "first that failed or had a fault (in point order) then stops the sweep. Not with --find-max-rate or "
+         "--attach. Needs pip install 'tracebench[ray]' and tracebench on every node (docs/ray.md).")
+
+
 # The PD options are hidden from --help: a sweep does not run PD points (issue 33 item 18: --help listed them). They
 # are still parsed, so that a sweep given one says why it refuses it (Sweep._check_options), not "no such option".
 _HIDDEN_PD = {  # refused by sweep (it launches each ratio's PD servers itself: --pd): parsed, so the refusal explains
@@ -109,7 +120,7 @@ _HIDDEN_PD = {  # refused by sweep (it launches each ratio's PD servers itself: 
                    "per usable core for a search of several setups or policies, or points of 10,000 requests in "
                    "all; else 1 (a worker costs ~1 s to start). On the real clock: 1, the only choice]")
 @replay_options(skip=("run_name",), replace={"gpus": _GPUS, "policy": _POLICY, "saturation_window": _SATURATION,
-                                             "pd": _PD, **_HIDDEN_PD})
+                                             "pd": _PD, "ray": _RAY, **_HIDDEN_PD})
 @click.pass_context
 def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str | None, find_max_rate: bool,
           slo: str | None, slo_percentile: float, start_rate: float | None, rate_tolerance: float, max_points: int,
@@ -144,16 +155,18 @@ def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str |
     pd_text = options.pop("pd")
     ratios = () if pd_text is None else tuple(part.strip() for part in pd_text.split(","))
     policies = tuple(p.strip() for p in options.pop("policy").split(","))
+    ray_address = options.pop("ray")
     window = options.pop("saturation_window")
     if window < 0:
         raise ConfigError(f"--saturation-window must be >= 0 (0: never stop), got {window:g}")
     base = replay_config(ctx, trace, {**options, "gpus": None, "policy": policies[0], "run_name": None,
-                                      "saturation_window": window or None, "pd": ratios[0] if ratios else None})
+                                      "saturation_window": window or None, "pd": ratios[0] if ratios else None,
+                                      "ray": None})
     cfg = SweepConfig(
         base=base, rates=_floats("--rates", rates), concurrency=_ints("--concurrency", concurrency),
         find_max_rate=find_max_rate, gpus=gpus, policies=policies, slo_spec=slo, slo_percentile=slo_percentile,
         warmup=warmup, bootstrap=bootstrap, name=name, start_rate=start_rate, rate_tolerance=rate_tolerance,
-        max_points=max_points, point_duration=point_duration, pd=ratios, jobs=jobs,
+        max_points=max_points, point_duration=point_duration, pd=ratios, jobs=jobs, ray=ray_address,
     )
     folder = run_sweep(cfg)
     click.echo(folder)

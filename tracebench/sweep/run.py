@@ -73,6 +73,7 @@ class SweepConfig:
     point_duration: float | None = None  # trace seconds of arrivals per rate point (a prefix of the trace)
     pd: tuple[str, ...] = ()  # PD ratios "P:D", a dimension (each point launches its own PD servers)
     jobs: int | None = None  # --jobs: parts run at once in worker processes (sweep/parallel.py); None: the default
+    ray: str | None = None  # a Ray cluster's address: the points run there as tasks, in parallel (cluster/sweep.py)
 
     @property
     def kind(self) -> str:
@@ -126,7 +127,8 @@ class Sweep:
         self.attach = resolved.attach
         # servers launched once for every point, except: PD points launch their own (the roles differ from one ratio
         # to the next), and --clock virtual points each run their own, in process
-        self.launches = resolved.backend in ("sim", "sglang") and not cfg.pd and resolved.clock == "real"
+        self.launches = (resolved.backend in ("sim", "sglang") and not cfg.pd and resolved.clock == "real"
+                         and cfg.ray is None)  # on Ray each point's task launches its own
         self.gpus = cfg.gpus or (resolved.num_servers,)
         self.policies = cfg.policies or (base.policy,)
         if self.attach and max(self.gpus) > len(self.attach):
@@ -140,8 +142,14 @@ class Sweep:
                 checked = self._point_config(Point("check", "rate", 1.0, gpus, policy, pd), base.trace).resolve()
                 if checked.cap_schedule:  # as the replay does before its folder: refused before the sweep's
                     parse_cap_schedule(checked.cap_schedule, checked.num_servers, checked.time_speed)
+        if cfg.ray is not None:  # ray missing, or no cluster there: refused before the sweep folder exists
+            from tracebench.cluster.connect import connect
+
+            connect(cfg.ray)
         self.jobs = self._jobs(resolved.clock)
         self.rows: list[dict[str, Any]] = []
+        self.named: set[str] = set()  # the point names given so far (on Ray, before any has a row)
+        self.ray_points: dict[str, dict[str, str]] = {}  # point -> the node its task ran on (--ray)
         self.searches: list[dict[str, Any]] = []
         self.status = "running"
         self.error: str | None = None
@@ -168,6 +176,10 @@ class Sweep:
         asked = self.cfg.jobs
         if asked is not None and asked < 1:
             raise ConfigError(f"--jobs must be >= 1, got {asked}")
+        if self.cfg.ray is not None:
+            if asked is not None and asked > 1:
+                raise ConfigError(f"--jobs {asked} with --ray: the cluster runs the points side by side (give one)")
+            return 1
         if clock != "virtual":
             if asked is not None and asked > 1:
                 raise ConfigError(f"--jobs {asked}: parts run side by side only on --clock virtual (a real-clock "
@@ -244,6 +256,14 @@ class Sweep:
             raise ConfigError("a sweep names its points itself (give --name for the sweep folder)")
         if cfg.concurrency and cfg.base.max_concurrency is not None:
             raise ConfigError("--concurrency sets each point's --max-concurrency: do not give both")
+        if cfg.ray is not None:
+            if not cfg.ray:
+                raise ConfigError("--ray needs a cluster address (host:port of its head, or auto)")
+            if cfg.find_max_rate:
+                raise ConfigError("--ray runs independent points in parallel; a capacity search's next rate depends on "
+                                  "the last point (run --find-max-rate without --ray)")
+            if cfg.base.attach:
+                raise ConfigError("--ray: each point's task launches its own servers on its node (not with --attach)")
 
     # ---- points ------------------------------------------------------------------------------------------------
 
@@ -264,10 +284,10 @@ class Sweep:
         servers = f"pd{pd.replace(':', 'x')}-" if pd is not None else (f"g{gpus}-" if len(self.gpus) > 1 else "")
         prefix = servers + (f"{_label(policy)}-" if len(self.policies) > 1 else "")
         name = f"{prefix}{kind}-{_fmt_value(value)}"
-        taken = {row["point"] for row in self.rows}
         unique, n = name, 2
-        while unique in taken or (self.dir / unique).exists():
+        while unique in self.named or (self.dir / unique).exists():
             unique, n = f"{name}-{n}", n + 1
+        self.named.add(unique)
         return unique
 
     def run_point(self, kind: str, value: float, gpus: int, policy: str, shared: SharedServers | None,
@@ -275,20 +295,7 @@ class Sweep:
         from tracebench.report.columns import finish_run_copy
         from tracebench.report.headline import headline
 
-        point = Point(self._point_name(kind, value, gpus, policy, pd), kind, value, gpus, policy, pd)
-        trace = self.dir / "traces" / f"{point.name}.jsonl"
-        if kind == "rate":
-            write_point_trace(trace, self.cfg.base.trace, self.header, self.requests, rate=value,
-                              duration=self.cfg.point_duration)
-        else:
-            write_point_trace(trace, self.cfg.base.trace, self.header, self.requests, at_once=True)
-        unit = "req/s" if kind == "rate" else "in flight"
-        servers = f"PD {pd} ({gpus} servers)" if pd is not None else f"{gpus} server(s)"
-        number = "" if self.part_sink is not None else f" {len(self.rows) + 1}"  # a worker's: it knows no number
-        self.stderr.write(f"tracebench sweep: point{number}: {point.name} ({_fmt_value(value)} {unit}, "
-                          f"{servers}, policy {policy})\n")
-        self.stderr.flush()
-        config = self._point_config(point, trace)
+        point, config = self._prepare_point(kind, value, gpus, policy, pd)
         if config.flush_cache:  # the flush needs idle servers: a point stopped early leaves them aborting its requests
             # (a PD point launches its own servers: nothing to wait for)
             urls = ([p.url for p in shared.fleet.plans[:gpus]] if shared is not None else list(config.attach))
@@ -313,6 +320,74 @@ class Sweep:
         if row["faults"]:  # a server down, a stall, a failed request: not a capacity answer (sweep/faults.py)
             raise PointFault(point.name, row["faults"])
         return row
+
+    def _prepare_point(self, kind: str, value: float, gpus: int, policy: str,
+                       pd: str | None) -> tuple[Point, ReplayConfig]:
+        """A point named, its trace written to traces/, said on stderr; its replay config."""
+        point = Point(self._point_name(kind, value, gpus, policy, pd), kind, value, gpus, policy, pd)
+        trace = self.dir / "traces" / f"{point.name}.jsonl"
+        if kind == "rate":
+            write_point_trace(trace, self.cfg.base.trace, self.header, self.requests, rate=value,
+                              duration=self.cfg.point_duration)
+        else:
+            write_point_trace(trace, self.cfg.base.trace, self.header, self.requests, at_once=True)
+        unit = "req/s" if kind == "rate" else "in flight"
+        servers = f"PD {pd} ({gpus} servers)" if pd is not None else f"{gpus} server(s)"
+        number = "" if self.part_sink is not None else f" {len(self.named)}"  # a worker's: it knows no number
+        self.stderr.write(f"tracebench sweep: point{number}: {point.name} ({_fmt_value(value)} {unit}, "
+                          f"{servers}, policy {policy})" + (" sent to Ray\n" if self.cfg.ray else "\n"))
+        self.stderr.flush()
+        return point, self._point_config(point, trace)
+
+    def _run_on_ray(self, values: tuple[float, ...] | tuple[int, ...]) -> None:
+        """Every point as a Ray task at once (cluster/sweep.py); their rows added in point order as they come back.
+        The first point (in that order) that failed or had a fault then stops the sweep, as it would point by point,
+        every row kept."""
+        from tracebench.cluster.sweep import RayPoints, point_resources, unpack
+        from tracebench.report.columns import finish_run_copy
+        from tracebench.report.headline import headline
+
+        assert self.cfg.ray is not None
+        tasks = RayPoints(self.cfg.ray)
+        prepared = [self._prepare_point(self.cfg.kind, float(value), gpus, policy, pd)
+                    for gpus, pd in self.setups for policy in self.policies for value in values]
+        needs = [point_resources(config.resolve()) for _, config in prepared]
+        tasks.check_room(needs)
+        for (point, config), need in zip(prepared, needs):
+            tasks.submit(point.name, config, config.trace.read_bytes(), self.name, need)
+        results: dict[str, Any] = {}
+        stop: BaseException | None = None
+        added = 0
+        try:
+            for name, result in tasks.finished():
+                results[name] = result
+                while added < len(prepared) and prepared[added][0].name in results:
+                    point, _ = prepared[added]
+                    added += 1
+                    got = results.pop(point.name)
+                    self.ray_points[point.name] = got.node
+                    self.stderr.write(got.stderr)
+                    if got.archive is not None:
+                        unpack(got, self.dir)
+                    run_dir = self.dir / point.name
+                    if got.error is None:
+                        not_written = finish_run_copy(run_dir)
+                        if not_written is not None:
+                            self.stderr.write(f"tracebench sweep: warning: {not_written}\n")
+                    if (run_dir / "requests.jsonl").exists():
+                        row = self._add_row(point, run_dir, got.wall_s, headline)
+                        if stop is None and got.error is None and row["faults"]:
+                            stop = PointFault(point.name, row["faults"])
+                    if stop is None and got.error is not None:
+                        kind, text, code = got.error
+                        stop = RunFailed(f"point {point.name} (on Ray node {got.node['ip']}): {kind}: {text}")
+                        stop.exit_code = code
+                    self.stderr.flush()
+        except BaseException:
+            tasks.cancel()
+            raise
+        if stop is not None:
+            raise stop
 
     def _add_row(self, point: Point, run_dir: Path, wall: float, headline: Any) -> dict[str, Any]:
         h = headline(run_dir, warmup=self.cfg.warmup, slo=self.slo, slo_percentile=self.cfg.slo_percentile,
@@ -366,6 +441,8 @@ class Sweep:
                     self.write_summary()
                 elif self.cfg.kind == "capacity":
                     self._search(shared)
+                elif self.cfg.ray is not None:
+                    self._run_on_ray(self.cfg.rates if self.cfg.kind == "rate" else self.cfg.concurrency)
                 else:
                     values = self.cfg.rates if self.cfg.kind == "rate" else self.cfg.concurrency
                     for gpus, pd in self.setups:
@@ -487,6 +564,8 @@ class Sweep:
             "speed": cfg.base.speed,
             "servers": None if self.servers is None else {"launched_by": "this sweep, once for every point",
                                                           "servers": self.servers},
+            # --ray: the points ran as Ray tasks, each on the node named here (cluster/sweep.py)
+            "ray": None if cfg.ray is None else {"address": cfg.ray, "points": self.ray_points},
             "rules": rules,
             "points": self.rows,
             "capacity": self.searches if cfg.kind == "capacity" else None,
