@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 $(BIN)/tracebench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,router]'
+	$(BIN)/pip install -q -e '.[test,router,ray]'
 	touch $@
 
 venv: $(BIN)/tracebench

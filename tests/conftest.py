@@ -354,6 +354,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # figures only change the order, never what runs; tests/test_readme.py checks every key names a unit that exists.
 SLOWEST_FIRST = {
     "tests/test_record.py": 60,  # its six round trips at --speed 0.25 (~8 s each)
+    # a three-node Ray cluster (~10 s to start), six servers as actors, a 12-point sweep twice, a node removed
+    # (skipped without ray)
+    "tests/test_ray.py": 45,
     "tests/test_replay_robust.py": 35, "tests/test_readme.py::chain-traces/tour.jsonl": 34,
     "tests/test_replay_run.py": 32, "tests/test_sweep.py": 21, "tests/test_replay_truth.py": 19,
     "tests/test_policies_e2e.py": 18, "tests/test_pd.py": 17, "tests/test_readme.py::chain-traces/sweep.jsonl": 17,

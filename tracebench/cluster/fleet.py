@@ -155,7 +155,9 @@ class RayFleet(Fleet):
         if gpus < len(self.plans):
             raise ServerStartError(f"--ray {self.address}: the cluster has {gpus:g} GPU(s); --gpus {len(self.plans)} "
                                    "needs one per server")
-        actor = ray.remote(ServerActor).options(num_gpus=1, max_concurrency=ACTOR_THREADS, scheduling_strategy="SPREAD")
+        # num_cpus=0: placed by its GPU alone (an actor holding a CPU could leave GPUs of a node with few CPUs unused)
+        actor = ray.remote(ServerActor).options(num_gpus=1, num_cpus=0, max_concurrency=ACTOR_THREADS,
+                                                scheduling_strategy="SPREAD")
         # CUDA_VISIBLE_DEVICES is Ray's to set on the node (the GPU it gave the actor), not this host's
         self.actors = [actor.remote(p.index, p.command, {k: v for k, v in p.env.items() if k != "CUDA_VISIBLE_DEVICES"})
                        for p in self.plans]
@@ -298,7 +300,7 @@ class RayFleet(Fleet):
             "address": self.address,
             "ray_version": None if self.ray is None else self.ray.__version__,
             "this_node": self.driver_node,
-            "placement": "one actor per server, num_gpus=1, SPREAD over the nodes",
+            "placement": "one actor per server, num_gpus=1 (num_cpus=0), SPREAD over the nodes",
             "nodes": list(nodes.values()),
             "clock_rule": CLOCK_RULE,
             "lost": [self.lost[i] for i in sorted(self.lost)],
