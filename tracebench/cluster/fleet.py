@@ -218,7 +218,9 @@ class RayFleet(Fleet):
         try:
             detail = f"exited with code {self.ray.get(call)} {where}"
         except self.ray.exceptions.RayActorError as err:  # the node removed, or the actor killed: a measurement
-            detail = f"lost {where}: its Ray actor died ({_first_line(err)})"
+            # unavailable: its connection closed (a node going away, seen first); died: the cluster declared it dead
+            state = "is unreachable" if isinstance(err, self.ray.exceptions.ActorUnavailableError) else "died"
+            detail = f"lost {where}: its Ray actor {state} ({_first_line(err)})"
         self.lost[index] = {"server": index, "node_id": node["id"], "node_ip": node["ip"], "detail": detail,
                             "seen_wall_time": time.time()}
         return detail
