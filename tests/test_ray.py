@@ -166,6 +166,9 @@ def test_a_node_removed_mid_run_is_a_fault_the_run_reports(tmp_path: Path, clust
     lost = run["ray"]["lost"]
     assert sorted(e["server"] for e in lost) == on_victim and all(e["node_id"] == victim.node_id for e in lost)
     assert all(abs(e["seen_wall_time"] - t_removed) < 20 for e in lost)
+    assert all(down["t"] - 3 < e["t"] <= down["t"] for e, down in zip(lost, sorted(downs, key=lambda d: d["server"])))
+    for i in on_victim:  # its log stayed on the node that went
+        assert (tmp_path / "k" / f"server-{i}.log").read_text().startswith(f"(not copied from node {victim.node_ip_address}: ")
     assert all(run["servers"][i]["lost"] is not None for i in on_victim)
     failed = [r for r in records if r["status"] != "ok"]
     assert failed and all(r["server"] in on_victim and r["status"] == "error" for r in failed), failed

@@ -222,7 +222,7 @@ class RayFleet(Fleet):
             state = "is unreachable" if isinstance(err, self.ray.exceptions.ActorUnavailableError) else "died"
             detail = f"lost {where}: its Ray actor {state} ({_first_line(err)})"
         self.lost[index] = {"server": index, "node_id": node["id"], "node_ip": node["ip"], "detail": detail,
-                            "seen_wall_time": time.time()}
+                            "seen_wall_time": time.time(), "seen_monotonic": time.monotonic()}
         return detail
 
     def exit_reason(self, index: int) -> str | None:
@@ -288,11 +288,11 @@ class RayFleet(Fleet):
             "same_host": False if node is None else self._same_node(index),
             "node": None if node is None else {k: node[k] for k in ("id", "ip", "hostname")},
             "clock": self.clocks.get(index),
-            "lost": self.lost.get(index),
+            "lost": self.lost[index]["detail"] if index in self.lost else None,  # ray.lost says when
         })
         return out
 
-    def cluster(self) -> dict[str, Any]:
+    def cluster(self, run_start: float | None) -> dict[str, Any]:
         nodes: dict[str, dict[str, Any]] = {}
         for index, node in sorted(self.nodes.items()):
             entry = nodes.setdefault(node["id"], {"id": node["id"], "ip": node["ip"], "hostname": node["hostname"],
@@ -305,8 +305,15 @@ class RayFleet(Fleet):
             "placement": "one actor per server, num_gpus=1 (num_cpus=0), SPREAD over the nodes",
             "nodes": list(nodes.values()),
             "clock_rule": CLOCK_RULE,
-            "lost": [self.lost[i] for i in sorted(self.lost)],
+            "lost": [_public(self.lost[i], run_start) for i in sorted(self.lost)],
         }
+
+
+def _public(lost: dict[str, Any], run_start: float | None) -> dict[str, Any]:
+    """A lost server as run.json says it: `t`, the run time this process saw it go (null before the run clock)."""
+    out = {k: v for k, v in lost.items() if k != "seen_monotonic"}
+    out["t"] = None if run_start is None else lost["seen_monotonic"] - run_start
+    return out
 
 
 def _first_line(err: BaseException) -> str:

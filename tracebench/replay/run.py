@@ -733,7 +733,8 @@ class Replay:
             "vocab_size": self.vocab,
             "servers": servers,
             # --ray: the cluster the servers ran on, each server's node and clock offset (docs/ray.md)
-            "ray": self.fleet.cluster(),
+            "ray": self.fleet.cluster(self.clock.mono_start if self.clock is not None and not self.clock.virtual
+                                      else None),
             # who launched the servers when it was not this run (tracebench sweep launches them once for its points)
             "servers_launched_by": None if self.shared is None else self.shared.launched_by,
             "gpu_names": sorted({a for a in self.accelerators if a}) if self.cfg.backend != "sim" else [],

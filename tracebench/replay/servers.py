@@ -279,8 +279,9 @@ class Fleet:
         servers of this host (cluster/fleet.py measures those on other nodes)."""
         return 0.0
 
-    def cluster(self) -> dict[str, Any] | None:
-        """run.json `ray`: the cluster the servers ran on (cluster/fleet.py); None: this host's processes."""
+    def cluster(self, run_start: float | None) -> dict[str, Any] | None:
+        """run.json `ray`: the cluster the servers ran on (cluster/fleet.py); None: this host's processes.
+        `run_start`: the run clock's monotonic start (None before it started)."""
         return None
 
     def log_text(self, plan: ServerPlan) -> str:
