@@ -63,8 +63,8 @@ _RAY = click.option(
          "--clock virtual, the cheapest; sim-server or sglang processes there otherwise; it holds 1 CPU, or a CPU "
          "per simulated server + 1, or a GPU per sglang server), and sends its run folder back; the summary is the "
          "one a point-by-point sweep writes (summary.json ray names each point's node). Every point runs; the "
-         "first that failed or had a fault (in point order) then stops the sweep. Not with --find-max-rate or "
-         "--attach. Needs pip install 'tracebench[ray]' and tracebench on every node (docs/ray.md).")
+         "first that failed or had a fault (in point order) then stops the sweep. Not with --find-max-rate, "
+         "--attach or --jobs. Needs pip install 'tracebench[ray]' and tracebench on every node (docs/ray.md).")
 
 
 # The PD options are hidden from --help: a sweep does not run PD points (issue 33 item 18: --help listed them). They
