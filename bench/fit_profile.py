@@ -5,9 +5,13 @@ per calibration point.
   api_capture.json) and the real routing runs reports/examples/h200x2-routing/*/ (two H200s, Azure lengths).
 - llama-2-7b-h100-triton: tests/data/sglang-0.5.17/calibration-h100.json.xz (bench/gpu/calibrate.py on one H100) and
   the real fit run reports/examples/h100-sim-vs-real/fit/fit-azure-round_robin (two H100s, Azure lengths, cap 24).
+- llama-2-7b-h200-triton-attention (issue 36's candidate, not the built-in profile: docs/sim-server.md "The decode
+  step at long context"): the H200 inputs above with the decode step fitted to the decode grids
+  tests/data/sglang-0.5.17/decode-grid-h200.json.xz and decode-more-h200.json.xz; written to
+  bench/profiles/ (`--sim-profile bench/profiles/llama-2-7b-h200-triton-attention.json` replays with it).
 
-    .venv/bin/python bench/fit_profile.py             # writes both into tracebench/sim/profiles/
-    .venv/bin/python bench/fit_profile.py h100        # only one (h200 or h100)
+    .venv/bin/python bench/fit_profile.py             # writes all three
+    .venv/bin/python bench/fit_profile.py h100        # only one (h200, h100 or h200-attention)
     .venv/bin/python bench/fit_profile.py --no-write  # only print
 
 The fit itself is `tracebench/sim/fit.py` (its docstring says how each parameter is estimated); a test
@@ -26,10 +30,16 @@ from tracebench.sim.fit import main  # noqa: E402
 
 DATA = REPO / "tests" / "data" / "sglang-0.5.17"
 EXAMPLES = REPO / "reports" / "examples"
+GRIDS = [DATA / "decode-grid-h200.json.xz", DATA / "decode-more-h200.json.xz"]
+BUILTIN = REPO / "tracebench" / "sim" / "profiles"
+# key: (profile name, calibration arguments, routing runs, decode grids, where it is written)
 PROFILES = {
-    "h200": ("llama-2-7b-h200-triton", ["--sglang-dir", str(DATA)], EXAMPLES / "h200x2-routing"),
+    "h200": ("llama-2-7b-h200-triton", ["--sglang-dir", str(DATA)], EXAMPLES / "h200x2-routing", [],
+             BUILTIN / "llama-2-7b-h200-triton.json"),
     "h100": ("llama-2-7b-h100-triton", ["--calibration", str(DATA / "calibration-h100.json.xz")],
-             EXAMPLES / "h100-sim-vs-real" / "fit"),
+             EXAMPLES / "h100-sim-vs-real" / "fit", [], BUILTIN / "llama-2-7b-h100-triton.json"),
+    "h200-attention": ("llama-2-7b-h200-triton-attention", ["--sglang-dir", str(DATA)], EXAMPLES / "h200x2-routing",
+                       GRIDS, REPO / "bench" / "profiles" / "llama-2-7b-h200-triton-attention.json"),
 }
 
 if __name__ == "__main__":
@@ -38,8 +48,9 @@ if __name__ == "__main__":
     chosen = [a for a in args if a != "--no-write"] or list(PROFILES)
     for key in chosen:
         if key not in PROFILES:
-            raise SystemExit(f"unknown profile {key!r}: give h200 and/or h100")
-        name, source, runs = PROFILES[key]
-        out = ["--write", str(REPO / "tracebench" / "sim" / "profiles" / f"{name}.json")] if write else []
+            raise SystemExit(f"unknown profile {key!r}: give any of {', '.join(PROFILES)}")
+        name, source, runs, grids, path = PROFILES[key]
+        out = ["--write", str(path)] if write else []
         print(f"== {name}")
-        main([*source, "--routing-runs", str(runs), "--name", name, *out])
+        main([*source, "--routing-runs", str(runs), *(a for g in grids for a in ("--decode-grid", str(g))),
+              "--name", name, *out])

@@ -12,9 +12,9 @@ import pytest
 from conftest import REPO, SGLANG_CAPTURES
 from tracebench.errors import ConfigError
 from tracebench.sim.fit import (DECODE_MEAN_CONTEXT, RoutingRun, fit, h200_calibration, load_calibration,
-                                load_routing_runs, profile_document)
-from tracebench.sim.model import (PROFILES_DIR, BatchModel, Limits, ReqState, SimRequest, load_profile, simulate,
-                                  token_ids)
+                                load_decode_grid, load_routing_runs, profile_document)
+from tracebench.sim.model import (PROFILES_DIR, BatchModel, Limits, ReqState, SimRequest, decode_attention_tokens,
+                                  decode_kv_chunk, load_profile, simulate, token_ids)
 
 PROFILE = load_profile("llama-2-7b-h200-triton")
 BIG = Limits(max_running_requests=4096, max_total_num_tokens=PROFILE.max_total_num_tokens, chunked_prefill_size=8192)
@@ -28,7 +28,7 @@ def test_single_request_latency_is_the_profile_sum() -> None:
     p = PROFILE
     (out,) = simulate(p, BIG, [(10.0, 512, 128)])
     prefill = p.prefill_duration([(0, 512)])
-    decode = sum(p.decode_duration(1, 512 + k) for k in range(1, 128))  # 127 decode steps, context grows
+    decode = sum(p.decode_duration([512 + k]) for k in range(1, 128))  # 127 decode steps, context grows
     assert out.t_forward_entry == pytest.approx(10.0 + p.queue_entry_s)
     assert out.t_first_token == pytest.approx(out.t_forward_entry + prefill + p.output_s)
     assert out.t_finished == pytest.approx(out.t_forward_entry + prefill + decode + p.output_s)
@@ -233,20 +233,77 @@ def test_committed_profile_is_the_fit_of_the_calibration() -> None:
     # the fit reads the sglang captures and the committed real routing runs (bench/fit_profile.py regenerates it)
     runs = load_routing_runs(ROUTING_RUNS)
     assert len(runs) >= 4 and all(len(run.records) >= 700 for run in runs)
-    assert_committed(fit(h200_calibration(SGLANG_CAPTURES), runs, PROFILE.name))
+    assert_committed(fit(h200_calibration(SGLANG_CAPTURES), runs, PROFILE.name, None))
 
 
 def test_committed_h100_profile_is_the_fit_of_its_inputs() -> None:
     # the H100 calibration document (bench/gpu/calibrate.py) and the packed fit run of reports/examples/h100-sim-vs-real
     runs = load_routing_runs(H100_FIT_RUN)
     assert [run.name for run in runs] == ["fit-azure-round_robin"] and len(runs[0].records) == 720
-    fitted = fit(load_calibration(SGLANG_CAPTURES / "calibration-h100.json.xz"), runs, "llama-2-7b-h100-triton")
+    fitted = fit(load_calibration(SGLANG_CAPTURES / "calibration-h100.json.xz"), runs, "llama-2-7b-h100-triton", None)
     assert fitted.accelerator == "NVIDIA H100 80GB HBM3" and fitted.max_total_num_tokens == 107675
     assert_committed(fitted)
 
 
-def assert_committed(fitted) -> None:
-    committed = json.loads((PROFILES_DIR / f"{fitted.name}.json").read_text())
+ATTENTION_PROFILE = REPO / "bench" / "profiles" / "llama-2-7b-h200-triton-attention.json"
+DECODE_GRIDS = [SGLANG_CAPTURES / "decode-grid-h200.json.xz", SGLANG_CAPTURES / "decode-more-h200.json.xz"]
+
+
+def test_committed_attention_candidate_is_the_fit_of_its_inputs() -> None:
+    # issue 36's candidate (not the built-in profile): the H200 inputs, the decode step fitted to the two decode grids
+    grid = load_decode_grid(DECODE_GRIDS)
+    assert len(grid.points) == 197 and grid.left_out == ("decode-more-h200.json.xz grid 48x128",)
+    fitted = fit(h200_calibration(SGLANG_CAPTURES), load_routing_runs(ROUTING_RUNS), "llama-2-7b-h200-triton-attention",
+                 grid)
+    assert fitted.decode_per_kv_token_s == 0.0 and fitted.decode_attention is not None
+    assert fitted.decode_attention.slots * fitted.decode_attention.heads == 640   # ~5 programs per SM of 132
+    errors = [fitted.decode_duration(list(p.contexts), p.shared) / p.step_s - 1 for p in grid.points]
+    assert float(np.sqrt(np.mean(np.square(errors)))) < 0.02 and max(map(abs, errors)) < 0.05
+    assert_committed(fitted, ATTENTION_PROFILE)
+
+
+def test_decode_attention_makespan_follows_sglangs_split_rule() -> None:
+    # one request of 4,062 tokens: the graph of 1 has no padding; 132 x log2(4062 / 64) / 32 heads -> 8 splits of
+    # 508 -> 512 tokens (rounded to 32): 8 programs per head, all at once on 20 slots
+    assert decode_kv_chunk([4062], 8, 132, 32, (1, 2, 4, 8)) == 508
+    assert decode_attention_tokens([4062], 20, 8, 8, 132, 32, (1, 2, 4, 8)) == (520, 256, 520)
+    # 4 x 1,024 (a graph size, alike contexts): 528 / (4 x 32) -> 5 splits: chunk 205, programs of 224 (the last
+    # 128): 20 per head, one wave
+    assert decode_attention_tokens([1024] * 4, 20, 8, 8, 132, 32, (1, 2, 4, 8)) == (232, 640, 232)
+    # 3 x 1,024 runs as the graph of 4, its padding row of length 1: longest / shortest splits 8 ways, 128 each:
+    # 24 programs per head on 20 slots, two waves
+    assert decode_kv_chunk([1024] * 3, 8, 132, 32, (1, 2, 4, 8)) == 128
+    assert decode_attention_tokens([1024] * 3, 20, 8, 8, 132, 32, (1, 2, 4, 8)) == (272, 768, 136)
+    # 9 requests: padded to a graph of 16 they split 8 ways; beyond the largest graph they run eager, unpadded, and
+    # split 528 / (9 x 32) -> 2 ways
+    assert decode_kv_chunk([1024] * 9, 8, 132, 32, (1, 2, 4, 8, 16)) == 128
+    assert decode_kv_chunk([1024] * 9, 8, 132, 32, (1, 2, 4, 8)) == 512
+
+
+def test_a_shared_prefix_makes_the_decode_step_cheaper_by_the_profile_saving() -> None:
+    # 8 requests whose prompts start with the same 2,048 tokens, the first one alone (its prompt then sits in the
+    # cache): the decode step of all 8 reads 7 x 2,048 tokens through pages another request holds too
+    profile = load_profile(str(ATTENTION_PROFILE))
+    model = BatchModel(profile, BIG)
+    prefix = list(range(1000, 3048))
+    reqs = [SimRequest(str(i), 2304, 400 if i == 0 else 40, t_ready=0.0 if i == 0 else 0.3,
+                       input_ids=prefix + [5000 + 300 * i + k for k in range(256)]) for i in range(8)]
+    for r in reqs:
+        model.submit(r)
+    t_free, full, contexts = 0.0, None, []
+    while (t := model.next_start(t_free)) is not None:
+        step = model.start_step(t)
+        if step.kind == "decode" and len(step.requests) == 8 and full is None:
+            full, contexts = step, [r.kv_used for r in step.requests]   # what each attends over in that step
+        model.finish_step(step)
+        t_free = step.t_end
+    assert full is not None and all(r.cached_tokens == 2048 for r in reqs[1:])
+    assert full.t_end - full.t_start == pytest.approx(profile.decode_duration(contexts, 7 * 2048), rel=1e-12)
+    assert profile.decode_duration(contexts, 7 * 2048) < profile.decode_duration(contexts, 0)
+
+
+def assert_committed(fitted, path=None) -> None:
+    committed = json.loads((path or PROFILES_DIR / f"{fitted.name}.json").read_text())
     regenerated = json.loads(json.dumps(profile_document(fitted)))
     assert regenerated["source"] == committed["source"]
     for key, value in committed["params"].items():
@@ -275,8 +332,8 @@ def test_fit_recovers_the_decode_cost_per_kv_token_from_a_routing_run() -> None:
                 "server_received": o.t_arrival, "server_forward_entry": o.t_forward_entry,
                 "server_prefill_finished": o.t_first_token - server.output_s,
                 "server_finished": o.t_finished} for o in outs]
-    fitted = fit(h200_calibration(sglang), [RoutingRun("synthetic", "1 x sim", records, PROFILE.prefill_token_buckets)],
-                 PROFILE.name)
+    fitted = fit(h200_calibration(sglang), [RoutingRun("synthetic", "1 x sim", records, PROFILE.prefill_token_buckets,
+                                                       ())], PROFILE.name, None)
     assert fitted.decode_per_kv_token_s == pytest.approx(true_e, rel=0.05)
     assert fitted.decode_base_s == pytest.approx(PROFILE.decode_base_s, rel=1e-9)
     # and the intake of an idle server and the plan lag, from the same stamps
@@ -303,4 +360,13 @@ def test_profile_errors_name_the_file_and_field(tmp_path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="bad.json: field 'params': lacks decode_base_s"):
+        load_profile(str(bad))
+    doc = json.loads(ATTENTION_PROFILE.read_text())
+    del doc["params"]["decode_attention"]["slots"]
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="bad.json: field 'params.decode_attention': lacks slots"):
+        load_profile(str(bad))
+    doc["params"]["decode_attention"]["slots"] = 0
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="bad.json: field 'params.decode_attention.slots': must be an integer >= 1"):
         load_profile(str(bad))

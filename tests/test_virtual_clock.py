@@ -166,11 +166,16 @@ def _steps(profile_name: str, fold: int, seed: int) -> tuple[list[tuple], list[t
                    for r in arrivals]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_decode_runs_are_a_shorthand_for_steps(seed: int) -> None:
+# issue 36's candidate: a decode step that depends on each request's context and on shared prefixes
+ATTENTION_PROFILE = str(REPO / "bench" / "profiles" / "llama-2-7b-h200-triton-attention.json")
+
+
+@pytest.mark.parametrize("seed,profile", [(0, "llama-2-7b-h200-triton"), (1, "llama-2-7b-h200-triton"),
+                                          (0, ATTENTION_PROFILE)])
+def test_decode_runs_are_a_shorthand_for_steps(seed: int, profile: str) -> None:
     """BatchModel.start_decode_run plans exactly the steps start_step would, one by one (same times, bit for bit)."""
-    one, times_one = _steps("llama-2-7b-h200-triton", 0, seed)
-    runs, times_runs = _steps("llama-2-7b-h200-triton", 15, seed)
+    one, times_one = _steps(profile, 0, seed)
+    runs, times_runs = _steps(profile, 15, seed)
     assert runs == one and times_runs == times_one
     assert len(one) > 1000
 

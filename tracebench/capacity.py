@@ -52,9 +52,12 @@ class Costs:
 
 
 def _from_profile(profile: Any) -> Costs:
+    # a profile with a decode attention model (sim/model.py DecodeAttention): a full batch is bound by the programs'
+    # throughput, one makespan token per `slots` KV tokens walked, so its cost per KV token is token_s / slots
+    attention = profile.decode_attention
+    per_kv = profile.decode_per_kv_token_s + (0.0 if attention is None else attention.token_s / attention.slots)
     return Costs(profile.name, profile.accelerator, profile.prefill_per_token_s, profile.prefill_per_token_sq_s,
-                 profile.decode_base_s, profile.decode_per_req_s, profile.decode_per_kv_token_s,
-                 profile.max_total_num_tokens)
+                 profile.decode_base_s, profile.decode_per_req_s, per_kv, profile.max_total_num_tokens)
 
 
 def costs_named(name: str) -> Costs | None:

@@ -41,7 +41,8 @@ import polars as pl
 
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.report.load import ROW, is_run_folder, load_run, run_file
-from tracebench.sim.model import Limits, Profile, padded_tokens, resolve_max_running_requests, simulate
+from tracebench.sim.model import (DecodeAttention, Limits, Profile, decode_attention_tokens, decode_step_s,
+                                  padded_tokens, resolve_max_running_requests, simulate)
 
 LLAMA2_7B_KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # K and V, 32 layers, hidden 4096, fp16
 # HBM bandwidth of the GPUs with a profile (datasheets: H200 4.8 TB/s, H100 SXM 80GB HBM3 3.35 TB/s): only for the
@@ -117,6 +118,7 @@ class RoutingRun:
     servers: str          # e.g. "2 x NVIDIA H200", from run.json
     records: list[dict[str, Any]]
     prefill_token_buckets: tuple[int, ...]   # the servers' prefill CUDA-graph buckets (/server_info)
+    decode_graph_batch_sizes: tuple[int, ...]   # their decode CUDA-graph batch sizes (/server_info)
 
 
 @dataclass(frozen=True)
@@ -160,8 +162,9 @@ def load_routing_runs(folder: Path) -> list[RoutingRun]:
                 rec = {**rec, "cached_tokens": 0}
             records.append(rec)
         accelerators = sorted({str(server.get("accelerator")) for server in meta["servers"]})
+        where = str(run_file(run_dir, "run.json"))
         runs.append(RoutingRun(run_dir.name, f"{len(meta['servers'])} x {'/'.join(accelerators)}", records,
-                               prefill_buckets(meta, str(run_file(run_dir, "run.json")))))
+                               prefill_buckets(meta, where), decode_batch_sizes(meta, where)))
     if not runs:
         raise ConfigError(f"--routing-runs {folder}: no run folder (with run.json) in it")
     return runs
@@ -184,6 +187,20 @@ def prefill_buckets(meta: dict, where: str) -> tuple[int, ...]:
     return found.pop()
 
 
+def decode_batch_sizes(meta: dict, where: str) -> tuple[int, ...]:
+    """The decode CUDA-graph batch sizes every server of a run reported in /server_info (a decode batch runs padded to
+    the smallest of at least its size; none: eager, unpadded)."""
+    found = set()
+    for i, server in enumerate(meta["servers"]):
+        decode = ((server.get("server_info") or {}).get("cuda_graph_config") or {}).get("decode")
+        if not isinstance(decode, dict):
+            raise RunFolderError(where, None, f"servers[{i}].server_info.cuda_graph_config.decode", "missing")
+        found.add(tuple(decode["bs"]) if decode["backend"] != "disabled" else ())
+    if len(found) != 1:
+        raise RunFolderError(where, None, "servers[].server_info.cuda_graph_config.decode.bs", "differs between servers")
+    return found.pop()
+
+
 def idle_intake(run: RoutingRun) -> list[float]:
     """received -> forward entry of the requests that found their server empty (no other request received and not
     yet finished there): sglang's intake of a request when its scheduler is idle."""
@@ -198,10 +215,10 @@ def idle_intake(run: RoutingRun) -> list[float]:
 
 
 def decode_arrivals(run: RoutingRun, prefill_cost: Callable[[int, int], float],
-                    decode_cost: Callable[[int, float], float], queue_entry: float) -> tuple[np.ndarray, np.ndarray]:
+                    decode_cost: Callable[[list[float]], float], queue_entry: float) -> tuple[np.ndarray, np.ndarray]:
     """The requests that arrived while their server only decoded and were then prefilled alone: each one's wait for
     its prefill step (received -> prefill finished, minus its intake and its prefill's modelled cost) and the
-    modelled decode step at its arrival (batch and KV tokens from every request's stamps on that server)."""
+    modelled decode step at its arrival (the batch's contexts from every request's stamps on that server)."""
     waits, steps = [], []
     for server in sorted({r["server"] for r in run.records}):
         mine = [r for r in run.records if r["server"] == server]
@@ -221,9 +238,9 @@ def decode_arrivals(run: RoutingRun, prefill_cost: Callable[[int, int], float],
             if (not decoding.any() or near_prefill.any() or waiting.any() or prefill_before.any()
                     or (fe == fe[i]).sum() > 1):
                 continue
-            kv = float(sum(inp[j] + (t - pf[j]) / (fin[j] - pf[j]) * out[j] for j in np.flatnonzero(decoding)))
+            contexts = [float(inp[j] + (t - pf[j]) / (fin[j] - pf[j]) * out[j]) for j in np.flatnonzero(decoding)]
             waits.append(pf[i] - t - queue_entry - prefill_cost(int(cached[i]), int(inp[i] - cached[i])))
-            steps.append(decode_cost(int(decoding.sum()), kv))
+            steps.append(decode_cost(contexts))
     return np.array(waits), np.array(steps)
 
 
@@ -263,6 +280,120 @@ def decode_windows(run: RoutingRun, prefill_cost: Callable[[list[int]], float]) 
 
 
 
+@dataclass(frozen=True)
+class DecodePoint:
+    """One measured decode step of a decode grid file (bench/gpu/decode_grid.py, decode_more.py)."""
+
+    family: str                  # the file's family (grid, small, shared, mixed)
+    label: str
+    contexts: tuple[int, ...]    # each request's context at the window's middle: input + the tokens it then holds
+    shared: int                  # KV tokens read through a prefix another request of the batch holds too
+    step_s: float                # the mean decode step in the window where all of them decode (the client's)
+
+
+# llama-2-7b's query heads, and the SMs of the GPUs with a profile (sglang's device_core_count)
+LLAMA2_7B_HEADS = 32
+SM_COUNT = {"NVIDIA H200": 132, "NVIDIA H100 80GB HBM3": 132}
+# the decode attention's shape constants are chosen on a grid (the rest is least squares at each)
+ATTENTION_SLOTS = tuple(range(16, 25))
+ATTENTION_OVERHEADS = (0, 8, 16, 24, 32)
+FEW_PROGRAMS = (256, 300, 384, 512)
+
+
+@dataclass(frozen=True)
+class DecodeGrid:
+    """The measured decode steps of one GPU model (decode grid files), for the decode attention's fit."""
+
+    sources: tuple[str, ...]     # the files' source lines
+    accelerator: str
+    kv_splits: int               # the server's --triton-attention-num-kv-splits
+    points: tuple[DecodePoint, ...]
+    left_out: tuple[str, ...]    # points without a measurement (no full-batch window), named
+
+
+def load_decode_grid(paths: list[Path]) -> DecodeGrid:
+    """Decode grid files (bench/gpu/decode_grid.py's, decode_more_pack.py's; .xz), of one GPU model and one KV split
+    setting; a point with no sglang log step (no full-batch window: not a measurement) is left out and named."""
+    sources, heads, points, left_out = [], set(), [], []
+    for path in paths:
+        if not path.is_file():
+            raise ConfigError(f"--decode-grid {path}: no such file")
+        data = path.read_bytes()
+        if path.suffix == ".xz":
+            data = lzma.decompress(data)
+        try:
+            doc = json.loads(data)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}: not valid JSON: {err}") from err
+        for key in ("source", "accelerator", "server_info"):
+            if key not in doc:
+                raise ConfigError(f"{path}: field '{key}': missing (not a decode grid file?)")
+        sources.append(doc["source"])
+        heads.add((doc["accelerator"], doc["server_info"]["triton_attention_num_kv_splits"]))
+        families = doc["families"] if "families" in doc else {"grid": {"points": doc["points"]}}
+        for family, part in families.items():
+            for p in part["points"]:
+                if p.get("sglang_log_step_s") is None:
+                    left_out.append(f"{path.name} {family} {p['label']}")
+                    continue
+                contexts = tuple(int(round(n + p["mid_tokens"])) for n in p["lens"])
+                shared = (len(p["lens"]) - len(set(p["groups"]))) * p["prefix"] if "groups" in p else 0
+                points.append(DecodePoint(family, p["label"], contexts, shared, float(p["step_s"])))
+    if len(heads) != 1:
+        raise ConfigError(f"--decode-grid: the files differ in accelerator or KV splits ({sorted(heads)})")
+    ((accelerator, kv_splits),) = heads
+    return DecodeGrid(tuple(sources), accelerator, int(kv_splits), tuple(points), tuple(left_out))
+
+
+def decode_graph_batch_sizes(runs: list[RoutingRun]) -> tuple[int, ...]:
+    """The decode CUDA-graph batch sizes every server of the runs reported (/server_info cuda_graph_config.decode)."""
+    sizes = {run.decode_graph_batch_sizes for run in runs}
+    if len(sizes) != 1:
+        raise ConfigError("the routing runs' servers differ in their decode CUDA-graph batch sizes: fit them apart")
+    return sizes.pop()
+
+
+def attention_terms(points: list[DecodePoint], slots: int, overhead: int, kv_splits: int, sm_count: int, heads: int,
+                    graph_batch_sizes: tuple[int, ...]) -> np.ndarray:
+    """Per point: batch size, makespan, shared / KV, programs, longest program (model.decode_attention_tokens)."""
+    rows = []
+    for p in points:
+        span, programs, longest = decode_attention_tokens(p.contexts, slots, overhead, kv_splits, sm_count, heads,
+                                                          graph_batch_sizes)
+        rows.append((len(p.contexts), span, p.shared / sum(p.contexts), programs, longest))
+    return np.array(rows, dtype=float)
+
+
+def attention_design(terms: np.ndarray, few_programs: int) -> np.ndarray:
+    """The decode step's design matrix: 1, B, makespan, makespan x shared / KV, longest x max(0, 1 - programs / few)."""
+    batch, span, shared, programs, longest = terms.T
+    return np.c_[np.ones_like(batch), batch, span, span * shared, longest * np.maximum(0.0, 1.0 - programs / few_programs)]
+
+
+def fit_decode_attention(points: list[DecodePoint], kv_splits: int, sm_count: int, heads: int,
+                         graph_batch_sizes: tuple[int, ...]) -> tuple[float, float, DecodeAttention]:
+    """c, d and the attention of the decode step (model.Profile.decode_duration with e = 0): least squares of the
+    relative error over every point at each shape (slots, program overhead, few programs) on a grid; the shape with
+    the least RMS error wins."""
+    y = np.array([p.step_s for p in points])
+    best = None
+    for slots in ATTENTION_SLOTS:
+        for overhead in ATTENTION_OVERHEADS:
+            terms = attention_terms(points, slots, overhead, kv_splits, sm_count, heads, graph_batch_sizes)
+            for few in FEW_PROGRAMS:
+                design = attention_design(terms, few)
+                coef = np.linalg.lstsq(design / y[:, None], np.ones_like(y), rcond=None)[0]
+                err = float(np.sqrt(((design @ coef / y - 1.0) ** 2).mean()))
+                if best is None or err < best[0]:
+                    best = (err, coef, slots, overhead, few)
+    assert best is not None
+    _, (c, d, t, t_shared, t_few), slots, overhead, few = best
+    return float(c), float(d), DecodeAttention(
+        token_s=float(t), slots=slots, program_overhead_tokens=overhead, few_programs=few,
+        few_programs_token_s=float(t_few), shared_saving=float(-t_shared / t), kv_splits=kv_splits, sm_count=sm_count,
+        heads=heads, graph_batch_sizes=graph_batch_sizes)
+
+
 def prefill_points(calibration: dict) -> list[tuple[str, int, int, float]]:
     """Every measured single prefill step: (series, tokens already cached, new tokens, seconds)."""
     points = [("calibration", 0, p["ilen"], p["prefill"]) for p in calibration["prefill"]]
@@ -291,9 +422,10 @@ def decode_points(calibration: dict) -> tuple[list[dict], list[tuple[dict, str]]
     return kept, dropped
 
 
-def fit(calibration: dict, routing_runs: list[RoutingRun], name: str) -> Profile:
-    """Fit the profile. Pure: takes the calibration document (load_calibration / h200_calibration) and the routing
-    runs' records, returns the profile."""
+def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_grid: DecodeGrid | None) -> Profile:
+    """Fit the profile. Pure: takes the calibration document (load_calibration / h200_calibration), the routing
+    runs' records and the decode grid (None: the decode step is c + d B + e KV from the calibration's decode sweep
+    and the routing runs), returns the profile."""
     prefill = calibration["prefill"]
     if not routing_runs:
         raise ConfigError("the fit needs at least one routing run (decode at longer contexts) to split d from e")
@@ -318,19 +450,36 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str) -> Profile
     def prefill_cost(ilens: list[int]) -> float:
         return max(prefill_min, a + b * padded_tokens(sum(ilens), token_buckets) + q * sum(n * n for n in ilens))
 
-    decode, _ = decode_points(calibration)
-    batch = np.array([d["batch"] for d in decode], dtype=float)
-    itl = np.array([d["itl_p50_ms"] for d in decode], dtype=float) / 1e3
-    design = np.c_[np.ones_like(batch), batch] / itl[:, None]
-    c, slope = np.linalg.lstsq(design, np.ones_like(itl), rcond=None)[0]   # slope = d + DECODE_MEAN_CONTEXT * e
-    w = [decode_windows(run, prefill_cost) for run in routing_runs]
-    steps, step_s, mean_batch, mean_kv = (np.concatenate([getattr(x, f) for x in w])
-                                          for f in ("steps", "step_s", "batch", "kv_tokens"))
-    # model / measured - 1 = (c + slope * B + e * (KV - 576 B)) / step - 1: linear in e
-    u = (mean_kv - DECODE_MEAN_CONTEXT * mean_batch) / step_s
-    v = (c + slope * mean_batch) / step_s - 1.0
-    e = float(-(steps * u * v).sum() / (steps * u * u).sum())
-    d = slope - DECODE_MEAN_CONTEXT * e
+    attention = None
+    if decode_grid is None:
+        decode, _ = decode_points(calibration)
+        batch = np.array([d["batch"] for d in decode], dtype=float)
+        itl = np.array([d["itl_p50_ms"] for d in decode], dtype=float) / 1e3
+        design = np.c_[np.ones_like(batch), batch] / itl[:, None]
+        c, slope = np.linalg.lstsq(design, np.ones_like(itl), rcond=None)[0]   # slope = d + DECODE_MEAN_CONTEXT * e
+        w = [decode_windows(run, prefill_cost) for run in routing_runs]
+        steps, step_s, mean_batch, mean_kv = (np.concatenate([getattr(x, f) for x in w])
+                                              for f in ("steps", "step_s", "batch", "kv_tokens"))
+        # model / measured - 1 = (c + slope * B + e * (KV - 576 B)) / step - 1: linear in e
+        u = (mean_kv - DECODE_MEAN_CONTEXT * mean_batch) / step_s
+        v = (c + slope * mean_batch) / step_s - 1.0
+        e = float(-(steps * u * v).sum() / (steps * u * u).sum())
+        d = slope - DECODE_MEAN_CONTEXT * e
+    else:
+        if decode_grid.accelerator != calibration["accelerator"]:
+            raise ConfigError(f"--decode-grid: measured on {decode_grid.accelerator}, the calibration on "
+                              f"{calibration['accelerator']}")
+        if decode_grid.accelerator not in SM_COUNT:
+            raise ConfigError(f"--decode-grid: no SM count known for {decode_grid.accelerator}")
+        c, d, attention = fit_decode_attention(list(decode_grid.points), decode_grid.kv_splits,
+                                               SM_COUNT[decode_grid.accelerator], LLAMA2_7B_HEADS,
+                                               decode_graph_batch_sizes(routing_runs))
+        e = 0.0
+
+    def decode_cost(contexts: list[float]) -> float:
+        if attention is None:
+            return c + d * len(contexts) + e * sum(contexts)
+        return decode_step_s(c, d, e, attention, [int(round(x)) for x in contexts], 0)
 
     # the calibration's requests follow each other closely (each sent when the last answered), so their intake
     # includes the scheduler's idle checks after the last one (scheduler.py on_idle); a trace's request that finds the
@@ -344,7 +493,7 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str) -> Profile
     # the next step, the rest the one after: the mean wait is 1.5 T - R
     waits, decode_steps = (np.concatenate(x) for x in zip(*(decode_arrivals(
         run, lambda cached, n: max(prefill_min, a + b * padded_tokens(n, token_buckets) + q * ((cached + n) ** 2 - cached ** 2)),
-        lambda batch, kv: c + d * batch + e * kv, queue_entry) for run in routing_runs)))
+        decode_cost, queue_entry) for run in routing_runs)))
     if waits.size < MIN_DECODE_ARRIVALS:
         raise ConfigError(f"the routing runs have {waits.size} requests that arrived during decode and were prefilled "
                           f"alone: the fit needs at least {MIN_DECODE_ARRIVALS} to measure the plan lag")
@@ -359,18 +508,24 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str) -> Profile
         name=name,
         prefill_base_s=float(a), prefill_per_token_s=float(b), prefill_per_token_sq_s=float(q),
         prefill_min_s=prefill_min,
-        decode_base_s=float(c), decode_per_req_s=float(d), decode_per_kv_token_s=float(e),
+        decode_base_s=float(c), decode_per_req_s=float(d), decode_per_kv_token_s=float(e), decode_attention=attention,
         queue_entry_s=float(queue_entry), plan_lag_s=plan_lag, dispatch_s=float(dispatch), output_s=float(output),
         client_overhead_s=float(client),
         max_total_num_tokens=int(calibration["server_info"]["max_total_num_tokens"]), context_length=4096,
         chunked_prefill_size=8192, accelerator=calibration["accelerator"], prefill_token_buckets=token_buckets,
-        source=f"fitted by `python -m tracebench.sim.fit` to {calibration['source']} and, for the decode cost per "
-               "KV token, the per-request stamps of real routing runs ("
-               + ", ".join(f"{r.name}: {r.servers}" for r in routing_runs) + ")",
+        source=(f"fitted by `python -m tracebench.sim.fit` to {calibration['source']} and, for the decode cost per "
+                "KV token, the per-request stamps of real routing runs ("
+                + ", ".join(f"{r.name}: {r.servers}" for r in routing_runs) + ")") if decode_grid is None else (
+            f"fitted by `python -m tracebench.sim.fit` to {calibration['source']} (prefill, per-request overheads), "
+            "the per-request stamps of real routing runs ("
+            + ", ".join(f"{r.name}: {r.servers}" for r in routing_runs)
+            + ") for the intake, the plan lag and the CUDA-graph sizes, and the decode step to decode grids: "
+            + "; ".join(src.split(";")[0] for src in decode_grid.sources)),
     )
 
 
-def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun]) -> list[str]:
+def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun],
+           decode_grid: DecodeGrid | None) -> list[str]:
     """The fit's error at every calibration point: step level, and whole runs of the decode scenarios; and the mean
     decode step of the routing runs, measured (as in the fit) and modelled, also with e at its physical lower bound."""
     lines = ["prefill (one request, server-side prefill time; median per series and shape)",
@@ -392,7 +547,7 @@ def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun]) 
     kept, dropped = decode_points(calibration)
     for d in kept:
         b = d["batch"]
-        step = profile.decode_duration(b, b * DECODE_MEAN_CONTEXT)
+        step = profile.decode_duration([DECODE_MEAN_CONTEXT] * b)
         outs = simulate(profile, limits, [(0.0, DECODE_INPUT, DECODE_OUTPUT)] * b)
         ttft = statistics.median(o.ttft for o in outs)
         e2e = statistics.median(o.e2e for o in outs)
@@ -402,6 +557,8 @@ def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun]) 
             f"   {d['e2e_p50']:6.3f} {e2e:6.3f} {e2e / d['e2e_p50'] - 1:+6.1%}")
     for d, why in dropped:
         lines.append(f"  {d['batch']:5d}  {d['itl_p50_ms']:7.2f}  (left out: {why})")
+    if decode_grid is not None:
+        return lines + decode_grid_report(profile, decode_grid)
     hbm = HBM_BYTES_PER_S.get(profile.accelerator)
     e_bound = None if hbm is None else LLAMA2_7B_KV_BYTES_PER_TOKEN / hbm
     bound_head = ("(no HBM bandwidth known for this accelerator)" if e_bound is None else
@@ -421,6 +578,34 @@ def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun]) 
                                      weights=w.steps))
             line += f"                             {bound * 1e3:8.2f}  {bound / measured - 1:+6.1%}"
         lines.append(line)
+    return lines
+
+
+def decode_grid_report(profile: Profile, grid: DecodeGrid, shown: float = 0.03) -> list[str]:
+    """The decode step's error on the decode grid: per family, and every point off by more than `shown`."""
+    attention = profile.decode_attention
+    assert attention is not None
+    lines = [f"decode grid ({len(grid.points)} points; left out, no measurement: {', '.join(grid.left_out) or 'none'})",
+             f"  attention: {attention.slots} programs per head at once ({attention.slots * attention.heads} in all), "
+             f"program overhead {attention.program_overhead_tokens} tokens, {attention.token_s * 1e6:.3f} us per "
+             f"makespan token, few programs < {attention.few_programs}: {attention.few_programs_token_s * 1e6:+.3f} "
+             f"us per token of the longest, shared prefix saving {attention.shared_saving:.3f}",
+             f"  {'family':<8} {'n':>3}  rms    min     max"]
+    errors: dict[str, list[tuple[str, float, float, float]]] = {}
+    for p in grid.points:
+        model = profile.decode_duration(list(p.contexts), p.shared)
+        errors.setdefault(p.family, []).append((p.label, p.step_s, model, model / p.step_s - 1))
+    for family, rows in errors.items():
+        err = np.array([r[3] for r in rows])
+        lines.append(f"  {family:<8} {err.size:3d}  {np.sqrt((err ** 2).mean()):.1%}  {err.min():+.1%}  {err.max():+.1%}")
+    everything = np.array([r[3] for rows in errors.values() for r in rows])
+    lines.append(f"  {'all':<8} {everything.size:3d}  {np.sqrt((everything ** 2).mean()):.1%}  {everything.min():+.1%}  "
+                 f"{everything.max():+.1%}")
+    lines.append(f"  points off by more than {shown:.0%}: measured_ms  model_ms  error")
+    for family, rows in errors.items():
+        for label, measured, model, err in rows:
+            if abs(err) > shown:
+                lines.append(f"    {family:<7} {label:<26} {measured * 1e3:8.3f}  {model * 1e3:8.3f}  {err:+6.1%}")
     return lines
 
 
@@ -448,6 +633,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--routing-runs", type=Path, required=True,
                         help="a run folder, or a folder of run folders, replayed on real sglang on the same GPU "
                              "(reports/examples/h200x2-routing, reports/examples/h100-sim-vs-real/fit)")
+    parser.add_argument("--decode-grid", type=Path, action="append", default=[], metavar="FILE",
+                        help="a decode grid file (repeatable; tests/data/sglang-0.5.17/decode-grid-h200.json.xz, "
+                             "decode-more-h200.json.xz): the decode step's attention is fitted to it; without one, "
+                             "the decode step is c + d B + e KV from the calibration's sweep and the routing runs")
     parser.add_argument("--name", required=True, help="the profile's name (llama-2-7b-h100-triton)")
     parser.add_argument("--write", type=Path, default=None, help="write the profile JSON here")
     opts = parser.parse_args(argv)
@@ -456,10 +645,11 @@ def main(argv: list[str] | None = None) -> None:
     else:
         calibration = h200_calibration(opts.sglang_dir)
     routing_runs = load_routing_runs(opts.routing_runs)
-    profile = fit(calibration, routing_runs, opts.name)
+    decode_grid = load_decode_grid(opts.decode_grid) if opts.decode_grid else None
+    profile = fit(calibration, routing_runs, opts.name, decode_grid)
     doc = profile_document(profile)
     print(json.dumps(doc["params"], indent=2))
-    print("\n".join(report(profile, calibration, routing_runs)))
+    print("\n".join(report(profile, calibration, routing_runs, decode_grid)))
     if opts.write is not None:
         tmp = opts.write.with_suffix(".json.tmp")
         tmp.write_text(profile_text(doc))
