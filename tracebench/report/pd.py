@@ -124,7 +124,7 @@ def pd_stats(meta: dict[str, Any], ok: pl.DataFrame) -> PdRunStats | None:
     for role in ("prefill", "decode"):
         for index in pools[role]:
             column = "prefill_server" if role == "prefill" else "server"
-            served = ok.filter(pl.col(column) == index) if column in ok.columns else None
+            served = ok.select(column, "input_len").filter(pl.col(column) == index) if column in ok.columns else None
             known = served is not None and not ext
             row = metrics.get(index) or {}
             delta = row.get("delta") or {}
