@@ -328,7 +328,7 @@ def replay(ctx: click.Context, trace: Path, adapt_speed: bool, **options: Any) -
     if adapt_speed:
         from tracebench.speedguard import adapt
 
-        return adapt(cfg)
+        return adapt(cfg, run_replay)
     return run_replay(cfg)
 
 

@@ -46,6 +46,7 @@ def _resolve_format(fmt: str | None, output: Path | None) -> str:
 def _write_files(files: dict[Path, bytes]) -> None:
     """Write every file to a temporary name first, then rename them all: a failure leaves nothing half-written. A
     folder that cannot be written (read-only, full, not a folder) is a ConfigError naming the file (exit 2)."""
+    from tracebench.cleanup import temp_name
     from tracebench.errors import ConfigError
 
     temps: list[tuple[Path, Path]] = []
@@ -55,7 +56,7 @@ def _write_files(files: dict[Path, bytes]) -> None:
         for path, data in files.items():
             current = path
             path.parent.mkdir(parents=True, exist_ok=True)
-            temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            temp = temp_name(path)
             temps.append((temp, path))
             temp.write_bytes(data)
         for temp, path in temps:

@@ -39,6 +39,7 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
+from tracebench.cleanup import write_atomic
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.report.load import ROW, is_run_folder, load_run, run_file
 from tracebench.sim.model import Limits, Profile, padded_tokens, resolve_max_running_requests, simulate
@@ -461,9 +462,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(doc["params"], indent=2))
     print("\n".join(report(profile, calibration, routing_runs)))
     if opts.write is not None:
-        tmp = opts.write.with_suffix(".json.tmp")
-        tmp.write_text(profile_text(doc))
-        tmp.replace(opts.write)
+        write_atomic(opts.write, profile_text(doc).encode())
         print(f"wrote {opts.write}")
 
 
