@@ -247,3 +247,36 @@ def test_policy_time_warning_names_each_kind_of_call() -> None:
     assert warning is not None and "assign: 3 call(s)" in warning and "on_complete: 2 call(s)" in warning, warning
     longest = [int(m) for m in re.findall(r"longest call (\d+) ms", warning)]
     assert longest[0] < 20 <= longest[1], warning
+
+
+def test_recent_completions_are_the_filtered_window() -> None:
+    """A server's observed figures come from RecentCompletions, kept as completions come and go; they must be what
+    filtering the last OBSERVED_MAX completions by t_finish >= since and sorting gives (completions out of order
+    by t_finish, without a TTFT, bursts that overflow OBSERVED_MAX, gaps that empty the window)."""
+    import random
+    from collections import deque
+
+    from tracebench.replay.router import OBSERVED_MAX, OBSERVED_WINDOW_S, RecentCompletions
+
+    rng = random.Random(1)
+    checked = 0
+    for _ in range(60):
+        recent, plain = RecentCompletions(), deque(maxlen=OBSERVED_MAX)
+        t = 0.0
+        for _ in range(rng.randrange(1, 900)):
+            t += rng.expovariate(rng.choice([1, 10, 100]))
+            entry = (t - rng.random() * rng.choice([0, 0.5, 20]), round(rng.random(), 2),
+                     None if rng.random() < 0.2 else round(rng.random(), 2))
+            recent.add(*entry)
+            plain.append(entry)
+            if rng.random() < 0.3:
+                since = t - OBSERVED_WINDOW_S
+                window = [e for e in plain if e[0] >= since]
+                recent.expire(since)
+                assert len(recent.live) == len(window)
+                assert recent.latencies == sorted(e[1] for e in window)
+                assert recent.ttfts == sorted(e[2] for e in window if e[2] is not None)
+                if window:
+                    assert recent.first_t() == window[0][0]
+                    checked += 1
+    assert checked > 1000

@@ -244,6 +244,34 @@ def test_radix_tree_match_split_insert_evict() -> None:
     assert cache.match(["w1", "w2"], 2) == (0, cache.root)
 
 
+def test_packed_tokens_give_the_same_cache_as_lists() -> None:
+    """The virtual clock's packed prompts (radix.PackedTokens) behave in the tree exactly as lists of the same ids:
+    the same hits, splits, output tails and evictions under KV pressure, so the same outcomes."""
+    from tracebench.sim.radix import PackedTokens
+
+    rng = np.random.default_rng(7)
+    heads = [toks(int(rng.integers(64, 1500)), 100 + i) for i in range(6)]
+    rows = []
+    for i in range(160):
+        head = heads[int(rng.integers(0, len(heads)))]
+        cut = int(rng.integers(1, len(head) + 1))
+        prompt = head[:cut] + toks(int(rng.integers(1, 400)), 1000 + i)
+        rows.append((i * 0.02, len(prompt), int(rng.integers(1, 40)), prompt))
+    tight = Limits(max_running_requests=16, max_total_num_tokens=12000, chunked_prefill_size=2048)
+    as_lists = simulate(PROFILE, tight, rows)
+    as_packed = simulate(PROFILE, tight, [(t, n, out, PackedTokens.of(p)) for t, n, out, p in rows])
+    assert as_packed == as_lists
+    assert sum(o.cached_tokens for o in as_lists) > 20000  # the shared heads hit
+    cache = RadixCache()
+    assert cache.insert(PackedTokens.of([1, 2, 3, 4, 5]), 5)[0] == 0
+    assert cache.match(PackedTokens.of([1, 2, 3, 9]), 4)[0] == 3
+    already, node = cache.insert(PackedTokens.of([1, 2, 3, 9, 9]), 5)
+    assert already == 3 and node.key == PackedTokens.of([9, 9]) and list(node.key) == [9, 9]
+    cache.lock(node)
+    assert cache.evict(100) == 2 and cache.total_tokens == 5  # [4, 5]; [1, 2, 3] + [9, 9] locked
+    assert PackedTokens.of([-3, 2**62])[0] == -3 and PackedTokens.of([-3, 2**62])[-1] == 2**62
+
+
 # ---------------------------------------------------------------- a real sim-server process
 
 def _post(url: str, body: dict) -> dict:

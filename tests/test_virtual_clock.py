@@ -72,6 +72,20 @@ def test_virtual_run_is_deterministic_and_deaf_to_host_load(tmp_path: Path) -> N
     assert telemetry and max(line["in_flight"] for line in telemetry) <= 6
 
 
+def test_a_saturation_stop_writes_the_same_records_every_time(tmp_path: Path) -> None:
+    """The saturation stop cancels ~1,000 requests in flight: their records come out in the same order in every run
+    (the router once cancelled them in a set's order, which followed the tasks' addresses)."""
+    trace = _generate(tmp_path / "t.jsonl", "--rate", "100", "--num-requests", "1200", "--seed", "1")
+    runs = []
+    for name in ("one", "two"):
+        done = _replay(trace, tmp_path, name, "--gpus", "1", "--saturation-window", "5")
+        assert done.returncode == 0, done.stderr
+        runs.append((tmp_path / name / "requests.jsonl").read_bytes())
+    assert runs[0] == runs[1]
+    statuses = [orjson.loads(line)["status"] for line in runs[0].splitlines()]
+    assert statuses.count("cancelled") > 500 and len(statuses) == 1200
+
+
 @pytest.mark.parametrize("extra, says", [
     (("--attach", "http://127.0.0.1:9"), "--attach cannot be used"),
     (("--pd", "1:1"), "--pd cannot be used"),
@@ -171,6 +185,45 @@ def test_sweep_on_the_virtual_clock(tmp_path: Path) -> None:
     assert summary["points"][0]["status"] == "completed" and summary["points"][0]["throughput_rps"] > 5
     for point in (tmp_path / "sw").glob("rate-*/run.json"):
         assert json.loads(point.read_text())["clock"] == "virtual"
+
+
+def _summary_without_walls(folder: Path) -> dict:
+    doc = json.loads((folder / "summary.json").read_text())
+    for row in doc["points"]:
+        row.pop("wall_s", None)
+    doc.pop("wall_s", None)
+    return {"points": doc["points"], "capacity": doc.get("capacity"), "status": doc["status"]}
+
+
+def test_parallel_search_is_the_one_process_search(tmp_path: Path) -> None:
+    """--jobs 2 runs the capacity search's combinations in two worker processes: the same points, figures, answers
+    and byte-identical records as --jobs 1; a policy that raises in one combination fails the sweep with its own
+    error (exit 1), after the other combination's points are in the summary."""
+    trace = _generate(tmp_path / "t.jsonl", "--rate", "10", "--num-requests", "600", "--seed", "4")
+    common = ("sweep", str(trace), "--find-max-rate", "--slo", "ttft=300ms,tpot=40ms", "--point-duration", "8",
+              "--saturation-window", "0", "--clock", "virtual", "--gpus", "1,2", "--max-points", "4",
+              "--out-dir", str(tmp_path), "--quiet")
+    one = run_cli(*common, "--policy", "round_robin", "--name", "one", "--jobs", "1")
+    two = run_cli(*common, "--policy", "round_robin", "--name", "two", "--jobs", "2")
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    assert "2 parts, 2 at a time" in two.stderr
+    assert _summary_without_walls(tmp_path / "one") == _summary_without_walls(tmp_path / "two")
+    points = [row["point"] for row in json.loads((tmp_path / "one" / "summary.json").read_text())["points"]]
+    assert len(points) >= 4
+    for point in points:
+        assert (tmp_path / "one" / point / "requests.jsonl").read_bytes() == \
+            (tmp_path / "two" / point / "requests.jsonl").read_bytes()
+    bad = tmp_path / "bad.py"
+    bad.write_text("from tracebench.policies.base import Policy\n\n"
+                   "class TwoBreaks(Policy):\n    name = 'two_breaks'\n\n"
+                   "    def assign(self, queue, servers):\n"
+                   "        if len(servers) == 2:\n            raise ValueError('two servers break me')\n"
+                   "        return [(queue[0], servers[0])] if servers[0].free_slots else []\n")
+    failed = run_cli(*common, "--policy", f"{bad}:TwoBreaks", "--name", "bad", "--jobs", "2")
+    assert failed.returncode == 1, failed.stderr
+    assert "two servers break me" in failed.stderr
+    doc = json.loads((tmp_path / "bad" / "summary.json").read_text())
+    assert doc["status"] == "failed" and "two servers break me" in doc["error"]
 
 
 def test_virtual_timeout_and_no_stream(tmp_path: Path) -> None:

@@ -23,6 +23,9 @@ class LocatedInputError(InputError):
         where = self.path if line is None else f"{self.path}:{line}"
         super().__init__(f"{where}: {why}" if field is None else f"{where}: field '{field}': {why}")
 
+    def __reduce__(self) -> tuple[object, ...]:  # picklable (a sweep's worker process hands its error over)
+        return (type(self), (self.path, self.line, self.field, self.why))
+
 
 class TraceError(LocatedInputError):
     """A tracebench trace file is broken."""
@@ -64,6 +67,9 @@ class OutputWriteError(RunFailed):
         super().__init__(message)
         self.path, self.errno = path, errno
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.path, self.errno))
+
 
 class CopyNotWritten(TracebenchError):
     """requests.jsonl's columnar copy (tracebench/report/columns.py) could not be written: a full disk, a read-only
@@ -95,3 +101,6 @@ class Interrupted(TracebenchError):
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + signum
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.signum, str(self)))

@@ -20,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 
-from tracebench.errors import ServerStartError
-from tracebench.itl import ItlGaps
+from tracebench.errors import ConfigError, ServerStartError
+from tracebench.itl import ItlGaps, bucket_of
 from tracebench.replay.client import Answer, Fetched, GenerateApi, timeout_text
 from tracebench.replay.clock import RunClock
 from tracebench.replay.flight import Destination, Progress
@@ -33,6 +34,7 @@ from tracebench.replay.tokens import InputIds
 from tracebench.sim.args import SimArgs
 from tracebench.sim.engine import RunDelivery
 from tracebench.sim.inprocess import InProcessServer, sim_args_from_command
+from tracebench.sim.radix import PackedTokens
 from tracebench.sim.validate import BadRequest, SchedulerAbort
 from tracebench.trace.format import TraceRequest
 
@@ -43,6 +45,7 @@ URL_SCHEME = "inprocess://"
 # profile's client_overhead_s is split in this proportion: REQUEST_SHARE before sglang's receipt, the rest after
 # each token is handed out.
 REQUEST_SHARE = 0.75
+BUCKET_MEMO_SIZE = 4096  # gaps remembered with their ITL bucket (_Watch.buckets); a step's gap is asked B times
 
 
 @dataclass(frozen=True)
@@ -157,10 +160,10 @@ class _Watch:
     """One request's answer as the client would read it: each token a response hop after sglang handed it out; the
     flight is resumed at the end's moment."""
 
-    __slots__ = ("rec", "flight", "server", "hop", "offset", "gaps", "t_chunk", "done")
+    __slots__ = ("rec", "flight", "server", "hop", "offset", "gaps", "t_chunk", "done", "buckets")
 
     def __init__(self, rec: RequestRecord, flight: Progress, server: Destination, hop: float, offset: float,
-                 done: asyncio.Future[float], stream: bool) -> None:
+                 done: asyncio.Future[float], stream: bool, buckets: dict[float, int]) -> None:
         self.rec = rec
         self.flight = flight
         self.server = server
@@ -169,6 +172,9 @@ class _Watch:
         self.gaps = ItlGaps() if stream else None
         self.t_chunk = 0.0
         self.done = done
+        # gap -> ITL bucket, shared by the sender's watchers: the requests of a decode step see the same gap, so one
+        # log per step instead of one per token (the bucket is bucket_of's, whichever request asked first)
+        self.buckets = buckets
 
     def on_token(self, t_visible: float) -> None:
         t = t_visible + self.offset
@@ -179,7 +185,17 @@ class _Watch:
         if self.rec.t_first_token is None:
             self.rec.t_first_token = t
         else:
-            gaps.add(t - self.t_chunk)
+            gap = t - self.t_chunk  # ItlGaps.add, with the bucket looked up
+            bucket = self.buckets.get(gap)
+            if bucket is None:
+                buckets = self.buckets
+                if len(buckets) > BUCKET_MEMO_SIZE:
+                    buckets.clear()
+                bucket = buckets[gap] = bucket_of(gap)
+            counts = gaps.counts
+            counts[bucket] = counts.get(bucket, 0) + 1
+            if gaps.largest is None or gap > gaps.largest:
+                gaps.largest = gap
         self.t_chunk = t
 
     def on_tokens(self, run: RunDelivery) -> None:
@@ -209,6 +225,22 @@ def _resolve(done: asyncio.Future[float], t: float) -> None:
         done.set_result(t)
 
 
+KEY_BASE = 1 << 62  # prefix keys are positive, apart from the negative tags of cached output (sim/model.py)
+
+
+def prefix_keys(blocks: tuple[int, ...], block_size: int | None, n: int) -> PackedTokens:
+    """A prompt of prefix blocks as the in-process radix cache needs it: one key per token, the same key for the same
+    token of the same block (token j of block b: KEY_BASE + b * block_size + j) and no two tokens alike otherwise,
+    packed (radix.PackedTokens). The real-time run sends the ids `InputIds.block_ids` makes, which are alike exactly
+    where these keys are, but for a chance match of two random ids (~1 in 31,000 per compared token, which the
+    real-time server's cache then counts as a hit); building these costs no hashing and no Python int per token."""
+    if block_size is None:
+        raise ConfigError("the trace has prefix_blocks but its header gives no block_size")
+    firsts = np.asarray(blocks, dtype=np.int64) * block_size + KEY_BASE
+    keys = (firsts[:, None] + np.arange(block_size, dtype=np.int64)[None, :]).ravel()[:n]
+    return PackedTokens(keys.astype("<i8", copy=False).tobytes())
+
+
 class InProcessSender:
     """`flight.Sender` for in-process servers: the request goes into its server's engine at dispatch + the request
     hop; its tokens reach the record a response hop after they are handed out (`_Watch`)."""
@@ -227,6 +259,8 @@ class InProcessSender:
         self.api = GenerateApi()
         self.hops = hops
         self.clock = clock
+        self.buckets: dict[float, int] = {}  # _Watch.buckets
+        self.block_size = input_ids.block_size
 
     def prepare_body(self, request: TraceRequest) -> None:
         return None
@@ -239,10 +273,10 @@ class InProcessSender:
         t = now()
         rec.t_built = rec.t_dispatch = rec.t_written = t
         t_received = loop.time() + hops.request_s
-        # a prompt of prefix blocks: its ids, for the server's radix cache; a prompt of its own (the trace gives no
-        # blocks): content that matches nothing (the real-time server is sent random ids, which hit its cache by
-        # chance only: a 1-token match about once in 32,000/N, N the prompts it holds)
-        ids = None if blocks is None else self.input_ids.block_ids(blocks, rec.input_len).tolist()
+        # a prompt of prefix blocks: its tokens as the server's radix cache tells them apart (prefix_keys); a prompt
+        # of its own (the trace gives no blocks): content that matches nothing (the real-time server is sent random
+        # ids, which hit its cache by chance only: a 1-token match about once in 32,000/N, N the prompts it holds)
+        ids = None if blocks is None else prefix_keys(blocks, self.block_size, rec.input_len)
         try:
             pend = srv.submit(rec.input_len, rec.output_len, ids, t_received, self.stream)
         except BadRequest as err:
@@ -260,7 +294,7 @@ class InProcessSender:
             return self.api.final_answer(server.generate_url, orjson.dumps(out))
         done: asyncio.Future[float] = loop.create_future()
         watch = _Watch(rec, flight, server, hops.response_s, hops.response_s - self.clock.mono_start, done,
-                       self.stream)
+                       self.stream, self.buckets)
         pend.watcher = watch
         if self.stream:
             rec.t_headers = t + hops.request_s + hops.response_s  # the handler answers its headers at once

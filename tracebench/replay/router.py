@@ -28,6 +28,8 @@ batch): the static batching the run chose, not tracebench's time (docs/overhead.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import heapq
 import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -82,6 +84,56 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
+class RecentCompletions:
+    """A server's last OBSERVED_MAX completions (t_finish, latency, ttft), with the latencies and TTFTs of those that
+    finished since a moment (`expire`) kept sorted as completions come and go: a ServerView's observed figures are
+    read off them instead of filtering and sorting the window for every view (a virtual-clock run asks for views at
+    every assignment). Exact: the same figures as filtering the last OBSERVED_MAX by t_finish >= since."""
+
+    __slots__ = ("entries", "by_time", "live", "latencies", "ttfts", "_seq")
+
+    def __init__(self) -> None:
+        self.entries: deque[tuple[int, float, float, float | None]] = deque()  # (seq, t_finish, latency, ttft)
+        self.by_time: list[tuple[float, int]] = []  # heap of (t_finish, seq) of the live ones
+        self.live: dict[int, tuple[int, float, float, float | None]] = {}  # seq -> entry: last MAX, not expired
+        self.latencies: list[float] = []  # sorted, of the live ones
+        self.ttfts: list[float] = []  # sorted, of the live ones with a first token
+        self._seq = 0
+
+    def add(self, t_finish: float, latency: float, ttft: float | None) -> None:
+        if len(self.entries) == OBSERVED_MAX:
+            old = self.entries.popleft()
+            if self.live.pop(old[0], None) is not None:
+                self._forget(old)
+        entry = (self._seq, t_finish, latency, ttft)
+        self._seq += 1
+        self.entries.append(entry)
+        self.live[entry[0]] = entry
+        heapq.heappush(self.by_time, (t_finish, entry[0]))
+        bisect.insort(self.latencies, latency)
+        if ttft is not None:
+            bisect.insort(self.ttfts, ttft)
+
+    def expire(self, since: float) -> None:
+        """Drop the completions that finished before `since`."""
+        by_time = self.by_time
+        while by_time and by_time[0][0] < since:
+            _, seq = heapq.heappop(by_time)
+            entry = self.live.pop(seq, None)
+            if entry is not None:
+                self._forget(entry)
+
+    def first_t(self) -> float:
+        """t_finish of the oldest live completion in arrival order (there is one)."""
+        live = self.live
+        return next(e[1] for e in self.entries if e[0] in live)
+
+    def _forget(self, entry: tuple[int, float, float, float | None]) -> None:
+        del self.latencies[bisect.bisect_left(self.latencies, entry[2])]
+        if entry[3] is not None:
+            del self.ttfts[bisect.bisect_left(self.ttfts, entry[3])]
+
+
 class ServerState:
     """The router's own state of one server. `state`: `up` (routable), `probing` (a request or a poll lost its
     connection, or polls went unanswered; nothing is routed there until the health check answers), `down` (for the
@@ -107,7 +159,7 @@ class ServerState:
         self.forming: list[RequestRecord] = []  # static mode: assigned, waiting for the batch to be sent
         self.batch_seq = 0  # static mode: number of the next batch
         self.batch_timer: asyncio.TimerHandle | None = None
-        self.recent: deque[tuple[float, float, float | None]] = deque(maxlen=OBSERVED_MAX)  # (t_finish, latency, ttft)
+        self.recent = RecentCompletions()
         self.reported: tuple[int, int, float, float] | None = None  # last /v1/loads: running, waiting, usage, throughput
         self.reported_t = 0.0
         self._observed: tuple[float, float | None, float | None, float | None] = (0.0, None, None, None)
@@ -124,17 +176,18 @@ class ServerState:
         """(completed_per_s, latency_p50, latency_p90, ttft_p50) over the recent window (cached briefly)."""
         if now - self._observed_t >= OBSERVED_REFRESH_S:
             self._observed_t = now
-            since = now - OBSERVED_WINDOW_S
-            recent = [r for r in self.recent if r[0] >= since]
-            if not recent:
+            recent = self.recent
+            recent.expire(now - OBSERVED_WINDOW_S)
+            count = len(recent.live)
+            if not count:
                 self._observed = (0.0, None, None, None)
             else:
-                # a full deque may cover less than the window: rate over the span it does cover
-                span = now - recent[0][0] if len(recent) == OBSERVED_MAX else min(OBSERVED_WINDOW_S, now)
-                latencies = sorted(r[1] for r in recent)
-                ttfts = sorted(r[2] for r in recent if r[2] is not None)
+                # a full window of OBSERVED_MAX may cover less time than OBSERVED_WINDOW_S: rate over the span it does
+                span = now - recent.first_t() if count == OBSERVED_MAX else min(OBSERVED_WINDOW_S, now)
+                latencies = recent.latencies
+                ttfts = recent.ttfts
                 self._observed = (
-                    len(recent) / span if span > 0 else 0.0,
+                    count / span if span > 0 else 0.0,
                     _quantile(latencies, 0.5),
                     _quantile(latencies, 0.9),
                     _quantile(ttfts, 0.5) if ttfts else None,
@@ -224,9 +277,11 @@ class Router:
         # prefix blocks of the released requests that have them, until written (a static batch put back in the queue
         # needs them again)
         self._prefix_blocks: dict[int, tuple[int, ...]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()  # one _serve per dispatched request
+        # one _serve per dispatched request; a dict as an ordered set: close() cancels them (and their records are written)
+        # in dispatch order, the same from run to run (a set's order follows the tasks' addresses)
+        self._tasks: dict[asyncio.Task[None], None] = {}
         self._flights: dict[int, _Flight] = {}  # the dispatched requests whose record is not written yet
-        self._probes: set[asyncio.Task[None]] = set()
+        self._probes: dict[asyncio.Task[None], None] = {}  # ordered, as _tasks
         self._assign_handle: asyncio.Handle | None = None  # a scheduled assignment round (_kick)
         self._engine_done = False  # nothing more will enter the router queue (every request released and admitted)
         self._all_released = False  # the engine released every request (some may still wait at the client gate)
@@ -405,7 +460,7 @@ class Router:
         state.state = "probing"
         state.suspected_silent = silent
         task = self._loop.create_task(self._probe(state, why))
-        self._probes.add(task)
+        self._probes[task] = None
         task.add_done_callback(self._task_done)
 
     async def _probe(self, state: ServerState, why: str) -> None:
@@ -699,7 +754,7 @@ class Router:
             flight.task = task = asyncio.Task(serve(flight), loop=self._loop, eager_start=True)
         else:
             flight.task = task = self._loop.create_task(serve(flight))
-        self._tasks.add(task)
+        self._tasks[task] = None
         task.add_done_callback(partial(self._serve_done, flight))
 
     async def _serve(self, rec: RequestRecord, server: ServerState, flight: _Flight) -> None:
@@ -741,7 +796,7 @@ class Router:
             flight.task.cancel()
 
     def _serve_done(self, flight: _Flight, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+        self._tasks.pop(task, None)
         if flight.rec.id in self._flights:  # cancelled before it ever ran: _serve never wrote its record
             self._ended_by_router(flight.rec, flight)
             self._finish(flight.rec, flight.server)
@@ -808,7 +863,7 @@ class Router:
         if rec.status in COMPLETED:
             assert rec.t_finish is not None and rec.t_dispatch is not None
             ttft = None if rec.t_first_token is None else rec.t_first_token - rec.t_dispatch
-            server.recent.append((rec.t_finish, rec.t_finish - rec.t_dispatch, ttft))
+            server.recent.add(rec.t_finish, rec.t_finish - rec.t_dispatch, ttft)
         if self._closing:
             return
         if self.on_finished is not None:
@@ -847,8 +902,8 @@ class Router:
     # ---- the end -----------------------------------------------------------------------------------------------
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._probes.discard(task)
+        self._tasks.pop(task, None)
+        self._probes.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             self.fail(task.exception())  # type: ignore[arg-type]
 

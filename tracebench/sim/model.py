@@ -40,7 +40,7 @@ from enum import Enum
 from pathlib import Path
 
 from tracebench.errors import ConfigError
-from tracebench.sim.radix import Node, RadixCache
+from tracebench.sim.radix import Node, RadixCache, extended
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "llama-2-7b-h200-triton"
@@ -385,7 +385,7 @@ class BatchModel:
                 if req.state is ReqState.FINISHED and req.output_len > 1:
                     # output KV stays cached too; the sim's outputs are not matched (a unique tag: never sent back)
                     tail = [-next(self._tail_tags)] * (req.output_len - 1)
-                    cache.insert(list(req.input_ids[:req.prefilled]) + tail, req.prefilled + len(tail))
+                    cache.insert(extended(req.input_ids, req.prefilled, tail), req.prefilled + len(tail))
                 elif req.prefilled > req.cache_owned:
                     cache.insert(req.input_ids, req.prefilled)
                 cache.unlock(req.cache_node)
@@ -464,7 +464,7 @@ class BatchModel:
         from_idle = self.last_end != t_start   # the GPU idled before this step (or it is the first)
         step = self._plan_prebuilt(t_start, cutoff) or self._plan_prefill(t_start, cutoff)
         if step is None and self.running:
-            kv = sum(r.kv_used for r in self.running)
+            kv = sum([r.prefilled + r.output_len for r in self.running])  # each one's kv_used
             duration = self.profile.decode_duration(len(self.running), kv) / self.speed
             step = Step("decode", t_start, t_start + duration, list(self.running), batch_tokens=kv)
         if step is None and (cutoff < t_start or self.unprocessed):

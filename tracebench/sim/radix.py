@@ -8,16 +8,70 @@ What it copies from sglang 0.5.17 (`python/sglang/srt/mem_cache/radix_cache.py`,
 - eviction frees least-recently-used unlocked leaves (a parent whose last child went becomes a candidate);
 - `reset` is `/flush_cache`.
 
-Token sequences are lists of hashable items (token ids, or words for text prompts). Matching compares whole node
-segments as list slices (C speed) and finds a mismatch inside a segment by bisection, so there is no per-token Python
-loop on the hot path.
+Token sequences are lists of hashable items (token ids, or words for text prompts), or `PackedTokens` (integer
+tokens packed 8 bytes each: what the virtual clock's in-process servers use, ~100x cheaper to compare and to make
+than a list of Python ints); one tree holds one kind. Matching compares whole node segments as slices (C speed) and
+finds a mismatch inside a segment by bisection, so there is no per-token Python loop on the hot path.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+
+class PackedTokens:
+    """Integer tokens packed as signed 64-bit little-endian words in one bytes object: a sequence with what the tree
+    uses of a list (len, a token, a slice, equality, concatenation), compared with memcmp instead of item by item."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @classmethod
+    def of(cls, tokens: Iterable[int]) -> PackedTokens:
+        return cls(array("q", tokens).tobytes())
+
+    def __len__(self) -> int:
+        return len(self.data) >> 3
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self.data) >> 3)
+            if step != 1:
+                raise ValueError("PackedTokens slices take no step")
+            return PackedTokens(self.data[start << 3:stop << 3])
+        if index < 0:
+            index += len(self.data) >> 3
+        at = index << 3
+        if not 0 <= at < len(self.data):
+            raise IndexError("token index out of range")
+        return int.from_bytes(self.data[at:at + 8], "little", signed=True)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PackedTokens) and self.data == other.data
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __add__(self, other: PackedTokens) -> PackedTokens:
+        return PackedTokens(self.data + other.data)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(array("q", self.data))
+
+    def __repr__(self) -> str:
+        return f"PackedTokens({list(self)})"
+
+
+def extended(ids: Sequence, length: int, tail: list[int]) -> Sequence:
+    """`ids[:length]` followed by `tail`, in `ids`' own kind (a tree holds one kind of sequence)."""
+    if isinstance(ids, PackedTokens):
+        return ids[:length] + PackedTokens.of(tail)
+    return list(ids[:length]) + tail
 
 
 class Node:
@@ -35,7 +89,7 @@ class Node:
 
 def common_prefix_len(ids: Sequence, start: int, seg: list, limit: int) -> int:
     """Length of the common prefix of `ids[start:start+limit]` and `seg[:limit]` (limit <= both lengths)."""
-    if ids[start:start + limit] == seg[:limit]:
+    if ids[start:start + limit] == (seg if limit == len(seg) else seg[:limit]):  # the common case: the whole node
         return limit
     lo, hi = 0, limit  # ids and seg agree on the first lo tokens and differ within the first hi
     while hi - lo > 1:
@@ -57,7 +111,7 @@ class RadixCache:
 
     def reset(self) -> None:
         """Drop everything (sglang's tree_cache.reset on /flush_cache)."""
-        self.root = Node([], None, 0)
+        self.root = Node([], None, 0)  # (its key is never compared)
         self.root.lock = 1  # never evicted
         self.total_tokens = 0        # KV slots held by the tree
         self.evictable_tokens = 0    # of which in unlocked nodes
@@ -96,7 +150,8 @@ class RadixCache:
         while pos < length:
             child = node.children.get(ids[pos])
             if child is None:
-                leaf = Node(list(ids[pos:length]), node, now)
+                segment = ids[pos:length]
+                leaf = Node(segment if isinstance(segment, PackedTokens) else list(segment), node, now)
                 node.children[ids[pos]] = leaf
                 self.total_tokens += len(leaf.key)
                 self.evictable_tokens += len(leaf.key)

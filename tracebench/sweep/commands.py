@@ -102,12 +102,19 @@ _HIDDEN_PD = {  # refused by sweep (it launches each ratio's PD servers itself: 
 @click.option("--name", default=None, metavar="NAME",
               help="Sweep folder name, under --out-dir. [default: sweep-<trace>-<rate|concurrency|capacity>-"
                    "<YYYYmmdd-HHMMSS>]")
+@click.option("--jobs", type=INT, default=None, metavar="N",
+              help="--clock virtual: run N independent parts at once, each in its own process (every point of a "
+                   "rate or concurrency sweep; each setup and policy's search of --find-max-rate). Every part runs "
+                   "as it would alone: the same run folders and summary as --jobs 1. [default on the virtual clock: one "
+                   "per usable core for a search of several setups or policies, or points of 10,000 requests in "
+                   "all; else 1 (a worker costs ~1 s to start). On the real clock: 1, the only choice]")
 @replay_options(skip=("run_name",), replace={"gpus": _GPUS, "policy": _POLICY, "saturation_window": _SATURATION,
                                              "pd": _PD, **_HIDDEN_PD})
 @click.pass_context
 def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str | None, find_max_rate: bool,
           slo: str | None, slo_percentile: float, start_rate: float | None, rate_tolerance: float, max_points: int,
-          point_duration: float | None, warmup: float, bootstrap: int, name: str | None, **options: Any) -> None:
+          point_duration: float | None, warmup: float, bootstrap: int, name: str | None, jobs: int | None,
+          **options: Any) -> None:
     """Replay TRACE at several loads, or find the highest rate that meets SLOs: one run folder per point.
 
     \b
@@ -146,7 +153,7 @@ def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str |
         base=base, rates=_floats("--rates", rates), concurrency=_ints("--concurrency", concurrency),
         find_max_rate=find_max_rate, gpus=gpus, policies=policies, slo_spec=slo, slo_percentile=slo_percentile,
         warmup=warmup, bootstrap=bootstrap, name=name, start_rate=start_rate, rate_tolerance=rate_tolerance,
-        max_points=max_points, point_duration=point_duration, pd=ratios,
+        max_points=max_points, point_duration=point_duration, pd=ratios, jobs=jobs,
     )
     folder = run_sweep(cfg)
     click.echo(folder)

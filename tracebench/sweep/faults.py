@@ -32,6 +32,9 @@ class PointFault(RunFailed):
         super().__init__(f"point {point}: a fault, not a capacity answer: {'; '.join(reasons)}; the sweep stops here "
                          "(fix the servers and run it again)")
 
+    def __reduce__(self) -> tuple[object, ...]:  # picklable (a sweep's worker process hands it over)
+        return (type(self), (self.point, self.reasons))
+
 
 def point_faults(run_dir: Path, run_json: dict[str, Any]) -> list[str]:
     """Why the point's run is not a measurement of its rate (empty: it is): its servers that went down, and its

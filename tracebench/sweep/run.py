@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
@@ -36,7 +37,8 @@ from tracebench.replay.saturation import PERSIST, SAMPLES_PER_WINDOW
 from tracebench.replay.telemetry import parse_loads
 from tracebench.replay.saturation import RULE as SATURATION_RULE
 from tracebench.sweep.search import RULE as SEARCH_RULE
-from tracebench.sweep.search import RateSearch, SearchResult
+from tracebench.sweep.parallel import Part
+from tracebench.sweep.search import RateSearch
 from tracebench.replay.caps import parse_cap_schedule
 from tracebench.sweep.faults import PointFault, point_faults
 from tracebench.sweep.traces import rate_window, refuse_closed_loop, trace_rate, write_point_trace
@@ -46,6 +48,7 @@ SWEEP_FORMAT = 1
 IDLE_TIMEOUT_S = 120.0  # how long the servers may take to finish aborting a stopped point's requests
 WHAT = {"rate": "rate sweep", "concurrency": "concurrency sweep", "capacity": "capacity search"}
 DEFAULT_SATURATION_WINDOW_S = 10.0
+PARALLEL_FROM = 10_000  # requests in all points of a rate or concurrency sweep: from here, --jobs defaults to the cores
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class SweepConfig:
     max_points: int = 12
     point_duration: float | None = None  # trace seconds of arrivals per rate point (a prefix of the trace)
     pd: tuple[str, ...] = ()  # PD ratios "P:D", a dimension (each point launches its own PD servers)
+    jobs: int | None = None  # --jobs: parts run at once in worker processes (sweep/parallel.py); None: the default
 
     @property
     def kind(self) -> str:
@@ -117,6 +121,8 @@ class Sweep:
         if self.dir.exists():
             raise ConfigError(f"sweep folder {self.dir} already exists: choose another --name (never overwritten)")
         resolved = base.resolve()
+        self.jobs = 1  # set below, once the parts are known
+        self.part_sink: Callable[[dict[str, Any]], None] | None = None  # in a worker: where each row goes
         self.attach = resolved.attach
         # servers launched once for every point, except: PD points launch their own (the roles differ from one ratio
         # to the next), and --clock virtual points each run their own, in process
@@ -134,12 +140,52 @@ class Sweep:
                 checked = self._point_config(Point("check", "rate", 1.0, gpus, policy, pd), base.trace).resolve()
                 if checked.cap_schedule:  # as the replay does before its folder: refused before the sweep's
                     parse_cap_schedule(checked.cap_schedule, checked.num_servers, checked.time_speed)
+        self.jobs = self._jobs(resolved.clock)
         self.rows: list[dict[str, Any]] = []
         self.searches: list[dict[str, Any]] = []
         self.status = "running"
         self.error: str | None = None
         self.servers: list[dict[str, Any]] | None = None
         self.t0 = time.monotonic()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a worker process gets (sweep/parallel.py): all but the terminal."""
+        return {k: v for k, v in self.__dict__.items() if k != "stderr"}
+
+    def parts(self) -> list[Part]:
+        """The sweep's independent pieces, in the order a one-process sweep runs them (sweep/parallel.py)."""
+        if self.cfg.kind == "capacity":
+            return [Part("search", gpus, pd, policy) for gpus, pd in self.setups for policy in self.policies]
+        values = self.cfg.rates if self.cfg.kind == "rate" else self.cfg.concurrency
+        return [Part(self.cfg.kind, gpus, pd, policy, float(value))
+                for gpus, pd in self.setups for policy in self.policies for value in values]
+
+    def _jobs(self, clock: str) -> int:
+        """--jobs: how many parts run at once. Only the virtual clock's points are independent of the host and of
+        each other (a real-clock sweep shares its servers and measures in real time). Its default: one per usable
+        core for a capacity search of several combinations or a sweep of at least PARALLEL_FROM requests in all;
+        else 1 (a worker process costs ~1 s of imports, more than a small sweep's points take)."""
+        asked = self.cfg.jobs
+        if asked is not None and asked < 1:
+            raise ConfigError(f"--jobs must be >= 1, got {asked}")
+        if clock != "virtual":
+            if asked is not None and asked > 1:
+                raise ConfigError(f"--jobs {asked}: parts run side by side only on --clock virtual (a real-clock "
+                                  "sweep's points share its servers and the host's time)")
+            return 1
+        if asked is not None:
+            return asked
+        parts = self.parts()
+        if self.cfg.kind == "capacity":
+            big = len(parts) > 1
+        else:
+            big = sum(self._point_requests(p) for p in parts) >= PARALLEL_FROM
+        return len(os.sched_getaffinity(0)) if big else 1
+
+    def _point_requests(self, part: Part) -> int:
+        if part.kind == "rate" and self.cfg.point_duration is not None:
+            return min(len(self.requests), round(part.value * self.cfg.point_duration) + 1)
+        return len(self.requests)
 
     @property
     def setups(self) -> list[tuple[int, str | None]]:
@@ -238,7 +284,8 @@ class Sweep:
             write_point_trace(trace, self.cfg.base.trace, self.header, self.requests, at_once=True)
         unit = "req/s" if kind == "rate" else "in flight"
         servers = f"PD {pd} ({gpus} servers)" if pd is not None else f"{gpus} server(s)"
-        self.stderr.write(f"tracebench sweep: point {len(self.rows) + 1}: {point.name} ({_fmt_value(value)} {unit}, "
+        number = "" if self.part_sink is not None else f" {len(self.rows) + 1}"  # a worker's: it knows no number
+        self.stderr.write(f"tracebench sweep: point{number}: {point.name} ({_fmt_value(value)} {unit}, "
                           f"{servers}, policy {policy})\n")
         self.stderr.flush()
         config = self._point_config(point, trace)
@@ -282,7 +329,10 @@ class Sweep:
         # trace, near it for a --point-duration prefix
         row["offered_rps"] = (n - 1) / row["arrivals_s"] if point.kind == "rate" and n > 1 and row["arrivals_s"] > 0 else None
         self.rows.append(row)
-        self.write_summary()
+        if self.part_sink is not None:
+            self.part_sink(row)  # a worker's row: the parent writes the summary (sweep/parallel.py)
+        else:
+            self.write_summary()
         return row
 
     # ---- the whole sweep ---------------------------------------------------------------------------------------
@@ -306,7 +356,15 @@ class Sweep:
                                                    "logs": "servers/server-<i>.log in the sweep folder"})
                 self.stderr.write(f"tracebench sweep: {WHAT[self.cfg.kind]}, folder {self.dir}"
                                   + (f", {len(fleet.plans)} server(s) launched once" if fleet is not None else "") + "\n")
-                if self.cfg.kind == "capacity":
+                parts = self.parts()
+                if self.jobs > 1 and len(parts) > 1:
+                    from tracebench.sweep.parallel import run_parts
+
+                    self.stderr.write(f"tracebench sweep: {len(parts)} parts, {min(self.jobs, len(parts))} at a "
+                                      "time (--jobs)\n")
+                    run_parts(self, parts, self.jobs)
+                    self.write_summary()
+                elif self.cfg.kind == "capacity":
                     self._search(shared)
                 else:
                     values = self.cfg.rates if self.cfg.kind == "rate" else self.cfg.concurrency
@@ -345,42 +403,40 @@ class Sweep:
         return self.dir
 
     def _search(self, shared: SharedServers | None) -> None:
-        base_start = self.cfg.start_rate or self.source_rate
-        assert base_start is not None
-        found: dict[tuple[int, str | None], float] = {}
-        smallest = min(gpus for gpus, _ in self.setups)
         for gpus, pd in self.setups:
             for policy in self.policies:
-                if (gpus, pd) in found:
-                    start = found[(gpus, pd)]
-                else:
-                    start = base_start * gpus / smallest
-                search = RateSearch(start, self.cfg.rate_tolerance, self.cfg.max_points)
-                entry: dict[str, Any] = {"gpus": gpus, "pd": pd, "policy": portable_policy(policy), "start_rate": start}
-                self.searches.append(entry)
-                while (rate := search.next_rate()) is not None:
-                    try:
-                        row = self.run_point("rate", rate, gpus, policy, shared, pd)
-                    except RunFailed as err:  # a fault (PointFault) or a run that could not go on: no answer
-                        from tracebench.sweep.output import setup_name
-
-                        entry.update(search.result().to_json())
-                        entry["points"].append({"rate": rate, "verdict": "fault"})
-                        entry["stopped"] = f"stopped by a fault at {_fmt_value(rate)} req/s, not a capacity answer: {err}"
-                        self.stderr.write(f"tracebench sweep: {setup_name(gpus, pd)}, policy {policy}: {entry['stopped']}\n")
-                        raise
-                    verdict = row["verdict"]
-                    search.record(rate, "missed" if verdict == "saturated" else verdict)
-                    entry.update(search.result().to_json())
-                entry.update(search.result().to_json())
-                result: SearchResult = search.result()
-                if result.lo is not None:
-                    found.setdefault((gpus, pd), result.lo)
-                servers = f"PD {pd}" if pd is not None else f"{gpus} server(s)"
-                from tracebench.sweep.output import capacity_line
-
-                self.stderr.write(f"tracebench sweep: {servers}, policy {policy}: {capacity_line(entry)}\n")
+                self.search_one(gpus, pd, policy, shared)
         self.write_summary()
+
+    def search_one(self, gpus: int, pd: str | None, policy: str, shared: SharedServers | None) -> dict[str, Any]:
+        """One capacity search (one setup and policy), from the start rate x gpus / the smallest setup's: each
+        combination is searched on its own, so combinations may run in parallel (sweep/parallel.py)."""
+        base_start = self.cfg.start_rate or self.source_rate
+        assert base_start is not None
+        start = base_start * gpus / min(g for g, _ in self.setups)
+        search = RateSearch(start, self.cfg.rate_tolerance, self.cfg.max_points)
+        entry: dict[str, Any] = {"gpus": gpus, "pd": pd, "policy": portable_policy(policy), "start_rate": start}
+        self.searches.append(entry)
+        while (rate := search.next_rate()) is not None:
+            try:
+                row = self.run_point("rate", rate, gpus, policy, shared, pd)
+            except RunFailed as err:  # a fault (PointFault) or a run that could not go on: no answer
+                from tracebench.sweep.output import setup_name
+
+                entry.update(search.result().to_json())
+                entry["points"].append({"rate": rate, "verdict": "fault"})
+                entry["stopped"] = f"stopped by a fault at {_fmt_value(rate)} req/s, not a capacity answer: {err}"
+                self.stderr.write(f"tracebench sweep: {setup_name(gpus, pd)}, policy {policy}: {entry['stopped']}\n")
+                raise
+            verdict = row["verdict"]
+            search.record(rate, "missed" if verdict == "saturated" else verdict)
+            entry.update(search.result().to_json())
+        entry.update(search.result().to_json())
+        servers = f"PD {pd}" if pd is not None else f"{gpus} server(s)"
+        from tracebench.sweep.output import capacity_line
+
+        self.stderr.write(f"tracebench sweep: {servers}, policy {policy}: {capacity_line(entry)}\n")
+        return entry
 
     # ---- outputs -----------------------------------------------------------------------------------------------
 
