@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tracebench.profiles import Profile, builtin_profiles, profiles_of_gpu
+
 # the estimated load from which `inspect` and the report warn: the rule is a lower bound (module doc)
 LOAD_WARN = 0.75
 # traces shorter than this are not judged: a few requests are a burst, not a load that builds a queue
@@ -51,7 +53,7 @@ class Costs:
     kv_tokens: int
 
 
-def _from_profile(profile: Any) -> Costs:
+def _from_profile(profile: Profile) -> Costs:
     return Costs(profile.name, profile.accelerator, profile.prefill_per_token_s, profile.prefill_per_token_sq_s,
                  profile.decode_base_s, profile.decode_per_req_s, profile.decode_per_kv_token_s,
                  profile.max_total_num_tokens)
@@ -59,19 +61,14 @@ def _from_profile(profile: Any) -> Costs:
 
 def costs_named(name: str) -> Costs | None:
     """The built-in profile `name` (a simulator's, as its /server_info names it), None when it is not one."""
-    from tracebench.sim.catalog import builtin_profiles
-
     found = [p for p in builtin_profiles() if p.name == name]
     return _from_profile(found[0]) if found else None
 
 
 def costs_of_gpu(gpu: str) -> Costs | None:
-    """The built-in profile of the GPU named `gpu` (every word of it a word of the profile's accelerator, as
-    `sim-server --gpu` matches), None when no single one is."""
-    from tracebench.sim.catalog import builtin_profiles
-
-    words = gpu.lower().split()
-    found = [p for p in builtin_profiles() if words and set(words) <= set(p.accelerator.lower().split())]
+    """The built-in profile of the GPU named `gpu` (matched as `sim-server --gpu` matches: profiles.profiles_of_gpu),
+    None when no single one is."""
+    found = profiles_of_gpu(gpu)
     return _from_profile(found[0]) if len(found) == 1 else None
 
 

@@ -42,7 +42,8 @@ import polars as pl
 from tracebench.cleanup import write_atomic
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.report.load import ROW, is_run_folder, load_run, run_file
-from tracebench.sim.model import Limits, Profile, padded_tokens, resolve_max_running_requests, simulate
+from tracebench.profiles import Profile, padded_tokens
+from tracebench.sim.model import Limits, resolve_max_running_requests, simulate
 
 LLAMA2_7B_KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # K and V, 32 layers, hidden 4096, fp16
 # HBM bandwidth of the GPUs with a profile (datasheets: H200 4.8 TB/s, H100 SXM 80GB HBM3 3.35 TB/s): only for the
