@@ -112,11 +112,12 @@ def _ttft_groups(have: pl.DataFrame) -> dict[tuple[int, bool], TtftGroup]:
             n = int(mine.sum())
             if n == 0:
                 continue
-            enough = n >= MIN_GROUP
-            groups[(band, hit)] = TtftGroup(
-                n=n, uncached_mean=float(uncached[mine].mean()) if enough else None,
-                ttft_p50=float(np.percentile(ttft[mine], 50)) if enough else None,
-                ttft_p90=float(np.percentile(ttft[mine], 90)) if enough else None)
+            if n < MIN_GROUP:
+                groups[(band, hit)] = TtftGroup(n=n, uncached_mean=None, ttft_p50=None, ttft_p90=None)
+                continue
+            p50, p90 = np.percentile(ttft[mine], [50, 90])  # one partition for both
+            groups[(band, hit)] = TtftGroup(n=n, uncached_mean=float(uncached[mine].mean()), ttft_p50=float(p50),
+                                            ttft_p90=float(p90))
     return groups
 
 
