@@ -16,6 +16,12 @@ files hard-linked into folders without the copy: a run recorded before the copy 
 and on the runs packed (requests.parquet and run.json.xz as `tracebench pack` writes them, report/pack.py).
 
     .venv/bin/python bench/bench_report.py [--requests 1000000] [--keep DIR] [--repeat 3]
+
+Measured 2026-11-28 on the 2-core sandbox (docs/report.md "Speed" has the rest and where the time goes): in a quiet
+spell (load 1.1-1.4) `report A B` on the copies 3.16-3.31 s wall, 5.6-5.9 s CPU (the code before issue 35: 3.23-3.34
+s), the JSONL alone 8.56 s wall, 14.5 s CPU (before: 13.8 s, 17.2 s); with --repeat 3 at load 1.3-6.2, medians
+(fastest): table 4.82 s (3.28), JSON 5.28 (4.08), --slo and --warmup 3.21 (3.15), packed 5.80 (3.41), JSONL 15.9
+(15.8); the copy at the replay's end 7.7 s CPU per 1M records. Targets missed: < 3 s by ~0.2 s, < 6 s by ~2.5 s.
 """
 
 from __future__ import annotations
