@@ -1,24 +1,35 @@
-"""Speed of `tracebench report` on two synthetic runs of 1,000,000 requests each (docs/run-format.md, written here
-with numpy + polars). Prints the figures; the target is < 3 s for `tracebench report A B` (table and JSON) on a quiet
-2-core machine (issue 23; it was 5 s before), < 6 s from requests.jsonl alone (issue 35). The records carry a real
-run's 44 fields (~1.2 KB a line, `--records full`, the default since issue 35); `--records core` writes the 22 the
-report's figures read, as the bench did before (it then read 5.1 / 2.0 s where full records took 12.8 / 4.5 s). Beside the wall clock it prints the CPU time (user + system), which other
-work on the machine does not inflate as much: the report reads both runs at once, one thread each, so on a quiet
-machine the wall clock is about half the CPU time.
+"""Speed of `tracebench report A B` on two runs of 1,000,000 requests each, made from a real run's records. Prints
+the figures; the targets (issue 35) on a quiet 2-core machine: < 3 s on runs as a replay leaves them (requests.jsonl
+and its columnar copy) or packed, < 6 s from requests.jsonl alone.
+
+The records are those of reports/examples/h200x2-pd/pd-shared (a PD run on 2 H200s through tracebench's router: the
+44 fields that run recorded, 46 in today's format with the two added since null, ~1.3 KB a line), repeated end to end
+to 1M records (write_repeated_run: each repetition's times stretched a little, its ITL histograms moved to match, so
+columns are not 80 values over and over; `--source` takes another run folder). Beside the wall clock it prints the
+CPU time (user + system), which other work on the machine does not inflate as much: the report reads both runs at
+once, one thread each, so on a quiet machine the wall clock is a little over half the CPU time.
 
 Each run is made as a replay leaves it: requests.jsonl, then, as `tracebench replay` does at a clean end
 (tracebench/cli.py `_finish_run_folder`, the same functions), its columnar copy requests.columns.parquet. The time
 that copy costs the replay's end is printed per 1M requests. The report is also timed on the JSONL alone (the same
-files hard-linked into folders without the copy: a run recorded before the copy existed, or a run too small for one).
+files hard-linked into folders without the copy: a run recorded before the copy existed, or a run too small for one)
+and on the runs packed (requests.parquet and run.json.xz as `tracebench pack` writes them, report/pack.py).
 
-    .venv/bin/python bench/bench_report.py [--requests 1000000] [--keep DIR]
+    .venv/bin/python bench/bench_report.py [--requests 1000000] [--keep DIR] [--repeat 3]
+
+Measured 2026-11-28 on the 2-core sandbox (docs/report.md "Speed" has the rest and where the time goes): in a quiet
+spell (load 1.1-1.4) `report A B` on the copies 3.16-3.31 s wall, 5.6-5.9 s CPU (the code before issue 35: 3.23-3.34
+s), the JSONL alone 8.56 s wall, 14.5 s CPU (before: 13.8 s, 17.2 s); with --repeat 3 at load 1.3-6.2, medians
+(fastest): table 4.82 s (3.28), JSON 5.28 (4.08), --slo and --warmup 3.21 (3.15), packed 5.80 (3.41), JSONL 15.9
+(15.8); the copy at the replay's end 7.7 s CPU per 1M records. Targets missed: < 3 s by ~0.2 s, < 6 s by ~2.5 s.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
+import lzma
+import math
 import os
 import resource
 import statistics
@@ -28,97 +39,91 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
-
 import numpy as np
 import polars as pl
 
-from tracebench.itl import bucket_of
+from tracebench.itl import GROWTH, parse_hist
 from tracebench.options import COPY_MIN_BYTES
 from tracebench.report.columns import wants_copy
-from tracebench.report.load import COLUMNS_COPY
+from tracebench.report.load import (COLUMNS_COPY, FLOAT_FIELDS, PACKED_NAMES, ROW, read_requests, read_run_json,
+                                    request_schema, run_file)
+from tracebench.report.pack import ZSTD_LEVEL
 
 
-def write_synthetic_run(folder: Path, num_requests: int, seed: int, *, policy: str, servers: int = 4,
-                        speedup: float = 1.0, trace_sha256: str = "0" * 64, full: bool = True) -> None:
-    """A run folder of `num_requests` ok requests at ~1000 req/s on `servers` servers, following docs/run-format.md.
-    `speedup` < 1 makes server latencies longer (a slower configuration)."""
+# the real run whose records the bench repeats: a PD run on 2 H200s through tracebench's router, every record field
+# that run recorded (44; today's format has 46, the two added since null: docs/run-format.md), ~1.3 KB a line
+SOURCE_RUN = Path(__file__).resolve().parent.parent / "reports" / "examples" / "h200x2-pd" / "pd-shared"
+# the record fields that are times on a clock (stamps), and those that are spans of time (durations)
+DURATION_FIELDS = ("server_e2e_latency", "server_queue_time", "itl_max", "policy_s", "sim_lag", "slot_wait_s",
+                   "batch_wait_s", "prefill_queue_time", "prefill_e2e_latency")
+
+
+def write_repeated_run(folder: Path, source: Path, num_requests: int, *, seed: int,
+                       stretch: tuple[float, float]) -> None:
+    """A run folder of `num_requests` records made by repeating the records of the real run in `source` (a run folder,
+    packed or not) end to end, as if its trace were played again and again: repetition k has its ids + k x (records of
+    the source) and every stamp + k x the trace's period (its duration and one mean gap), so the run keeps the
+    source's rate, load and fields, and every record the run format's rules.
+
+    So that the copies are not copies (a column of 80 distinct values packs and sorts unlike a real one), each
+    repetition runs a little faster or slower: its times after arrival (each stamp's distance from t_arrival, each
+    duration) x a factor drawn from `stretch` with `seed`, its ITL histograms' buckets moved by that factor (the same
+    gaps, longer or shorter), and one gap of each histogram moved to another of its buckets: nearly every itl_hist
+    string differs, as in a real run. Written as a replay writes it (requests.jsonl, every field of every record,
+    nulls too), with the source's run.json, its counts and times made those of the longer run."""
+    meta = read_run_json(source)
+    records = read_requests(run_file(source, "requests.jsonl"), meta).drop(ROW)
+    size = records.height
+    period = meta["trace"]["duration_s"] * size / (size - 1)
+    take = np.arange(num_requests) % size
+    repeat = np.arange(num_requests) // size
     rng = np.random.default_rng(seed)
-    arrival_rng = np.random.default_rng(12345)  # same trace for every run: same arrivals and lengths
-    t_arrival = np.cumsum(arrival_rng.exponential(1 / 1000, num_requests))
-    input_len = arrival_rng.integers(16, 2048, num_requests)
-    output_len = arrival_rng.integers(2, 512, num_requests)
-    t_released = t_arrival + rng.exponential(0.0004, num_requests)
-    t_dispatch = t_released + rng.exponential(0.02, num_requests)
-    t_first_token = t_dispatch + rng.exponential(0.05 / speedup, num_requests)
-    t_finish = t_first_token + output_len * rng.uniform(0.008, 0.012, num_requests) / speedup
-    server = rng.integers(0, servers, num_requests)
-    # inter-token gaps as the replay stores them (tracebench/itl.py): 12 buckets around each request's step time
-    width = 12
-    step_bucket = np.array([bucket_of(step) for step in np.quantile((t_finish - t_first_token) / output_len,
-                                                                    np.linspace(0, 1, 101))])
-    first = step_bucket[rng.integers(0, 101, num_requests)] - width // 2
-    itl_buckets = first[:, None] + np.arange(width)[None, :]
-    gaps = output_len - 1
-    itl_counts = np.repeat((gaps // width)[:, None], width, axis=1)
-    itl_counts[:, width // 2] += gaps - itl_counts.sum(axis=1)
-    itl_hist = [",".join(f"{b}:{n}" for b, n in zip(bs, ns)) for bs, ns in zip(itl_buckets.tolist(), itl_counts.tolist())]
-    wall_start = 1_800_000_000.0
-    frame = pl.DataFrame({
-        "id": np.arange(num_requests), "input_len": input_len, "output_len": output_len,
-        "t_arrival": t_arrival, "t_released": t_released, "t_dispatch": t_dispatch,
-        "t_first_token": t_first_token, "t_finish": t_finish, "server": server,
-        "batch": pl.Series([None] * num_requests, dtype=pl.Int64), "status": ["ok"] * num_requests,
-        "error": pl.Series([None] * num_requests, dtype=pl.String), "completion_tokens": output_len,
-        "prompt_tokens": input_len, "server_e2e_latency": t_finish - t_dispatch - 0.001,
-        "server_queue_time": np.full(num_requests, 0.0005), "server_received": t_dispatch + 0.0005,
-        "server_forward_entry": t_dispatch + 0.001, "server_prefill_finished": t_first_token - 0.001,
-        "server_finished": t_finish - 0.0005, "itl_max": (t_finish - t_first_token) / output_len * 1.3,
-        "itl_hist": itl_hist,
-    })
-    if full:  # the other fields of a real run's record (a PD run through tracebench's router: 44 fields, ~1.2 KB)
-        frame = frame.with_columns(**full_fields(rng, frame, servers))
+    factor = rng.uniform(*stretch, repeat[-1] + 1)[repeat]
+    shift = pl.col("_repeat").cast(pl.Float64) * period
+    stamps = [name for name in FLOAT_FIELDS if name not in DURATION_FIELDS and name != "t_arrival"]
+    frame = records[take].with_columns(pl.Series("_repeat", repeat), pl.Series("_factor", factor)).with_columns(
+        pl.col("id") + pl.col("_repeat") * size,
+        pl.col("t_arrival") + shift,
+        *[(pl.col("t_arrival") + (pl.col(name) - pl.col("t_arrival")) * pl.col("_factor") + shift).alias(name)
+          for name in stamps],
+        *[pl.col(name) * pl.col("_factor") for name in DURATION_FIELDS],
+        itl_hist=stretched_hists(records["itl_hist"], take, factor, rng),
+    ).select(list(request_schema()))
     folder.mkdir(parents=True)
     frame.write_ndjson(folder / "requests.jsonl")
-    meta = {
-        "tracebench_run": 1, "run_name": folder.name, "tracebench_version": "0.1.0", "host": "bench",
-        "wall_clock_start": wall_start,
-        "trace": {"path": "traces/bench.jsonl", "sha256": trace_sha256, "num_requests": num_requests,
-                  "duration_s": float(t_arrival[-1]), "header": {}},
-        "options": {"speed": None, "stream": True}, "speed": None, "backend": "sim", "mode": "continuous", "batch_size": None,
-        "policy": {"name": policy, "class": f"bench.{policy}", "options": {}}, "seed": 0,
-        "servers": [{"index": i, "url": f"http://127.0.0.1:{30000 + i}", "gpu": None, "launch_command": None,
-                     "same_host": True, "server_info": {}, "version": "sim", "log": None} for i in range(servers)],
-        "gpu_names": [], "caps": {"initial": [64] * servers, "changes": []}, "events": [],
-        "status": "completed", "t_end": float(t_finish.max()),
-        "counts": {"ok": num_requests, "error": 0, "timeout": 0, "cancelled": 0},
-    }
+    meta = {**meta, "run_name": folder.name, "t_end": float(frame["t_finish"].max()), "records_written": num_requests,
+            "trace": {**meta["trace"], "num_requests": num_requests, "duration_s": float(frame["t_arrival"].max()),
+                      "header": {**meta["trace"]["header"], "num_requests": num_requests}},
+            "counts": {status: frame.filter(pl.col("status") == status).height for status in meta["counts"]}}
     (folder / "run.json").write_text(json.dumps(meta, indent=2))
 
 
-def full_fields(rng: np.random.Generator, frame: pl.DataFrame, servers: int) -> dict[str, Any]:
-    """The 22 record fields the core set leaves out, with values of a real run's shape (docs/run-format.md): the
-    client's stamps between release and answer, the cache, and a PD run's prefill side; 44 fields in all, as
-    reports/examples/h200x2-pd/pd-shared's records."""
-    n = frame.height
-    t_released, t_dispatch = frame["t_released"].to_numpy(), frame["t_dispatch"].to_numpy()
-    t_first, t_finish = frame["t_first_token"].to_numpy(), frame["t_finish"].to_numpy()
-    input_len = frame["input_len"].to_numpy()
-    to_first = t_first - t_dispatch  # every stamp in order (the loader checks the run-format invariants)
-    at = lambda share: t_dispatch + share * to_first  # noqa: E731
-    return {
-        "cached_tokens": (input_len * rng.uniform(0, 0.9, n)).astype(np.int64),
-        "mismatch": pl.Series([None] * n, dtype=pl.String),
-        "t_admitted": t_released, "policy_s": rng.uniform(1e-5, 3e-4, n),
-        "sim_lag": pl.Series([None] * n, dtype=pl.Float64),
-        "t_assigned": t_released + 0.5 * (t_dispatch - t_released), "t_built": t_dispatch, "t_written": at(0.02),
-        "t_headers": at(0.05), "t_last_chunk": t_finish - 0.0002, "t_parsed": t_finish + 0.0001,
-        "server_dispatched": at(0.04), "server_first_sent": at(0.95),
-        "prefill_server": rng.integers(0, servers, n), "bootstrap_room": rng.integers(0, 2**62, n),
-        "t_prefill_answer": at(0.8), "prefill_received": at(0.03), "prefill_forward_entry": at(0.1),
-        "prefill_done": at(0.6), "prefill_finished": at(0.7), "prefill_queue_time": 0.07 * to_first,
-        "prefill_e2e_latency": 0.67 * to_first,
-    }
+def stretched_hists(source: pl.Series, take: np.ndarray, factor: np.ndarray, rng: np.random.Generator) -> pl.Series:
+    """itl_hist of record i: source[take[i]] with its gaps x factor[i] (buckets >= 1 moved by log(factor) / log of
+    the bucket growth) and one gap moved from a bucket of 2+ gaps to another of its buckets (the total kept)."""
+    parsed = [parse_hist(text) if text is not None else [] for text in source.to_list()]
+    lengths = np.array([len(pairs) for pairs in parsed])
+    buckets = np.array([b for pairs in parsed for b, _ in pairs], dtype=np.int64)
+    counts = np.array([n for pairs in parsed for _, n in pairs], dtype=np.int64)
+    firsts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    entries = lengths[take]  # output record i has entries[i] pairs, copied from the source's firsts[take[i]] on
+    record = np.repeat(np.arange(take.size), entries)
+    at = firsts[take][record] + (np.arange(record.size) - np.repeat(np.cumsum(entries) - entries, entries))
+    moved = np.rint(np.log(factor) / math.log(GROWTH)).astype(np.int64)
+    out_buckets = np.where(buckets[at] > 0, buckets[at] + moved[record], 0)
+    out_counts = counts[at].copy()
+    has = entries > 0
+    starts = (np.cumsum(entries) - entries)[has]
+    give = starts + (rng.random(starts.size) * entries[has]).astype(np.int64)
+    get = starts + (rng.random(starts.size) * entries[has]).astype(np.int64)
+    can = out_counts[give] >= 2
+    out_counts[give[can]] -= 1
+    out_counts[get[can]] += 1
+    pairs = pl.DataFrame({"record": record, "pair": pl.Series(out_buckets).cast(pl.String) + ":"
+                          + pl.Series(out_counts).cast(pl.String)})
+    joined = pairs.group_by("record", maintain_order=True).agg(pl.col("pair").str.join(","))
+    hists = pl.Series("itl_hist", [None] * take.size, dtype=pl.String).scatter(joined["record"], joined["pair"])
+    return hists
 
 
 def _time(cmd: list[str]) -> tuple[float, float]:
@@ -154,26 +159,41 @@ def jsonl_only(folder: Path) -> Path:
     return plain
 
 
+def packed(folder: Path) -> Path:
+    """`folder` as `tracebench pack` leaves it: requests.parquet and run.json.xz written with pack's own settings
+    (report/pack.py ZSTD_LEVEL, statistics), from the columnar copy (the same records). Not through pack itself, whose
+    record-by-record check of 1M records takes minutes."""
+    done = folder.with_name(folder.name + "-packed")
+    if not done.exists():
+        temp = folder.with_name(folder.name + "-packing")
+        shutil.rmtree(temp, ignore_errors=True)
+        temp.mkdir()
+        pl.read_parquet(folder / COLUMNS_COPY).select(list(request_schema())).write_parquet(
+            temp / PACKED_NAMES["requests.jsonl"], compression="zstd", compression_level=ZSTD_LEVEL, statistics=True)
+        (temp / PACKED_NAMES["run.json"]).write_bytes(lzma.compress((folder / "run.json").read_bytes(),
+                                                                    format=lzma.FORMAT_XZ))
+        temp.rename(done)
+    return done
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--keep", type=Path, default=None, help="build the runs here and keep them")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--records", choices=("full", "core"), default="full",
-                        help="full: a real run's 44 record fields (~1.2 KB a line, issue 35); core: the 22 the "
-                             "report's figures read (the bench before issue 35)")
+    parser.add_argument("--source", type=Path, default=SOURCE_RUN,
+                        help="the real run whose records are repeated (a run folder, packed or not)")
     args = parser.parse_args()
 
     root = args.keep if args.keep is not None else Path(tempfile.mkdtemp(prefix="bench-report-"))
     run_a, run_b = root / "bench-a", root / "bench-b"
-    sha = hashlib.sha256(b"bench trace").hexdigest()
     start = time.perf_counter()
     built = 0
     copies = []
-    for folder, seed, policy, speedup in ((run_a, 1, "round_robin", 1.0), (run_b, 2, "sjf", 0.97)):
+    # b: the same trace, each repetition up to a quarter slower (a second configuration to compare with)
+    for folder, seed, stretch in ((run_a, 1, (0.9, 1.1)), (run_b, 2, (0.95, 1.25))):
         if not (folder / "run.json").exists():
-            write_synthetic_run(folder, args.requests, seed, policy=policy, speedup=speedup, trace_sha256=sha,
-                                full=args.records == "full")
+            write_repeated_run(folder, args.source, args.requests, seed=seed, stretch=stretch)
             built += 1
         if not (folder / COLUMNS_COPY).exists():
             copies.append(copy_as_replay_does(folder))
@@ -190,6 +210,7 @@ def main() -> None:
               f" s wall, {cpu * per_million:.2f} s CPU (scaled, the start-up included; mean of {len(copies)}; load "
               f"average {os.getloadavg()[0]:.1f})")
     plain_a, plain_b = jsonl_only(run_a), jsonl_only(run_b)
+    packed_a, packed_b = packed(run_a), packed(run_b)
 
     report = [sys.executable, "-m", "tracebench", "report"]
     tracebench = report + [str(run_a), str(run_b)]
@@ -199,6 +220,7 @@ def main() -> None:
         ("json", tracebench + ["--format", "json"]),
         ("table, --slo and --warmup", tracebench + ["--slo", "ttft=0.2,total=6", "--warmup", "10"]),
         ("html + png", tracebench + ["--format", "html", "-o", str(html)]),
+        ("table, packed", report + [str(packed_a), str(packed_b)]),
         ("table, requests.jsonl only", report + [str(plain_a), str(plain_b)]),
     ]
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start; whole command "
@@ -208,17 +230,19 @@ def main() -> None:
         wall = statistics.median(t for t, _ in runs)
         cpu = statistics.median(c for _, c in runs)
         # what a replay leaves, packed or not (issue 35: < 3 s from the copy, < 6 s from JSONL); html draws plots
-        target = 3.0 if name in ("table", "json", "table, --slo and --warmup") else 6.0 if "jsonl" in name else None
+        target = (3.0 if name in ("table", "json", "table, --slo and --warmup", "table, packed")
+                  else 6.0 if "jsonl" in name else None)
         verdict = "" if target is None else f"  target < {target:g} s: {'met' if wall < target else 'MISSED'}"
         print(f"  tracebench report A B  {name:<28} {wall:6.2f} s  ({', '.join(f'{t:.2f}' for t, _ in runs)})  "
               f"CPU {cpu:.2f} s{verdict}")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} (other work on the machine slows the wall clock)")
     from_copy = subprocess.run(tracebench, capture_output=True, text=True, check=True).stdout
-    from_jsonl = subprocess.run(report + [str(plain_a), str(plain_b)], capture_output=True, text=True, check=True).stdout
-    same = from_jsonl.replace(str(plain_a), str(run_a)).replace(str(plain_b), str(run_b)) == from_copy
-    print(f"the table from the columnar copies is the table from the JSONL: {'yes' if same else 'NO'}")
-    if not same:
-        sys.exit("the report differs between the columnar copy and the JSONL: a bug")
+    for what, (a, b) in (("JSONL", (plain_a, plain_b)), ("packed runs", (packed_a, packed_b))):
+        other = subprocess.run(report + [str(a), str(b)], capture_output=True, text=True, check=True).stdout
+        same = other.replace(str(a), str(run_a)).replace(str(b), str(run_b)) == from_copy
+        print(f"the table from the columnar copies is the table from the {what}: {'yes' if same else 'NO'}")
+        if not same:
+            sys.exit(f"the report differs between the columnar copy and the {what}: a bug")
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"peak resident memory of one report process: {peak:,.0f} MB")
     if args.keep is None:

@@ -32,7 +32,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tracebench.sim.model import Limits, load_profile, resolve_max_running_requests, simulate  # noqa: E402
+from tracebench.profiles import load_profile  # noqa: E402
+from tracebench.sim.model import Limits, resolve_max_running_requests, simulate  # noqa: E402
 
 BENCH_FILE = REPO / "tests" / "data" / "sglang-0.5.17" / "bench_serving.jsonl"
 RATE, NUM, ILEN, OLEN = 8.0, 400, 512, 128

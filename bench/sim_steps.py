@@ -40,7 +40,8 @@ sys.path.insert(0, str(REPO))
 from tracebench.report.load import COMPLETED_STATUSES, load_run  # noqa: E402
 from tracebench.replay.tokens import InputIds  # noqa: E402
 from tracebench.sim.catalog import profile_for_gpu  # noqa: E402
-from tracebench.sim.model import Limits, load_profile, resolve_max_running_requests, simulate  # noqa: E402
+from tracebench.profiles import load_profile  # noqa: E402
+from tracebench.sim.model import Limits, resolve_max_running_requests, simulate  # noqa: E402
 
 SAME_STEP_S = 2e-5   # stamps of one batch are one perf_counter value; the run's clock conversion leaves < 1 us
 

@@ -41,7 +41,7 @@ from sim_vs_real import accelerators, figures  # noqa: E402
 from tracebench.report.load import load_run  # noqa: E402
 from tracebench.sim.catalog import profile_for_gpu  # noqa: E402
 from tracebench.sim.fit import profile_document, profile_text  # noqa: E402
-from tracebench.sim.model import Profile, load_profile  # noqa: E402
+from tracebench.profiles import Profile, load_profile  # noqa: E402
 
 COLUMNS = ((("requests_per_s", ""), "req/s"), (("total", "p50"), "total p50"), (("total", "p99"), "total p99"),
            (("ttft", "p50"), "TTFT p50"), (("ttft", "p99"), "TTFT p99"), (("tpot", "p50"), "TPOT p50"),

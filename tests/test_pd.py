@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import free_port
-from tracebench.sim.model import BatchModel, Limits, ReqState, SimRequest, load_profile
+from tracebench.profiles import load_profile
+from tracebench.sim.model import BatchModel, Limits, ReqState, SimRequest
 from tracebench.sim.pd import KV_BYTES_PER_TOKEN, KvLink, transfer_seconds
 
 SPEED = 4.0

@@ -13,8 +13,8 @@ from conftest import REPO, SGLANG_CAPTURES
 from tracebench.errors import ConfigError
 from tracebench.sim.fit import (DECODE_MEAN_CONTEXT, RoutingRun, fit, h200_calibration, load_calibration,
                                 load_decode_grid, load_routing_runs, profile_document)
-from tracebench.sim.model import (PROFILES_DIR, BatchModel, Limits, ReqState, SimRequest, decode_attention_tokens,
-                                  decode_kv_chunk, load_profile, simulate, token_ids)
+from tracebench.profiles import PROFILES_DIR, decode_attention_tokens, decode_kv_chunk, load_profile
+from tracebench.sim.model import BatchModel, Limits, ReqState, SimRequest, simulate, token_ids
 
 PROFILE = load_profile("llama-2-7b-h200-triton")
 BIG = Limits(max_running_requests=4096, max_total_num_tokens=PROFILE.max_total_num_tokens, chunked_prefill_size=8192)

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from conftest import SGLANG_CAPTURES
-from tracebench.sim.model import BatchModel, Limits, SimRequest, load_profile, simulate
+from tracebench.profiles import load_profile
+from tracebench.sim.model import BatchModel, Limits, SimRequest, simulate
 from tracebench.sim.radix import RadixCache
 
 PROFILE = load_profile("llama-2-7b-h200-triton")

@@ -14,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tracebench.sim.model import Limits, load_profile, simulate
+from tracebench.profiles import load_profile
+from tracebench.sim.model import Limits, simulate
 
 PROFILE = load_profile("llama-2-7b-h200-triton")
 

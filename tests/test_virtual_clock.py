@@ -14,7 +14,8 @@ import pytest
 
 from conftest import run_cli
 
-from tracebench.sim.model import BatchModel, Limits, SimRequest, load_profile
+from tracebench.profiles import load_profile
+from tracebench.sim.model import BatchModel, Limits, SimRequest
 
 REPO = Path(__file__).resolve().parents[1]
 

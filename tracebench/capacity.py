@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tracebench.profiles import Profile, builtin_profiles, profiles_of_gpu
+
 # the estimated load from which `inspect` and the report warn: the rule is a lower bound (module doc)
 LOAD_WARN = 0.75
 # traces shorter than this are not judged: a few requests are a burst, not a load that builds a queue
@@ -51,8 +53,8 @@ class Costs:
     kv_tokens: int
 
 
-def _from_profile(profile: Any) -> Costs:
-    # a profile with a decode attention model (sim/model.py DecodeAttention): a full batch is bound by the programs'
+def _from_profile(profile: Profile) -> Costs:
+    # a profile with a decode attention model (profiles.DecodeAttention): a full batch is bound by the programs'
     # throughput, one makespan token per `slots` KV tokens walked, so its cost per KV token is token_s / slots
     attention = profile.decode_attention
     per_kv = profile.decode_per_kv_token_s + (0.0 if attention is None else attention.token_s / attention.slots)
@@ -62,19 +64,14 @@ def _from_profile(profile: Any) -> Costs:
 
 def costs_named(name: str) -> Costs | None:
     """The built-in profile `name` (a simulator's, as its /server_info names it), None when it is not one."""
-    from tracebench.sim.catalog import builtin_profiles
-
     found = [p for p in builtin_profiles() if p.name == name]
     return _from_profile(found[0]) if found else None
 
 
 def costs_of_gpu(gpu: str) -> Costs | None:
-    """The built-in profile of the GPU named `gpu` (every word of it a word of the profile's accelerator, as
-    `sim-server --gpu` matches), None when no single one is."""
-    from tracebench.sim.catalog import builtin_profiles
-
-    words = gpu.lower().split()
-    found = [p for p in builtin_profiles() if words and set(words) <= set(p.accelerator.lower().split())]
+    """The built-in profile of the GPU named `gpu` (matched as `sim-server --gpu` matches: profiles.profiles_of_gpu),
+    None when no single one is."""
+    found = profiles_of_gpu(gpu)
     return _from_profile(found[0]) if len(found) == 1 else None
 
 

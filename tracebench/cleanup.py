@@ -8,12 +8,39 @@ from __future__ import annotations
 import os
 import re
 import signal
+from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType, TracebackType
 
 from tracebench.errors import Interrupted
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+TEMP_TAG = "tmp"  # write_atomic's temporary file: .<name>.tmp-<pid>
+
+
+def temp_name(path: Path) -> Path:
+    """Where write_atomic writes `path` first: `.<name>.tmp-<pid>` beside it (temp_files(folder, f".{name}", TEMP_TAG)
+    finds those a killed writer left)."""
+    return path.with_name(f".{path.name}.{TEMP_TAG}-{os.getpid()}")
+
+
+def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> None:
+    """Write `data` (bytes, or pieces of bytes written as they come) to `path` whole or not at all: to temp_name(path)
+    first, then renamed over `path`, so a reader sees the old file or the whole new one. On any failure (OSError, a
+    stop signal, an error raised while the pieces are made) the temporary file is removed and the failure raised as it
+    came."""
+    temp = temp_name(path)
+    try:
+        with temp.open("wb") as fh:
+            if isinstance(data, bytes):
+                fh.write(data)
+            else:
+                for piece in data:
+                    fh.write(piece)
+        os.replace(temp, path)
+    finally:
+        if temp.exists():  # (unlink of a missing file in a read-only folder fails with EROFS, not ENOENT)
+            temp.unlink()
 
 
 class StopSignals:

@@ -13,23 +13,44 @@ for, the K used, and every attempt's shares), and the report names it. A run tha
 kept and flagged (`held` false; the report warns as for any run): there is no lower K. What K then guarantees: the run's
 lag could account for at most LAG_BOUND of its TTFT and total latency p50/p99 (on issue 24's workload that kept the
 figures within ~2% of speed 1, docs/sim-server.md), nothing about a load that arrives after the run. Not in replay/:
-it loads the run with report/ (polars), which the replay's hot path never imports.
+it loads the run with report/ (polars), which the replay's hot path never imports. Nor does it import replay/: the
+replay command hands it the function that makes a run (run_replay), so no import runs from replay/ up to here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, TypeVar
 
 import orjson
 
+from tracebench.cleanup import write_atomic
 from tracebench.errors import ConfigError
-from tracebench.replay.run import ReplayConfig, run_replay
+
+
+class SpeedConfig(Protocol):
+    """What adapt reads of a replay's configuration (tracebench/replay/run.py ReplayConfig, a frozen dataclass: adapt
+    makes each next attempt's with dataclasses.replace, its speed and run_name changed)."""
+
+    @property
+    def backend(self) -> str | None: ...
+
+    @property
+    def attach(self) -> tuple[str, ...]: ...
+
+    @property
+    def speed(self) -> float | None: ...
+
+    @property
+    def is_pd(self) -> bool: ...
+
+
+Config = TypeVar("Config", bound=SpeedConfig)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +98,10 @@ def next_speed(attempt: Attempt) -> float:
     return float(max(1, math.floor(lower)))
 
 
-def adapt(cfg: ReplayConfig, stderr: IO[str] = sys.stderr) -> Path:
-    """Run `cfg` and, while the host cannot hold its speed, again at a lower one; returns the kept run folder."""
+def adapt(cfg: Config, run_replay: Callable[[Config, IO[str]], Path], stderr: IO[str] = sys.stderr) -> Path:
+    """Run `cfg` with `run_replay` (tracebench/replay/run.py's, handed in by the replay command: this module sits
+    beside the replay, not above it) and, while the host cannot hold its speed, again at a lower one; returns the kept
+    run folder."""
     if cfg.backend != "sim" or cfg.attach:
         raise ConfigError("--adapt-speed: only with --backend sim (launched simulators: their speed is set at launch)")
     if cfg.speed is None or cfg.speed <= 1:
@@ -124,6 +147,4 @@ def record_guard(run_dir: Path, guard: dict[str, Any]) -> None:
     path = run_dir / "run.json"
     doc = orjson.loads(path.read_bytes())
     doc["speed_guard"] = guard
-    tmp = path.with_name(".run.json.tmp")
-    tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
-    os.replace(tmp, path)
+    write_atomic(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")

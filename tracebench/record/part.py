@@ -24,6 +24,7 @@ from typing import IO, Any
 
 import orjson
 
+from tracebench.cleanup import temp_name
 from tracebench.errors import ConfigError
 from tracebench.trace.format import HEADER_KEY, TRACE_VERSION, format_request_line
 
@@ -258,7 +259,7 @@ def _write_new(files: dict[Path, list[bytes]]) -> None:
     try:
         for path, chunks in files.items():
             current = path
-            temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            temp = temp_name(path)
             temps.append((temp, path))
             with temp.open("wb") as fh:
                 fh.writelines(chunks)

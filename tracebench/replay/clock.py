@@ -17,12 +17,26 @@ host's wall time at the start, for run.json alone.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections.abc import AsyncIterator
 
 
 def run_seconds(trace_seconds: float, speed: float) -> float:
     """A time given in trace (simulated) seconds, on the run clock of a run at `speed` (1.0: not sped up)."""
     return trace_seconds / speed
+
+
+async def ticks(clock: RunClock, interval: float, first: int = 0) -> AsyncIterator[float]:
+    """Wake at the run times first x interval, (first + 1) x interval, ... (absolute ticks, so the work done at one
+    does not shift the next; work that outlasts a tick skips the ticks it overran rather than drifting). Yields the
+    run time it woke at; the caller's loop body is the work."""
+    tick = first
+    while True:
+        while (delay := tick * interval - clock.now()) > 0:
+            await asyncio.sleep(delay)
+        yield clock.now()
+        tick = max(tick + 1, math.floor(clock.now() / interval) + 1)
 
 
 class RunClock:

@@ -282,7 +282,8 @@ def replay_config(ctx: click.Context, trace: Path, options: Mapping[str, Any]) -
 @click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
 @replay_options()
 @click.option("--adapt-speed", is_flag=True, default=False,
-    help="--backend sim --speed K: when the host cannot hold K (the run's lag could account for more than the "
+    help="--backend sim --speed K, K > 1 (at speed 1 there is nothing to lower: refused): when the host cannot hold "
+         "K (the run's lag could account for more than the "
          "report's Host lag bound, 6%, of TTFT or total latency p50/p99), delete the run and make it again from the "
          "start at a lower K (K/2 or less, from the lag measured; down to 1), saying so here; run.json "
          "speed_guard records the K asked for, the K used and each attempt. When even speed 1 misses the bound "
@@ -336,7 +337,7 @@ def replay(ctx: click.Context, trace: Path, adapt_speed: bool, **options: Any) -
     if adapt_speed:
         from tracebench.speedguard import adapt
 
-        return adapt(cfg)
+        return adapt(cfg, run_replay)
     return run_replay(cfg)
 
 

@@ -29,6 +29,7 @@ import numpy as np
 import orjson
 
 from tracebench import __version__
+from tracebench.cleanup import write_atomic
 from tracebench.errors import ConfigError, OutputWriteError, RunInterrupted, ServerStartError
 from tracebench.paths import portable_path, portable_policy, portable_words
 from tracebench.policies.base import Policy
@@ -771,15 +772,12 @@ class Replay:
             "client_keepup": self.writer.keepup.describe() if self.writer is not None else None,
         }
         path = self.run_dir / "run.json"
-        tmp = path.with_name(".run.json.tmp")
         try:
-            tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            write_atomic(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         except OSError as err:
-            tmp.unlink(missing_ok=True)
             if err.errno not in (errno.ENOSPC, errno.EDQUOT) or self.status != "running":
                 raise  # the final write has the reserve freed for it: failing then is not a full disk
             raise OutputWriteError(f"disk full (no space left on the device): writing {path} failed", path, err.errno) from None
-        os.replace(tmp, path)
 
     def _events(self) -> list[dict[str, Any]]:
         events = self.router.events if self.router is not None else []

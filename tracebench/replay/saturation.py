@@ -28,14 +28,13 @@ like a shortfall while the run fills up: choose W above the run's typical total 
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tracebench.replay.clock import RunClock
+from tracebench.replay.clock import RunClock, ticks
 
 SAMPLES_PER_WINDOW = 20
 RULE = ("Over-saturated (the run stops; requests never sent are recorded not_sent, those in flight cancelled): "
@@ -167,12 +166,8 @@ async def watch_saturation(watch: SaturationWatch, clock: RunClock, arrived: Cal
                            finished: Callable[[], int], on_saturated: Callable[[Saturation], None]) -> None:
     """Sample every watch.interval run seconds (absolute ticks, like the load poller) until the rule holds, then
     hand the verdict to `on_saturated` (which ends the run) and return."""
-    tick = 1
-    while True:
-        while (delay := tick * watch.interval - clock.now()) > 0:
-            await asyncio.sleep(delay)
-        verdict = watch.sample(clock.now(), arrived(), finished())
+    async for now in ticks(clock, watch.interval, first=1):
+        verdict = watch.sample(now, arrived(), finished())
         if verdict is not None:
             on_saturated(verdict)
             return
-        tick = max(tick + 1, math.floor(clock.now() / watch.interval) + 1)

@@ -25,7 +25,7 @@ import orjson
 
 from tracebench.errors import ServerProtocolError
 from tracebench.replay.client import SglangClient
-from tracebench.replay.clock import RunClock
+from tracebench.replay.clock import RunClock, ticks
 from tracebench.replay.records import AppendFile, OnFailure
 
 DEFAULT_INTERVAL_S = 1.0
@@ -103,13 +103,8 @@ class MetricsScraper:
         await asyncio.gather(*(self._loop(i) for i in self.urls))
 
     async def _loop(self, index: int) -> None:
-        tick = 0
-        interval, clock = self.interval, self.clock
-        while True:
-            while (delay := tick * interval - clock.now()) > 0:
-                await asyncio.sleep(delay)
+        async for _ in ticks(self.clock, self.interval):
             await self.scrape(index)
-            tick = max(tick + 1, math.floor(clock.now() / interval) + 1)
 
     async def scrape(self, index: int, moment: str | None = None) -> str | None:
         """One scrape of server `index`: a row, and its whole text when it is the first good one (the start) or

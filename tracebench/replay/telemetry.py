@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -14,7 +13,7 @@ import orjson
 
 from tracebench.errors import ServerProtocolError
 from tracebench.replay.client import SglangClient
-from tracebench.replay.clock import RunClock
+from tracebench.replay.clock import RunClock, ticks
 from tracebench.replay.records import AppendFile
 from tracebench.replay.router import Router
 
@@ -60,11 +59,8 @@ async def poll_loads(client: SglangClient, router: Router, clock: RunClock, inte
     telemetry.jsonl. A poll without a good answer is reported to the router (`poll_failed`), which decides whether
     to check the server's health. A write that fails (disk full) stops the run (records.AppendFile)."""
     timeout = max(2.0, 4 * interval)
-    tick = 0
     with AppendFile(path, router.fail, flush_lines=1) as fh:
-        while True:
-            while (delay := tick * interval - clock.now()) > 0:
-                await asyncio.sleep(delay)
+        async for _ in ticks(clock, interval):
             servers = router.servers
             live = [s for s in servers if s.state != "down"]
             fetched = await asyncio.gather(*(client.get_json(f"{s.url}/v1/loads", timeout) for s in live))
@@ -89,7 +85,6 @@ async def poll_loads(client: SglangClient, router: Router, clock: RunClock, inte
                     line.update(zip(_LOAD_FIELDS, load))
                 lines.append(orjson.dumps(line))
             fh.write(b"\n".join(lines) + b"\n")
-            tick = max(tick + 1, math.floor(clock.now() / interval) + 1)
 
 
 def progress_line(router: Router, t: float, rate: float, speed: float | None = None) -> str:

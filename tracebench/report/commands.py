@@ -13,6 +13,7 @@ import click
 from tracebench.options import FINITE, INT64_MAX, SEED, BoundedInt
 
 if TYPE_CHECKING:
+    from tracebench.report.figure_options import FigureOptions
     from tracebench.report.metrics import Report
 
 COUNT = BoundedInt(0, INT64_MAX, "an integer >= 0")
@@ -46,6 +47,7 @@ def _resolve_format(fmt: str | None, output: Path | None) -> str:
 def _write_files(files: dict[Path, bytes]) -> None:
     """Write every file to a temporary name first, then rename them all: a failure leaves nothing half-written. A
     folder that cannot be written (read-only, full, not a folder) is a ConfigError naming the file (exit 2)."""
+    from tracebench.cleanup import temp_name
     from tracebench.errors import ConfigError
 
     temps: list[tuple[Path, Path]] = []
@@ -55,7 +57,7 @@ def _write_files(files: dict[Path, bytes]) -> None:
         for path, data in files.items():
             current = path
             path.parent.mkdir(parents=True, exist_ok=True)
-            temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            temp = temp_name(path)
             temps.append((temp, path))
             temp.write_bytes(data)
         for temp, path in temps:
@@ -171,14 +173,36 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
           --title "4 plain vs 3P1D, H100" --label plain-4="4 servers" --label pd-3p1d=3P1D
     """
     from tracebench.errors import ConfigError
-    from tracebench.report.load import load_runs, resolve_run_dir
-    from tracebench.report.metrics import build_report, parse_slo
-    from tracebench.report.render import document as document_of, resolve_layout
+    from tracebench.report.figure_options import apply_labels, figure_options
+    from tracebench.report.load import load_runs
+    from tracebench.report.metrics import build_report
+    from tracebench.report.render import resolve_layout
 
     out_format = _resolve_format(fmt, output)
-    from tracebench.report.figure_options import SLIDE_DPI, apply_labels, figure_options
-
     figure = figure_options(out_format, title, plots, x_scale, y_scale, size, labels)
+    percentile = _gate_percentile(slo, fail_on_slo, slo_percentile)
+    if warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {warmup:g}")
+    if out_format == "perfetto":
+        _perfetto(list(runs), output, reports_dir, baseline=baseline, slo=slo, warmup=warmup, title=title,
+                  label=labels or None)
+        return
+    slo_spec = _slo_spec(slo)
+    specs, base_index = _with_baseline(list(runs), baseline, reports_dir)
+    loaded = load_runs(specs, reports_dir)
+    apply_labels(figure.labels, specs, loaded)
+    layout = resolve_layout(layout, len(loaded), out_format)
+    result = build_report(loaded, base_index, warmup=warmup, slo=slo_spec, bootstrap=bootstrap, seed=seed,
+                          allow_different_traces=allow_different_traces,
+                          with_series=out_format in ("html", "png", "svg"))
+    _write_report(result, out_format, output, figure, layout, title)
+    _gate(result, fail_on_slo, percentile)
+
+
+def _gate_percentile(slo: str | None, fail_on_slo: bool, slo_percentile: float | None) -> float:
+    """The share of kept requests (percent) --fail-on-slo requires to meet every limit, the options checked."""
+    from tracebench.errors import ConfigError
+
     if fail_on_slo and slo is None:
         raise ConfigError("--fail-on-slo needs --slo KEY=LIMIT,... (the objectives to check)")
     if slo_percentile is not None and not fail_on_slo:
@@ -186,40 +210,47 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     percentile = 99.0 if slo_percentile is None else slo_percentile
     if not 0 < percentile <= 100:
         raise ConfigError(f"--slo-percentile must be in (0, 100], got {percentile:g}")
-    if warmup < 0:
-        raise ConfigError(f"--warmup must be >= 0, got {warmup:g}")
-    if out_format == "perfetto":
-        _perfetto(list(runs), output, reports_dir, baseline=baseline, slo=slo, warmup=warmup, title=title,
-                  label=labels or None)
-        return
+    return percentile
+
+
+def _slo_spec(slo: str | None) -> dict[str, float] | None:
+    """--slo parsed: seconds per key, each finite."""
+    from tracebench.errors import ConfigError
+    from tracebench.report.metrics import parse_slo
+
     slo_spec = parse_slo(slo) if slo is not None else None
     for key, seconds in (slo_spec or {}).items():
         if not math.isfinite(seconds):  # '1e400' parses as inf: an objective every request meets
             raise ConfigError(f"--slo: {key} must be a finite number of seconds, got {seconds}")
-    specs = list(runs)
-    base_index = 0
-    if baseline is not None:
-        base_dir = resolve_run_dir(baseline, reports_dir).resolve()
-        matches = [i for i, spec in enumerate(specs) if resolve_run_dir(spec, reports_dir).resolve() == base_dir]
-        if matches:
-            base_index = matches[0]
-        else:
-            specs.insert(0, baseline)
-    loaded = load_runs(specs, reports_dir)
-    apply_labels(figure.labels, specs, loaded)
-    layout = resolve_layout(layout, len(loaded), out_format)
+    return slo_spec
 
-    def document(result: Report):  # type: ignore[no-untyped-def]
+
+def _with_baseline(specs: list[str], baseline: str | None, reports_dir: Path) -> tuple[list[str], int]:
+    """The runs to load and the baseline's index among them: --baseline's run, put first when it is not among RUN."""
+    from tracebench.report.load import resolve_run_dir
+
+    if baseline is None:
+        return specs, 0
+    base_dir = resolve_run_dir(baseline, reports_dir).resolve()
+    matches = [i for i, spec in enumerate(specs) if resolve_run_dir(spec, reports_dir).resolve() == base_dir]
+    if matches:
+        return specs, matches[0]
+    return [baseline, *specs], 0
+
+
+def _write_report(result: Report, out_format: str, output: Path | None, figure: FigureOptions, layout: str,
+                  title: str | None) -> None:
+    """The report in `out_format`, to `output` (written atomically) or stdout; where each file went on stderr."""
+    from tracebench.report.render import document as document_of
+
+    def document():  # type: ignore[no-untyped-def]
         doc = document_of(result, layout)
         if title is not None:
             doc.title = title
         return doc
 
-    result = build_report(loaded, base_index, warmup=warmup, slo=slo_spec, bootstrap=bootstrap, seed=seed,
-                          allow_different_traces=allow_different_traces,
-                          with_series=out_format in ("html", "png", "svg"))
-
     if out_format in ("png", "svg"):
+        from tracebench.report.figure_options import SLIDE_DPI
         from tracebench.report.render import plots as draw
 
         assert output is not None
@@ -228,14 +259,12 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
         draw.close(fig)
         _write_files({output: data})
         click.echo(f"wrote {output} (the latency CDFs, {figure.size})", err=True)
-        _gate(result, fail_on_slo, percentile)
         return
-
     if out_format == "html":
         from tracebench.report.render.html_page import render_html
 
         assert output is not None
-        page, main_png, telemetry_png = render_html(result, document(result), figure)
+        page, main_png, telemetry_png = render_html(result, document(), figure)
         files = {output: page.encode(), output.with_suffix(".png"): main_png}
         if telemetry_png is not None:  # the runs' /metrics scrapes and GPU samples, per server
             files[output.with_suffix(".telemetry.png")] = telemetry_png
@@ -243,17 +272,16 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
         what = {output: "the report", output.with_suffix(".png"): "its latency CDFs as an image",
                 output.with_suffix(".telemetry.png"): "the servers' telemetry as an image"}
         click.echo("wrote " + ", ".join(f"{path} ({what[path]})" for path in files), err=True)
-        _gate(result, fail_on_slo, percentile)
         return
     if out_format == "table":
         from tracebench.report.render.table import render_table
 
         colour = output is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
-        text = render_table(document(result), colour=colour)
+        text = render_table(document(), colour=colour)
     elif out_format == "md":
         from tracebench.report.render.md import render_md
 
-        text = render_md(document(result))
+        text = render_md(document())
     elif out_format == "csv":
         from tracebench.report.render.tidy import render_csv
 
@@ -267,7 +295,6 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     else:
         _write_files({output: text.encode()})
         click.echo(f"wrote {output}", err=True)
-    _gate(result, fail_on_slo, percentile)
 
 
 def _gate(result: Report, fail_on_slo: bool, percentile: float) -> None:

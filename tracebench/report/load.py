@@ -446,7 +446,9 @@ def read_requests(path: Path, meta: dict[str, Any]) -> pl.DataFrame:
     elif (path.parent / COLUMNS_COPY).exists():
         frame = read_columns_copy(path, path.parent / COLUMNS_COPY).with_row_index(ROW)
     else:
-        frame = read_jsonl_table(path, request_schema(), row_index=True)
+        # polars' JSON reader hands back thousands of chunks (one per slice it parsed): made one, once (~0.2 CPU-s a
+        # million records), every filter, sort and rule after it runs 2-3x faster
+        frame = read_jsonl_table(path, request_schema(), row_index=True).rechunk()
     if frame.height == 0:
         raise RunFolderError(path, None, None, "empty run: no request was recorded")
     stamps = frozenset(name for name in OK_ORDER if frame[name].null_count() < frame.height)

@@ -93,7 +93,8 @@ def _stats(values: np.ndarray) -> tuple[int, float | None, float | None, float |
     values = values[~np.isnan(values)]
     if values.size == 0:
         return 0, None, None, None
-    return int(values.size), float(values.mean()), float(np.percentile(values, 50)), float(np.percentile(values, 90))
+    p50, p90 = np.percentile(values, [50, 90])  # one partition for both
+    return int(values.size), float(values.mean()), float(p50), float(p90)
 
 
 def pd_stats(meta: dict[str, Any], ok: pl.DataFrame) -> PdRunStats | None:
@@ -124,7 +125,7 @@ def pd_stats(meta: dict[str, Any], ok: pl.DataFrame) -> PdRunStats | None:
     for role in ("prefill", "decode"):
         for index in pools[role]:
             column = "prefill_server" if role == "prefill" else "server"
-            served = ok.filter(pl.col(column) == index) if column in ok.columns else None
+            served = ok.select(column, "input_len").filter(pl.col(column) == index) if column in ok.columns else None
             known = served is not None and not ext
             row = metrics.get(index) or {}
             delta = row.get("delta") or {}

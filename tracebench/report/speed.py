@@ -102,19 +102,7 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     # a slot (simulated time, like a capped dispatch)
     admitted = (released + (c("t_admitted") - c("t_released")) if meta.get("max_concurrency") is None
                 else pl.when(c("t_admitted").is_not_null()).then(pl.max_horizontal(released, c("t_admitted") * k)))
-    if host_wait:
-        dispatch = released + (c("t_dispatch") - c("t_released"))
-    elif meta["mode"] == "continuous":
-        # with a cap (or the client gate) a request is dispatched at its release or admission, or when a slot frees:
-        # after the event that let it go (simulated time) by the router's own host time
-        admitted_sim = requests.select(admitted.alias("v"))["v"].to_numpy()
-        # (never dispatched: NaN from numpy, null here, like the t_dispatch it stands for)
-        requests = requests.with_columns(
-            pl.Series("_dispatch_sim", capped_dispatch(requests, meta, k, admitted_sim)).fill_nan(None))
-        dispatch = c("_dispatch_sim")
-    else:
-        # static batches: K x the run-clock dispatch keeps it after the finish that completed the previous batch
-        dispatch = c("t_dispatch") * k
+    requests, dispatch = _dispatch(requests, meta, k, host_wait, released, admitted)
     received = dispatch + (c("server_received") - c("t_dispatch"))
 
     def inside(name: str) -> pl.Expr:  # a simulator stamp: its model clock, K times compressed
@@ -133,6 +121,49 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
                 .when(c("t_released").is_not_null() & host_wait).then(released + (c("t_finish") - c("t_released")))
                 .otherwise(c("t_finish") * k))
     first_k = pl.when(has_stamps & c("server_prefill_finished").is_not_null()).then(first).otherwise(dispatched_k)
+    columns = [
+        arrival.alias("t_arrival"),
+        released.alias("t_released"),
+        admitted.alias("t_admitted"),
+        dispatch.alias("t_dispatch"),
+        first_k.alias("t_first_token"),
+        finish_k.alias("t_finish"),
+        received.alias("server_received"),
+        *(inside(name).alias(name) for name in SERVER_SPAN),
+        *durations,
+        inside("server_dispatched").alias("server_dispatched"),
+        *_breakdown_columns(admitted, dispatch, first_k, finish_k),
+    ]
+    how = ("simulator time x{k:g}, host time as measured (release lag, HTTP hops{wait})"
+           .format(k=k, wait=", router wait" if host_wait else (
+               ", the router's dispatch after the release or freed slot it waited for"
+               if meta["mode"] == "continuous" else "")))
+    return requests.with_columns(columns).drop("_dispatch_sim", strict=False), how
+
+
+def _dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, host_wait: bool, released: pl.Expr,
+              admitted: pl.Expr) -> tuple[pl.DataFrame, pl.Expr]:
+    """The simulated dispatch (module docstring), as an expression over the records returned with it (which then may
+    hold a helper column, `_dispatch_sim`, that to_simulated_times drops)."""
+    c = pl.col
+    if host_wait:
+        return requests, released + (c("t_dispatch") - c("t_released"))
+    if meta["mode"] == "continuous":
+        # with a cap (or the client gate) a request is dispatched at its release or admission, or when a slot frees:
+        # after the event that let it go (simulated time) by the router's own host time
+        admitted_sim = requests.select(admitted.alias("v"))["v"].to_numpy()
+        # (never dispatched: NaN from numpy, null here, like the t_dispatch it stands for)
+        requests = requests.with_columns(
+            pl.Series("_dispatch_sim", capped_dispatch(requests, meta, k, admitted_sim)).fill_nan(None))
+        return requests, c("_dispatch_sim")
+    # static batches: K x the run-clock dispatch keeps it after the finish that completed the previous batch
+    return requests, c("t_dispatch") * k
+
+
+def _breakdown_columns(admitted: pl.Expr, dispatch: pl.Expr, first_k: pl.Expr, finish_k: pl.Expr) -> list[pl.Expr]:
+    """The breakdown's stamps and the two waits (module docstring), from the converted admission, dispatch, first
+    token and finish."""
+    c = pl.col
     streamed = c("t_first_token").is_not_null()
 
     def near(anchor: pl.Expr, anchor_stamp: str, name: str) -> pl.Expr:
@@ -153,16 +184,7 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
                   .otherwise(pl.lit(0.0)))
     slot_wait = waits - batch_wait
     assigned = sent - batch_wait
-    columns = [
-        arrival.alias("t_arrival"),
-        released.alias("t_released"),
-        admitted.alias("t_admitted"),
-        dispatch.alias("t_dispatch"),
-        first_k.alias("t_first_token"),
-        finish_k.alias("t_finish"),
-        received.alias("server_received"),
-        *(inside(name).alias(name) for name in SERVER_SPAN),
-        *durations,
+    return [
         assigned.alias("t_assigned"),
         near(dispatch, "t_dispatch", "t_built").alias("t_built"),
         near(dispatch, "t_dispatch", "t_written").alias("t_written"),
@@ -170,17 +192,11 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
         .otherwise(near(finish_k, "t_finish", "t_headers")).alias("t_headers"),
         near(finish_k, "t_finish", "t_last_chunk").alias("t_last_chunk"),
         near(finish_k, "t_finish", "t_parsed").alias("t_parsed"),
-        inside("server_dispatched").alias("server_dispatched"),
         pl.when(streamed).then(near(first_k, "t_first_token", "server_first_sent"))
         .otherwise(near(finish_k, "t_finish", "server_first_sent")).alias("server_first_sent"),
         pl.when(c("slot_wait_s").is_not_null()).then(slot_wait).alias("slot_wait_s"),
         pl.when(c("batch_wait_s").is_not_null()).then(batch_wait).alias("batch_wait_s"),
     ]
-    how = ("simulator time x{k:g}, host time as measured (release lag, HTTP hops{wait})"
-           .format(k=k, wait=", router wait" if host_wait else (
-               ", the router's dispatch after the release or freed slot it waited for"
-               if meta["mode"] == "continuous" else "")))
-    return requests.with_columns(columns).drop("_dispatch_sim", strict=False), how
 
 
 def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admitted_sim: np.ndarray) -> np.ndarray:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tracebench.sim.model import Profile, resolve_max_running_requests
+from tracebench.profiles import Profile
+from tracebench.sim.model import resolve_max_running_requests
 
 MODEL_NAME = "llama-2-7b-hf"
 # PD disaggregation (pd.py): sglang's choices and default port (server_args.py L230-237, L2983-3000), and the

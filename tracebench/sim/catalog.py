@@ -5,23 +5,16 @@
 from __future__ import annotations
 
 from tracebench.errors import ConfigError
-from tracebench.sim.model import DEFAULT_PROFILE, PROFILES_DIR, Profile, load_profile
-
-
-def builtin_profiles() -> list[Profile]:
-    """Every profile shipped in tracebench/sim/profiles/, by name."""
-    return [load_profile(path.stem) for path in sorted(PROFILES_DIR.glob("*.json"))]
+from tracebench.profiles import DEFAULT_PROFILE, Profile, builtin_profiles, load_profile, profiles_of_gpu
 
 
 def profile_for_gpu(gpu: str, flag: str = "--gpu") -> Profile:
-    """The one built-in profile whose accelerator names `gpu`: every word of `gpu` (case-insensitive) is a word of
-    the accelerator, so "H100", "h100 80gb" and "NVIDIA H100 80GB HBM3" pick llama-2-7b-h100-triton. None or several
-    matching is an error that lists the accelerators there are."""
-    words = gpu.lower().split()
-    profiles = builtin_profiles()
-    found = [p for p in profiles if words and set(words) <= set(p.accelerator.lower().split())]
+    """The one built-in profile whose accelerator names `gpu` (tracebench/profiles.py profiles_of_gpu: "H100", "h100
+    80gb" and "NVIDIA H100 80GB HBM3" pick llama-2-7b-h100-triton). None or several matching is an error that lists
+    the accelerators there are."""
+    found = profiles_of_gpu(gpu)
     if len(found) != 1:
-        known = "; ".join(f"{p.accelerator} ({p.name})" for p in profiles)
+        known = "; ".join(f"{p.accelerator} ({p.name})" for p in builtin_profiles())
         which = "no built-in profile" if not found else f"{len(found)} built-in profiles"
         raise ConfigError(f"{flag} {gpu!r}: {which} for this GPU (built-in: {known})")
     return found[0]

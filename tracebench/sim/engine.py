@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
 from tracebench.itl import ItlGaps
-from tracebench.sim.model import BatchModel, Profile, SimRequest
+from tracebench.profiles import Profile
+from tracebench.sim.model import BatchModel, SimRequest
 from tracebench.sim.prom import SimStats
 
 

@@ -39,10 +39,11 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
+from tracebench.cleanup import write_atomic
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.report.load import ROW, is_run_folder, load_run, run_file
-from tracebench.sim.model import (DecodeAttention, Limits, Profile, decode_attention_tokens, decode_step_s,
-                                  padded_tokens, resolve_max_running_requests, simulate)
+from tracebench.profiles import DecodeAttention, Profile, decode_attention_tokens, decode_step_s, padded_tokens
+from tracebench.sim.model import Limits, resolve_max_running_requests, simulate
 
 LLAMA2_7B_KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # K and V, 32 layers, hidden 4096, fp16
 # HBM bandwidth of the GPUs with a profile (datasheets: H200 4.8 TB/s, H100 SXM 80GB HBM3 3.35 TB/s): only for the
@@ -651,9 +652,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(doc["params"], indent=2))
     print("\n".join(report(profile, calibration, routing_runs, decode_grid)))
     if opts.write is not None:
-        tmp = opts.write.with_suffix(".json.tmp")
-        tmp.write_text(profile_text(doc))
-        tmp.replace(opts.write)
+        write_atomic(opts.write, profile_text(doc).encode())
         print(f"wrote {opts.write}")
 
 

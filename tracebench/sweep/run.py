@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import os
 import re
 import sys
 import time
@@ -28,6 +27,7 @@ import numpy as np
 import orjson
 
 from tracebench import __version__
+from tracebench.cleanup import write_atomic
 from tracebench.errors import ConfigError, Interrupted, RunFailed, RunInterrupted
 from tracebench.paths import portable_policy
 from tracebench.policies.registry import load_policy
@@ -616,9 +616,9 @@ class Sweep:
         from tracebench.sweep.output import summary_csv
 
         doc = self.summary()
-        _write(self.dir / "summary.json", orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+        write_atomic(self.dir / "summary.json", orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
                + b"\n")
-        _write(self.dir / "summary.csv", summary_csv(doc).encode())
+        write_atomic(self.dir / "summary.csv", summary_csv(doc).encode())
 
     def _write_figure(self) -> None:
         if not self.rows:
@@ -626,8 +626,8 @@ class Sweep:
         from tracebench.report.render.load_latency import render_sweep_html
 
         page, png = render_sweep_html(self.summary())
-        _write(self.dir / "load-latency.html", page.encode())
-        _write(self.dir / "load-latency.png", png)
+        write_atomic(self.dir / "load-latency.html", page.encode())
+        write_atomic(self.dir / "load-latency.png", png)
 
 
 def point_row(point: Point, h: Any, saturation: dict[str, Any] | None, wall: float) -> dict[str, Any]:
@@ -727,11 +727,6 @@ async def _wait_healthy(fleet: Any, timeout: float) -> None:
     finally:
         await client.close()
 
-
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def run_sweep(cfg: SweepConfig, stdout: IO[str] = sys.stdout, stderr: IO[str] = sys.stderr) -> Path:

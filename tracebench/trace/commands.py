@@ -286,8 +286,12 @@ def inspect_cmd(trace: str, as_json: bool, lru_tokens: str | None, max_context: 
                         every server can hold them (routing by prefix saves little); if they need several
                         servers' KV, routing by prefix (cache_aware, prefix_hash) is what lets them fit
     offered load        rate x (prefill + decode) GPU time per request / N, from the profile's step costs at
-                        the largest batch, the prompt's cacheable share (the ceiling) taken as cached; over
-                        100%: more arrives than the servers can do, queues grow, and it is said as a warning
+                        the largest batch, the prompt's cacheable share (the ceiling) taken as cached: the
+                        share of the servers' throughput ceiling (saturated servers, queues growing) the
+                        trace asks for. A bound on throughput, not a rate that meets a latency SLO: from
+                        75% simulated runs start to queue, and it is said as a warning (replay and report
+                        say it too); over 100% more arrives than the servers can do. The rate that meets
+                        an SLO: tracebench sweep --find-max-rate
     """
     from tracebench.errors import ConfigError
     from tracebench.trace.inspect import format_table, trace_stats

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from tracebench.cleanup import write_atomic
 from tracebench.errors import TraceError
 
 TRACE_VERSION = 1
@@ -579,14 +580,5 @@ def write_trace(path: str | os.PathLike[str], header_fields: dict[str, Any], lin
     path = Path(path)
     header = {HEADER_KEY: TRACE_VERSION, **header_fields}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("wb") as fh:
-            fh.write(orjson.dumps(header) + b"\n")
-            for line in lines:
-                fh.write(line)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_atomic(path, chain([orjson.dumps(header) + b"\n"], lines))
     return path

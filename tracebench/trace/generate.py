@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from tracebench import __version__
-from tracebench.cleanup import StopSignals, remove_stale, temp_files
+from tracebench.cleanup import TEMP_TAG, StopSignals, remove_stale, temp_files
 from tracebench.errors import ConfigError
 from tracebench.paths import portable_path
 from tracebench.trace import arrivals as arrival_mod
@@ -478,7 +478,7 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None,
         lines = _lines_with_extras(arrivals, clamp.input_len, clamp.output_len, extras)
     try:
         # a generate killed (SIGKILL) while writing this path left its temporary file: never reused, removed here
-        stale, running = remove_stale(temp_files(path.parent, f".{path.name}", "tmp"))
+        stale, running = remove_stale(temp_files(path.parent, f".{path.name}", TEMP_TAG))
         write_trace(path, header, _then(lines, stop.defer) if stop is not None else lines)
     except OSError as err:  # write_trace removed its temporary file; the message names the path
         raise ConfigError(f"-o {path}: cannot write: {err.strerror or err}") from None

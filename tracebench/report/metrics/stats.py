@@ -112,17 +112,19 @@ def _ttft_groups(have: pl.DataFrame) -> dict[tuple[int, bool], TtftGroup]:
             n = int(mine.sum())
             if n == 0:
                 continue
-            enough = n >= MIN_GROUP
-            groups[(band, hit)] = TtftGroup(
-                n=n, uncached_mean=float(uncached[mine].mean()) if enough else None,
-                ttft_p50=float(np.percentile(ttft[mine], 50)) if enough else None,
-                ttft_p90=float(np.percentile(ttft[mine], 90)) if enough else None)
+            if n < MIN_GROUP:
+                groups[(band, hit)] = TtftGroup(n=n, uncached_mean=None, ttft_p50=None, ttft_p90=None)
+                continue
+            p50, p90 = np.percentile(ttft[mine], [50, 90])  # one partition for both
+            groups[(band, hit)] = TtftGroup(n=n, uncached_mean=float(uncached[mine].mean()), ttft_p50=float(p50),
+                                            ttft_p90=float(p90))
     return groups
 
 
 def _cache_stats(run: Run, ok: pl.DataFrame) -> CacheStats | None:
     """None when the run's records have no cached_tokens (recorded before tracebench kept it)."""
-    have = ok.filter(pl.col("cached_tokens").is_not_null())
+    have = _only(ok.select("cached_tokens", "prompt_tokens", "input_len", "t_first_token", "t_dispatch"),
+                 pl.col("cached_tokens").is_not_null())
     if have.height == 0:
         return None
     if have.height != ok.height:
@@ -229,7 +231,10 @@ def _pd_loads(run: Run, kept: pl.DataFrame, start: float | None, end: float | No
     loads: list[ServerLoad | None] = [None] * run.num_servers
     verdicts = []
     for role, column, until in (("prefill", "prefill_server", "t_prefill_answer"), ("decode", "server", "t_finish")):
-        sub = kept.filter(pl.col(column).is_not_null() & pl.col("t_dispatch").is_not_null())
+        # only the columns read here: a filter copies every column it keeps
+        sub = (kept.select(list(dict.fromkeys((column, "t_dispatch", until, "t_finish", "status", "cached_tokens",
+                                               "prompt_tokens"))))
+               .filter(pl.col(column).is_not_null() & pl.col("t_dispatch").is_not_null()))
         ids = sub[column].to_numpy()
         counts = np.array([int((ids == i).sum()) for i in pools[role]])
         total = int(counts.sum())

@@ -1,0 +1,252 @@
+"""The simulator's timing profiles: one model on one GPU, its step costs and KV capacity (`Profile`), the built-in ones
+shipped in tracebench/sim/profiles/, and which of them stands for a GPU by its name. Low in the package, so that
+every layer reads them from one place: the simulator's model (sim/model.py) times its steps with a profile, the
+capacity rule (capacity.py) weighs a trace against one, `sim-server --gpu` and `replay --sim-gpu` pick one
+(sim/catalog.py)."""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracebench.errors import ConfigError
+
+PROFILES_DIR = Path(__file__).resolve().parent / "sim" / "profiles"
+DEFAULT_PROFILE = "llama-2-7b-h200-triton"
+
+
+@dataclass(frozen=True)
+class DecodeAttention:
+    """The attention part of a decode step, as sglang 0.5.17's triton backend runs it (`decode_attention_tokens`):
+    t x makespan x (1 - shared_saving x shared / KV), plus, for a batch of few programs, few_programs_token_s x its
+    longest program x (1 - programs / few_programs)."""
+
+    token_s: float                 # t: per token of the makespan (a program walks its KV tokens one after another)
+    slots: int                     # programs of one head that run at once on the GPU (H200: 5 per SM x 132 / 32)
+    program_overhead_tokens: int   # a program's fixed cost, in tokens walked
+    few_programs: int              # a batch of fewer programs (all heads) runs its tokens faster ...
+    few_programs_token_s: float    # ... by this (negative) per token of its longest program x (1 - programs / few)
+    shared_saving: float           # the share of the makespan saved per share of KV read through a shared prefix
+    kv_splits: int                 # sglang's --triton-attention-num-kv-splits
+    sm_count: int                  # the GPU's SMs (the split rule's device_core_count)
+    heads: int                     # the model's query heads (llama-2-7b: 32, no GQA)
+    graph_batch_sizes: tuple[int, ...]   # sglang's decode CUDA-graph batch sizes (a batch runs padded to one)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Step costs and per-request overheads of one model on one GPU (seconds, at speed 1)."""
+
+    name: str
+    prefill_base_s: float          # a: fixed cost of a prefill step
+    prefill_per_token_s: float     # b: per new (uncached) input token in the step
+    prefill_per_token_sq_s: float  # q: attention, per (token x earlier token of the same request)
+    prefill_min_s: float           # a prefill step never takes less (launch-bound floor of short prompts)
+    decode_base_s: float           # c: fixed cost of a decode step
+    decode_per_req_s: float        # d: per running request in the batch
+    decode_per_kv_token_s: float   # e: per KV token the batch attends to
+    # the decode attention as sglang 0.5.17's triton backend runs it (None: the step is c + d B + e KV)
+    decode_attention: DecodeAttention | None
+    queue_entry_s: float           # request received by the HTTP server -> in the scheduler's waiting queue
+    plan_lag_s: float              # R: a step's start -> the next step planned (the scheduler processes the last
+                                   # result first), so a request ready within R of a step's start joins the next one
+    dispatch_s: float              # request received -> tokenized and dispatched (a stamp only)
+    output_s: float                # a token sampled on the GPU -> handed to the HTTP layer (detokenizer, IPC)
+    client_overhead_s: float       # client-measured e2e minus server e2e; real HTTP provides it when served
+    max_total_num_tokens: int      # KV capacity of the GPU for this model
+    context_length: int
+    chunked_prefill_size: int
+    accelerator: str
+    # sglang's prefill CUDA-graph token buckets (/server_info cuda_graph_config.prefill.bs, ascending): a prefill
+    # step of n new tokens runs its GEMMs at the smallest bucket >= n (`padded_tokens`)
+    prefill_token_buckets: tuple[int, ...]
+    source: str = ""
+
+    def prefill_duration(self, chunks: list[tuple[int, int]]) -> float:
+        """One prefill step over `chunks` = [(tokens already prefilled, new tokens), ...], one per request:
+        max(min, a + b * padded(new) + q * sum((done + new)^2 - done^2)): the linear part (GEMMs) at the CUDA graph's
+        padded token count, attention at the real one."""
+        new = 0
+        pairs = 0
+        for done, take in chunks:
+            new += take
+            end = done + take
+            pairs += end * end - done * done
+        return max(self.prefill_min_s, self.prefill_base_s + self.prefill_per_token_s * padded_tokens(
+            new, self.prefill_token_buckets) + self.prefill_per_token_sq_s * pairs)
+
+    def decode_duration(self, contexts: Sequence[int], shared_tokens: int = 0) -> float:
+        """One decode step of the running requests whose contexts are `contexts` (decode_step_s)."""
+        return decode_step_s(self.decode_base_s, self.decode_per_req_s, self.decode_per_kv_token_s,
+                             self.decode_attention, contexts, shared_tokens)
+
+
+def decode_step_s(base: float, per_req: float, per_kv_token: float, attention: DecodeAttention | None,
+                  contexts: Sequence[int], shared_tokens: int) -> float:
+    """One decode step of the running requests whose contexts (the KV each attends over, its new token included) are
+    `contexts`, in the batch's order; `shared_tokens` of their KV are read through a prompt prefix that another
+    running request holds too (the same radix-cache pages): c + d B + e KV, plus with an attention model
+    t x makespan x (1 - shared_saving x shared / KV) + few_programs_token_s x longest x (1 - programs / few_programs)
+    when there are fewer programs than few_programs (decode_attention_tokens)."""
+    kv = sum(contexts)
+    step = base + per_req * len(contexts) + per_kv_token * kv   # as BatchModel.start_decode_run's linear runs add it
+    if attention is not None:
+        span, programs, longest = decode_attention_tokens(
+            contexts, attention.slots, attention.program_overhead_tokens, attention.kv_splits, attention.sm_count,
+            attention.heads, attention.graph_batch_sizes)
+        step += attention.token_s * span * (1.0 - attention.shared_saving * shared_tokens / kv)
+        if programs < attention.few_programs:
+            step += attention.few_programs_token_s * longest * (1.0 - programs / attention.few_programs)
+    return step
+
+def decode_kv_chunk(contexts: Sequence[int], max_splits: int, sm_count: int, heads: int,
+                     graph_batch_sizes: Sequence[int]) -> int:
+    """The KV chunk of sglang 0.5.17's triton decode attention for this batch (kernels/ops/attention/metadata.py
+    get_num_kv_splits_triton, MHA): request i is split into ceil(context_i / chunk) programs per head. The batch runs
+    as the smallest CUDA graph of at least its size, its padding rows of length 1 (decode_cuda_graph_runner.py,
+    triton_backend.py get_cuda_graph_seq_len_fill_value), so a padded batch's shortest context is 1: contexts that
+    differ (longest >= 1.25 x shortest) split the longest up to longest / shortest ways; a batch of few requests up to
+    sm_count x log2(longest / 64) / (batch x heads) ways; at most max_splits."""
+    size = len(contexts)
+    longest = max(contexts)
+    padded = size
+    if graph_batch_sizes and size <= graph_batch_sizes[-1]:
+        padded = graph_batch_sizes[bisect.bisect_left(graph_batch_sizes, size)]
+    shortest = min(contexts) if padded == size else 1
+    if longest * 8 < shortest * 10:
+        shortest = longest
+    splits_1 = min(-(-longest // shortest), max_splits)
+    cores = int(sm_count * max(math.log2(longest / 64.0), 1.0))
+    splits_2 = min(-(-cores // (padded * heads)), max_splits)
+    return min(-(-longest // splits_1), -(-longest // splits_2))
+
+
+def decode_attention_tokens(contexts: Sequence[int], slots: int, overhead: int, max_splits: int, sm_count: int,
+                            heads: int, graph_batch_sizes: Sequence[int]) -> tuple[int, int, int]:
+    """The makespan of one decode step's attention in tokens walked: (makespan, programs of all heads, longest
+    program). sglang's triton kernel runs a program per (request, head, split), each walking its split of the
+    request's KV (ceil(ceil(context / splits) / 32) x 32 tokens, the last split the rest), launched split-major
+    then request; the GPU runs `slots` x heads of them at once, each taking the next as one ends. One head's programs
+    on `slots` slots stand for all heads' on slots x heads (a greedy list schedule; a program costs its tokens +
+    overhead)."""
+    chunk = decode_kv_chunk(contexts, max_splits, sm_count, heads, graph_batch_sizes)
+    plan = []
+    programs = 0
+    longest = 0
+    for context in contexts:
+        splits = -(-context // chunk)
+        per = -(-(-(-context // splits)) // 32) * 32
+        plan.append((context, splits, per))
+        programs += splits
+        longest = max(longest, min(per, context))
+    if programs <= slots:   # every program starts at once
+        return longest + overhead, programs * heads, longest + overhead
+    free = [0] * slots
+    for split in range(max_splits):
+        for context, splits, per in plan:
+            if split < splits:
+                walk = min(per, context - per * split)
+                if walk > 0:
+                    heapq.heapreplace(free, free[0] + overhead + walk)
+    return max(free), programs * heads, longest + overhead
+
+
+
+
+# sglang 0.5.17 replays a prefill step as a CUDA graph (the default "breakable" backend) only when the padding to the
+# bucket at most doubles the tokens (model_executor/runner/prefill_cuda_graph_runner.py L133-136, L1090-1097;
+# _pad_to_bucket: runner/base_cuda_graph_runner.py L134-148); above the largest bucket, or beyond 2x, it runs eager
+# at the real token count
+MAX_PREFILL_PADDING_FACTOR = 2
+
+
+def padded_tokens(n: int, buckets: Sequence[int]) -> int:
+    """The token count a prefill step of `n` new tokens computes its GEMMs at: the smallest bucket >= n when a
+    CUDA graph replays it, else n."""
+    if not buckets or n > buckets[-1]:
+        return n
+    padded = buckets[bisect.bisect_left(buckets, n)]
+    return padded if padded <= MAX_PREFILL_PADDING_FACTOR * n else n
+
+
+_PROFILE_FIELDS = {f for f in Profile.__dataclass_fields__}
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A profile by name (a file in `tracebench/sim/profiles/`) or by path to a JSON file
+    `{"name": ..., "source": ..., "params": {every Profile field}}`. Every field is required."""
+    path = Path(name_or_path)
+    if path.suffix != ".json":
+        path = PROFILES_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+        raise ConfigError(f"--profile {name_or_path!r}: no such profile file {path} (built-in: {', '.join(known)})")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON: {err}") from err
+    for key in ("name", "source", "params"):
+        if key not in raw:
+            raise ConfigError(f"{path}: profile lacks top-level field '{key}'")
+    params = raw["params"]
+    wanted = _PROFILE_FIELDS - {"name", "source"}
+    missing = sorted(wanted - set(params))
+    if missing:
+        raise ConfigError(f"{path}: field 'params': lacks {', '.join(missing)}")
+    unknown = sorted(set(params) - wanted)
+    if unknown:
+        raise ConfigError(f"{path}: field 'params': unknown {', '.join(unknown)}")
+    buckets = params["prefill_token_buckets"]
+    if not (isinstance(buckets, list) and all(type(b) is int and b > 0 for b in buckets) and buckets == sorted(buckets)):
+        raise ConfigError(f"{path}: field 'params.prefill_token_buckets': must be ascending positive integers")
+    return Profile(name=raw["name"], source=raw["source"], **{
+        **params, "prefill_token_buckets": tuple(buckets),
+        "decode_attention": load_decode_attention(params["decode_attention"], path)})
+
+
+_ATTENTION_FIELDS = {f for f in DecodeAttention.__dataclass_fields__}
+_ATTENTION_INTS = ("slots", "program_overhead_tokens", "few_programs", "kv_splits", "sm_count", "heads")
+
+
+def load_decode_attention(raw: object, path: Path) -> DecodeAttention | None:
+    """A profile's `params.decode_attention`: null (the linear decode step) or every DecodeAttention field."""
+    if raw is None:
+        return None
+    field_ = f"{path}: field 'params.decode_attention"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{field_}': must be null or an object")
+    missing = sorted(_ATTENTION_FIELDS - set(raw))
+    if missing:
+        raise ConfigError(f"{field_}': lacks {', '.join(missing)}")
+    unknown = sorted(set(raw) - _ATTENTION_FIELDS)
+    if unknown:
+        raise ConfigError(f"{field_}': unknown {', '.join(unknown)}")
+    for key in _ATTENTION_INTS:
+        low = 0 if key in ("program_overhead_tokens", "few_programs") else 1
+        if type(raw[key]) is not int or raw[key] < low:
+            raise ConfigError(f"{field_}.{key}': must be an integer >= {low}")
+    for key in ("token_s", "few_programs_token_s", "shared_saving"):
+        if not isinstance(raw[key], (int, float)) or not math.isfinite(raw[key]):
+            raise ConfigError(f"{field_}.{key}': must be a finite number")
+    sizes = raw["graph_batch_sizes"]
+    if not (isinstance(sizes, list) and all(type(b) is int and b > 0 for b in sizes) and sizes == sorted(sizes)):
+        raise ConfigError(f"{field_}.graph_batch_sizes': must be ascending positive integers")
+    return DecodeAttention(**{**raw, "graph_batch_sizes": tuple(sizes)})
+
+
+def builtin_profiles() -> list[Profile]:
+    """Every profile shipped in tracebench/sim/profiles/, by name."""
+    return [load_profile(path.stem) for path in sorted(PROFILES_DIR.glob("*.json"))]
+
+
+def profiles_of_gpu(gpu: str) -> list[Profile]:
+    """The built-in profiles whose accelerator names `gpu`: every word of `gpu` (case-insensitive) is a word of the
+    accelerator, so "H100", "h100 80gb" and "NVIDIA H100 80GB HBM3" name llama-2-7b-h100-triton's. One is a match;
+    none or several, no match (the callers say so, or take none)."""
+    words = gpu.lower().split()
+    return [p for p in builtin_profiles() if words and set(words) <= set(p.accelerator.lower().split())]
