@@ -29,6 +29,9 @@ from test_replay_run import check_every_request_once, read_run, start_replay, wa
 from tracebench.trace.format import format_request_line, sha256_file, write_trace
 
 FAST = ("--backend", "sim", "--speed", "10", "--quiet")
+# the policy checks run on the virtual clock: the router and the policy are the real-time run's, and what a policy
+# that assigns nothing, or raises, does to the run is no matter of HTTP or host time (docs/virtual-clock.md)
+VIRTUAL = ("--clock", "virtual", "--quiet")
 
 
 @pytest.fixture(scope="module")
@@ -201,11 +204,11 @@ def test_default_stall_bound_comes_from_the_trace() -> None:
 # ---- 2-4. policies that never assign, block, or raise ---------------------------------------------------------
 
 
-def test_policy_that_never_assigns_stops_at_once(tmp_path: Path, shared_sim: str) -> None:
+def test_policy_that_never_assigns_stops_at_once(tmp_path: Path) -> None:
     policy = policy_file(tmp_path, "never", "        return []\n")
     trace = write_trace_file(tmp_path / "t.jsonl", 5, rate=50)
-    proc = start_replay(str(trace), "--attach", shared_sim, "--quiet", "--policy", policy, "--run-name", "n",
-                        "--out-dir", str(tmp_path), cwd=tmp_path)
+    proc = start_replay(str(trace), *VIRTUAL, "--policy", policy, "--run-name", "n", "--out-dir", str(tmp_path),
+                        cwd=tmp_path)
     _, stderr = finish(proc, timeout=30)
     assert proc.returncode == 1, stderr
     assert "policy 'never' assigned nothing" in stderr and "nothing can ask it again" in stderr, stderr
@@ -217,13 +220,14 @@ def test_policy_that_never_assigns_stops_at_once(tmp_path: Path, shared_sim: str
     assert run["status"] == "failed" and run["counts"]["not_sent"] == 5
 
 
-def test_policy_that_stops_assigning_is_stopped_after_the_bound(tmp_path: Path, shared_sim: str) -> None:
-    # an arrival is still to come (at 300 s), so the policy could be asked again: the bound decides
+def test_policy_that_stops_assigning_is_stopped_after_the_bound(tmp_path: Path) -> None:
+    # an arrival is still to come (at 300 s), so the policy could be asked again: the bound decides (1 s of the
+    # run's clock, here the virtual one)
     lines = [format_request_line(i, 0.01 * i, 32, 4) for i in range(3)] + [format_request_line(3, 300.0, 32, 4)]
     trace = write_trace(tmp_path / "t.jsonl", {"num_requests": 4, "duration_s": 300.0}, lines)
     policy = policy_file(tmp_path, "lazy", "        return []\n")
-    proc = start_replay(str(trace), "--attach", shared_sim, "--quiet", "--stall-timeout", "1", "--policy", policy,
-                        "--run-name", "l", "--out-dir", str(tmp_path), cwd=tmp_path)
+    proc = start_replay(str(trace), *VIRTUAL, "--stall-timeout", "1", "--policy", policy, "--run-name", "l",
+                        "--out-dir", str(tmp_path), cwd=tmp_path)
     _, stderr = finish(proc, timeout=30)
     assert proc.returncode == 1, stderr
     assert "policy 'lazy' assigned nothing for 1 s of run time" in stderr, stderr
@@ -264,16 +268,15 @@ def test_blocking_policy_is_measured_and_warned(tmp_path: Path, shared_sim: str)
 
 
 @pytest.mark.parametrize("raised", ["SystemExit(0)", "KeyboardInterrupt()", "ValueError('bad')"])
-def test_anything_a_policy_raises_fails_the_run_with_every_request_recorded(tmp_path: Path, shared_sim: str,
-                                                                           raised: str) -> None:
+def test_anything_a_policy_raises_fails_the_run_with_every_request_recorded(tmp_path: Path, raised: str) -> None:
     # it raises while requests are in flight (they become cancelled) and others wait (they become not_sent)
     body = (f"        if type(self).calls >= 4 and any(s.in_flight for s in servers):\n"
             f"            raise {raised}\n" + first_free())
     policy = policy_file(tmp_path, "raiser", body)
     n = 40
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=100, outputs=(40, 60))
-    result = run_cli("replay", str(trace), "--attach", shared_sim, "--quiet", "--max-running-requests", "4",
-                     "--policy", policy, "--run-name", "r", "--out-dir", str(tmp_path))
+    result = run_cli("replay", str(trace), *VIRTUAL, "--max-running-requests", "4", "--policy", policy,
+                     "--run-name", "r", "--out-dir", str(tmp_path))
     kind = raised.split("(")[0]
     assert result.returncode == 1, result.stderr
     assert f"policy 'raiser' raised {kind} in assign" in result.stderr, result.stderr
