@@ -131,11 +131,11 @@ def test_continuous_two_servers(tmp_path: Path) -> None:
 
 
 def test_static_batches_and_no_stream(tmp_path: Path) -> None:
+    # the router's static batching on the virtual clock (the same router; HTTP is not the point here)
     n, batch = 60, 4
-    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=80 / 20, outputs=(16, 48))  # 80 req/s of run time
-    result = run_cli("replay", str(trace), "--backend", "sim", "--speed", "20", "--port-base", port_base(),
-                     "--mode", "static", "--batch-size", str(batch), "--no-stream", "--run-name", "s",
-                     "--out-dir", str(tmp_path), "--quiet")
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=80, outputs=(16, 48))
+    result = run_cli("replay", str(trace), "--clock", "virtual", "--mode", "static", "--batch-size", str(batch),
+                     "--no-stream", "--run-name", "s", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 0, result.stderr
     run, records = read_run(tmp_path / "s")
     check_every_request_once(records, n)
@@ -478,12 +478,11 @@ def test_policy_breaking_the_rules_stops_the_run(tmp_path: Path) -> None:
         "    def assign(self, queue, servers):\n"
         "        return [(req, servers[0]) for req in queue]\n"
     )
-    # a burst (40 requests in ~1 ms of run time): the queue outgrows the 2 slots however fast a request is served.
-    # At 100 req/s of run time a loaded machine once served each before the next came, and the policy broke nothing
-    trace = write_trace_file(tmp_path / "t.jsonl", 40, rate=40000 / 20, outputs=(16, 32))
-    result = run_cli("replay", str(trace), "--backend", "sim", "--speed", "20", "--port-base", port_base(1),
-                     "--max-running-requests", "2", "--policy", f"{policy}:Greedy", "--run-name", "p",
-                     "--out-dir", str(tmp_path), "--quiet")
+    # a burst (40 requests in ~1 ms): the queue outgrows the 2 slots however fast a request is served. On the
+    # virtual clock: the router's check of what a policy assigns is no matter of HTTP or host time
+    trace = write_trace_file(tmp_path / "t.jsonl", 40, rate=40000, outputs=(16, 32))
+    result = run_cli("replay", str(trace), "--clock", "virtual", "--max-running-requests", "2", "--policy",
+                     f"{policy}:Greedy", "--run-name", "p", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 1
     # how many were queued when it first broke the cap depends on timing (2 free slots, or 1 with one in flight)
     broke = re.search(r"policy 'greedy' assigned (\d+) requests to server 0, which had (\d+) free slot\(s\)", result.stderr)
