@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from conftest import (
-    REPO, SimServer, free_port, run_cli, start_sim_server, tracebench_cmd, wait_healthy, wait_served,
+    REPO, SimServer, free_port, run_cli, run_cli_in_process, start_sim_server, tracebench_cmd, wait_healthy,
+    wait_served,
 )
 from test_replay_run import check_every_request_once, read_run, start_replay, wait_running, write_trace_file
 from tracebench.trace.format import format_request_line, sha256_file, write_trace
@@ -460,13 +461,14 @@ def test_a_trace_from_a_pipe_is_read_once(tmp_path: Path, shared_sim: str) -> No
 
 
 def test_a_trace_that_cannot_be_read_is_one_clear_line(tmp_path: Path) -> None:
+    # refused before anything starts (no server, no event loop): answered in this process as the process answers it
     folder = tmp_path / "folder.jsonl"
     folder.mkdir()
-    result = run_cli("replay", str(folder), *FAST, "--out-dir", str(tmp_path))
+    result = run_cli_in_process("replay", str(folder), *FAST, "--out-dir", str(tmp_path))
     assert result.returncode == 2 and "is a directory" in result.stderr, result.stderr
     gz = tmp_path / "t.jsonl.gz"
     gz.write_bytes(b"\x1f\x8b\x08\x00" + b"\0" * 20)
-    result = run_cli("replay", str(gz), *FAST, "--out-dir", str(tmp_path))
+    result = run_cli_in_process("replay", str(gz), *FAST, "--out-dir", str(tmp_path))
     assert result.returncode == 2 and "gzip" in result.stderr, result.stderr
 
 

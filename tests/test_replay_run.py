@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from conftest import free_port, run_cli, tracebench_cmd, wait_served
+from conftest import free_port, run_cli, run_cli_in_process, tracebench_cmd, wait_served
 from tracebench.replay.records import STATUSES
 from tracebench.trace.format import format_request_line, load_trace, write_trace
 
@@ -388,7 +388,8 @@ def test_bad_trace_refused_before_any_server(tmp_path: Path) -> None:
     lines = good.read_text().splitlines()
     lines[3] = lines[3].replace('"output_len":', '"output_len":-')
     trace.write_text("\n".join(lines) + "\n")
-    result = run_cli("replay", str(trace), "--backend", "sim", "--out-dir", str(tmp_path / "runs"))
+    # refused before anything starts (no server, no event loop): answered in this process as the process answers it
+    result = run_cli_in_process("replay", str(trace), "--backend", "sim", "--out-dir", str(tmp_path / "runs"))
     assert result.returncode == 2
     assert f"{trace}:4: field 'output_len'" in result.stderr
     assert not (tmp_path / "runs").exists()

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import TEST_DATA, run_cli
+from conftest import TEST_DATA, run_cli, run_cli_in_process
 from test_external_router import needs_router
 from test_replay_run import port_base, read_run, write_trace_file
 from tracebench.replay.answer_check import ContextLimits, check_answer, mismatch_reason
@@ -300,8 +300,9 @@ def test_max_concurrency_bounds_continuous_and_static_runs(tmp_path: Path) -> No
     check_bounded(records, run, 3, n)
     batches = Counter((r["server"], r["batch"]) for r in records)
     assert max(batches.values()) <= 3
-    # refused where it means nothing
-    bad = run_cli("replay", str(trace), *servers, "--max-concurrency", "0", "--out-dir", str(tmp_path))
+    # refused where it means nothing; before anything starts (no server, no event loop), so answered in this process
+    # as the process answers it
+    bad = run_cli_in_process("replay", str(trace), *servers, "--max-concurrency", "0", "--out-dir", str(tmp_path))
     assert bad.returncode == 2 and "--max-concurrency must be >= 1, got 0" in bad.stderr
 
 

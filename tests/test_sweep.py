@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, run_cli_in_process
 
 
 def _gen(path: Path, *args: str) -> Path:
@@ -237,9 +237,10 @@ def test_a_rate_point_offers_its_rate_over_its_window_on_a_bursty_trace(tmp_path
 def test_sweep_refuses_a_point_it_cannot_write_before_anything_starts(small_trace: Path, tmp_path: Path,
                                                                       args: list[str], expected: str) -> None:
     # issue 33 items 10 and 11: these started the servers, then failed on free space with a 300-digit number, or
-    # crashed writing summary.json
-    done = run_cli("sweep", str(small_trace), *args, "--backend", "sim", "--quiet", "--out-dir", str(tmp_path),
-                   "--name", "x")
+    # crashed writing summary.json. Refused before anything starts (no server, no event loop): answered in this
+    # process as the process answers it
+    done = run_cli_in_process("sweep", str(small_trace), *args, "--backend", "sim", "--quiet", "--out-dir",
+                              str(tmp_path), "--name", "x")
     assert done.returncode == 2 and expected in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert not (tmp_path / "x").exists()
 
