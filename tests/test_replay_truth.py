@@ -17,13 +17,14 @@ import json
 import lzma
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from conftest import TEST_DATA, run_cli, run_cli_in_process
+from conftest import TEST_DATA, run_cli, run_cli_in_process, start_sim_server
 from test_external_router import needs_router
 from test_replay_run import port_base, read_run, write_trace_file
 from tracebench.replay.answer_check import ContextLimits, check_answer, mismatch_reason
@@ -65,11 +66,21 @@ def overlap(records: list[dict[str, Any]], start: str, end: str = "t_finish") ->
 
 # ---- item 1: answers checked against the trace ------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One sim-server (--speed 10) for the module's answers: what it answers depends on each request alone, and a
+    replay empties its prefix cache before it starts (--flush-cache)."""
+    server = start_sim_server(tmp_path_factory.mktemp("truth-sim"), "--speed", "10")
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("api, stream", [("generate", True), ("completions", False), ("chat", True)])
-def test_answers_past_the_context_rule_are_mismatch_records(tmp_path: Path, sim_server, api: str, stream: bool) -> None:
-    server = sim_server("--speed", "10")
+def test_answers_past_the_context_rule_are_mismatch_records(tmp_path: Path, sim: str, api: str, stream: bool) -> None:
     trace = write_pairs(tmp_path / "t.jsonl", [*CLIPPED, *FULL])
-    result = run_cli("replay", str(trace), "--attach", server.url, "--api", api,
+    result = run_cli("replay", str(trace), "--attach", sim, "--api", api,
                      "--stream" if stream else "--no-stream", "--run-name", "r", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 0, result.stderr
     run, records = read_run(tmp_path / "r")
@@ -177,19 +188,18 @@ def test_mismatch_reasons_named_or_unknown() -> None:
 
 # ---- item 1: the rule in the simulator and in every trace source ------------------------------------------------
 
-def test_sim_server_clips_like_sglang(sim_server) -> None:
+def test_sim_server_clips_like_sglang(sim: str) -> None:
     # the formula (scheduler.py L2132-2141): context term, then a KV pool smaller than the context
     assert [sglang_max_new_tokens(m, 4089, 4096, 231818) for m in range(1, 8)] == [1, 2, 3, 4, 5, 5, 5]
     assert [sglang_max_new_tokens(m, 4000, 4096, 231818) for m in range(93, 97)] == [93, 94, 94, 94]
     assert sglang_max_new_tokens(999, 2000, 4096, 3000) == 998
-    server = sim_server()
     ids = np.random.default_rng(0).integers(1000, 32000, 4089).tolist()
     for asked, got in ((5, 5), (6, 5), (7, 5)):
-        status, obj = post(f"{server.url}/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": asked}})
+        status, obj = post(f"{sim}/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": asked}})
         assert status == 200 and obj["meta_info"]["completion_tokens"] == got == len(obj["output_ids"])
         assert obj["meta_info"]["finish_reason"] == {"type": "length", "length": got}
     # the 400 checks are as they were: over the context is refused, not clipped
-    status, obj = post(f"{server.url}/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8}})
+    status, obj = post(f"{sim}/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8}})
     assert status == 400 and "Requested token count exceeds" in obj["error"]["message"]
 
 
