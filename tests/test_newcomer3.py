@@ -209,7 +209,7 @@ def test_bad_kv_links_are_refused_before_the_run(tmp_path: Path, args: list[str]
 def test_sweep_compares_pd_ratios(tmp_path: Path) -> None:
     """--pd 1:1,1:2 as a dimension: one point per ratio and rate, each on its own PD servers with the chosen link."""
     trace = tmp_path / "t.jsonl"
-    assert run_cli("generate", "--rate", "4", "--num-requests", "16", "-o", str(trace)).returncode == 0
+    assert run_cli("generate", "--rate", "4", "--num-requests", "8", "-o", str(trace)).returncode == 0
     done = run_cli("sweep", str(trace), "--rates", "4", "--backend", "sim", "--speed", "4", "--pd", "1:1,1:2",
                    "--kv-link", "rdma-400g", "--name", "pds", "--bootstrap", "50", "--saturation-window", "0",
                    cwd=tmp_path)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from conftest import free_port, run_cli, run_cli_in_process, tracebench_cmd, wait_served
+from conftest import free_port, run_cli, run_cli_in_process, tracebench_cmd, wait_healthy, wait_served
 from tracebench.replay.records import STATUSES
 from tracebench.trace.format import format_request_line, load_trace, write_trace
 
@@ -439,7 +439,10 @@ def test_two_replays_at_once_take_free_ports(tmp_path: Path) -> None:
 
 
 def test_attach_refusals_and_timeouts(tmp_path: Path, sim_server) -> None:
-    server = sim_server("--speed", "1")
+    # both servers start together (the second, sped up, is attached last)
+    server, fast = sim_server("--speed", "1", wait=False), sim_server("--speed", "4", wait=False)
+    for started in (server, fast):
+        wait_healthy(started.url, started.proc, started.log)
     extra = [format_request_line(9, 0.9, 5000, 4), format_request_line(10, 1.0, 64, 400)]
     trace = write_trace_file(tmp_path / "t.jsonl", 9, rate=20, outputs=(2, 4), extra_lines=extra)
     result = run_cli("replay", str(trace), "--attach", server.url, "--timeout", "0.5", "--run-name", "a",
@@ -461,7 +464,6 @@ def test_attach_refusals_and_timeouts(tmp_path: Path, sim_server) -> None:
     assert report.returncode == 0, report.stderr
     assert "attach (simulated)" in report.stdout and "NVIDIA H200 (simulated)" in report.stdout
     # a sped-up simulator attached (bench/bench_replay.py does it to measure tracebench itself): said in the report
-    fast = sim_server("--speed", "4")
     result = run_cli("replay", str(trace), "--attach", fast.url, "--run-name", "f", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 0, result.stderr
     report = run_cli("report", str(tmp_path / "f"), "--format", "md")
