@@ -107,7 +107,9 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
 
 
 def test_hung_server_is_taken_out_and_its_requests_time_out(tmp_path: Path, sim_server) -> None:
-    servers = [sim_server("--speed", "10"), sim_server("--speed", "10")]
+    servers = [sim_server("--speed", "10", wait=False) for _ in range(2)]  # started together
+    for server in servers:
+        wait_healthy(server.url, server.proc, server.log)
     n = 120
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=40, outputs=(16, 48))
     proc = start_replay(str(trace), "--attach", servers[0].url, "--attach", servers[1].url, "--policy", "round_robin",
@@ -163,7 +165,9 @@ def test_a_scheduler_hung_behind_a_live_http_side_and_a_request_stalled_after_it
     # server 0 hangs behind a live HTTP side (its polls answer the same snapshot again): nothing of it shows progress,
     # so it is stalled, requests waiting for their first token there included (no --timeout: without this the run
     # would never end); server 1 serves on, but holds one request after its first token: that request alone stalls
-    sims = [sim_server("--speed", "10"), sim_server("--speed", "10")]
+    sims = [sim_server("--speed", "10", wait=False) for _ in range(2)]  # started together
+    for server in sims:
+        wait_healthy(server.url, server.proc, server.log)
     n = 80
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=40, outputs=(16, 48))
     with proxy(sims[0].url, "--freeze-after", "0.5") as hung, proxy(sims[1].url, "--hold-nth", "3") as holding:

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from conftest import run_cli, run_cli_in_process
+from conftest import run_cli, run_cli_in_process, wait_healthy
 
 
 def _gen(path: Path, *args: str) -> Path:
@@ -406,7 +406,9 @@ def test_a_fault_is_not_a_capacity_answer(sim_server, tmp_path: Path) -> None:
     point is a FAULT with its reasons, the search stops there, and summary.json and stdout say why."""
     from test_replay_robust import proxy
 
-    sims = [sim_server("--speed", "10"), sim_server("--speed", "10")]
+    sims = [sim_server("--speed", "10", wait=False) for _ in range(2)]  # started together
+    for server in sims:
+        wait_healthy(server.url, server.proc, server.log)
     trace = _gen(tmp_path / "t.jsonl", "--rate", "20", "--num-requests", "24", "--input-len", "32", "--output-len",
                  "48")
     with proxy(sims[0].url, "--freeze-after", "0.3") as hung:
