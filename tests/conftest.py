@@ -349,25 +349,28 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # the tour, the sweep, the routing example share no file), each a unit of its own, named by the first file its first
 # block makes (a README line number went stale whenever text above it moved, and the chain then counted a second a
 # test: the longest unit started last). Wall seconds of each unit in `make test`'s parallel part on the 2-core machine
-# (its first test's start to its last test's end, module fixtures included; the mean of two runs, load ~2.5-3,
-# 2026-11-26); a file not listed counts a second a test, so the quick files of many tests are listed too. Stale
+# (its first test's start to its last test's end, module fixtures included; other work beside it, load ~4-5,
+# 2026-11-28); a file not listed counts a second a test, so the quick files of many tests are listed too. Stale
 # figures only change the order, never what runs; tests/test_readme.py checks every key names a unit that exists.
 SLOWEST_FIRST = {
-    "tests/test_record.py": 60,  # its six round trips at --speed 0.25 (~8 s each)
     # a three-node Ray cluster (~10 s to start), six servers as actors, a 12-point sweep twice, a node removed
     # (skipped without ray)
     "tests/test_ray.py": 45,
-    "tests/test_replay_robust.py": 35, "tests/test_readme.py::chain-traces/tour.jsonl": 34,
-    "tests/test_replay_run.py": 32, "tests/test_sweep.py": 21, "tests/test_replay_truth.py": 19,
-    "tests/test_policies_e2e.py": 18, "tests/test_pd.py": 17, "tests/test_readme.py::chain-traces/sweep.jsonl": 17,
-    "tests/test_report_cli.py": 16, "tests/test_readme.py::chain-traces/routing.jsonl": 15,
-    "tests/test_newcomer.py": 14, "tests/test_external_router.py": 12, "tests/test_overhead.py": 11,
-    "tests/test_virtual_clock.py": 12, "tests/test_pack.py": 9, "tests/test_replay_prefix.py": 7, "tests/test_sim_server.py": 7, "tests/test_edges.py": 6,
-    "tests/test_sim_protocol.py": 6, "tests/test_telemetry.py": 5, "tests/test_policies_prefix.py": 4,
-    "tests/test_sim_prefix_cache.py": 4, "tests/test_speedguard.py": 4, "tests/test_replay_units.py": 2,
-    "tests/test_report_units.py": 2, "tests/test_policies_unit.py": 2, "tests/test_no_machine_paths.py": 1,
-    "tests/test_trace_workloads.py": 1, "tests/test_trace_bad_input.py": 1, "tests/test_trace_stats.py": 1,
-    "tests/test_trace_prefix.py": 1, "tests/test_sim_model.py": 1, "tests/test_policies_registry.py": 1,
+    "tests/test_record.py": 45,  # its six round trips, A at --speed 0.25 (~6 s each)
+    "tests/test_readme.py::chain-traces/tour.jsonl": 41, "tests/test_replay_robust.py": 41, "tests/test_sweep.py": 30,
+    "tests/test_replay_run.py": 29, "tests/test_virtual_clock.py": 26, "tests/test_report_cli.py": 20,
+    "tests/test_pd.py": 18, "tests/test_newcomer3.py": 17, "tests/test_replay_truth.py": 15,
+    "tests/test_newcomer.py": 15, "tests/test_senders.py": 12, "tests/test_overhead.py": 11,
+    "tests/test_external_router.py": 11, "tests/test_pack.py": 9, "tests/test_readme.py::chain-traces/routing.jsonl": 9,
+    "tests/test_sim_protocol.py": 7, "tests/test_sim_server.py": 7, "tests/test_replay_prefix.py": 7,
+    "tests/test_policies_e2e.py": 7, "tests/test_telemetry.py": 6, "tests/test_readme.py::chain-traces/sweep.jsonl": 6,
+    "tests/test_edges.py": 4, "tests/test_speedguard.py": 3, "tests/test_trace_datasets.py": 3,
+    "tests/test_sim_prefix_cache.py": 3, "tests/test_sim_profiles.py": 3, "tests/test_report_units.py": 3,
+    "tests/test_report_copy.py": 2, "tests/test_openai_api.py": 2, "tests/test_policies_unit.py": 2,
+    "tests/test_cli_in_process.py": 2, "tests/test_no_machine_paths.py": 2, "tests/test_policies_prefix.py": 2,
+    "tests/test_examples.py": 2, "tests/test_sim_model.py": 1, "tests/test_trace_workloads.py": 1,
+    "tests/test_trace_prefix.py": 1, "tests/test_replay_units.py": 1, "tests/test_trace_bad_input.py": 1,
+    "tests/test_trace_stats.py": 1, "tests/test_policies_registry.py": 1, "tests/test_readme.py": 1,
 }
 README_BLOCK_ID = "tests/test_readme.py::test_readme_block_runs_as_written[README.md:"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli, wait_served
+from conftest import REPO, run_cli, run_cli_in_process, wait_served
 from test_replay_run import (
     check_every_request_once, check_ok_order, group_gone, port_base, read_run, start_replay, wait_running,
     write_trace_file,
@@ -59,8 +59,9 @@ def test_router_options_need_the_router() -> None:
 
 def test_explicit_policy_refused_on_the_command_line(tmp_path: Path) -> None:
     trace = write_trace_file(tmp_path / "t.jsonl", 3, rate=10)
-    result = run_cli("replay", str(trace), "--backend", "sim", "--router", "sglang-router", "--policy", "sjf",
-                     "--out-dir", str(tmp_path / "runs"))
+    # refused before anything starts (no server, no event loop): answered in this process as the process answers it
+    result = run_cli_in_process("replay", str(trace), "--backend", "sim", "--router", "sglang-router", "--policy",
+                                "sjf", "--out-dir", str(tmp_path / "runs"))
     assert result.returncode == 2
     assert "--policy is tracebench's router; with --router sglang-router give --router-policy" in result.stderr
     assert not (tmp_path / "runs").exists()

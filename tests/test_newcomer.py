@@ -126,15 +126,16 @@ def test_a_retry_replaces_a_run_that_never_started(tmp_path: Path) -> None:
                      str(tmp_path), "--quiet")
     assert failed.returncode == 1 and "never started, no request was sent" in failed.stderr
     assert json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "not_started"
-    retry = run_cli("replay", str(trace), "--backend", "sim", "--speed", "10", "--run-name", "r", "--out-dir",
-                    str(tmp_path), "--quiet")
+    # the retry, and the second one, on the virtual clock: the run folder's name is the replay's, whatever its clock
+    retry = run_cli("replay", str(trace), "--clock", "virtual", "--run-name", "r", "--out-dir", str(tmp_path),
+                    "--quiet")
     assert retry.returncode == 0, retry.stderr
     assert f"replacing {tmp_path / 'r'}: its run never started, no request was sent (ServerStartError" in retry.stderr
     assert json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "completed"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # nothing left aside
     # a run that started keeps its name, whatever its end
-    again = run_cli("replay", str(trace), "--backend", "sim", "--speed", "10", "--run-name", "r", "--out-dir",
-                    str(tmp_path), "--quiet")
+    again = run_cli("replay", str(trace), "--clock", "virtual", "--run-name", "r", "--out-dir", str(tmp_path),
+                    "--quiet")
     assert again.returncode == 2 and "already exists" in again.stderr
 
 
@@ -239,8 +240,8 @@ def test_closed_loop_is_explained_by_generate_replay_and_report(tmp_path: Path) 
     assert "12 requests, closed loop: 4 sessions starting at 8/s (poisson)" in done.stdout
     assert "req/s, poisson" not in done.stdout  # no rate: the servers set it
     assert "Closed loop:" in run_cli("replay", "--help").stdout
-    done = run_cli("replay", str(trace), "--backend", "sim", "--speed", "20", "--run-name", "cl", "--out-dir",
-                   str(tmp_path), "--quiet")
+    done = run_cli("replay", str(trace), "--clock", "virtual", "--run-name", "cl", "--out-dir", str(tmp_path),
+                   "--quiet")
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "cl" / "run.json").read_text())["trace"]["closed_loop"] == 8
     report = " ".join(run_cli("report", str(tmp_path / "cl")).stdout.split())
@@ -319,8 +320,8 @@ def test_report_shows_kv_beside_the_working_set_and_warns_of_overload(tmp_path: 
     trace = tmp_path / "t.jsonl"
     assert run_cli("generate", "--workload", "shared-prompt", "--groups", "2", "--prefix-len", "256", "--rate", "200",
                    "--num-requests", "120", "--output-len", "16", "-o", str(trace)).returncode == 0
-    done = run_cli("replay", str(trace), "--backend", "sim", "--speed", "10", "--max-running-requests", "2",
-                   "--run-name", "busy", "--out-dir", str(tmp_path), "--quiet")
+    done = run_cli("replay", str(trace), "--clock", "virtual", "--max-running-requests", "2", "--run-name", "busy",
+                   "--out-dir", str(tmp_path), "--quiet")
     assert done.returncode == 0, done.stderr
     assert "tracebench replay: warning: the trace offers" in done.stderr  # said before the run, too
     assert json.loads((tmp_path / "busy" / "run.json").read_text())["trace"]["prefix"]["shared_tokens"] == 512

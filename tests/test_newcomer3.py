@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, run_cli_in_process
 from test_newcomer import write_run
 
 POLICIES = ("round_robin", "sjf", "cache_aware", "prefix_hash", "random")
@@ -200,7 +200,8 @@ def test_a_chosen_link_reaches_the_simulators_and_the_report(tmp_path: Path) -> 
 def test_bad_kv_links_are_refused_before_the_run(tmp_path: Path, args: list[str], message: str) -> None:
     trace = tmp_path / "t.jsonl"
     assert run_cli("generate", "--rate", "8", "--num-requests", "4", "-o", str(trace)).returncode == 0
-    done = run_cli("replay", str(trace), *args, cwd=tmp_path)
+    # refused before anything starts (no server, no event loop): answered in this process as the process answers it
+    done = run_cli_in_process("replay", str(trace), *args, cwd=tmp_path)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert not (tmp_path / "reports").exists()
 
@@ -208,7 +209,7 @@ def test_bad_kv_links_are_refused_before_the_run(tmp_path: Path, args: list[str]
 def test_sweep_compares_pd_ratios(tmp_path: Path) -> None:
     """--pd 1:1,1:2 as a dimension: one point per ratio and rate, each on its own PD servers with the chosen link."""
     trace = tmp_path / "t.jsonl"
-    assert run_cli("generate", "--rate", "4", "--num-requests", "16", "-o", str(trace)).returncode == 0
+    assert run_cli("generate", "--rate", "4", "--num-requests", "8", "-o", str(trace)).returncode == 0
     done = run_cli("sweep", str(trace), "--rates", "4", "--backend", "sim", "--speed", "4", "--pd", "1:1,1:2",
                    "--kv-link", "rdma-400g", "--name", "pds", "--bootstrap", "50", "--saturation-window", "0",
                    cwd=tmp_path)

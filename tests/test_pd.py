@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import SimServer, free_port, start_sim_server, wait_healthy
 from tracebench.profiles import load_profile
 from tracebench.sim.model import BatchModel, Limits, ReqState, SimRequest
 from tracebench.sim.pd import KV_BYTES_PER_TOKEN, KvLink, transfer_seconds
@@ -84,13 +85,36 @@ def test_decode_prealloc_waits_for_kv_room_fifo() -> None:
 
 # ---- two sim-server processes ---------------------------------------------------------------------------------
 
-def _pair(sim_server, *extra: str) -> tuple[Any, Any, int]:
+def _pair(start: Callable[..., SimServer]) -> tuple[SimServer, SimServer, int]:
+    """A prefill and a decode sim-server (started together: the decode server meets the prefill's bootstrap server
+    only when a request names it), healthy."""
     boot = free_port()
     common = ("--speed", str(SPEED), "--skip-tokenizer-init", "--kv-transfer-bandwidth", str(BANDWIDTH),
-              "--kv-transfer-latency", str(LATENCY), *extra)
-    prefill = sim_server("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot), *common)
-    decode = sim_server("--disaggregation-mode", "decode", *common)
+              "--kv-transfer-latency", str(LATENCY))
+    prefill = start("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot), *common,
+                    wait=False)
+    decode = start("--disaggregation-mode", "decode", *common, wait=False)
+    for server in (prefill, decode):
+        wait_healthy(server.url, server.proc, server.log)
     return prefill, decode, boot
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimServer, SimServer, int]]:
+    """One pair for the module's tests that read its answers without counting on its totals (the handshake test
+    reads /metrics totals: a pair of its own)."""
+    folder = tmp_path_factory.mktemp("pd-pair")
+    started: list[SimServer] = []
+
+    def start(*args: str, wait: bool) -> SimServer:
+        started.append(start_sim_server(folder, *args, wait=wait))
+        return started[-1]
+
+    try:
+        yield _pair(start)
+    finally:
+        for server in started:
+            server.stop()
 
 
 def _body(n: int, room: int, boot: int, out: int = 8, stream: bool = True) -> dict[str, Any]:
@@ -115,8 +139,8 @@ def _get(url: str) -> str:
         return resp.read().decode()
 
 
-def test_bootstrap_server_answers_like_sglangs(sim_server) -> None:
-    prefill, decode, boot = _pair(sim_server)
+def test_bootstrap_server_answers_like_sglangs(pair: tuple[SimServer, SimServer, int]) -> None:
+    prefill, decode, boot = pair
     info = json.loads(_get(f"http://127.0.0.1:{boot}/route?prefill_dp_rank=-1&prefill_cp_rank=-1"
                            "&target_tp_rank=-1&target_pp_rank=-1"))
     assert info["dp_size"] == 1 and info["page_size"] == 1 and info["prefill_http_port"] == prefill.port
@@ -170,8 +194,8 @@ def test_a_pair_request_goes_through_the_handshake_and_the_transfer(sim_server) 
     assert ttft_count[0].endswith(" 0.0")   # not observed on a prefill server, as sglang
 
 
-def test_decode_never_starts_a_request_before_its_kv_arrived(sim_server) -> None:
-    prefill, decode, boot = _pair(sim_server)
+def test_decode_never_starts_a_request_before_its_kv_arrived(pair: tuple[SimServer, SimServer, int]) -> None:
+    prefill, decode, boot = pair
 
     async def main() -> tuple:
         async with aiohttp.ClientSession() as session:
@@ -189,8 +213,8 @@ def test_decode_never_starts_a_request_before_its_kv_arrived(sim_server) -> None
     assert status == 200 and events[-1]["meta_info"]["completion_tokens"] == 4
 
 
-def test_a_pd_server_refuses_a_request_without_bootstrap_fields(sim_server) -> None:
-    _, decode, boot = _pair(sim_server)
+def test_a_pd_server_refuses_a_request_without_bootstrap_fields(pair: tuple[SimServer, SimServer, int]) -> None:
+    _, decode, boot = pair
     body = _body(16, 1, boot, stream=False)
     del body["bootstrap_room"]
     req = urllib.request.Request(f"{decode.url}/generate", data=json.dumps(body).encode(),
@@ -305,8 +329,9 @@ def test_replay_sim_1p1d_through_tracebenchs_router(tmp_path: Path, pd_trace: Pa
     assert [s["role"] for s in doc["pd_detail"]["servers"]] == ["prefill", "decode"]
 
 
-def test_attached_servers_must_be_of_their_pool(sim_server, tmp_path: Path, pd_trace: Path) -> None:
-    prefill, decode, _ = _pair(sim_server)
+def test_attached_servers_must_be_of_their_pool(pair: tuple[SimServer, SimServer, int], tmp_path: Path,
+                                               pd_trace: Path) -> None:
+    prefill, decode, _ = pair
     result = run_cli("replay", str(pd_trace), "--attach-prefill", decode.url, "--attach-decode", prefill.url,
                      "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode != 0
@@ -453,8 +478,10 @@ def test_pd_hung_prefill_server_stalls_and_the_run_stops(tmp_path: Path, sim_ser
     # no prefill server left no pair can be made, so the run stops (it used to wait forever)
     boot = free_port()
     prefill = sim_server("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot),
-                         "--speed", "10", "--skip-tokenizer-init")
-    decode = sim_server("--disaggregation-mode", "decode", "--speed", "10", "--skip-tokenizer-init")
+                         "--speed", "10", "--skip-tokenizer-init", wait=False)
+    decode = sim_server("--disaggregation-mode", "decode", "--speed", "10", "--skip-tokenizer-init", wait=False)
+    for server in (prefill, decode):
+        wait_healthy(server.url, server.proc, server.log)
     # independent of timing: the prefill is stopped once the decode server has finished a few pairs (some `ok`,
     # however slowly the run starts); arrivals go on every 30 ms for 6 s, so some reach the stopped prefill (they
     # `timeout`) and the rest are still unreleased when the stall is seen, whenever that is (`not_sent`)

@@ -1,9 +1,13 @@
 """`tracebench record` end to end: a sim-server, the recording proxy and the replay, all real processes.
 
 Round trip: trace A (with prefix blocks) is replayed through the proxy into a sim-server, which records trace B; B
-must have A's requests, lengths, arrivals and prefix structure, and replaying B must give the same run as A
-(`tracebench report` finds no significant difference). Then the bad inputs: an upstream that is down, a client that
-disconnects, a malformed body."""
+must have A's requests, lengths, arrivals and prefix structure, and B must replay through a proxy that records it
+again. Then the bad inputs: an upstream that is down, a client that disconnects, a malformed body.
+
+Two sim-servers serve the module (a slow one, --speed 0.25, and a fast one, --speed 50; each start costs ~1 s): the
+tests look at what the proxy forwards and records, which no earlier test's requests change, and every replay
+empties the server's prefix cache before it starts (--flush-cache, the default). A test that kills its server
+starts its own."""
 
 from __future__ import annotations
 
@@ -14,13 +18,14 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from conftest import free_port, run_cli, tracebench_cmd, wait_healthy
+from conftest import free_port, run_cli, start_sim_server, tracebench_cmd
 from tracebench.record.blocks import load_tokenizer, prefix_blocks
 from tracebench.trace.format import format_request_line, load_trace, write_trace
 
@@ -62,6 +67,28 @@ class Recording:
     def statuses(self) -> list[dict[str, Any]]:
         path = self.output.with_name(f"{self.output.stem}.status.jsonl")
         return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def slow_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """At --speed 0.25 requests last hundreds of ms (an answer of 200 tokens, seconds): the scale the round trip's
+    arrival check holds B's clock to, far above what a busy host delays a stamp, and streams still running when a
+    test cuts them."""
+    server = start_sim_server(tmp_path_factory.mktemp("slow-sim"), "--speed", "0.25")
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def fast_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """At --speed 50: answers at once, for the tests whose timing is not the point."""
+    server = start_sim_server(tmp_path_factory.mktemp("fast-sim"), "--speed", "50")
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 @pytest.fixture
@@ -177,17 +204,14 @@ def p99_offset_error(reference: np.ndarray, recorded: np.ndarray) -> float:
     ("generate", True), ("generate", False), ("completions", True), ("completions", False), ("chat", True),
     ("chat", False),
 ])
-def test_round_trip(tmp_path: Path, sim_server, recordings, api: str, stream: bool) -> None:
+def test_round_trip(tmp_path: Path, slow_sim: str, fast_sim: str, recordings, api: str, stream: bool) -> None:
     a = trace_a(tmp_path / "a.jsonl")
     _, reqs_a = load_trace(a)
-    # a fresh server per run (neither sees another's prompts), started together. At --speed 0.25 requests last
-    # hundreds of ms, the scale the arrival check below holds B's clock to, far above what a busy host delays a stamp
-    sim_a, sim_b = sims = [sim_server("--speed", "0.25", wait=False) for _ in range(2)]
-    for sim in sims:
-        wait_healthy(sim.url, sim.proc, sim.log)
-    # the two proxies start together too (B's waits idle through A's run, which it does not see)
-    rec_a, rec_b = (recordings(sim_a.url, tmp_path / "b.jsonl", "--tokenizer", str(WORDLEVEL), wait=False),
-                    recordings(sim_b.url, tmp_path / "c.jsonl", wait=False))
+    # A replays into the slow server: its requests last hundreds of ms, the scale the arrival check below holds B's
+    # clock to. B's replay is checked for its requests and arrivals only (0.5 s apart at most): the fast server.
+    # The two proxies start together (B's waits idle through A's run, which it does not see)
+    rec_a, rec_b = (recordings(slow_sim, tmp_path / "b.jsonl", "--tokenizer", str(WORDLEVEL), wait=False),
+                    recordings(fast_sim, tmp_path / "c.jsonl", wait=False))
     for rec in (rec_a, rec_b):
         rec.wait_listening()
     run_a = replay(tmp_path, a, rec_a.url, "run-a", api, stream)
@@ -291,9 +315,8 @@ def _post(url: str, body: bytes) -> tuple[int, bytes]:
         return err.code, err.read()
 
 
-def test_disconnect_and_malformed_body(tmp_path: Path, sim_server, recordings) -> None:
-    sim = sim_server("--speed", "0.2")  # slow: the answer of 200 tokens takes seconds
-    rec = recordings(sim.url, tmp_path / "b.jsonl")
+def test_disconnect_and_malformed_body(tmp_path: Path, slow_sim: str, recordings) -> None:
+    rec = recordings(slow_sim, tmp_path / "b.jsonl")  # slow: the answer of 200 tokens takes seconds
     # a client that goes away mid-stream
     body = json.dumps({"input_ids": list(range(1000, 1100)), "sampling_params": {"max_new_tokens": 200},
                        "stream": True}).encode()
@@ -305,7 +328,7 @@ def test_disconnect_and_malformed_body(tmp_path: Path, sim_server, recordings) -
     time.sleep(0.5)
     # the proxy is unaffected: a malformed body is forwarded and sglang's 400 comes back unchanged
     status, answer = _post(f"{rec.url}/v1/completions", b"{not json")
-    direct_status, direct = _post(f"{sim.url}/v1/completions", b"{not json")
+    direct_status, direct = _post(f"{slow_sim}/v1/completions", b"{not json")
     assert status == direct_status == 400 and answer == direct
     status, _ = _post(f"{rec.url}/generate", json.dumps({"input_ids": [1001, 1002], "sampling_params": {
         "max_new_tokens": 2}}).encode())
@@ -320,9 +343,8 @@ def test_disconnect_and_malformed_body(tmp_path: Path, sim_server, recordings) -
     assert header.fields["counts"] == {"ok": 1, "error": 1, "cancelled": 1}
 
 
-def test_ctrl_c_with_a_request_in_flight_writes_a_valid_trace(tmp_path: Path, sim_server, recordings) -> None:
-    sim = sim_server("--speed", "0.2")
-    rec = recordings(sim.url, tmp_path / "b.jsonl")
+def test_ctrl_c_with_a_request_in_flight_writes_a_valid_trace(tmp_path: Path, slow_sim: str, recordings) -> None:
+    rec = recordings(slow_sim, tmp_path / "b.jsonl")
     status, _ = _post(f"{rec.url}/generate", json.dumps({"input_ids": [1001] * 40, "sampling_params": {
         "max_new_tokens": 3}}).encode())
     assert status == 200
@@ -341,10 +363,9 @@ def test_ctrl_c_with_a_request_in_flight_writes_a_valid_trace(tmp_path: Path, si
     assert not list(tmp_path.glob(".b.jsonl*")), "no part or temporary file left"
 
 
-def test_openai_stream_without_usage_reaches_the_client_unchanged(tmp_path: Path, sim_server, recordings) -> None:
+def test_openai_stream_without_usage_reaches_the_client_unchanged(tmp_path: Path, fast_sim: str, recordings) -> None:
     """The proxy asks for the usage chunk the client did not ask for, records it, and keeps it from the client."""
-    sim = sim_server("--speed", "50")
-    rec = recordings(sim.url, tmp_path / "b.jsonl", "--tokenizer", str(WORDLEVEL))
+    rec = recordings(fast_sim, tmp_path / "b.jsonl", "--tokenizer", str(WORDLEVEL))
 
     def shape(raw: bytes) -> list[tuple]:
         """The events' key sets, repeats of one shape counted once (how many tokens share a chunk is timing)."""
@@ -358,7 +379,7 @@ def test_openai_stream_without_usage_reaches_the_client_unchanged(tmp_path: Path
                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w7 w8 w9 w10"}],
                                                  "max_tokens": 3, "stream": True})):
         status, proxied = _post(f"{rec.url}{path}", json.dumps(body).encode())
-        _, direct = _post(f"{sim.url}{path}", json.dumps(body).encode())
+        _, direct = _post(f"{fast_sim}{path}", json.dumps(body).encode())
         assert status == 200 and shape(proxied) == shape(direct)
         assert b'"choices":[]' not in proxied
     rec.stop()
@@ -367,9 +388,8 @@ def test_openai_stream_without_usage_reaches_the_client_unchanged(tmp_path: Path
     assert reqs[0].prefix_blocks == reqs[1].prefix_blocks  # the same 4 words: the same block (chat: contents + " ")
 
 
-def test_text_without_tokenizer_and_batches(tmp_path: Path, sim_server, recordings) -> None:
-    sim = sim_server("--speed", "50")
-    rec = recordings(sim.url, tmp_path / "b.jsonl")
+def test_text_without_tokenizer_and_batches(tmp_path: Path, fast_sim: str, recordings) -> None:
+    rec = recordings(fast_sim, tmp_path / "b.jsonl")
     for body in ({"text": "w5 w6 w7", "sampling_params": {"max_new_tokens": 2}},
                  {"input_ids": [[1001, 1002], [1003]], "sampling_params": {"max_new_tokens": 2}},
                  {"text": "w5 w6 w8", "sampling_params": {"max_new_tokens": 2}},
@@ -405,10 +425,9 @@ def _open_stream(port: int, input_ids: list[int], max_new_tokens: int) -> socket
     return sock
 
 
-def test_a_second_recorder_to_the_same_name_is_refused(tmp_path: Path, sim_server, recordings) -> None:
-    sim = sim_server("--speed", "50")
-    first = recordings(sim.url, tmp_path / "b.jsonl")
-    second = run_cli("record", "--listen", f"127.0.0.1:{free_port()}", "--upstream", sim.url, "-o",
+def test_a_second_recorder_to_the_same_name_is_refused(tmp_path: Path, fast_sim: str, recordings) -> None:
+    first = recordings(fast_sim, tmp_path / "b.jsonl")
+    second = run_cli("record", "--listen", f"127.0.0.1:{free_port()}", "--upstream", fast_sim, "-o",
                      str(tmp_path / "b.jsonl"), timeout=30)
     assert second.returncode == 2, second.stderr
     assert second.stderr.count("\n") == 1 and f"another tracebench record (pid {first.proc.pid})" in second.stderr
@@ -421,9 +440,8 @@ def test_a_second_recorder_to_the_same_name_is_refused(tmp_path: Path, sim_serve
     assert [(r.input_len, r.output_len) for r in reqs] == [(8, 2)]
 
 
-def test_a_killed_recording_is_kept_refused_and_recovered(tmp_path: Path, sim_server, recordings) -> None:
-    sim = sim_server("--speed", "0.2")
-    rec = recordings(sim.url, tmp_path / "b.jsonl")
+def test_a_killed_recording_is_kept_refused_and_recovered(tmp_path: Path, slow_sim: str, recordings) -> None:
+    rec = recordings(slow_sim, tmp_path / "b.jsonl")
     assert _post(f"{rec.url}/generate", json.dumps({"input_ids": [1001] * 40, "sampling_params": {
         "max_new_tokens": 2}}).encode())[0] == 200
     sock = _open_stream(rec.port, [1002] * 40, 500)  # in flight when the recorder dies
@@ -432,7 +450,7 @@ def test_a_killed_recording_is_kept_refused_and_recovered(tmp_path: Path, sim_se
     sock.close()
     part = tmp_path / ".b.jsonl.part"
     kept = part.read_bytes()
-    again = run_cli("record", "--listen", f"127.0.0.1:{free_port()}", "--upstream", sim.url, "-o",
+    again = run_cli("record", "--listen", f"127.0.0.1:{free_port()}", "--upstream", slow_sim, "-o",
                     str(tmp_path / "b.jsonl"), timeout=30)
     assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
     assert str(part) in again.stderr and f"tracebench record --recover -o {tmp_path / 'b.jsonl'}" in again.stderr
@@ -451,15 +469,13 @@ def test_a_killed_recording_is_kept_refused_and_recovered(tmp_path: Path, sim_se
     assert not part.exists()
 
 
-def test_an_existing_status_file_is_never_overwritten(tmp_path: Path, sim_server) -> None:
-    sim = sim_server("--speed", "50")
+def test_an_existing_status_file_is_never_overwritten(tmp_path: Path, fast_sim: str) -> None:
     status = tmp_path / "b.status.jsonl"
     status.write_text("mine\n")
-    done = run_cli("record", "--listen", f"127.0.0.1:{free_port()}", "--upstream", sim.url, "-o",
+    done = run_cli("record", "--listen", f"127.0.0.1:{free_port()}", "--upstream", fast_sim, "-o",
                    str(tmp_path / "b.jsonl"), timeout=30)
     assert done.returncode == 2 and f"{status} exists already" in done.stderr, done.stderr
-    assert status.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir() if "sim" not in p.name) == \
-        ["b.status.jsonl"]
+    assert status.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["b.status.jsonl"]
 
 
 def test_an_upstream_that_breaks_off_breaks_the_client_off(tmp_path: Path, sim_server, recordings) -> None:
@@ -480,10 +496,10 @@ def test_an_upstream_that_breaks_off_breaks_the_client_off(tmp_path: Path, sim_s
     assert status["status"] == "error" and "broke off the stream" in status["error"], status
 
 
-def test_a_trace_that_cannot_be_written_at_the_end_keeps_every_request(tmp_path: Path, sim_server, recordings) -> None:
+def test_a_trace_that_cannot_be_written_at_the_end_keeps_every_request(tmp_path: Path, fast_sim: str,
+                                                                         recordings) -> None:
     """A file put at the trace's name during the recording is not overwritten, and the requests are not lost."""
-    sim = sim_server("--speed", "50")
-    rec = recordings(sim.url, tmp_path / "b.jsonl")
+    rec = recordings(fast_sim, tmp_path / "b.jsonl")
     assert _post(f"{rec.url}/generate", json.dumps({"input_ids": [1001] * 8, "sampling_params": {
         "max_new_tokens": 2}}).encode())[0] == 200
     (tmp_path / "b.jsonl").write_text("someone else's\n")

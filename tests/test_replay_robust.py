@@ -23,12 +23,16 @@ from pathlib import Path
 import pytest
 
 from conftest import (
-    REPO, SimServer, free_port, run_cli, start_sim_server, tracebench_cmd, wait_healthy, wait_served,
+    REPO, SimServer, free_port, run_cli, run_cli_in_process, start_sim_server, tracebench_cmd, wait_healthy,
+    wait_served,
 )
 from test_replay_run import check_every_request_once, read_run, start_replay, wait_running, write_trace_file
 from tracebench.trace.format import format_request_line, sha256_file, write_trace
 
 FAST = ("--backend", "sim", "--speed", "10", "--quiet")
+# the policy checks run on the virtual clock: the router and the policy are the real-time run's, and what a policy
+# that assigns nothing, or raises, does to the run is no matter of HTTP or host time (docs/virtual-clock.md)
+VIRTUAL = ("--clock", "virtual", "--quiet")
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +107,9 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
 
 
 def test_hung_server_is_taken_out_and_its_requests_time_out(tmp_path: Path, sim_server) -> None:
-    servers = [sim_server("--speed", "10"), sim_server("--speed", "10")]
+    servers = [sim_server("--speed", "10", wait=False) for _ in range(2)]  # started together
+    for server in servers:
+        wait_healthy(server.url, server.proc, server.log)
     n = 120
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=40, outputs=(16, 48))
     proc = start_replay(str(trace), "--attach", servers[0].url, "--attach", servers[1].url, "--policy", "round_robin",
@@ -159,7 +165,9 @@ def test_a_scheduler_hung_behind_a_live_http_side_and_a_request_stalled_after_it
     # server 0 hangs behind a live HTTP side (its polls answer the same snapshot again): nothing of it shows progress,
     # so it is stalled, requests waiting for their first token there included (no --timeout: without this the run
     # would never end); server 1 serves on, but holds one request after its first token: that request alone stalls
-    sims = [sim_server("--speed", "10"), sim_server("--speed", "10")]
+    sims = [sim_server("--speed", "10", wait=False) for _ in range(2)]  # started together
+    for server in sims:
+        wait_healthy(server.url, server.proc, server.log)
     n = 80
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=40, outputs=(16, 48))
     with proxy(sims[0].url, "--freeze-after", "0.5") as hung, proxy(sims[1].url, "--hold-nth", "3") as holding:
@@ -201,11 +209,11 @@ def test_default_stall_bound_comes_from_the_trace() -> None:
 # ---- 2-4. policies that never assign, block, or raise ---------------------------------------------------------
 
 
-def test_policy_that_never_assigns_stops_at_once(tmp_path: Path, shared_sim: str) -> None:
+def test_policy_that_never_assigns_stops_at_once(tmp_path: Path) -> None:
     policy = policy_file(tmp_path, "never", "        return []\n")
     trace = write_trace_file(tmp_path / "t.jsonl", 5, rate=50)
-    proc = start_replay(str(trace), "--attach", shared_sim, "--quiet", "--policy", policy, "--run-name", "n",
-                        "--out-dir", str(tmp_path), cwd=tmp_path)
+    proc = start_replay(str(trace), *VIRTUAL, "--policy", policy, "--run-name", "n", "--out-dir", str(tmp_path),
+                        cwd=tmp_path)
     _, stderr = finish(proc, timeout=30)
     assert proc.returncode == 1, stderr
     assert "policy 'never' assigned nothing" in stderr and "nothing can ask it again" in stderr, stderr
@@ -217,13 +225,14 @@ def test_policy_that_never_assigns_stops_at_once(tmp_path: Path, shared_sim: str
     assert run["status"] == "failed" and run["counts"]["not_sent"] == 5
 
 
-def test_policy_that_stops_assigning_is_stopped_after_the_bound(tmp_path: Path, shared_sim: str) -> None:
-    # an arrival is still to come (at 300 s), so the policy could be asked again: the bound decides
+def test_policy_that_stops_assigning_is_stopped_after_the_bound(tmp_path: Path) -> None:
+    # an arrival is still to come (at 300 s), so the policy could be asked again: the bound decides (1 s of the
+    # run's clock, here the virtual one)
     lines = [format_request_line(i, 0.01 * i, 32, 4) for i in range(3)] + [format_request_line(3, 300.0, 32, 4)]
     trace = write_trace(tmp_path / "t.jsonl", {"num_requests": 4, "duration_s": 300.0}, lines)
     policy = policy_file(tmp_path, "lazy", "        return []\n")
-    proc = start_replay(str(trace), "--attach", shared_sim, "--quiet", "--stall-timeout", "1", "--policy", policy,
-                        "--run-name", "l", "--out-dir", str(tmp_path), cwd=tmp_path)
+    proc = start_replay(str(trace), *VIRTUAL, "--stall-timeout", "1", "--policy", policy, "--run-name", "l",
+                        "--out-dir", str(tmp_path), cwd=tmp_path)
     _, stderr = finish(proc, timeout=30)
     assert proc.returncode == 1, stderr
     assert "policy 'lazy' assigned nothing for 1 s of run time" in stderr, stderr
@@ -264,16 +273,15 @@ def test_blocking_policy_is_measured_and_warned(tmp_path: Path, shared_sim: str)
 
 
 @pytest.mark.parametrize("raised", ["SystemExit(0)", "KeyboardInterrupt()", "ValueError('bad')"])
-def test_anything_a_policy_raises_fails_the_run_with_every_request_recorded(tmp_path: Path, shared_sim: str,
-                                                                           raised: str) -> None:
+def test_anything_a_policy_raises_fails_the_run_with_every_request_recorded(tmp_path: Path, raised: str) -> None:
     # it raises while requests are in flight (they become cancelled) and others wait (they become not_sent)
     body = (f"        if type(self).calls >= 4 and any(s.in_flight for s in servers):\n"
             f"            raise {raised}\n" + first_free())
     policy = policy_file(tmp_path, "raiser", body)
     n = 40
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=100, outputs=(40, 60))
-    result = run_cli("replay", str(trace), "--attach", shared_sim, "--quiet", "--max-running-requests", "4",
-                     "--policy", policy, "--run-name", "r", "--out-dir", str(tmp_path))
+    result = run_cli("replay", str(trace), *VIRTUAL, "--max-running-requests", "4", "--policy", policy,
+                     "--run-name", "r", "--out-dir", str(tmp_path))
     kind = raised.split("(")[0]
     assert result.returncode == 1, result.stderr
     assert f"policy 'raiser' raised {kind} in assign" in result.stderr, result.stderr
@@ -457,13 +465,14 @@ def test_a_trace_from_a_pipe_is_read_once(tmp_path: Path, shared_sim: str) -> No
 
 
 def test_a_trace_that_cannot_be_read_is_one_clear_line(tmp_path: Path) -> None:
+    # refused before anything starts (no server, no event loop): answered in this process as the process answers it
     folder = tmp_path / "folder.jsonl"
     folder.mkdir()
-    result = run_cli("replay", str(folder), *FAST, "--out-dir", str(tmp_path))
+    result = run_cli_in_process("replay", str(folder), *FAST, "--out-dir", str(tmp_path))
     assert result.returncode == 2 and "is a directory" in result.stderr, result.stderr
     gz = tmp_path / "t.jsonl.gz"
     gz.write_bytes(b"\x1f\x8b\x08\x00" + b"\0" * 20)
-    result = run_cli("replay", str(gz), *FAST, "--out-dir", str(tmp_path))
+    result = run_cli_in_process("replay", str(gz), *FAST, "--out-dir", str(tmp_path))
     assert result.returncode == 2 and "gzip" in result.stderr, result.stderr
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from conftest import free_port, run_cli, tracebench_cmd, wait_served
+from conftest import free_port, run_cli, run_cli_in_process, tracebench_cmd, wait_healthy, wait_served
 from tracebench.replay.records import STATUSES
 from tracebench.trace.format import format_request_line, load_trace, write_trace
 
@@ -131,11 +131,11 @@ def test_continuous_two_servers(tmp_path: Path) -> None:
 
 
 def test_static_batches_and_no_stream(tmp_path: Path) -> None:
+    # the router's static batching on the virtual clock (the same router; HTTP is not the point here)
     n, batch = 60, 4
-    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=80 / 20, outputs=(16, 48))  # 80 req/s of run time
-    result = run_cli("replay", str(trace), "--backend", "sim", "--speed", "20", "--port-base", port_base(),
-                     "--mode", "static", "--batch-size", str(batch), "--no-stream", "--run-name", "s",
-                     "--out-dir", str(tmp_path), "--quiet")
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=80, outputs=(16, 48))
+    result = run_cli("replay", str(trace), "--clock", "virtual", "--mode", "static", "--batch-size", str(batch),
+                     "--no-stream", "--run-name", "s", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 0, result.stderr
     run, records = read_run(tmp_path / "s")
     check_every_request_once(records, n)
@@ -388,7 +388,8 @@ def test_bad_trace_refused_before_any_server(tmp_path: Path) -> None:
     lines = good.read_text().splitlines()
     lines[3] = lines[3].replace('"output_len":', '"output_len":-')
     trace.write_text("\n".join(lines) + "\n")
-    result = run_cli("replay", str(trace), "--backend", "sim", "--out-dir", str(tmp_path / "runs"))
+    # refused before anything starts (no server, no event loop): answered in this process as the process answers it
+    result = run_cli_in_process("replay", str(trace), "--backend", "sim", "--out-dir", str(tmp_path / "runs"))
     assert result.returncode == 2
     assert f"{trace}:4: field 'output_len'" in result.stderr
     assert not (tmp_path / "runs").exists()
@@ -438,7 +439,10 @@ def test_two_replays_at_once_take_free_ports(tmp_path: Path) -> None:
 
 
 def test_attach_refusals_and_timeouts(tmp_path: Path, sim_server) -> None:
-    server = sim_server("--speed", "1")
+    # both servers start together (the second, sped up, is attached last)
+    server, fast = sim_server("--speed", "1", wait=False), sim_server("--speed", "4", wait=False)
+    for started in (server, fast):
+        wait_healthy(started.url, started.proc, started.log)
     extra = [format_request_line(9, 0.9, 5000, 4), format_request_line(10, 1.0, 64, 400)]
     trace = write_trace_file(tmp_path / "t.jsonl", 9, rate=20, outputs=(2, 4), extra_lines=extra)
     result = run_cli("replay", str(trace), "--attach", server.url, "--timeout", "0.5", "--run-name", "a",
@@ -460,7 +464,6 @@ def test_attach_refusals_and_timeouts(tmp_path: Path, sim_server) -> None:
     assert report.returncode == 0, report.stderr
     assert "attach (simulated)" in report.stdout and "NVIDIA H200 (simulated)" in report.stdout
     # a sped-up simulator attached (bench/bench_replay.py does it to measure tracebench itself): said in the report
-    fast = sim_server("--speed", "4")
     result = run_cli("replay", str(trace), "--attach", fast.url, "--run-name", "f", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 0, result.stderr
     report = run_cli("report", str(tmp_path / "f"), "--format", "md")
@@ -478,12 +481,11 @@ def test_policy_breaking_the_rules_stops_the_run(tmp_path: Path) -> None:
         "    def assign(self, queue, servers):\n"
         "        return [(req, servers[0]) for req in queue]\n"
     )
-    # a burst (40 requests in ~1 ms of run time): the queue outgrows the 2 slots however fast a request is served.
-    # At 100 req/s of run time a loaded machine once served each before the next came, and the policy broke nothing
-    trace = write_trace_file(tmp_path / "t.jsonl", 40, rate=40000 / 20, outputs=(16, 32))
-    result = run_cli("replay", str(trace), "--backend", "sim", "--speed", "20", "--port-base", port_base(1),
-                     "--max-running-requests", "2", "--policy", f"{policy}:Greedy", "--run-name", "p",
-                     "--out-dir", str(tmp_path), "--quiet")
+    # a burst (40 requests in ~1 ms): the queue outgrows the 2 slots however fast a request is served. On the
+    # virtual clock: the router's check of what a policy assigns is no matter of HTTP or host time
+    trace = write_trace_file(tmp_path / "t.jsonl", 40, rate=40000, outputs=(16, 32))
+    result = run_cli("replay", str(trace), "--clock", "virtual", "--max-running-requests", "2", "--policy",
+                     f"{policy}:Greedy", "--run-name", "p", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 1
     # how many were queued when it first broke the cap depends on timing (2 free slots, or 1 with one in flight)
     broke = re.search(r"policy 'greedy' assigned (\d+) requests to server 0, which had (\d+) free slot\(s\)", result.stderr)

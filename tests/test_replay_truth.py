@@ -5,7 +5,9 @@
   `mismatch` with the rule named, never `ok`; the report counts them and warns.
 - `tracebench generate`, every importer and the sim-server follow the rule (sglang 0.5.17 scheduler.py L2132-2141).
 - `replay --max-concurrency N`: at most N requests in flight across the run, every mode, the wait recorded.
-Servers are real sim-server processes (nothing mocked)."""
+Servers are real sim-server processes (nothing mocked) where the answers come over HTTP (each API); the report's
+counts and the client's gate, which are no matter of HTTP, run on the virtual clock (the same router and simulated
+sglang in the replay's process); the gate behind sglang-router keeps real time."""
 
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ import json
 import lzma
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from conftest import TEST_DATA, run_cli
+from conftest import TEST_DATA, run_cli, run_cli_in_process, start_sim_server
 from test_external_router import needs_router
 from test_replay_run import port_base, read_run, write_trace_file
 from tracebench.replay.answer_check import ContextLimits, check_answer, mismatch_reason
@@ -63,11 +66,21 @@ def overlap(records: list[dict[str, Any]], start: str, end: str = "t_finish") ->
 
 # ---- item 1: answers checked against the trace ------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One sim-server (--speed 10) for the module's answers: what it answers depends on each request alone, and a
+    replay empties its prefix cache before it starts (--flush-cache)."""
+    server = start_sim_server(tmp_path_factory.mktemp("truth-sim"), "--speed", "10")
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("api, stream", [("generate", True), ("completions", False), ("chat", True)])
-def test_answers_past_the_context_rule_are_mismatch_records(tmp_path: Path, sim_server, api: str, stream: bool) -> None:
-    server = sim_server("--speed", "10")
+def test_answers_past_the_context_rule_are_mismatch_records(tmp_path: Path, sim: str, api: str, stream: bool) -> None:
     trace = write_pairs(tmp_path / "t.jsonl", [*CLIPPED, *FULL])
-    result = run_cli("replay", str(trace), "--attach", server.url, "--api", api,
+    result = run_cli("replay", str(trace), "--attach", sim, "--api", api,
                      "--stream" if stream else "--no-stream", "--run-name", "r", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 0, result.stderr
     run, records = read_run(tmp_path / "r")
@@ -92,11 +105,10 @@ def test_answers_past_the_context_rule_are_mismatch_records(tmp_path: Path, sim_
     assert "  mismatch 2: completion_tokens != output_len: sglang clips max_new_tokens to context_len - 1" in result.stderr
 
 
-def test_report_counts_mismatches_and_the_client_gate(tmp_path: Path, sim_server) -> None:
-    server = sim_server("--speed", "10")
+def test_report_counts_mismatches_and_the_client_gate(tmp_path: Path) -> None:
     trace = write_pairs(tmp_path / "t.jsonl", [*CLIPPED, *FULL])
     for name, extra in (("plain", []), ("gated", ["--max-concurrency", "2"])):
-        result = run_cli("replay", str(trace), "--attach", server.url, *extra, "--run-name", name, "--out-dir",
+        result = run_cli("replay", str(trace), "--clock", "virtual", *extra, "--run-name", name, "--out-dir",
                          str(tmp_path), "--quiet")
         assert result.returncode == 0, result.stderr
     runs = [str(tmp_path / "plain"), str(tmp_path / "gated")]
@@ -176,19 +188,18 @@ def test_mismatch_reasons_named_or_unknown() -> None:
 
 # ---- item 1: the rule in the simulator and in every trace source ------------------------------------------------
 
-def test_sim_server_clips_like_sglang(sim_server) -> None:
+def test_sim_server_clips_like_sglang(sim: str) -> None:
     # the formula (scheduler.py L2132-2141): context term, then a KV pool smaller than the context
     assert [sglang_max_new_tokens(m, 4089, 4096, 231818) for m in range(1, 8)] == [1, 2, 3, 4, 5, 5, 5]
     assert [sglang_max_new_tokens(m, 4000, 4096, 231818) for m in range(93, 97)] == [93, 94, 94, 94]
     assert sglang_max_new_tokens(999, 2000, 4096, 3000) == 998
-    server = sim_server()
     ids = np.random.default_rng(0).integers(1000, 32000, 4089).tolist()
     for asked, got in ((5, 5), (6, 5), (7, 5)):
-        status, obj = post(f"{server.url}/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": asked}})
+        status, obj = post(f"{sim}/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": asked}})
         assert status == 200 and obj["meta_info"]["completion_tokens"] == got == len(obj["output_ids"])
         assert obj["meta_info"]["finish_reason"] == {"type": "length", "length": got}
     # the 400 checks are as they were: over the context is refused, not clipped
-    status, obj = post(f"{server.url}/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8}})
+    status, obj = post(f"{sim}/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8}})
     assert status == 400 and "Requested token count exceeds" in obj["error"]["message"]
 
 
@@ -277,31 +288,31 @@ def check_bounded(records: list[dict[str, Any]], run: dict[str, Any], limit: int
     assert run["max_concurrency"] == limit == run["max_concurrency_peak"] and run["options"]["max_concurrency"] == limit
 
 
-def test_max_concurrency_bounds_continuous_and_static_runs(tmp_path: Path, sim_server) -> None:
-    servers = [sim_server("--speed", "10") for _ in range(2)]
-    attach = [arg for s in servers for arg in ("--attach", s.url)]
+def test_max_concurrency_bounds_continuous_and_static_runs(tmp_path: Path) -> None:
+    servers = ["--clock", "virtual", "--gpus", "2"]
     n = 120
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=400, outputs=(20, 40))  # a burst: far more than 4 at once
     seen = tmp_path / "queue_seen.txt"
     seen.write_text("0")
     policy = tmp_path / "fifo_probe.py"
     policy.write_text(QUEUE_POLICY.format(path=seen))
-    result = run_cli("replay", str(trace), *attach, "--max-concurrency", "4", "--policy", f"{policy}:Fifo",
+    result = run_cli("replay", str(trace), *servers, "--max-concurrency", "4", "--policy", f"{policy}:Fifo",
                      "--run-name", "cont", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 0, result.stderr
     run, records = read_run(tmp_path / "cont")
     check_bounded(records, run, 4, n)
     assert 1 <= int(seen.read_text()) <= 4  # the policy never saw a request the gate held
     # static batches larger than the bound still go (a batch that cannot grow is sent), never more than 3 at once
-    result = run_cli("replay", str(trace), *attach, "--mode", "static", "--batch-size", "8", "--max-concurrency", "3",
+    result = run_cli("replay", str(trace), *servers, "--mode", "static", "--batch-size", "8", "--max-concurrency", "3",
                      "--run-name", "static", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 0, result.stderr
     run, records = read_run(tmp_path / "static")
     check_bounded(records, run, 3, n)
     batches = Counter((r["server"], r["batch"]) for r in records)
     assert max(batches.values()) <= 3
-    # refused where it means nothing
-    bad = run_cli("replay", str(trace), *attach, "--max-concurrency", "0", "--out-dir", str(tmp_path))
+    # refused where it means nothing; before anything starts (no server, no event loop), so answered in this process
+    # as the process answers it
+    bad = run_cli_in_process("replay", str(trace), *servers, "--max-concurrency", "0", "--out-dir", str(tmp_path))
     assert bad.returncode == 2 and "--max-concurrency must be >= 1, got 0" in bad.stderr
 
 
@@ -311,8 +322,8 @@ def test_max_concurrency_with_closed_loop(tmp_path: Path) -> None:
                    "--think-time", "0.05", "--input-len", "64", "--output-len", "128", "--closed-loop", "-o", str(trace))
     assert proc.returncode == 0, proc.stderr
     n = read_header(trace).fields["num_requests"]
-    result = run_cli("replay", str(trace), "--backend", "sim", "--speed", "10", "--port-base", port_base(1),
-                     "--max-concurrency", "2", "--run-name", "loop", "--out-dir", str(tmp_path), "--quiet")
+    result = run_cli("replay", str(trace), "--clock", "virtual", "--max-concurrency", "2", "--run-name", "loop",
+                     "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 0, result.stderr
     run, records = read_run(tmp_path / "loop")
     check_bounded(records, run, 2, n)

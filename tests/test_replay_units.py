@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, run_cli_in_process
 from tracebench.policies.registry import load_policy
 from tracebench.errors import ConfigError
 from tracebench.replay.caps import CapChange, parse_cap_schedule
@@ -177,7 +177,9 @@ def test_cli_refuses_before_anything_starts(tmp_path: Path) -> None:
         (["--attach", "http://127.0.0.1:9", "--model", str(tmp_path)], "no config.json"),
         (["--backend", "sim", "--server-arg", "--port 5"], "tracebench sets --port itself"),
     ]:
-        result = run_cli("replay", str(trace), "--out-dir", str(out), *args)
+        # refused before anything starts (no server, no event loop): answered in this process as the process answers it
+        # (conftest.run_cli_in_process; tests/test_cli_in_process.py checks the two answer alike)
+        result = run_cli_in_process("replay", str(trace), "--out-dir", str(out), *args)
         assert result.returncode != 0, args
         assert why in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from conftest import free_port, run_cli, tracebench_cmd, wait_served
+from conftest import free_port, run_cli, run_cli_in_process, tracebench_cmd, wait_served
 from tracebench.trace.format import format_request_line, write_trace
 
 STAMP_SLACK = 0.005  # server stamps are time.time(), ours monotonic
@@ -171,7 +171,9 @@ def test_senders_refused_where_they_cannot_work(tmp_path: Path) -> None:
         (("--senders", "2", "--pd", "1:1"), "PD runs need --senders 1"),
         (("--router-sends-under", "0.01",), "--router-sends-under is for --senders N > 1"),
     ):
-        result = run_cli("replay", str(trace), "--backend", "sim", *args, "--out-dir", str(tmp_path), "--quiet")
+        # refused before anything starts (no server, no event loop): answered in this process as the process answers it
+        result = run_cli_in_process("replay", str(trace), "--backend", "sim", *args, "--out-dir", str(tmp_path),
+                                    "--quiet")
         assert result.returncode == 2, (args, result.stderr)
         assert why in result.stderr, result.stderr
 

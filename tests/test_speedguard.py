@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import run_cli
+from conftest import run_cli, run_cli_in_process
 from tracebench.speedguard import Attempt, next_speed
 
 
@@ -26,7 +26,9 @@ def test_adapt_speed_needs_a_simulated_speed_above_1(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     assert run_cli("generate", "--rate", "40", "--num-requests", "4", "--seed", "0", "-o", str(trace)).returncode == 0
     for extra in ((), ("--speed", "1")):
-        done = run_cli("replay", str(trace), "--backend", "sim", "--adapt-speed", *extra, "--out-dir", str(tmp_path))
+        # refused before anything starts (no server, no event loop): answered in this process as the process answers it
+        done = run_cli_in_process("replay", str(trace), "--backend", "sim", "--adapt-speed", *extra, "--out-dir",
+                                  str(tmp_path))
         assert done.returncode == 2 and "--adapt-speed: give --speed K > 1" in done.stderr, done.stderr
     assert not (tmp_path / "reports").exists() and len(list(tmp_path.iterdir())) == 1   # nothing ran
 

@@ -1,5 +1,9 @@
 """`tracebench sweep`: a rate sweep end to end on sim-servers, an over-saturated point stopped, the capacity search
-converging to the service capacity of a one-request-at-a-time server, and the rules' units (docs/sweep.md)."""
+converging to the service capacity of a one-request-at-a-time server, and the rules' units (docs/sweep.md).
+
+The sweep's own logic (saturation stop, capacity search, concurrency points, what its files say) runs on the virtual
+clock (`--clock virtual`: the same router, model and rules, no HTTP, no real-time waits); the real clock where it is
+the point: launched servers shared by the points and each point's host lag, a fault of an attached server."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, run_cli_in_process, wait_healthy
 
 
 def _gen(path: Path, *args: str) -> Path:
@@ -114,12 +118,13 @@ def test_rate_sweep_end_to_end(tmp_path: Path) -> None:
 
 
 def test_overloaded_point_is_stopped_as_saturated(tmp_path: Path) -> None:
-    """A point at 4x what the capped server can serve is stopped and marked saturated; the next point still runs
-    (the sweep waits for the server to finish aborting the stopped point's requests before it flushes the cache)."""
+    """A point at 4x what the capped server can serve is stopped and marked saturated; the next point still runs.
+    On the virtual clock (the saturation rule reads the run clock, whichever it is); the real clock's wait for the
+    servers to finish aborting the stopped point's requests before the next point is test_points_wait_for_idle_servers."""
     trace = _gen(tmp_path / "t.jsonl", "--rate", "40", "--num-requests", "400", "--input-len", "64",
                  "--output-len", "128")
-    done = run_cli("sweep", str(trace), "--rates", "40,5", "--point-duration", "10", "--backend", "sim",
-                   "--speed", "10", "--max-running-requests", "8", "--saturation-window", "3", "--bootstrap", "100",
+    done = run_cli("sweep", str(trace), "--rates", "40,5", "--point-duration", "10", "--clock", "virtual",
+                   "--max-running-requests", "8", "--saturation-window", "3", "--bootstrap", "100",
                    "--quiet", "--out-dir", str(tmp_path), "--name", "sat")
     assert done.returncode == 0, done.stderr
     row, calm = _summary(tmp_path / "sat")["points"]
@@ -142,11 +147,12 @@ def test_overloaded_point_is_stopped_as_saturated(tmp_path: Path) -> None:
 def test_capacity_search_converges_to_a_known_boundary(short_trace: Path, tmp_path: Path) -> None:
     """One server that serves one request at a time (cap 1), constant arrivals, fixed lengths: a D/D/1 queue. Above
     its capacity 1/S (S: the service cycle) request i waits i (S - 1/r) more than alone, so the p99 TTFT (index h =
-    0.99 (n - 1)) meets a limit X up to r* = 1 / (S - (X - TTFT alone) / h). Host jitter only adds waiting, so the
-    search must stop within its tolerance, at or somewhat below r*, never above it."""
+    0.99 (n - 1)) meets a limit X up to r* = 1 / (S - (X - TTFT alone) / h). The search must stop within its
+    tolerance, at or somewhat below r*, never above it. On the virtual clock: the queue is the model's, with no host
+    jitter (which would only add waiting)."""
     n, limit = 30, 0.5
-    done = run_cli("sweep", str(short_trace), "--find-max-rate", "--slo", f"ttft={limit}", "--backend", "sim",
-                   "--speed", "20", "--max-running-requests", "1", "--saturation-window", "0", "--bootstrap", "200",
+    done = run_cli("sweep", str(short_trace), "--find-max-rate", "--slo", f"ttft={limit}", "--clock", "virtual",
+                   "--max-running-requests", "1", "--saturation-window", "0", "--bootstrap", "200",
                    "--quiet", "--out-dir", str(tmp_path), "--name", "cap")
     assert done.returncode == 0, done.stderr
     doc = _summary(tmp_path / "cap")
@@ -154,8 +160,7 @@ def test_capacity_search_converges_to_a_known_boundary(short_trace: Path, tmp_pa
     lo, hi = search["max_rate"], search["lowest_rate_not_met"]
     assert lo is not None and hi is not None and (hi - lo) / lo <= 0.05, search
     assert search["stopped"].startswith("bracket within")
-    # S: dispatch to dispatch at the most overloaded point (the server never idle there), in simulated seconds as the
-    # report converts them (the simulators' time x K, tracebench's own host time as measured: docs/report.md)
+    # S: dispatch to dispatch at the most overloaded point (the server never idle there), in simulated seconds
     from tracebench.report.load import load_run
 
     top = max(doc["points"], key=lambda row: row["rate"])
@@ -169,7 +174,7 @@ def test_capacity_search_converges_to_a_known_boundary(short_trace: Path, tmp_pa
 
 def test_concurrency_sweep(short_trace: Path, tmp_path: Path) -> None:
     """Closed loop: every request released at once behind the replay's --max-concurrency N; latencies from dispatch."""
-    done = run_cli("sweep", str(short_trace), "--concurrency", "1,4", "--backend", "sim", "--speed", "20",
+    done = run_cli("sweep", str(short_trace), "--concurrency", "1,4", "--clock", "virtual",
                    "--slo", "ttft=500ms", "--bootstrap", "100", "--quiet", "--out-dir", str(tmp_path), "--name", "conc")
     assert done.returncode == 0, done.stderr
     rows = _summary(tmp_path / "conc")["points"]
@@ -232,9 +237,10 @@ def test_a_rate_point_offers_its_rate_over_its_window_on_a_bursty_trace(tmp_path
 def test_sweep_refuses_a_point_it_cannot_write_before_anything_starts(small_trace: Path, tmp_path: Path,
                                                                       args: list[str], expected: str) -> None:
     # issue 33 items 10 and 11: these started the servers, then failed on free space with a 300-digit number, or
-    # crashed writing summary.json
-    done = run_cli("sweep", str(small_trace), *args, "--backend", "sim", "--quiet", "--out-dir", str(tmp_path),
-                   "--name", "x")
+    # crashed writing summary.json. Refused before anything starts (no server, no event loop): answered in this
+    # process as the process answers it
+    done = run_cli_in_process("sweep", str(small_trace), *args, "--backend", "sim", "--quiet", "--out-dir",
+                              str(tmp_path), "--name", "x")
     assert done.returncode == 2 and expected in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert not (tmp_path / "x").exists()
 
@@ -361,7 +367,7 @@ def test_an_absolute_policy_path_stays_out_of_the_sweep_files(tmp_path: Path) ->
     trace = _gen(tmp_path / "t.jsonl", "--rate", "20", "--num-requests", "8", "--input-len", "16", "--output-len", "8")
     work = tmp_path / "work"
     work.mkdir()
-    done = run_cli("sweep", str(trace), "--rates", "20", "--backend", "sim", "--speed", "20", "--policy",
+    done = run_cli("sweep", str(trace), "--rates", "20", "--clock", "virtual", "--policy",
                    f"{policy}:Mine,round_robin", "--bootstrap", "10", "--quiet", "--out-dir", "out", "--name", "p",
                    cwd=work)
     assert done.returncode == 0, done.stderr
@@ -400,7 +406,9 @@ def test_a_fault_is_not_a_capacity_answer(sim_server, tmp_path: Path) -> None:
     point is a FAULT with its reasons, the search stops there, and summary.json and stdout say why."""
     from test_replay_robust import proxy
 
-    sims = [sim_server("--speed", "10"), sim_server("--speed", "10")]
+    sims = [sim_server("--speed", "10", wait=False) for _ in range(2)]  # started together
+    for server in sims:
+        wait_healthy(server.url, server.proc, server.log)
     trace = _gen(tmp_path / "t.jsonl", "--rate", "20", "--num-requests", "24", "--input-len", "32", "--output-len",
                  "48")
     with proxy(sims[0].url, "--freeze-after", "0.3") as hung:
