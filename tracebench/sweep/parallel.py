@@ -27,12 +27,9 @@ import threading
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import TYPE_CHECKING, Any
+from typing import IO, Any, Callable, Protocol
 
 from tracebench.errors import TracebenchError
-
-if TYPE_CHECKING:
-    from tracebench.sweep.run import Sweep
 
 FIGURE_MODULE = "tracebench.report.render.load_latency"  # what Sweep._write_figure imports at the end
 STOP_WAIT_S = 60.0  # how long a stopped worker may take to close its point (its run folder) before it is killed
@@ -53,6 +50,22 @@ class Part:
         servers = f"PD {self.pd}" if self.pd is not None else f"{self.gpus} server(s)"
         what = "search" if self.kind == "search" else f"{self.kind} {self.value:g}"
         return f"{what}, {servers}, policy {self.policy}"
+
+
+class Sweep(Protocol):
+    """What this module uses of a sweep (sweep/run.py's Sweep, which imports this module, not the other way)."""
+
+    stderr: IO[str]
+    rows: list[dict[str, Any]]
+    searches: list[dict[str, Any]]
+    part_sink: Callable[[dict[str, Any]], None] | None
+
+    def write_summary(self) -> None: ...
+
+    def search_one(self, gpus: int, pd: str | None, policy: str, shared: None) -> dict[str, Any]: ...
+
+    def run_point(self, kind: str, value: float, gpus: int, policy: str, shared: None,
+                  pd: str | None = None) -> dict[str, Any]: ...
 
 
 class PartFailed(RuntimeError):
