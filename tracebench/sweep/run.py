@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import os
 import re
 import sys
 import time
