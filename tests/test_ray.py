@@ -16,11 +16,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from conftest import run_cli, tracebench_cmd
-from tracebench.trace.format import format_request_line, write_trace
+from test_replay_run import read_run, write_trace_file
 
 NODES = 3
 GPUS_PER_NODE = 2
@@ -41,24 +40,12 @@ def cluster() -> Any:
     cluster.shutdown()
 
 
-def write_trace_file(path: Path, n: int, rate: float, outputs: tuple[int, int] = (4, 32), seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
-    lines = [format_request_line(i, float(arrivals[i]), int(rng.integers(16, 128)), int(rng.integers(*outputs)))
-             for i in range(n)]
-    return write_trace(path, {"num_requests": n, "duration_s": float(arrivals[-1])}, lines)
-
-
-def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    run = json.loads((run_dir / "run.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
-    return run, records
 
 
 def test_without_ray_installed_ray_is_a_one_line_error_naming_the_extra(tmp_path: Path) -> None:
     # ray made unimportable in a real tracebench process (as where it is not installed); the other commands and the
     # replay without --ray never import it
-    trace = write_trace_file(tmp_path / "t.jsonl", 4, rate=10)
+    trace = write_trace_file(tmp_path / "t.jsonl", 4, rate=10, inputs=(16, 128), outputs=(4, 32))
     code = ("import sys, tracebench.cli, tracebench.replay.run, tracebench.replay.router, tracebench.sweep.run; "
             "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')], 'ray imported'; "
             "sys.modules['ray'] = None; sys.argv[0] = 'tracebench'; tracebench.cli.main()")
@@ -73,7 +60,7 @@ def test_without_ray_installed_ray_is_a_one_line_error_naming_the_extra(tmp_path
 
 def test_six_servers_on_three_nodes(tmp_path: Path, cluster: Any) -> None:
     n = 120
-    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=60)
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=60, inputs=(16, 128), outputs=(4, 32))
     result = run_cli("replay", str(trace), "--ray", cluster.address, "--backend", "sim", "--gpus", "6", "--speed", "4",
                      "--policy", "round_robin", "--run-name", "r", "--out-dir", str(tmp_path), "--quiet", timeout=120)
     assert result.returncode == 0, result.stderr
@@ -101,7 +88,7 @@ def test_six_servers_on_three_nodes(tmp_path: Path, cluster: Any) -> None:
 
 def test_a_sweep_of_twelve_points_on_ray_equals_the_point_by_point_one(tmp_path: Path, cluster: Any) -> None:
     # on the virtual clock a point's figures depend on nothing but its trace and options: the rows must be the same
-    trace = write_trace_file(tmp_path / "t.jsonl", 40, rate=20)
+    trace = write_trace_file(tmp_path / "t.jsonl", 40, rate=20, inputs=(16, 128), outputs=(4, 32))
     common = ("sweep", str(trace), "--rates", "5,10,20,40", "--policy", "round_robin,least_outstanding,random",
               "--clock", "virtual", "--gpus", "2", "--max-running-requests", "4", "--bootstrap", "20",
               "--saturation-window", "0", "--out-dir", str(tmp_path))
@@ -130,7 +117,7 @@ def test_a_sweep_of_twelve_points_on_ray_equals_the_point_by_point_one(tmp_path:
 def test_a_node_removed_mid_run_is_a_fault_the_run_reports(tmp_path: Path, cluster: Any) -> None:
     # the last test of the module: it takes one of the cluster's nodes away
     n = 200
-    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=40, outputs=(16, 64))
+    trace = write_trace_file(tmp_path / "t.jsonl", n, rate=40, inputs=(16, 128), outputs=(16, 64))
     proc = subprocess.Popen(tracebench_cmd("replay", str(trace), "--ray", cluster.address, "--backend", "sim",
                                            "--gpus", "3", "--policy", "round_robin", "--run-name", "k",
                                            "--out-dir", str(tmp_path), "--quiet"),

@@ -14,31 +14,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from conftest import free_port, run_cli, run_cli_in_process, tracebench_cmd, wait_served
-from tracebench.trace.format import format_request_line, write_trace
+from test_replay_run import check_every_request_once, read_run, write_trace_file
 
 STAMP_SLACK = 0.005  # server stamps are time.time(), ours monotonic
 
 
-def write_trace_file(path: Path, n: int, rate: float, outputs: tuple[int, int] = (4, 48), seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
-    lines = [format_request_line(i, float(arrivals[i]), int(rng.integers(16, 256)), int(rng.integers(*outputs)))
-             for i in range(n)]
-    return write_trace(path, {"num_requests": n, "duration_s": float(arrivals[-1])}, lines)
 
-
-def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    run = json.loads((run_dir / "run.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
-    return run, records
-
-
-def check_every_request_once(records: list[dict[str, Any]], n: int) -> None:
-    ids = [r["id"] for r in records]
-    assert len(ids) == n and sorted(ids) == list(range(n)), "every request of the trace exactly once"
 
 
 def start_replay(*args: str, cwd: Path) -> subprocess.Popen[str]:
