@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 FLOOR_S = 1e-5
+MEMO_SIZE = 4096  # gaps an ItlGaps.add memo remembers with their bucket
 GROWTH = 1.02
 _LOG_GROWTH = math.log(GROWTH)
 
@@ -41,8 +42,17 @@ class ItlGaps:
         self.counts: dict[int, int] = {}
         self.largest: float | None = None
 
-    def add(self, gap_s: float) -> None:
-        bucket = bucket_of(gap_s)
+    def add(self, gap_s: float, memo: dict[float, int] | None = None) -> None:
+        """One gap. `memo` (gap -> bucket, shared by many requests' ItlGaps): the requests of one decode step see the
+        same gap, so its bucket is computed once (bounded: cleared past MEMO_SIZE gaps)."""
+        if memo is None:
+            bucket = bucket_of(gap_s)
+        else:
+            bucket = memo.get(gap_s)  # type: ignore[assignment]
+            if bucket is None:
+                if len(memo) > MEMO_SIZE:
+                    memo.clear()
+                bucket = memo[gap_s] = bucket_of(gap_s)
         self.counts[bucket] = self.counts.get(bucket, 0) + 1
         if self.largest is None or gap_s > self.largest:
             self.largest = gap_s

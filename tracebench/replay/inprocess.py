@@ -24,13 +24,12 @@ import numpy as np
 import orjson
 
 from tracebench.errors import ConfigError, ServerStartError
-from tracebench.itl import ItlGaps, bucket_of
+from tracebench.itl import ItlGaps
 from tracebench.replay.client import Answer, Fetched, GenerateApi, timeout_text
 from tracebench.replay.clock import RunClock
 from tracebench.replay.flight import Destination, Progress
 from tracebench.replay.records import RequestRecord
 from tracebench.replay.servers import Fleet, ServerPlan
-from tracebench.replay.tokens import InputIds
 from tracebench.sim.args import SimArgs
 from tracebench.sim.engine import RunDelivery
 from tracebench.sim.inprocess import InProcessServer, sim_args_from_command
@@ -45,7 +44,6 @@ URL_SCHEME = "inprocess://"
 # profile's client_overhead_s is split in this proportion: REQUEST_SHARE before sglang's receipt, the rest after
 # each token is handed out.
 REQUEST_SHARE = 0.75
-BUCKET_MEMO_SIZE = 4096  # gaps remembered with their ITL bucket (_Watch.buckets); a step's gap is asked B times
 
 
 @dataclass(frozen=True)
@@ -172,9 +170,7 @@ class _Watch:
         self.gaps = ItlGaps() if stream else None
         self.t_chunk = 0.0
         self.done = done
-        # gap -> ITL bucket, shared by the sender's watchers: the requests of a decode step see the same gap, so one
-        # log per step instead of one per token (the bucket is bucket_of's, whichever request asked first)
-        self.buckets = buckets
+        self.buckets = buckets  # ItlGaps.add's memo, shared by the sender's watchers (one log per decode step)
 
     def on_token(self, t_visible: float) -> None:
         t = t_visible + self.offset
@@ -185,17 +181,7 @@ class _Watch:
         if self.rec.t_first_token is None:
             self.rec.t_first_token = t
         else:
-            gap = t - self.t_chunk  # ItlGaps.add, with the bucket looked up
-            bucket = self.buckets.get(gap)
-            if bucket is None:
-                buckets = self.buckets
-                if len(buckets) > BUCKET_MEMO_SIZE:
-                    buckets.clear()
-                bucket = buckets[gap] = bucket_of(gap)
-            counts = gaps.counts
-            counts[bucket] = counts.get(bucket, 0) + 1
-            if gaps.largest is None or gap > gaps.largest:
-                gaps.largest = gap
+            gaps.add(t - self.t_chunk, self.buckets)
         self.t_chunk = t
 
     def on_tokens(self, run: RunDelivery) -> None:
@@ -247,20 +233,20 @@ class InProcessSender:
 
     prepares_ahead = False  # no body to make
 
-    def __init__(self, fleet: InProcessFleet, input_ids: InputIds, stream: bool, hops: Hops, clock: RunClock,
+    def __init__(self, fleet: InProcessFleet, block_size: int | None, stream: bool, hops: Hops, clock: RunClock,
                  request_timeout: float | None = None, timeout_reason: str | None = None) -> None:
-        """`request_timeout` (run seconds; --timeout): from dispatch to the answer's end, as the HTTP client's;
-        `timeout_reason`: what a timed-out record says."""
+        """`block_size`: the trace's (its prefix blocks' tokens, prefix_keys); `request_timeout` (run seconds;
+        --timeout): from dispatch to the answer's end, as the HTTP client's; `timeout_reason`: what a timed-out
+        record says."""
         self.fleet = fleet
         self.request_timeout = request_timeout
         self.timeout_reason = timeout_reason or (None if request_timeout is None else timeout_text(request_timeout))
-        self.input_ids = input_ids
         self.stream = stream
         self.api = GenerateApi()
         self.hops = hops
         self.clock = clock
         self.buckets: dict[float, int] = {}  # _Watch.buckets
-        self.block_size = input_ids.block_size
+        self.block_size = block_size
 
     def prepare_body(self, request: TraceRequest) -> None:
         return None

@@ -1090,7 +1090,7 @@ class Replay:
 
         assert isinstance(self.fleet, InProcessFleet)
         self.hops = Hops.of_profile(self.fleet.servers[0].args.profile.client_overhead_s)
-        return InProcessSender(self.fleet, input_ids, self.cfg.stream, self.hops, clock, timeout, reason)
+        return InProcessSender(self.fleet, input_ids.block_size, self.cfg.stream, self.hops, clock, timeout, reason)
 
     def _beside_servers(self) -> list[dict[str, Any]]:
         # what BesideTelemetry needs of each server (behind sglang-router too: it asks the servers themselves)
