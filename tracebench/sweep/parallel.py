@@ -24,6 +24,7 @@ import os
 import pickle
 import signal
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -167,8 +168,6 @@ def run_parts(sweep: Sweep, parts: list[Part], jobs: int) -> None:
 
 def _drain(workers: dict[Connection, Any], take: Any) -> None:
     """Read what the stopping workers still say until each has gone; kill one that takes longer than STOP_WAIT_S."""
-    import time
-
     deadline = time.monotonic() + STOP_WAIT_S
     while workers:
         left = deadline - time.monotonic()

@@ -123,7 +123,6 @@ class Sweep:
         if self.dir.exists():
             raise ConfigError(f"sweep folder {self.dir} already exists: choose another --name (never overwritten)")
         resolved = base.resolve()
-        self.jobs = 1  # set below, once the parts are known
         self.part_sink: Callable[[dict[str, Any]], None] | None = None  # in a worker: where each row goes
         self.attach = resolved.attach
         # servers launched once for every point, except: PD points launch their own (the roles differ from one ratio
