@@ -44,11 +44,10 @@ class PrefillAttention:
     (kernels/ops/attention/extend_attention.py `extend_attention_fwd`, Hopper, head dim 128: BLOCK_M 128, BLOCK_N 64):
     one program per (request, head, block of block_m new tokens) walks the request's cached prefix and then its new
     tokens up to its block's end (causal), in tiles of block_n; the step's attention is token_s x the makespan of
-    those walks on `slots` programs at once, taken as max(all walks / slots, the longest walk)
-    (`prefill_attention_tokens`)."""
+    those walks: max(all walks / slots, the longest walk) (`prefill_attention_tokens`)."""
 
     token_s: float                 # per token of the makespan (32 layers)
-    slots: int                     # programs that run at once (all heads), an effective figure from the fit
+    slots: int                     # programs (all heads) whose walks share the GPU at once, an effective figure
     program_overhead_tokens: int   # a program's fixed cost, in tokens walked
     block_m: int                   # new tokens per program (sglang: 128 on Hopper for head dim 128)
     block_n: int                   # KV tokens per tile (sglang: 64): a walk rounds up to it
@@ -142,21 +141,22 @@ def decode_step_s(base: float, per_req: float, per_kv_token: float, attention: D
 
 def prefill_attention_tokens(chunks: Sequence[tuple[int, int]], slots: int, overhead: int, block_m: int,
                              block_n: int, heads: int) -> float:
-    """The makespan of one prefill step's attention in tokens walked, max(all walks / slots, the longest walk):
+    """The makespan of one prefill step's attention in tokens walked, max(all walks / slots, the longest walk).
     sglang's extend kernel runs a program per (request, head, block of block_m new tokens); block m of a request with
     `done` tokens in KV and `take` new walks ceil(done / block_n) x block_n prefix tokens, then its new tokens up to
-    min(take, (m + 1) x block_m) rounded up to block_n (causal), plus `overhead`. Summed in closed form: blocks
-    0..n-2 end at multiples of block_m, the last at take."""
+    min(take, (m + 1) x block_m) rounded up to block_n (causal), plus `overhead`. A step of few programs takes as long
+    as its longest walk; one of many, its walks shared over `slots` programs at once. Summed in closed form: blocks
+    0..n-2 end at multiples of block_m, the last at `take`."""
     total = 0
     longest = 0
     for done, take in chunks:
         if take <= 0:
             continue
         blocks = -(-take // block_m)
-        prefix = -(-done // block_n) * block_n
+        prefix = -(-done // block_n) * block_n + overhead
         last = -(-take // block_n) * block_n
-        total += blocks * (prefix + overhead) + block_m * blocks * (blocks - 1) // 2 + last
-        longest = max(longest, prefix + last + overhead)
+        total += blocks * prefix + block_m * blocks * (blocks - 1) // 2 + last
+        longest = max(longest, prefix + last)
     return max(heads * total / slots, float(longest))
 
 

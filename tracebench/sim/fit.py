@@ -298,9 +298,13 @@ LLAMA2_7B_HEADS = 32
 # sglang 0.5.17's extend attention on Hopper, head dim 128 (extend_attention.py _get_block_sizes_for_extend_attention)
 EXTEND_BLOCK_M = 128
 EXTEND_BLOCK_N = 64
-PREFILL_ATTENTION_SLOTS = tuple(range(220, 441, 22))   # programs at once: 1.7 ... 3.3 per SM of 132
-PREFILL_ATTENTION_OVERHEADS = (0, 32, 64, 128)
-PREFILL_ATTENTION_MIN_NEW = 512    # shapes with fewer new tokens are launch-bound (the prefill_min floor)
+PREFILL_ATTENTION_SLOTS = tuple(range(132, 529, 22))   # programs at once: 1 ... 4 per SM of 132
+PREFILL_ATTENTION_OVERHEADS = (0, 32, 64, 128, 256)
+# the shapes the prefill attention is fitted to: fresh prompts of >= 512 tokens (shorter ones are launch-bound: the
+# prefill_min floor) and >= 128 new tokens behind a cached prefix of >= 1,024 (the attention's walk is long)
+PREFILL_ATTENTION_MIN_NEW = 512
+SINGLE_PREFILL_SERIES = ("fresh", "behind_prefix")   # a grid file's prefill points of one request per step
+PREFILL_BEHIND_PREFIX_MIN = (1024, 128)
 SM_COUNT = {"NVIDIA H200": 132, "NVIDIA H100 80GB HBM3": 132}
 # the decode attention's shape constants are chosen on a grid (the rest is least squares at each)
 ATTENTION_SLOTS = tuple(range(16, 25))
@@ -350,8 +354,9 @@ def load_decode_grid(paths: list[Path]) -> DecodeGrid:
                 contexts = tuple(int(round(n + p["mid_tokens"])) for n in p["lens"])
                 shared = (len(p["lens"]) - len(set(p["groups"]))) * p["prefix"] if "groups" in p else 0
                 points.append(DecodePoint(family, p["label"], contexts, shared, float(p["step_s"])))
+        # single requests only: the `together_k` points of decode_more.py's prefix family share prefill steps
         prefill += [(f"grid {x['series']}", int(x["cached"]), int(x["ilen"]) - int(x["cached"]),
-                     float(x["prefill"])) for x in doc.get("prefill", [])]
+                     float(x["prefill"])) for x in doc.get("prefill", []) if x["series"] in SINGLE_PREFILL_SERIES]
     if len(heads) != 1:
         raise ConfigError(f"--decode-grid: the files differ in accelerator or KV splits ({sorted(heads)})")
     ((accelerator, kv_splits),) = heads
@@ -407,12 +412,12 @@ def fit_decode_attention(points: list[DecodePoint], kv_splits: int, sm_count: in
         heads=heads, graph_batch_sizes=graph_batch_sizes)
 
 
-def fit_prefill_attention(shapes: dict[tuple[int, int], float], buckets: tuple[int, ...]
+def fit_prefill_attention(shapes: dict[tuple[int, int], float], buckets: tuple[int, ...], floor: float
                           ) -> tuple[float, float, PrefillAttention]:
     """a, b and the attention of the prefill step (Profile.prefill_duration with q = 0) from single prefill steps
     `shapes` {(cached, new): seconds}: least squares of the relative error at each shape (slots, program overhead) on
-    a grid, a held >= 0 (a fit that wants a fixed cost below 0 gets a = 0 and b, t refitted); the shape with the
-    least RMS error wins."""
+    a grid, a held >= 0 (a fit that wants a fixed cost below 0 gets a = 0 and b, t refitted); the shape whose model,
+    held to `floor` (prefill_min) as the simulator holds it, has the least RMS error wins."""
     keys = sorted(shapes)
     y = np.array([shapes[k] for k in keys])
     padded = np.array([padded_tokens(new, buckets) for _, new in keys], dtype=float)
@@ -425,7 +430,7 @@ def fit_prefill_attention(shapes: dict[tuple[int, int], float], buckets: tuple[i
             coef = np.linalg.lstsq(design / y[:, None], np.ones_like(y), rcond=None)[0]
             if coef[0] < 0:
                 coef = np.r_[0.0, np.linalg.lstsq(design[:, 1:] / y[:, None], np.ones_like(y), rcond=None)[0]]
-            err = float(np.sqrt(((design @ coef / y - 1.0) ** 2).mean()))
+            err = float(np.sqrt(((np.maximum(design @ coef, floor) / y - 1.0) ** 2).mean()))
             if best is None or err < best[0]:
                 best = (err, coef, slots, overhead)
     assert best is not None
@@ -481,10 +486,11 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_gri
         # calibration's: the extend kernel's makespan in place of q
         shapes: dict[tuple[int, int], list[float]] = {}
         for _, cached, new_tokens, seconds in (*points, *decode_grid.prefill):
-            if new_tokens >= PREFILL_ATTENTION_MIN_NEW:
+            if new_tokens >= PREFILL_ATTENTION_MIN_NEW or (cached >= PREFILL_BEHIND_PREFIX_MIN[0]
+                                                           and new_tokens >= PREFILL_BEHIND_PREFIX_MIN[1]):
                 shapes.setdefault((cached, new_tokens), []).append(seconds)
         a, b, prefill_attention = fit_prefill_attention(
-            {shape: statistics.median(times) for shape, times in shapes.items()}, token_buckets)
+            {shape: statistics.median(times) for shape, times in shapes.items()}, token_buckets, prefill_min)
         q = 0.0
     else:
         shapes = {}
