@@ -25,6 +25,7 @@ half-width of before's range over the seeds (at least 0.5 points); lists what mi
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -48,6 +49,8 @@ def jittered_figures(real_dir: Path, trace: Path, out: Path, profile: str, seeds
         name = load_run(real_dir).meta["run_name"]
         done = folder / "done"
         if not done.is_file():   # a replay that finished is kept: the same seed gives the same run
+            if (folder / name).exists():   # one that was stopped midway (no `done`) is made again
+                shutil.rmtree(folder / name)
             sim_replay(real_dir, trace, folder, 1.0, chosen, [], "virtual", (jitter_s, seed))
             done.write_text("virtual\n")
         runs.append(figures(load_run(folder / name)))
