@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,15 +45,22 @@ URL_SCHEME = "inprocess://"
 # profile's client_overhead_s is split in this proportion: REQUEST_SHARE before sglang's receipt, the rest after
 # each token is handed out.
 REQUEST_SHARE = 0.75
+# sglang takes in one request at a time (its tokenizer manager's loop): requests sent to a server together are
+# received one after another. The gap between consecutive receipts of a batch sent at once (static batches of 8,
+# p50 of sglang's request_received_ts differences): 0.52 ms on H200 (reports/examples/h200-node-level/attach-static8),
+# 0.57 ms on H100 (h100-waits/static8). Without it a batch sent at once would reach the scheduler at one instant and be
+# prefilled as one, where sglang (and the real-time simulator) prefill the first request alone and the rest after.
+INTAKE_GAP_S = 0.0005
 
 
 @dataclass(frozen=True)
 class Hops:
     """The modelled HTTP hops (seconds): dispatch -> sglang's receipt of the request, and a token handed out by
-    sglang -> read by the client."""
+    sglang -> read by the client; and the least time between two receipts at one server (INTAKE_GAP_S)."""
 
     request_s: float
     response_s: float
+    intake_gap_s: float = INTAKE_GAP_S
 
     @classmethod
     def of_profile(cls, client_overhead_s: float) -> Hops:
@@ -60,8 +68,11 @@ class Hops:
 
     def to_json(self) -> dict[str, Any]:
         return {"request_hop_s": self.request_s, "response_hop_s": self.response_s,
+                "intake_gap_s": self.intake_gap_s,
                 "source": f"the profile's client_overhead_s (client e2e - server e2e on real sglang), "
-                          f"{REQUEST_SHARE:.0%} before the server's receipt, the rest after each token"}
+                          f"{REQUEST_SHARE:.0%} before the server's receipt, the rest after each token; a server "
+                          f"receives one request at a time, intake_gap_s apart at least (sglang's receipts of a "
+                          f"batch sent at once, H200 and H100)"}
 
 
 class InProcessFleet(Fleet):
@@ -247,6 +258,7 @@ class InProcessSender:
         self.clock = clock
         self.buckets: dict[float, int] = {}  # _Watch.buckets
         self.block_size = block_size
+        self.last_received = [-math.inf] * len(fleet.plans)  # each server's latest receipt (loop time): Hops.intake_gap_s
 
     def prepare_body(self, request: TraceRequest) -> None:
         return None
@@ -258,7 +270,8 @@ class InProcessSender:
         hops = self.hops
         t = now()
         rec.t_built = rec.t_dispatch = rec.t_written = t
-        t_received = loop.time() + hops.request_s
+        t_received = max(loop.time() + hops.request_s, self.last_received[server.index] + hops.intake_gap_s)
+        self.last_received[server.index] = t_received
         # a prompt of prefix blocks: its tokens as the server's radix cache tells them apart (prefix_keys); a prompt
         # of its own (the trace gives no blocks): content that matches nothing (the real-time server is sent random
         # ids, which hit its cache by chance only: a 1-token match about once in 32,000/N, N the prompts it holds)
