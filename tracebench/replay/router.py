@@ -543,12 +543,14 @@ class Router:
 
     def _views(self, now: float) -> list[ServerView]:
         views = []
+        add = views.append
+        static = self.static
         for s in self.servers:
             rate, p50, p90, ttft = s.observed(now)
             rep = s.reported
             reported = None if rep is None else ReportedLoad(rep[0], rep[1], rep[2], rep[3], now - s.reported_t)
-            in_flight, cap = self._load(s)
-            views.append(ServerView(s.index, s.url, s.state == "up", in_flight, cap, rate, p50, p90, ttft, reported))
+            in_flight, cap = self._load(s) if static else (s.in_flight, s.cap)
+            add(ServerView(s.index, s.url, s.state == "up", in_flight, cap, rate, p50, p90, ttft, reported))
         return views
 
     def _free_slots(self) -> list[int]:
