@@ -15,10 +15,11 @@ real-time run is made on whatever host this is: a busy host moves it (its own la
 
 `--issue-cases`: the cases issue #32 item 1 names, traces generated here (ISSUE_CASES). `--repeat-real`: each case's
 real-time run twice, at the same time (NAME-real and NAME-real2): how far the real-time simulator is from itself
-is the floor under any comparison with it. `--match-hops`: the virtual run's HTTP hops (a constant, the profile's
-`client_overhead_s`: real sglang's, 2.5 ms on H200) set to what the real-time run's own loopback hops were (p50 of
-client e2e - server e2e), through a copy of the profile (NAME-hops.json): the comparison is then of the router,
-the engine and the model, not of this host's HTTP against real sglang's. `--runs-only`: make the runs, compare
+is the floor under any comparison with it. `--match-hops`: the virtual run's request hop (75% of the profile's
+`client_overhead_s`: real sglang's 1.9 ms on H200) set to what the real-time run's own loopback hop was (p50 of the
+server's receipt - dispatch), through a copy of the profile (NAME-hops.json): the comparison is then of the router,
+the engine and the model, not of this host's HTTP against real sglang's (a streamed token's hop is 0.25 ms under
+both; the answer's end is ~1 ms later on the real-time simulator, a few tenths of a percent of a total latency). `--runs-only`: make the runs, compare
 nothing (no polars needed: the GPU machine); `--compare-dir`: compare the runs found in --out.
 """
 
@@ -136,25 +137,28 @@ def replay(trace: str, args: list[str], clock: str, out: Path, name: str, check:
 
 
 def loopback_hop_s(run_dir: Path) -> float:
-    """The real-time run's own HTTP hops: p50 over its completed requests of (t_finish - t_dispatch) minus the
-    server's e2e_latency (what the profile's client_overhead_s is on real sglang)."""
+    """The real-time run's own request hop: p50 over its completed requests of the server's receipt minus the
+    dispatch (what the virtual clock's request hop stands for: real sglang's 1.9 ms on H200)."""
     hops = []
     with open(run_dir / "requests.jsonl", "rb") as f:
         for line in f:
             rec = json.loads(line)
-            if rec["status"] in ("ok", "mismatch") and rec.get("server_e2e_latency") is not None:
-                hops.append(rec["t_finish"] - rec["t_dispatch"] - rec["server_e2e_latency"])
+            if rec["status"] in ("ok", "mismatch") and rec.get("server_received") is not None:
+                hops.append(rec["server_received"] - rec["t_dispatch"])
     if not hops:
-        raise SystemExit(f"{run_dir}: no completed request with server_e2e_latency")
+        raise SystemExit(f"{run_dir}: no completed request with server_received")
     return statistics.median(hops)
 
 
 def hop_profile(out: Path, name: str, hop_s: float) -> Path:
-    """A copy of the default profile whose client_overhead_s is `hop_s` (the virtual clock's hops)."""
+    """A copy of the default profile whose client_overhead_s makes the virtual clock's request hop `hop_s` (the
+    virtual clock puts inprocess.REQUEST_SHARE of client_overhead_s before the server's receipt)."""
+    from tracebench.replay.inprocess import REQUEST_SHARE
+
     raw = json.loads((PROFILES_DIR / f"{DEFAULT_PROFILE}.json").read_text())
     raw["name"] = f"{raw['name']}-hops-{name}"
-    raw["source"] = f"{raw['source']}; client_overhead_s set to {name}'s real-time loopback hops"
-    raw["params"]["client_overhead_s"] = hop_s
+    raw["source"] = f"{raw['source']}; client_overhead_s set for {name}'s real-time request hop"
+    raw["params"]["client_overhead_s"] = hop_s / REQUEST_SHARE
     path = out / f"{name}-hops.json"
     path.write_text(json.dumps(raw, indent=1))
     return path

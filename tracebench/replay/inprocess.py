@@ -51,15 +51,22 @@ REQUEST_SHARE = 0.75
 # 0.57 ms on H100 (h100-waits/static8). Without it a batch sent at once would reach the scheduler at one instant and be
 # prefilled as one, where sglang (and the real-time simulator) prefill the first request alone and the rest after.
 INTAKE_GAP_S = 0.0005
+# A streamed token's chunk is small and reaches the client sooner than the answer's last chunk (which carries
+# meta_info and follows sglang's end-of-request work): sglang's response_sent_to_client_ts (a stream's first chunk)
+# -> the client's read of the first token, p50 on the committed real runs that have it: 0.20-0.31 ms (H100
+# routing-long, waits cap4 / uncapped / static8, H200 overhead-plain), against 0.56-0.61 ms for the last chunk.
+TOKEN_HOP_S = 0.00025
 
 
 @dataclass(frozen=True)
 class Hops:
-    """The modelled HTTP hops (seconds): dispatch -> sglang's receipt of the request, and a token handed out by
-    sglang -> read by the client; and the least time between two receipts at one server (INTAKE_GAP_S)."""
+    """The modelled HTTP hops (seconds): dispatch -> sglang's receipt of the request; a streamed token handed out by
+    sglang -> read by the client (TOKEN_HOP_S); the answer's end (its last chunk, or a whole non-streamed answer) ->
+    read; and the least time between two receipts at one server (INTAKE_GAP_S)."""
 
     request_s: float
     response_s: float
+    token_s: float = TOKEN_HOP_S
     intake_gap_s: float = INTAKE_GAP_S
 
     @classmethod
@@ -67,10 +74,11 @@ class Hops:
         return cls(client_overhead_s * REQUEST_SHARE, client_overhead_s * (1.0 - REQUEST_SHARE))
 
     def to_json(self) -> dict[str, Any]:
-        return {"request_hop_s": self.request_s, "response_hop_s": self.response_s,
+        return {"request_hop_s": self.request_s, "response_hop_s": self.response_s, "token_hop_s": self.token_s,
                 "intake_gap_s": self.intake_gap_s,
                 "source": f"the profile's client_overhead_s (client e2e - server e2e on real sglang), "
-                          f"{REQUEST_SHARE:.0%} before the server's receipt, the rest after each token; a server "
+                          f"{REQUEST_SHARE:.0%} before the server's receipt, the rest after the answer's end; a "
+                          f"streamed token's chunk token_hop_s after it is handed out (real sglang's first chunk); a server "
                           f"receives one request at a time, intake_gap_s apart at least (sglang's receipts of a "
                           f"batch sent at once, H200 and H100)"}
 
@@ -166,18 +174,19 @@ class InProcessClient:
 
 
 class _Watch:
-    """One request's answer as the client would read it: each token a response hop after sglang handed it out; the
-    flight is resumed at the end's moment."""
+    """One request's answer as the client would read it: each token a token hop after sglang handed it out, the end
+    a response hop after it; the flight is resumed at the end's moment."""
 
-    __slots__ = ("rec", "flight", "server", "hop", "offset", "gaps", "t_chunk", "done", "buckets")
+    __slots__ = ("rec", "flight", "server", "hop", "offset", "end_offset", "gaps", "t_chunk", "done", "buckets")
 
-    def __init__(self, rec: RequestRecord, flight: Progress, server: Destination, hop: float, offset: float,
-                 done: asyncio.Future[float], stream: bool, buckets: dict[float, int]) -> None:
+    def __init__(self, rec: RequestRecord, flight: Progress, server: Destination, hop: float, token_hop: float,
+                 offset: float, done: asyncio.Future[float], stream: bool, buckets: dict[float, int]) -> None:
         self.rec = rec
         self.flight = flight
         self.server = server
-        self.hop = hop  # the response hop (loop seconds)
+        self.hop = hop  # the answer's end -> read (loop seconds)
         self.offset = offset  # loop time of a token handed out -> run clock of the client's read (the hop included)
+        self.end_offset = offset - token_hop + hop  # the same for the answer's end
         self.gaps = ItlGaps() if stream else None
         self.t_chunk = 0.0
         self.done = done
@@ -212,7 +221,7 @@ class _Watch:
         self.t_chunk = t
 
     def on_done(self, t_visible: float) -> None:
-        t = t_visible + self.offset
+        t = t_visible + self.end_offset
         self.flight.t_progress = self.server.t_heard = t
         asyncio.get_running_loop().call_at(t_visible + self.hop, _resolve, self.done, t)
 
@@ -292,11 +301,11 @@ class InProcessSender:
             out = srv.abort_answer(str(err), t_received, t_received)
             return self.api.final_answer(server.generate_url, orjson.dumps(out))
         done: asyncio.Future[float] = loop.create_future()
-        watch = _Watch(rec, flight, server, hops.response_s, hops.response_s - self.clock.mono_start, done,
+        watch = _Watch(rec, flight, server, hops.response_s, hops.token_s, hops.token_s - self.clock.mono_start, done,
                        self.stream, self.buckets)
         pend.watcher = watch
         if self.stream:
-            rec.t_headers = t + hops.request_s + hops.response_s  # the handler answers its headers at once
+            rec.t_headers = t + hops.request_s + hops.token_s  # the handler answers its headers at once
         try:
             if self.request_timeout is None:
                 rec.t_finish = await done
