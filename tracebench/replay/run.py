@@ -204,7 +204,6 @@ class ReplayConfig:
                 ("--attach", "attach", "attached servers run in real time"),
                 ("--attach-prefill", "attach_prefill", "attached servers run in real time"),
                 ("--attach-decode", "attach_decode", "attached servers run in real time"),
-                ("--pd", "pd", "PD pools need --clock real for now (their KV handshake speaks HTTP)"),
                 ("--speed", "speed", "the virtual clock runs as fast as the host computes it"),
                 ("--control-port", "control_port", "nothing outside the process can act on a virtual clock; "
                  "change caps with --cap-schedule"),
