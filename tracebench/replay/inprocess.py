@@ -359,9 +359,9 @@ class InProcessSender:
             while answer is None:
                 left = None if self.request_timeout is None else t + self.request_timeout - now()
                 ended, waiting = await asyncio.wait(waiting, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                if not ended:   # --timeout: the client gives up on both
+                if not ended:   # --timeout: the client gives up on both (the decode request's is what it says)
                     rec.t_finish = now()
-                    answer = Answer("timeout", self.timeout_reason)
+                    answer = Answer("timeout", f"decode server: {self.timeout_reason}")
                     break
                 if prefill_side in ended:
                     prefill_answer, t_p = prefill_side.result()
