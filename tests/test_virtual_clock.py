@@ -111,6 +111,32 @@ def _check_pd_run(run: Path) -> None:
         assert r["t_finish"] == max(r["t_last_chunk"], r["t_prefill_answer"]) and r["server_prefill_finished"] is None
 
 
+def test_virtual_pd_aborts_and_timeouts(tmp_path: Path) -> None:
+    """A decode server short of KV room on the virtual clock: prefill requests whose KV destination does not come in
+    sglang's bootstrap timeout are aborted (500, the pair ends with the prefill's error), --timeout ends pairs that
+    are not whole in time; every request is recorded once and the servers' counters say the same."""
+    trace = _generate(tmp_path / "t.jsonl", "--rate", "30", "--num-requests", "80", "--input-len", "2000",
+                      "--output-len", "400", "--seed", "3")
+    done = run_cli("replay", str(trace), "--clock", "virtual", "--pd", "1:1", "--server-arg",
+                   "--max-total-tokens 20000", "--kv-link", "nvlink", "--timeout", "4", "--run-name", "ab",
+                   "--out-dir", str(tmp_path), "--quiet", env={"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "2"})
+    assert done.returncode == 0, done.stderr
+    records = _records(tmp_path / "ab")
+    assert sorted(r["id"] for r in records) == list(range(80))
+    aborted = [r for r in records if r["status"] == "error"]
+    late = [r for r in records if r["status"] == "timeout"]
+    ok = [r for r in records if r["status"] == "ok"]
+    assert aborted and late and ok and len(aborted) + len(late) + len(ok) == 80
+    assert all(r["error"].startswith("prefill server: aborted by the server: Prefill bootstrap failed") and
+               r["t_prefill_answer"] == r["t_finish"] for r in aborted)
+    assert all(r["error"] == "decode server: no complete answer within --timeout 4 s" and
+               r["t_finish"] - r["t_dispatch"] == pytest.approx(4.0) for r in late)
+    meta = json.loads((tmp_path / "ab" / "run.json").read_text())
+    prefill, decode = (m["delta"] for m in meta["pd"]["server_metrics"])
+    assert prefill["num_bootstrap_failed_reqs_total"] == len(aborted)
+    assert decode["num_requests_total"] == len(ok) and decode["num_aborted_requests_total"] == len(aborted) + len(late)
+
+
 def test_a_saturation_stop_writes_the_same_records_every_time(tmp_path: Path) -> None:
     """The saturation stop cancels ~1,000 requests in flight: their records come out in the same order in every run
     (the router once cancelled them in a set's order, which followed the tasks' addresses)."""
