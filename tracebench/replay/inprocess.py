@@ -336,14 +336,18 @@ class InProcessSender:
         srv_p, srv_d = self.fleet.servers[prefill.index], self.fleet.servers[decode.index]
         bootstrap = Bootstrap(*boot)
         try:
-            # both servers check a request alike (one command line but the role): the prefill's refusal ends the pair
-            pend_p = srv_p.submit_pd(rec.input_len, rec.output_len, ids, t_received, self.stream)
+            # both servers check a request alike (one command line but the role); the real-time pair reads the decode
+            # server's refusal first (its answer is the stream the client reads), and so does this one
+            pend_d = srv_d.submit_pd(rec.input_len, rec.output_len, ids, t_received, self.stream)
+            try:
+                pend_p = srv_p.submit_pd(rec.input_len, rec.output_len, ids, t_received, self.stream)
+            except BaseException:
+                srv_d.end_pd(pend_d, bootstrap, False, False)   # the pair is closed: its decode side too
+                raise
         except (BadRequest, SchedulerAbort) as err:
             await asyncio.sleep(hops.request_s + hops.response_s)
-            rec.t_headers = rec.t_finish = rec.t_prefill_answer = now()
-            refused = self._refusal(err)
-            return Answer("error", f"prefill server: {refused.error}"), refused
-        pend_d = srv_d.submit_pd(rec.input_len, rec.output_len, ids, t_received, self.stream)
+            rec.t_headers = rec.t_finish = now()
+            return Answer("error", f"decode server: {self._refusal(err).error}"), None
         done: asyncio.Future[float] = loop.create_future()
         watch = _Watch(rec, flight, decode, hops.response_s, hops.response_s - self.clock.mono_start, done,
                        self.stream, self.buckets)
