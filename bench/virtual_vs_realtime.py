@@ -4,6 +4,7 @@ simulated time), compared with the report's own figures.
 
     .venv/bin/python bench/virtual_vs_realtime.py --out DIR CASE [CASE ...]
     CASE = NAME=TRACE:REPLAY-ARGS      e.g.  tour=traces/demo.jsonl:--gpus 2 --policy round_robin
+    CASE = NAME                        a ready case on a committed trace (READY_CASES), e.g.  pd-h200-shared
     .venv/bin/python bench/virtual_vs_realtime.py --out DIR --issue-cases [--runs-only] [--repeat-real] [--match-hops]
     .venv/bin/python bench/virtual_vs_realtime.py --out DIR --compare-dir     (runs made before with --runs-only)
 
@@ -11,7 +12,10 @@ or, for runs already made, `--pair REALTIME_RUN VIRTUAL_RUN` (repeatable). Per c
 latency p50 and p99 (simulated seconds, completed requests), the prompt tokens served from the prefix cache (% of
 prompt tokens), and whether every request went to the same server under both clocks. Held (issue #32): p50s and
 throughput within 1%, p99s within 3%, the cache share within 0.2 points; a figure outside is flagged `OFF`. The
-real-time run is made on whatever host this is: a busy host moves it (its own lag), not the virtual one.
+real-time run is made on whatever host this is: a busy host moves it (its own lag), not the virtual one. PD runs
+(`--pd P:D`) add, unheld, the KV transfer (prefill done -> KV at the decode server) and the prefill answer (dispatch
+-> the prefill server's answer in) p50/p99, and how many requests had the same prefill server. A TRACE ending in .xz
+is decompressed into --out first.
 
 `--issue-cases`: the cases issue #32 item 1 names, traces generated here (ISSUE_CASES). `--repeat-real`: each case's
 real-time run twice, at the same time (NAME-real and NAME-real2): how far the real-time simulator is from itself
@@ -26,6 +30,7 @@ nothing (no polars needed: the GPU machine); `--compare-dir`: compare the runs f
 from __future__ import annotations
 
 import argparse
+import lzma
 import shlex
 import subprocess
 import sys
@@ -62,6 +67,20 @@ ISSUE_CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                                                                "--batch-size", "8")),
     "pd-1-1": (TOUR, ("--pd", "1:1")),
 }
+# ready cases on committed traces (CASE = NAME): trace, replay options
+READY_CASES = {
+    # PD 1:1 on the real H200 pair's shared-prefix trace (81 requests over 40 s, ~0.9 GiB of KV a request: the tcp
+    # link is busy most of the run; reports/examples/h200x2-pd), round_robin in each pool, the H200 profile
+    "pd-h200-shared": ("reports/examples/h200x2-pd/shared.jsonl.xz",
+                       "--pd 1:1 --policy round_robin --sim-profile llama-2-7b-h200-triton"),
+    # the same over an RDMA link: transfers short, no queue at the link (TTFT: the prefill, ~45 ms of bytes + 70 ms)
+    "pd-h200-shared-rdma": ("reports/examples/h200x2-pd/shared.jsonl.xz",
+                            "--pd 1:1 --policy round_robin --sim-profile llama-2-7b-h200-triton --kv-link rdma-200g"),
+    # the same pair on the Mooncake slice (33 requests, long prompts)
+    "pd-h200-mooncake": ("reports/examples/h200x2-pd/mooncake.jsonl.xz",
+                         "--pd 1:1 --policy round_robin --sim-profile llama-2-7b-h200-triton"),
+}
+PD_ROWS = (("KV transfer", "kv_transfer"), ("prefill answer", "prefill_answer"))
 
 # (label, key, quantile or None for throughput, tolerance as a fraction)
 ROWS = (
@@ -79,6 +98,7 @@ def figures(run: Run) -> dict[str, float]:
 
     from tracebench.report.load import COMPLETED_STATUSES
     from tracebench.report.metrics import latency_expr
+    from tracebench.report.pd import is_pd, stage_exprs
 
     ok = run.requests.filter(pl.col("status").is_in(COMPLETED_STATUSES))
     if ok.height == 0:
@@ -93,6 +113,13 @@ def figures(run: Run) -> dict[str, float]:
             out[label] = float(np.quantile(values, q)) * 1000 if values.size else float("nan")
     prompt = float(ok["prompt_tokens"].sum())
     out["cache %"] = 100.0 * float(ok["cached_tokens"].fill_null(0).sum()) / prompt if prompt else 0.0
+    if is_pd(run.meta):
+        exprs = {"kv_transfer": stage_exprs()["kv_transfer"],
+                 "prefill_answer": pl.col("t_prefill_answer") - pl.col("t_dispatch")}
+        for label, key in PD_ROWS:
+            values = ok.select(exprs[key].alias("v"))["v"].drop_nulls().to_numpy()
+            for name, q in (("p50", 0.5), ("p99", 0.99)):
+                out[f"{label} {name}"] = float(np.quantile(values, q)) * 1000 if values.size else float("nan")
     return out
 
 
@@ -113,10 +140,19 @@ def compare(name: str, real_dir: Path, virtual_dir: Path, second: str = "virtual
     held &= ok
     lines.append(f"| prompt tokens from cache % | {a['cache %']:.2f} | {b['cache %']:.2f} | {points:+.2f} pt | "
                  f"{'ok' if ok else 'OFF'} (±{CACHE_POINTS} pt) |")
+    for label in (f"{row} {name}" for row, _ in PD_ROWS for name in ("p50", "p99")):
+        if label in a and label in b:
+            diff = (b[label] - a[label]) / a[label] if a[label] else 0.0
+            lines.append(f"| PD: {label} | {a[label]:.3f} | {b[label]:.3f} | {diff:+.2%} | (not held) |")
     ra = real.requests.select("id", "server").sort("id")
     rb = virtual.requests.select("id", "server").sort("id")
     same = int((ra["server"] == rb["server"]).sum())
     lines.append(f"| requests on the same server | | | {same} of {ra.height} | |")
+    if "prefill_server" in real.requests.columns and "prefill_server" in virtual.requests.columns:
+        pa = real.requests.select("id", "prefill_server").sort("id")
+        pb = virtual.requests.select("id", "prefill_server").sort("id")
+        same = int((pa["prefill_server"] == pb["prefill_server"]).sum())
+        lines.append(f"| requests on the same prefill server | | | {same} of {pa.height} | |")
     return lines + [""], held
 
 
@@ -244,7 +280,18 @@ def main() -> None:
                     all_held &= held
     for case in opts.cases:
         name, _, rest = case.partition("=")
-        trace, _, args = rest.partition(":")
+        if not rest:
+            if name not in READY_CASES:
+                raise SystemExit(f"{case}: not NAME=TRACE:ARGS, nor a ready case ({', '.join(READY_CASES)})")
+            trace, args = READY_CASES[name]
+            trace = str(REPO / trace)
+        else:
+            trace, _, args = rest.partition(":")
+        if trace.endswith(".xz"):
+            plain = opts.out / Path(trace).stem
+            opts.out.mkdir(parents=True, exist_ok=True)
+            plain.write_bytes(lzma.decompress(Path(trace).read_bytes()))
+            trace = str(plain)
         words = shlex.split(args)
         real = replay(trace, words, "real", opts.out, f"{name}-real")
         virtual = replay(trace, words, "virtual", opts.out, f"{name}-virtual")

@@ -768,7 +768,7 @@ class Router:
         now = self.clock.now
         rec.server = server.index
         try:
-            answer = await self.sender.exchange(rec, server, flight, self._prefix_blocks.get(rec.id), now)
+            answer = await self._carry(rec, server, flight)
             self._take_answer(rec, server, answer)
             if rec.status == "ok":
                 self._check_answer(rec, server)
@@ -783,6 +783,11 @@ class Router:
             raise
         finally:
             self._finish(rec, server)
+
+    def _carry(self, rec: RequestRecord, server: ServerState, flight: _Flight) -> Awaitable[Answer]:
+        """The sender's exchange (the awaitable itself: no frame of its own on the hot path); a PD router carries a
+        pair (pd_router.py)."""
+        return self.sender.exchange(rec, server, flight, self._prefix_blocks.get(rec.id), self.clock.now)
 
     def _ended_by_router(self, rec: RequestRecord, flight: _Flight) -> None:
         """The status of a request whose task the router cancelled: what `_end_flight` said (stalled, its server
