@@ -105,8 +105,10 @@ def _check_pd_run(run: Path) -> None:
     assert len({r["bootstrap_room"] for r in records}) == 60
     assert sum(r["cached_tokens"] for r in records) > 0   # the prefill server's radix cache, reported by the decode
     for r in records:
-        assert r["prefill_received"] - r["t_dispatch"] == pytest.approx(hops["request_hop_s"], abs=1e-9)
-        assert r["server_received"] == r["prefill_received"]   # both sent at once
+        # both sent at once: each received a request hop later, or later where its server was still taking in the
+        # request before (intake_gap_s)
+        assert r["prefill_received"] - r["t_dispatch"] >= hops["request_hop_s"] - 1e-9
+        assert r["server_received"] - r["t_dispatch"] >= hops["request_hop_s"] - 1e-9
         assert r["t_prefill_answer"] - r["prefill_finished"] == pytest.approx(hops["response_hop_s"], abs=1e-9)
         kv_arrival = r["server_forward_entry"] - r["server_queue_time"]
         assert r["prefill_done"] <= kv_arrival <= r["t_first_token"]   # the KV came before the first token

@@ -353,16 +353,20 @@ class InProcessSender:
         hops = self.hops
         t = now()
         rec.t_built = rec.t_dispatch = rec.t_written = t
-        t_received = loop.time() + hops.request_s
+        # each server of the pair takes in one request at a time (Hops.intake_gap_s)
+        t_hop = loop.time() + hops.request_s
+        t_received_d = max(t_hop, self.last_received[decode.index] + hops.intake_gap_s)
+        t_received_p = max(t_hop, self.last_received[prefill.index] + hops.intake_gap_s)
+        self.last_received[decode.index], self.last_received[prefill.index] = t_received_d, t_received_p
         ids = None if blocks is None else prefix_keys(blocks, self.block_size, rec.input_len)
         srv_p, srv_d = self.fleet.servers[prefill.index], self.fleet.servers[decode.index]
         bootstrap = Bootstrap(*boot)
         try:
             # both servers check a request alike (one command line but the role); the real-time pair reads the decode
             # server's refusal first (its answer is the stream the client reads), and so does this one
-            pend_d = srv_d.submit_pd(rec.input_len, rec.output_len, ids, t_received, self.stream)
+            pend_d = srv_d.submit_pd(rec.input_len, rec.output_len, ids, t_received_d, self.stream)
             try:
-                pend_p = srv_p.submit_pd(rec.input_len, rec.output_len, ids, t_received, self.stream)
+                pend_p = srv_p.submit_pd(rec.input_len, rec.output_len, ids, t_received_p, self.stream)
             except BaseException:
                 srv_d.end_pd(pend_d, bootstrap, False, False)   # the pair is closed: its decode side too
                 raise
@@ -371,8 +375,8 @@ class InProcessSender:
             rec.t_headers = rec.t_finish = now()
             return Answer("error", f"decode server: {self._refusal(err).error}"), None
         done: asyncio.Future[float] = loop.create_future()
-        watch = _Watch(rec, flight, decode, hops.response_s, hops.response_s - self.clock.mono_start, done,
-                       self.stream, self.buckets)
+        watch = _Watch(rec, flight, decode, hops.response_s, hops.token_s, hops.token_s - self.clock.mono_start,
+                       done, self.stream, self.buckets)
         pend_d.watcher = watch
         prefill_side = loop.create_task(self._prefill_side(srv_p, pend_p, bootstrap, prefill.generate_url))
         decode_side = loop.create_task(self._decode_side(srv_d, pend_d, bootstrap, rec, done, decode.generate_url))
@@ -467,7 +471,7 @@ class InProcessSender:
             await asyncio.sleep(pend.t_received - loop.time())
             why = await srv.serve_pd(pend, boot)
             if self.stream:   # the PD face answers its headers once the KV is in (or with the abort)
-                rec.t_headers = self.clock.now() + hops.response_s
+                rec.t_headers = self.clock.now() + hops.token_s
             if why is not None:
                 gone = False
                 answer = self._aborted(srv, pend, why, url)
