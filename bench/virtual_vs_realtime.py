@@ -5,7 +5,7 @@ simulated time), compared with the report's own figures.
     .venv/bin/python bench/virtual_vs_realtime.py --out DIR CASE [CASE ...]
     CASE = NAME=TRACE:REPLAY-ARGS      e.g.  tour=traces/demo.jsonl:--gpus 2 --policy round_robin
     CASE = NAME                        a ready case on a committed trace (READY_CASES), e.g.  pd-h200-shared
-    .venv/bin/python bench/virtual_vs_realtime.py --out DIR --issue-cases [--runs-only] [--repeat-real] [--match-hops]
+    .venv/bin/python bench/virtual_vs_realtime.py --out DIR --issue-cases [--runs-only] [--repeat-real]
     .venv/bin/python bench/virtual_vs_realtime.py --out DIR --compare-dir     (runs made before with --runs-only)
 
 or, for runs already made, `--pair REALTIME_RUN VIRTUAL_RUN` (repeatable). Per case: throughput, TTFT / TPOT / total
@@ -19,12 +19,8 @@ is decompressed into --out first.
 
 `--issue-cases`: the cases issue #32 item 1 names, traces generated here (ISSUE_CASES). `--repeat-real`: each case's
 real-time run twice, at the same time (NAME-real and NAME-real2): how far the real-time simulator is from itself
-is the floor under any comparison with it. `--match-hops`: the virtual run's request hop (75% of the profile's
-`client_overhead_s`: real sglang's 1.9 ms on H200) set to what the real-time run's own loopback hop was (p50 of the
-server's receipt - dispatch), through a copy of the profile (NAME-hops.json): the comparison is then of the router,
-the engine and the model, not of this host's HTTP against real sglang's (a streamed token's hop is 0.25 ms under
-both; the answer's end is ~1 ms later on the real-time simulator, a few tenths of a percent of a total latency). `--runs-only`: make the runs, compare
-nothing (no polars needed: the GPU machine); `--compare-dir`: compare the runs found in --out.
+is the floor under any comparison with it. `--runs-only`: make the runs, compare nothing (no polars needed: the GPU
+machine's idle CPUs are a quiet host); `--compare-dir`: compare the runs found in --out.
 """
 
 from __future__ import annotations
@@ -37,14 +33,12 @@ import sys
 from pathlib import Path
 
 import json
-import statistics
 import threading
 from typing import TYPE_CHECKING
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tracebench.profiles import DEFAULT_PROFILE, PROFILES_DIR  # noqa: E402
 
 if TYPE_CHECKING:
     from tracebench.report.load import Run
@@ -148,7 +142,7 @@ def compare(name: str, real_dir: Path, virtual_dir: Path, second: str = "virtual
     rb = virtual.requests.select("id", "server").sort("id")
     same = int((ra["server"] == rb["server"]).sum())
     lines.append(f"| requests on the same server | | | {same} of {ra.height} | |")
-    if "prefill_server" in real.requests.columns and "prefill_server" in virtual.requests.columns:
+    if real.meta.get("pd") and virtual.meta.get("pd"):   # (the loader gives every run the column, null when not PD)
         pa = real.requests.select("id", "prefill_server").sort("id")
         pb = virtual.requests.select("id", "prefill_server").sort("id")
         same = int((pa["prefill_server"] == pb["prefill_server"]).sum())
@@ -172,36 +166,7 @@ def replay(trace: str, args: list[str], clock: str, out: Path, name: str, check:
     return out / name
 
 
-def loopback_hop_s(run_dir: Path) -> float:
-    """The real-time run's own request hop: p50 over its completed requests of the server's receipt minus the
-    dispatch (what the virtual clock's request hop stands for: real sglang's 1.9 ms on H200)."""
-    hops = []
-    with open(run_dir / "requests.jsonl", "rb") as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec["status"] in ("ok", "mismatch") and rec.get("server_received") is not None:
-                hops.append(rec["server_received"] - rec["t_dispatch"])
-    if not hops:
-        raise SystemExit(f"{run_dir}: no completed request with server_received")
-    return statistics.median(hops)
-
-
-def hop_profile(out: Path, name: str, hop_s: float) -> Path:
-    """A copy of the default profile whose client_overhead_s makes the virtual clock's request hop `hop_s` (the
-    virtual clock puts inprocess.REQUEST_SHARE of client_overhead_s before the server's receipt)."""
-    from tracebench.replay.inprocess import REQUEST_SHARE
-
-    raw = json.loads((PROFILES_DIR / f"{DEFAULT_PROFILE}.json").read_text())
-    raw["name"] = f"{raw['name']}-hops-{name}"
-    raw["source"] = f"{raw['source']}; client_overhead_s set for {name}'s real-time request hop"
-    raw["params"]["client_overhead_s"] = hop_s / REQUEST_SHARE
-    path = out / f"{name}-hops.json"
-    path.write_text(json.dumps(raw, indent=1))
-    return path
-
-
-def run_issue_cases(out: Path, repeat_real: bool, match_hops: bool,
-                    only: list[str] | None) -> list[tuple[str, Path, Path, Path | None]]:
+def run_issue_cases(out: Path, repeat_real: bool, only: list[str] | None) -> list[tuple[str, Path, Path, Path | None]]:
     """Make every ISSUE_CASES case's runs; (name, real-time run, virtual run, second real-time run or None).
     A case the virtual clock refuses is left out, with its reason printed."""
     out.mkdir(parents=True, exist_ok=True)
@@ -233,9 +198,6 @@ def run_issue_cases(out: Path, repeat_real: bool, match_hops: bool,
             t.join()
         if "real" not in runs or (repeat_real and "real2" not in runs):
             raise SystemExit(f"{name}: a real-time run failed")
-        if match_hops:
-            profile = hop_profile(out, name, loopback_hop_s(runs["real"]))
-            virtual = replay(trace, [*args, "--sim-profile", str(profile)], "virtual", out, f"{name}-virtual-hops")
         made.append((name, runs["real"], virtual, runs.get("real2")))
     return made
 
@@ -249,13 +211,12 @@ def main() -> None:
     parser.add_argument("--runs-only", action="store_true", help="make the runs, compare nothing")
     parser.add_argument("--compare-dir", action="store_true", help="compare the ISSUE_CASES runs found in --out")
     parser.add_argument("--repeat-real", action="store_true", help="each real-time run twice, side by side")
-    parser.add_argument("--match-hops", action="store_true", help="virtual hops = the real-time run's own")
     parser.add_argument("--only", nargs="*", choices=sorted(ISSUE_CASES), help="these of ISSUE_CASES")
     opts = parser.parse_args()
     report: list[str] = []
     all_held = True
     if opts.issue_cases:
-        made = run_issue_cases(opts.out, opts.repeat_real, opts.match_hops, opts.only)
+        made = run_issue_cases(opts.out, opts.repeat_real, opts.only)
         if opts.runs_only:
             print("made: " + ", ".join(name for name, *_ in made))
             return
@@ -269,8 +230,6 @@ def main() -> None:
                 print(f"{name}: no runs in {opts.out}", file=sys.stderr)
                 continue
             pairs = [(name, real, opts.out / f"{name}-virtual")]
-            if (opts.out / f"{name}-virtual-hops").is_dir():
-                pairs.append((f"{name}, virtual hops = real-time's", real, opts.out / f"{name}-virtual-hops"))
             if (opts.out / f"{name}-real2").is_dir():
                 pairs.append((f"{name}, real-time vs real-time (the floor)", real, opts.out / f"{name}-real2"))
             for label, a, b in pairs:
