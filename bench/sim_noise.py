@@ -51,7 +51,7 @@ def jittered_figures(real_dir: Path, trace: Path, out: Path, profile: str, seeds
         if not done.is_file():   # a replay that finished is kept: the same seed gives the same run
             if (folder / name).exists():   # one that was stopped midway (no `done`) is made again
                 shutil.rmtree(folder / name)
-            sim_replay(real_dir, trace, folder, 1.0, chosen, [], "virtual", (jitter_s, seed))
+            sim_replay(real_dir, trace, folder, 1.0, chosen, [], "virtual", jitter=(jitter_s, seed))
             done.write_text("virtual\n")
         runs.append(figures(load_run(folder / name)))
     return runs

@@ -43,6 +43,7 @@ import argparse
 import hashlib
 import json
 import lzma
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -281,9 +282,12 @@ def jittered(data: bytes, jitter_s: float, seed: int) -> bytes:
 
 
 def sim_replay(real_dir: Path, trace: Path, out: Path, speed: float, sim_profile: str | None,
-               server_args: list[str], clock: str = "real", jitter: tuple[float, int] | None = None) -> Path:
-    """Replay `trace` on simulators as the real run `real_dir` replayed it; returns the sim run folder. `jitter`
-    (seconds, seed): replay a copy of the trace with its arrivals jittered (`jittered`) instead."""
+               server_args: list[str], clock: str = "real", dry_run: bool = False,
+               jitter: tuple[float, int] | None = None) -> Path:
+    """Replay `trace` on simulators as the real run `real_dir` replayed it; returns the sim run folder. `dry_run`:
+    print the command (shell-quoted, `python3 -m tracebench ...`, paths as given) instead of running it, for a
+    machine without polars (the GPU machine's CPUs: a quiet host); a compressed trace is still unpacked into
+    `out`. `jitter` (seconds, seed): replay a copy of the trace with its arrivals jittered (`jittered`) instead."""
     real = load_run(real_dir)
     meta = real.meta
     data = trace.read_bytes()
@@ -343,6 +347,9 @@ def sim_replay(real_dir: Path, trace: Path, out: Path, speed: float, sim_profile
         if clock == "virtual":
             raise SystemExit("--speed is for --clock real (a virtual run has nothing to compress)")
         args += ["--speed", f"{speed:g}"]
+    if dry_run:
+        print(shlex.join(["python3", *args[1:]]))
+        return out / meta["run_name"]
     print("$ " + " ".join(args[1:]), file=sys.stderr)
     subprocess.run(args, check=True, stdout=sys.stderr)   # its run folder line: not part of the tables
     return out / meta["run_name"]
@@ -362,6 +369,8 @@ def main() -> None:
                              "e.g. '--kv-transfer-bandwidth 1.53'")
     parser.add_argument("--clock", choices=("real", "virtual"), default="real",
                         help="--replay: the sim runs' --clock (virtual: in process, simulated time; docs/virtual-clock.md)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="--replay: print the sim runs' commands (one a line), run nothing, compare nothing")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE,
                         help="the * rows are held to this relative difference (default 0.15, issue 6)")
     parser.add_argument("--title", default="Simulator vs real sglang")
@@ -381,7 +390,9 @@ def main() -> None:
     pairs_dirs = list(zip(map(Path, opts.runs[::2]), map(Path, opts.runs[1::2])))
     for real_dir, trace in opts.replay:
         pairs_dirs.append((Path(real_dir), sim_replay(Path(real_dir), Path(trace), opts.out, opts.speed,
-                                                      opts.sim_profile, opts.server_arg, opts.clock)))
+                                                      opts.sim_profile, opts.server_arg, opts.clock, opts.dry_run)))
+    if opts.dry_run:
+        return
     if not pairs_dirs:
         parser.error("give RUN_REAL RUN_SIM pairs or --replay RUN_REAL TRACE")
     pairs = [(load_run(r), load_run(s)) for r, s in pairs_dirs]

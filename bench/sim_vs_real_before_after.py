@@ -14,8 +14,9 @@ p50/p99, TTFT p50/p99 no further from real than before (+0.5 points of slack for
 
 `--make DIR` makes those folders: every run of LIST (or those whose path holds `--only`) replayed into DIR by
 `bench/sim_vs_real.py --replay`, on the virtual clock where the run allows it (deterministic: the same simulator gives
-the same figures on any host) and on the real clock, speed 1, for PD runs and runs through sglang-router (the virtual
-clock does not carry them: docs/virtual-clock.md); a group's `done` is written once its replay finished.
+the same figures on any host; PD runs too since 2026-11-29) and on the real clock, speed 1, for runs through
+sglang-router (the virtual clock does not carry them: docs/virtual-clock.md); a group's `done` is written once its
+replay finished.
 `--sim-profile PATH` replays the runs of that profile's accelerator with it (the others with their GPU's built-in
 profile); `--decode-scale K` multiplies every decode cost of the profile each run uses by K (a copy in DIR/profiles/).
 
@@ -89,7 +90,7 @@ def make(pairs: list[tuple[Path, Path]], out: Path, only: str | None, sim_profil
         group = "_".join(real_dir.parts[2:])
         real = load_run(REPO / real_dir)
         meta = real.meta
-        clock = "real" if meta.get("pd") or meta.get("external_router") else "virtual"
+        clock = "real" if meta.get("external_router") else "virtual"
         args = [sys.executable, str(REPO / "bench" / "sim_vs_real.py"), "--replay", str(real_dir), str(trace),
                 "--out", str(out / group), "--clock", clock, "--summary"]
         (accelerator,) = accelerators(real)   # one kind of GPU per run

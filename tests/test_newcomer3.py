@@ -174,9 +174,10 @@ def test_kv_link_is_a_visible_option_with_cited_presets() -> None:
 
 
 def test_a_chosen_link_reaches_the_simulators_and_the_report(tmp_path: Path) -> None:
+    """(on the virtual clock: the simulators are built from the same command lines; HTTP is not the point here)"""
     trace = tmp_path / "t.jsonl"
     assert run_cli("generate", "--rate", "8", "--num-requests", "16", "-o", str(trace)).returncode == 0
-    done = run_cli("replay", str(trace), "--backend", "sim", "--pd", "1:1", "--speed", "4", "--kv-link", "25:0.005",
+    done = run_cli("replay", str(trace), "--clock", "virtual", "--pd", "1:1", "--kv-link", "25:0.005",
                    "--run-name", "pd25", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     meta = json.loads((tmp_path / "reports" / "pd25" / "run.json").read_text())
@@ -207,10 +208,11 @@ def test_bad_kv_links_are_refused_before_the_run(tmp_path: Path, args: list[str]
 
 
 def test_sweep_compares_pd_ratios(tmp_path: Path) -> None:
-    """--pd 1:1,1:2 as a dimension: one point per ratio and rate, each on its own PD servers with the chosen link."""
+    """--pd 1:1,1:2 as a dimension: one point per ratio and rate, each on its own PD servers with the chosen link
+    (on the virtual clock, in process: the sweep's PD dimension is the point, not HTTP)."""
     trace = tmp_path / "t.jsonl"
     assert run_cli("generate", "--rate", "4", "--num-requests", "8", "-o", str(trace)).returncode == 0
-    done = run_cli("sweep", str(trace), "--rates", "4", "--backend", "sim", "--speed", "4", "--pd", "1:1,1:2",
+    done = run_cli("sweep", str(trace), "--rates", "4", "--clock", "virtual", "--pd", "1:1,1:2",
                    "--kv-link", "rdma-400g", "--name", "pds", "--bootstrap", "50", "--saturation-window", "0",
                    cwd=tmp_path)
     assert done.returncode == 0, done.stderr

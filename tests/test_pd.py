@@ -346,6 +346,25 @@ def test_attached_servers_must_be_of_their_pool(pair: tuple[SimServer, SimServer
         assert run["status"] == "not_started" and not (tmp_path / f"plain-{mode}" / "requests.jsonl").exists()
 
 
+def test_a_pair_its_servers_refuse_is_recorded_not_a_crash(pair: tuple[SimServer, SimServer, int], tmp_path: Path) -> None:
+    """Both servers refuse a prompt longer than their context: the pair ends with the first refusal read (the decode
+    server's, mostly) before any prefill answer; recorded as an error, the run goes on (it once failed the run on an
+    assertion that a pair always ends with both answers)."""
+    prefill, decode, _ = pair
+    trace = tmp_path / "long.jsonl"
+    done = run_cli("generate", "--rate", "20", "--num-requests", "3", "--input-len", "5000", "--output-len", "4",
+                   "--max-context", "8192", "--seed", "1", "-o", str(trace))
+    assert done.returncode == 0, done.stderr
+    result = run_cli("replay", str(trace), "--attach-prefill", prefill.url, "--attach-decode", decode.url,
+                     "--out-dir", str(tmp_path), "--run-name", "long", "--quiet")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (tmp_path / "long" / "requests.jsonl").read_text().splitlines()]
+    refused = [r for r in records if r["input_len"] >= 4096]   # the servers' context length
+    assert len(records) == 3 and refused and {r["status"] for r in refused} == {"error"}
+    for r in refused:
+        assert r["error"].split(": ")[0] in ("decode server", "prefill server") and "context length" in r["error"]
+
+
 def _router_version() -> str | None:
     try:
         return metadata.version("sglang-router")

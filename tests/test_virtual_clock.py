@@ -37,24 +37,32 @@ def _replay(trace: Path, out: Path, name: str, *args: str) -> subprocess.Complet
 
 
 def test_virtual_run_is_deterministic_and_deaf_to_host_load(tmp_path: Path) -> None:
-    """The same trace, options and seed give a byte-identical requests.jsonl, also beside two CPU-bound processes;
-    every record is whole, and the modelled hops are what run.json states."""
+    """The same trace, options and seed give a byte-identical requests.jsonl, also beside two CPU-bound processes,
+    for a plain run and a PD one; every record is whole, and the modelled hops are what run.json states."""
     trace = _generate(tmp_path / "t.jsonl", "--workload", "shared-prompt", "--groups", "4", "--prefix-len", "512",
                       "--rate", "30", "--num-requests", "300", "--seed", "3")
     args = ("--gpus", "2", "--policy", "cache_aware", "--max-running-requests", "6")
+    pd_trace = _generate(tmp_path / "pd.jsonl", "--workload", "shared-prompt", "--groups", "3", "--prefix-len", "256",
+                         "--rate", "8", "--num-requests", "60", "--seed", "5")
+    pd_args = ("--pd", "1:2", "--policy", "cache_aware", "--kv-link", "rdma-200g")
     done = _replay(trace, tmp_path, "quiet", *args)
+    assert done.returncode == 0, done.stderr
+    done = _replay(pd_trace, tmp_path, "pd-quiet", *pd_args)
     assert done.returncode == 0, done.stderr
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         done = _replay(trace, tmp_path, "busy", *args)
+        pd_done = _replay(pd_trace, tmp_path, "pd-busy", *pd_args)
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0 and pd_done.returncode == 0, done.stderr + pd_done.stderr
     assert "simulated s" in done.stderr and "x real time" in done.stderr
     quiet = (tmp_path / "quiet" / "requests.jsonl").read_bytes()
     assert quiet == (tmp_path / "busy" / "requests.jsonl").read_bytes()
+    assert (tmp_path / "pd-quiet" / "requests.jsonl").read_bytes() == (tmp_path / "pd-busy" / "requests.jsonl").read_bytes()
+    _check_pd_run(tmp_path / "pd-quiet")
     meta = json.loads((tmp_path / "quiet" / "run.json").read_text())
     assert meta["clock"] == "virtual" and meta["backend"] == "sim" and meta["status"] == "completed"
     hops = meta["virtual_clock"]
@@ -65,13 +73,76 @@ def test_virtual_run_is_deterministic_and_deaf_to_host_load(tmp_path: Path) -> N
     assert sum(r["cached_tokens"] for r in records) > 0  # the shared prompts hit the in-process radix caches
     for r in records:
         assert r["t_arrival"] <= r["t_dispatch"] < r["server_received"] < r["t_first_token"] <= r["t_finish"]
-        assert r["server_received"] - r["t_dispatch"] == pytest.approx(hops["request_hop_s"], abs=1e-9)
+        # the request hop, or later where the server was still taking in the one before (intake_gap_s)
+        assert r["server_received"] - r["t_dispatch"] >= hops["request_hop_s"] - 1e-9
         assert r["t_finish"] - r["server_finished"] == pytest.approx(hops["response_hop_s"], abs=1e-9)
         assert r["policy_s"] == 0.0 and r["sim_lag"] == 0.0  # no host time on the run's clock
         assert r["itl_hist"] is not None or r["output_len"] == 1
+    for server in (0, 1):
+        mine = sorted((r["server_received"], r["t_dispatch"]) for r in records if r["server"] == server)
+        for (before, _), (received, dispatched) in zip(mine, mine[1:]):
+            assert received == pytest.approx(max(dispatched + hops["request_hop_s"],
+                                                 before + hops["intake_gap_s"]), abs=1e-9)
     # the cap: never more than 6 in flight at a server (the poller's view, every 0.5 s)
     telemetry = [orjson.loads(line) for line in (tmp_path / "quiet" / "telemetry.jsonl").read_bytes().splitlines()]
     assert telemetry and max(line["in_flight"] for line in telemetry) <= 6
+
+
+def _check_pd_run(run: Path) -> None:
+    """A virtual PD run: its pools, link and the servers' PD counters in run.json; each record's prefill side, on the
+    run's clock, in the order the real-time simulator's are (tests/test_pd.py), with the modelled hops."""
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["clock"] == "virtual" and meta["status"] == "completed"
+    assert [s["role"] for s in meta["servers"]] == ["prefill", "decode", "decode"]
+    assert meta["pd"]["pools"] == {"prefill": [0], "decode": [1, 2]} and meta["pd"]["kv_link"]["name"] == "rdma-200g"
+    deltas = [m["delta"] for m in meta["pd"]["server_metrics"]]
+    assert deltas[0]["kv_transfer_latency_ms_count"] == 60 and deltas[0]["cached_tokens_total"] > 0
+    assert deltas[1]["num_requests_total"] + deltas[2]["num_requests_total"] == 60
+    hops = meta["virtual_clock"]
+    records = _records(run)
+    assert len(records) == 60 and {r["status"] for r in records} == {"ok"}
+    assert {r["prefill_server"] for r in records} == {0} and {r["server"] for r in records} == {1, 2}
+    assert len({r["bootstrap_room"] for r in records}) == 60
+    assert sum(r["cached_tokens"] for r in records) > 0   # the prefill server's radix cache, reported by the decode
+    for r in records:
+        # both sent at once: each received a request hop later, or later where its server was still taking in the
+        # request before (intake_gap_s)
+        assert r["prefill_received"] - r["t_dispatch"] >= hops["request_hop_s"] - 1e-9
+        assert r["server_received"] - r["t_dispatch"] >= hops["request_hop_s"] - 1e-9
+        assert r["t_prefill_answer"] - r["prefill_finished"] == pytest.approx(hops["response_hop_s"], abs=1e-9)
+        kv_arrival = r["server_forward_entry"] - r["server_queue_time"]
+        assert r["prefill_done"] <= kv_arrival <= r["t_first_token"]   # the KV came before the first token
+        order = ["t_arrival", "t_released", "t_admitted", "t_assigned", "t_built", "t_dispatch", "t_written",
+                 "t_headers", "t_first_token", "t_last_chunk", "t_finish", "t_parsed"]
+        stamps = [r[name] for name in order]
+        assert None not in stamps and stamps == sorted(stamps), dict(zip(order, stamps))
+        assert r["t_finish"] == max(r["t_last_chunk"], r["t_prefill_answer"]) and r["server_prefill_finished"] is None
+
+
+def test_virtual_pd_aborts_and_timeouts(tmp_path: Path) -> None:
+    """A decode server short of KV room on the virtual clock: prefill requests whose KV destination does not come in
+    sglang's bootstrap timeout are aborted (500, the pair ends with the prefill's error), --timeout ends pairs that
+    are not whole in time; every request is recorded once and the servers' counters say the same."""
+    trace = _generate(tmp_path / "t.jsonl", "--rate", "30", "--num-requests", "80", "--input-len", "2000",
+                      "--output-len", "400", "--seed", "3")
+    done = run_cli("replay", str(trace), "--clock", "virtual", "--pd", "1:1", "--server-arg",
+                   "--max-total-tokens 20000", "--kv-link", "nvlink", "--timeout", "4", "--run-name", "ab",
+                   "--out-dir", str(tmp_path), "--quiet", env={"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "2"})
+    assert done.returncode == 0, done.stderr
+    records = _records(tmp_path / "ab")
+    assert sorted(r["id"] for r in records) == list(range(80))
+    aborted = [r for r in records if r["status"] == "error"]
+    late = [r for r in records if r["status"] == "timeout"]
+    ok = [r for r in records if r["status"] == "ok"]
+    assert aborted and late and ok and len(aborted) + len(late) + len(ok) == 80
+    assert all(r["error"].startswith("prefill server: aborted by the server: Prefill bootstrap failed") and
+               r["t_prefill_answer"] == r["t_finish"] for r in aborted)
+    assert all(r["error"] == "decode server: no complete answer within --timeout 4 s" and
+               r["t_finish"] - r["t_dispatch"] == pytest.approx(4.0) for r in late)
+    meta = json.loads((tmp_path / "ab" / "run.json").read_text())
+    prefill, decode = (m["delta"] for m in meta["pd"]["server_metrics"])
+    assert prefill["num_bootstrap_failed_reqs_total"] == len(aborted)
+    assert decode["num_requests_total"] == len(ok) and decode["num_aborted_requests_total"] == len(aborted) + len(late)
 
 
 def test_a_saturation_stop_writes_the_same_records_every_time(tmp_path: Path) -> None:
@@ -90,7 +161,6 @@ def test_a_saturation_stop_writes_the_same_records_every_time(tmp_path: Path) ->
 
 @pytest.mark.parametrize("extra, says", [
     (("--attach", "http://127.0.0.1:9"), "--attach cannot be used"),
-    (("--pd", "1:1"), "--pd cannot be used"),
     (("--speed", "4"), "--speed cannot be used"),
     (("--control-port", "9"), "--control-port cannot be used"),
     (("--backend", "sglang"), "--backend sglang needs --clock real"),
@@ -117,8 +187,19 @@ def test_virtual_runs_static_batches_cap_schedule_gate_and_a_policy_file(tmp_pat
     for r in records:
         batches.setdefault((r["server"], r["batch"]), []).append(r)
     assert all(len(b) <= 4 for b in batches.values()) and max(len(b) for b in batches.values()) == 4
-    for members in batches.values():  # one send moment per batch
+    meta = json.loads((tmp_path / "static" / "run.json").read_text())
+    gap = meta["virtual_clock"]["intake_gap_s"]
+    assert gap > 0
+    for members in batches.values():  # one send moment per batch ...
         assert len({r["t_dispatch"] for r in members}) == 1
+        # ... received one at a time, as sglang's intake does (inprocess.INTAKE_GAP_S)
+        received = sorted(r["server_received"] for r in members)
+        assert all(b - a >= gap * 0.999 for a, b in zip(received, received[1:]))
+    # a batch reaching an idle server: its first request is prefilled alone, the rest together after it (sglang's
+    # shape on the committed real static runs; a batch received at one instant would be prefilled as one)
+    first = min(batches.values(), key=lambda b: b[0]["t_dispatch"])
+    entries = sorted(r["server_forward_entry"] for r in first)
+    assert entries[0] < entries[1] == entries[-1]
     done = _replay(trace, tmp_path, "capped", "--gpus", "2", "--cap-schedule", "0s:8,2s:2",
                    "--max-concurrency", "10", "--policy", str(REPO / "policies" / "example_least_loaded.py:LeastLoaded"))
     assert done.returncode == 0, done.stderr

@@ -26,7 +26,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -58,9 +58,9 @@ class QueuedRequest:
     block_size: int | None = None  # tokens per block (trace header `block_size`)
 
 
-@dataclass(frozen=True, slots=True)
-class ReportedLoad:
-    """What the server itself last reported (sglang `/v1/loads`), and how old that report is (seconds)."""
+class ReportedLoad(NamedTuple):
+    """What the server itself last reported (sglang `/v1/loads`), and how old that report is (seconds). Read-only
+    (a named tuple: the router makes one per server per assignment round, so it must be cheap to make)."""
 
     num_running_reqs: int
     num_waiting_reqs: int
@@ -85,9 +85,9 @@ def free_slots_text(views: Sequence[ServerView]) -> str:
     return " and ".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
-class ServerView:
-    """A read-only snapshot of one server, taken when `assign` is called.
+class ServerView(NamedTuple):
+    """A read-only snapshot of one server, taken when `assign` is called (a named tuple: the router makes one per
+    server per assignment round, ~0.4 us against ~2 us for a frozen dataclass, which a fleet of 1,024 servers feels).
 
     `in_flight` counts requests tracebench has sent and not yet seen finish; `cap` is the router cap in force
     (UNCAPPED when none). The observed figures are over tracebench's recent window of this server's completions

@@ -46,9 +46,9 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
              "that jumps from event to event: no HTTP, no sockets, no host time in the measurement; the same "
              "router, policies, caps, --cap-schedule, static batching and records as a real-time run, as fast as "
              "the host computes it (a byte-identical requests.jsonl for the same trace, options and seed). The "
-             "HTTP hops a real client sees are added as the profile's constants (run.json virtual_clock). Not "
-             "with --attach, --backend sglang, --pd, --router sglang-router, --api completions|chat, --speed or "
-             "--control-port (docs/virtual-clock.md)."),
+             "HTTP hops a real client sees are added as the profile's constants (run.json virtual_clock). PD "
+             "pools (--pd P:D, --kv-link) run on it too. Not with --attach, --backend sglang, --router "
+             "sglang-router, --api completions|chat, --speed or --control-port (docs/virtual-clock.md)."),
     "attach": click.option("--attach", multiple=True, metavar="URL",
         help="Use a running server instead of launching (repeatable: one per server), e.g. "
              "http://127.0.0.1:30000. Needs --vocab-size or --model unless the server is a tracebench simulator "
@@ -216,7 +216,7 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
              "--disaggregation-mode prefill|decode, each prefill server with its own "
              "--disaggregation-bootstrap-port; the transfer backend is sglang's default, mooncake, unless "
              "--server-arg \"--disaggregation-transfer-backend mooncake_tcp\"). With --backend sim, simulated "
-             "PD servers. Each request goes to one prefill and one decode server (--prefill-policy, "
+             "PD servers (with --clock virtual, inside tracebench's process). Each request goes to one prefill and one decode server (--prefill-policy, "
              "--decode-policy), both sent the same body with bootstrap_host/port/room as sglang-router's PD "
              "mode sends it; the answer is the decode server's stream (docs/pd.md)."),
     "kv_link": click.option("--kv-link", default=None, metavar="PRESET|BW:LAT", help=KV_LINK_HELP),

@@ -13,6 +13,12 @@ What a sender stamps on the record: `t_built`, `t_dispatch`, `t_written`, `t_hea
 `t_last_chunk`, `t_finish`, the inter-token gaps (`itl_max`, `itl_hist`); and the request's progress as it comes
 (`flight.t_progress`, `server.t_heard`: what the router's watchdog reads). Everything else of the record (status,
 meta_info, answer check, `t_parsed`) is the router's.
+
+A PD run (`pd_router.PdRouter`) sends each request to a (prefill, decode) pair: `PairSender.exchange_pair`, which
+both senders have, carries the request to both servers at once (with the bootstrap fields, replay/pd.py) and stamps
+the same fields from the decode server's answer (its stream is the answer), plus `t_prefill_answer` (the prefill
+server's answer in) and the pair's progress (`flight.other_done`, `flight.server_done`). `t_finish` is when the pair
+ended: both answers in, or the first failure.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Protocol
 
 from tracebench.itl import ItlGaps
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, Api, SglangClient
-from tracebench.replay.records import RequestRecord
+from tracebench.replay.records import PdRecord, RequestRecord
 from tracebench.replay.tokens import InputIds
 from tracebench.trace.format import TraceRequest
 
@@ -41,6 +47,17 @@ class Destination(Protocol):
     t_heard: float
 
 
+class PairProgress(Progress, Protocol):
+    """What a pair sender also updates (router._Flight): the prefill server's part is over (`other_done`: its answer
+    came), the decode server's answer is whole while the prefill's is still to come (`server_done`)."""
+
+    other_done: bool
+    server_done: bool
+
+
+Boot = tuple[str, int, int]  # a pair's bootstrap_host, bootstrap_port, bootstrap_room (replay/pd.py with_bootstrap)
+
+
 class Sender(Protocol):
     """Carries one request to its server and back (module docstring)."""
 
@@ -52,6 +69,17 @@ class Sender(Protocol):
 
     async def exchange(self, rec: RequestRecord, server: Destination, flight: Progress,
                        blocks: tuple[int, ...] | None, now: Callable[[], float]) -> Answer: ...
+
+
+class PairSender(Sender, Protocol):
+    """A sender that also carries a PD pair (module docstring)."""
+
+    async def exchange_pair(self, rec: PdRecord, prefill: Destination, decode: Destination, flight: PairProgress,
+                            blocks: tuple[int, ...] | None, boot: Boot, now: Callable[[], float]
+                            ) -> tuple[Answer, Answer | None]:
+        """(the pair's answer: the decode server's, or the failure that ended the pair; the prefill server's answer,
+        None when the pair ended before it came)."""
+        ...
 
 
 class HttpSender:
@@ -112,3 +140,45 @@ class HttpSender:
             rec.t_last_chunk = t_chunk
         rec.itl_max, rec.itl_hist = gaps.fields()
         return answer
+
+    async def exchange_pair(self, rec: PdRecord, prefill: Destination, decode: Destination, flight: PairProgress,
+                            blocks: tuple[int, ...] | None, boot: Boot, now: Callable[[], float]
+                            ) -> tuple[Answer, Answer | None]:
+        """POST `rec` to its pair at once (pd.PairClient): t_dispatch when both go; the decode stream's first token and
+        chunks; the prefill answer's moment; t_finish when the pair ended (PairSender)."""
+        from tracebench.replay.pd import DECODE_DONE, PairClient, PrefillAnswer, with_bootstrap  # PD runs only
+
+        body = with_bootstrap(self.body(rec, blocks), *boot)
+        answer: Answer | None = None
+        prefill_answer: Answer | None = None
+        gaps = ItlGaps()
+        t_chunk = 0.0
+        # the breakdown's stamps (t_written, t_headers, t_last_chunk, sglang's) are the decode request's: its stream is
+        # the answer; the prefill request goes out beside it (its moments: the prefill_* fields)
+        rec.t_built = rec.t_dispatch = now()
+        async for item in PairClient(self.client).generate(prefill.generate_url, decode.generate_url, body, rec, now):
+            t = flight.t_progress = now()  # progress (Router.watch)
+            if not isinstance(item, PrefillAnswer):
+                decode.t_heard = t
+            if item is CHUNK:
+                gaps.add(t - t_chunk)
+                t_chunk = t
+            elif item is FIRST_TOKEN:
+                rec.t_first_token = t_chunk = t
+            elif item is DECODE_DONE:
+                flight.server_done = True   # the pair waits on its prefill server's answer alone (Router.watch)
+            elif isinstance(item, PrefillAnswer):
+                rec.t_prefill_answer = prefill.t_heard = t
+                flight.other_done = True   # from now on the pair waits on its decode server only (Router.watch)
+                prefill_answer = item.answer
+            else:
+                rec.t_finish = t
+                answer = item  # type: ignore[assignment]
+        assert answer is not None  # PairClient ends with an Answer
+        # the decode answer's last data: its stream's last event with tokens, or its whole body
+        if not self.stream:
+            rec.t_last_chunk = rec.t_finish
+        elif rec.t_first_token is not None:
+            rec.t_last_chunk = t_chunk
+        rec.itl_max, rec.itl_hist = gaps.fields()
+        return answer, prefill_answer

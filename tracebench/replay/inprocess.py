@@ -6,7 +6,8 @@ the virtual loop's clock (`loop.VirtualLoop`). Three small pieces stand where a 
 - `InProcessClient`: the GET/POST side of `client.SglangClient` that the run uses outside the requests (health,
   /server_info, /v1/loads, /metrics, /flush_cache), answered by the in-process servers from the URL's path.
 - `InProcessSender`: the requests themselves (`flight.Sender`): a direct call into the server's engine; no body, no
-  socket. The HTTP hops a real client sees are constants (`Hops`), stated in run.json.
+  socket. The HTTP hops a real client sees are constants (`Hops`), stated in run.json. A PD pair's request
+  (`exchange_pair`) goes to both servers so, each side served as the sim-server's PD face serves it.
 
 Everything else of the run (engine, router, policies, caps, the cap schedule, static batches, --max-concurrency, the
 watchdog, the saturation stop, the records) is the real-time run's own code on the other clock.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,12 +29,14 @@ from tracebench.errors import ConfigError, ServerStartError
 from tracebench.itl import ItlGaps
 from tracebench.replay.client import Answer, Fetched, GenerateApi, timeout_text
 from tracebench.replay.clock import RunClock
-from tracebench.replay.flight import Destination, Progress
-from tracebench.replay.records import RequestRecord
+from tracebench.replay.flight import Boot, Destination, PairProgress, Progress
+from tracebench.replay.records import PdRecord, RequestRecord
 from tracebench.replay.servers import Fleet, ServerPlan
 from tracebench.sim.args import SimArgs
 from tracebench.sim.engine import RunDelivery
-from tracebench.sim.inprocess import InProcessServer, sim_args_from_command
+from tracebench.sim.engine import Pending
+from tracebench.sim.inprocess import InProcessServer, InProcessWire, sim_args_from_command
+from tracebench.sim.pd import Bootstrap, abort_body
 from tracebench.sim.radix import PackedTokens
 from tracebench.sim.validate import BadRequest, SchedulerAbort
 from tracebench.trace.format import TraceRequest
@@ -44,24 +48,42 @@ URL_SCHEME = "inprocess://"
 # profile's client_overhead_s is split in this proportion: REQUEST_SHARE before sglang's receipt, the rest after
 # each token is handed out.
 REQUEST_SHARE = 0.75
+# sglang takes in one request at a time (its tokenizer manager's loop): requests sent to a server together are
+# received one after another. The gap between consecutive receipts of a batch sent at once (static batches of 8,
+# p50 of sglang's request_received_ts differences): 0.52 ms on H200 (reports/examples/h200-node-level/attach-static8),
+# 0.57 ms on H100 (h100-waits/static8). Without it a batch sent at once would reach the scheduler at one instant and be
+# prefilled as one, where sglang (and the real-time simulator) prefill the first request alone and the rest after.
+INTAKE_GAP_S = 0.0005
+# A streamed token's chunk is small and reaches the client sooner than the answer's last chunk (which carries
+# meta_info and follows sglang's end-of-request work): sglang's response_sent_to_client_ts (a stream's first chunk)
+# -> the client's read of the first token, p50 on the committed real runs that have it: 0.20-0.31 ms (H100
+# routing-long, waits cap4 / uncapped / static8, H200 overhead-plain), against 0.56-0.61 ms for the last chunk.
+TOKEN_HOP_S = 0.00025
 
 
 @dataclass(frozen=True)
 class Hops:
-    """The modelled HTTP hops (seconds): dispatch -> sglang's receipt of the request, and a token handed out by
-    sglang -> read by the client."""
+    """The modelled HTTP hops (seconds): dispatch -> sglang's receipt of the request; a streamed token handed out by
+    sglang -> read by the client (TOKEN_HOP_S); the answer's end (its last chunk, or a whole non-streamed answer) ->
+    read; and the least time between two receipts at one server (INTAKE_GAP_S)."""
 
     request_s: float
     response_s: float
+    token_s: float = TOKEN_HOP_S
+    intake_gap_s: float = INTAKE_GAP_S
 
     @classmethod
     def of_profile(cls, client_overhead_s: float) -> Hops:
         return cls(client_overhead_s * REQUEST_SHARE, client_overhead_s * (1.0 - REQUEST_SHARE))
 
     def to_json(self) -> dict[str, Any]:
-        return {"request_hop_s": self.request_s, "response_hop_s": self.response_s,
+        return {"request_hop_s": self.request_s, "response_hop_s": self.response_s, "token_hop_s": self.token_s,
+                "intake_gap_s": self.intake_gap_s,
                 "source": f"the profile's client_overhead_s (client e2e - server e2e on real sglang), "
-                          f"{REQUEST_SHARE:.0%} before the server's receipt, the rest after each token"}
+                          f"{REQUEST_SHARE:.0%} before the server's receipt, the rest after the answer's end; a "
+                          f"streamed token's chunk token_hop_s after it is handed out (real sglang's first chunk); a server "
+                          f"receives one request at a time, intake_gap_s apart at least (sglang's receipts of a "
+                          f"batch sent at once, H200 and H100)"}
 
 
 class InProcessFleet(Fleet):
@@ -69,9 +91,11 @@ class InProcessFleet(Fleet):
     plans (their commands configure the servers; no process is started); URLs are inprocess://server-i."""
 
     def __init__(self, plans: list[ServerPlan]) -> None:
-        plans = [ServerPlan(index=p.index, url=f"{URL_SCHEME}server-{p.index}", command=p.command) for p in plans]
+        plans = [ServerPlan(index=p.index, url=f"{URL_SCHEME}server-{p.index}", command=p.command, role=p.role,
+                            bootstrap_port=p.bootstrap_port) for p in plans]
         super().__init__("sim", plans)
         self.servers: list[InProcessServer] = []
+        self.wire = InProcessWire()  # how PD servers reach each other (unused by others)
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -84,7 +108,12 @@ class InProcessFleet(Fleet):
             port, key = int(words[at + 1]), tuple(words[:at] + words[at + 2:])
             if key not in parsed:
                 parsed[key] = sim_args_from_command(words)
-            self.servers.append(InProcessServer(dataclasses.replace(parsed[key], port=port)))
+            args = dataclasses.replace(parsed[key], port=port)
+            if args.disaggregation_mode != "null":
+                # named as its URL names it (server-i): a decode server reaches its prefill server at the bootstrap
+                # host the router sends, the prefill server's URL's host (pd.bootstrap_host)
+                args = dataclasses.replace(args, host=f"server-{plan.index}")
+            self.servers.append(InProcessServer(args, self.wire))
 
     def first(self, count: int) -> Fleet:
         raise ServerStartError("in-process servers are not shared between runs")
@@ -155,18 +184,19 @@ class InProcessClient:
 
 
 class _Watch:
-    """One request's answer as the client would read it: each token a response hop after sglang handed it out; the
-    flight is resumed at the end's moment."""
+    """One request's answer as the client would read it: each token a token hop after sglang handed it out, the end
+    a response hop after it; the flight is resumed at the end's moment."""
 
-    __slots__ = ("rec", "flight", "server", "hop", "offset", "gaps", "t_chunk", "done", "buckets")
+    __slots__ = ("rec", "flight", "server", "hop", "offset", "end_offset", "gaps", "t_chunk", "done", "buckets")
 
-    def __init__(self, rec: RequestRecord, flight: Progress, server: Destination, hop: float, offset: float,
-                 done: asyncio.Future[float], stream: bool, buckets: dict[float, int]) -> None:
+    def __init__(self, rec: RequestRecord, flight: Progress, server: Destination, hop: float, token_hop: float,
+                 offset: float, done: asyncio.Future[float], stream: bool, buckets: dict[float, int]) -> None:
         self.rec = rec
         self.flight = flight
         self.server = server
-        self.hop = hop  # the response hop (loop seconds)
+        self.hop = hop  # the answer's end -> read (loop seconds)
         self.offset = offset  # loop time of a token handed out -> run clock of the client's read (the hop included)
+        self.end_offset = offset - token_hop + hop  # the same for the answer's end
         self.gaps = ItlGaps() if stream else None
         self.t_chunk = 0.0
         self.done = done
@@ -201,7 +231,7 @@ class _Watch:
         self.t_chunk = t
 
     def on_done(self, t_visible: float) -> None:
-        t = t_visible + self.offset
+        t = t_visible + self.end_offset
         self.flight.t_progress = self.server.t_heard = t
         asyncio.get_running_loop().call_at(t_visible + self.hop, _resolve, self.done, t)
 
@@ -247,6 +277,7 @@ class InProcessSender:
         self.clock = clock
         self.buckets: dict[float, int] = {}  # _Watch.buckets
         self.block_size = block_size
+        self.last_received = [-math.inf] * len(fleet.plans)  # each server's latest receipt (loop time): Hops.intake_gap_s
 
     def prepare_body(self, request: TraceRequest) -> None:
         return None
@@ -258,7 +289,8 @@ class InProcessSender:
         hops = self.hops
         t = now()
         rec.t_built = rec.t_dispatch = rec.t_written = t
-        t_received = loop.time() + hops.request_s
+        t_received = max(loop.time() + hops.request_s, self.last_received[server.index] + hops.intake_gap_s)
+        self.last_received[server.index] = t_received
         # a prompt of prefix blocks: its tokens as the server's radix cache tells them apart (prefix_keys); a prompt
         # of its own (the trace gives no blocks): content that matches nothing (the real-time server is sent random
         # ids, which hit its cache by chance only: a 1-token match about once in 32,000/N, N the prompts it holds)
@@ -279,11 +311,11 @@ class InProcessSender:
             out = srv.abort_answer(str(err), t_received, t_received)
             return self.api.final_answer(server.generate_url, orjson.dumps(out))
         done: asyncio.Future[float] = loop.create_future()
-        watch = _Watch(rec, flight, server, hops.response_s, hops.response_s - self.clock.mono_start, done,
+        watch = _Watch(rec, flight, server, hops.response_s, hops.token_s, hops.token_s - self.clock.mono_start, done,
                        self.stream, self.buckets)
         pend.watcher = watch
         if self.stream:
-            rec.t_headers = t + hops.request_s + hops.response_s  # the handler answers its headers at once
+            rec.t_headers = t + hops.request_s + hops.token_s  # the handler answers its headers at once
         try:
             if self.request_timeout is None:
                 rec.t_finish = await done
@@ -308,3 +340,152 @@ class InProcessSender:
         sent = pend.t_first_token if self.stream and pend.t_first_token > 0.0 else pend.t_finished
         out = srv.final_answer(pend, self.stream, srv.engine.wall(sent))
         return self.api.final_answer(server.generate_url, orjson.dumps(out))
+
+    # ---- a PD pair (flight.PairSender) -------------------------------------------------------------------------
+
+    async def exchange_pair(self, rec: PdRecord, prefill: Destination, decode: Destination, flight: PairProgress,
+                            blocks: tuple[int, ...] | None, boot: Boot, now: Callable[[], float]
+                            ) -> tuple[Answer, Answer | None]:
+        """The request reaches both servers of its pair a request hop after dispatch, each side served as the
+        sim-server's PD face serves it (`_prefill_side`, `_decode_side`), and the pair ends as pd.PairClient ends it:
+        with both answers, or at the first failure (the other side is closed then, as sglang-router drops it)."""
+        loop = asyncio.get_running_loop()
+        hops = self.hops
+        t = now()
+        rec.t_built = rec.t_dispatch = rec.t_written = t
+        # each server of the pair takes in one request at a time (Hops.intake_gap_s)
+        t_hop = loop.time() + hops.request_s
+        t_received_d = max(t_hop, self.last_received[decode.index] + hops.intake_gap_s)
+        t_received_p = max(t_hop, self.last_received[prefill.index] + hops.intake_gap_s)
+        self.last_received[decode.index], self.last_received[prefill.index] = t_received_d, t_received_p
+        ids = None if blocks is None else prefix_keys(blocks, self.block_size, rec.input_len)
+        srv_p, srv_d = self.fleet.servers[prefill.index], self.fleet.servers[decode.index]
+        bootstrap = Bootstrap(*boot)
+        try:
+            # both servers check a request alike (one command line but the role); the real-time pair reads the decode
+            # server's refusal first (its answer is the stream the client reads), and so does this one
+            pend_d = srv_d.submit_pd(rec.input_len, rec.output_len, ids, t_received_d, self.stream)
+            try:
+                pend_p = srv_p.submit_pd(rec.input_len, rec.output_len, ids, t_received_p, self.stream)
+            except BaseException:
+                srv_d.end_pd(pend_d, bootstrap, False, False)   # the pair is closed: its decode side too
+                raise
+        except (BadRequest, SchedulerAbort) as err:
+            await asyncio.sleep(hops.request_s + hops.response_s)
+            rec.t_headers = rec.t_finish = now()
+            return Answer("error", f"decode server: {self._refusal(err).error}"), None
+        done: asyncio.Future[float] = loop.create_future()
+        watch = _Watch(rec, flight, decode, hops.response_s, hops.token_s, hops.token_s - self.clock.mono_start,
+                       done, self.stream, self.buckets)
+        pend_d.watcher = watch
+        prefill_side = loop.create_task(self._prefill_side(srv_p, pend_p, bootstrap, prefill.generate_url))
+        decode_side = loop.create_task(self._decode_side(srv_d, pend_d, bootstrap, rec, done, decode.generate_url))
+        waiting = {prefill_side, decode_side}
+        answer: Answer | None = None
+        decode_answer: Answer | None = None
+        prefill_answer: Answer | None = None
+        t_decode: float | None = None
+        try:
+            while answer is None:
+                left = None if self.request_timeout is None else t + self.request_timeout - now()
+                ended, waiting = await asyncio.wait(waiting, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if not ended:   # --timeout: the client gives up on both (the decode request's is what it says)
+                    rec.t_finish = now()
+                    answer = Answer("timeout", f"decode server: {self.timeout_reason}")
+                    break
+                if prefill_side in ended:
+                    prefill_answer, t_p = prefill_side.result()
+                    rec.t_prefill_answer = prefill.t_heard = flight.t_progress = t_p
+                    flight.other_done = True   # from now on the pair waits on its decode server only (Router.watch)
+                    if prefill_answer.status != "ok":
+                        rec.t_finish = t_p
+                        answer = Answer(prefill_answer.status, f"prefill server: {prefill_answer.error}")
+                        break
+                if decode_side in ended:
+                    decode_answer, t_decode = decode_side.result()
+                    decode.t_heard = flight.t_progress = t_decode
+                    if decode_answer.status != "ok":
+                        rec.t_finish = t_decode
+                        answer = Answer(decode_answer.status, f"decode server: {decode_answer.error}")
+                        break
+                    flight.server_done = prefill_answer is None   # it waits on its prefill server alone (Router.watch)
+                if decode_answer is not None and prefill_answer is not None:
+                    rec.t_finish = now()
+                    answer = decode_answer
+        finally:
+            for side in (prefill_side, decode_side):
+                side.cancel()
+            await asyncio.gather(prefill_side, decode_side, return_exceptions=True)
+        # the decode answer's last data: its stream's end, or (not streamed) the pair's end, as the HTTP pair's
+        if not self.stream:
+            rec.t_last_chunk = rec.t_finish
+        elif rec.t_first_token is not None:
+            rec.t_last_chunk = t_decode if t_decode is not None else watch.t_chunk
+        if watch.gaps is not None:
+            rec.itl_max, rec.itl_hist = watch.gaps.fields()
+        return answer, prefill_answer
+
+    def _refusal(self, err: BadRequest | SchedulerAbort) -> Answer:
+        """A request its server refuses, as the HTTP client reads the refusal (exchange's)."""
+        if not self.stream:
+            return Answer("error", f"HTTP 400: {err}")
+        if isinstance(err, BadRequest):
+            return Answer("error", f"refused by the server: {err}")
+        return Answer("error", f"aborted by the server: {err}")
+
+    def _aborted(self, srv: InProcessServer, pend: Pending, why: str, url: str) -> Answer:
+        """A PD request sglang aborted (pd.PdAbort) as the HTTP client reads its 500 (PdFace._abort)."""
+        if not self.stream:
+            return Answer("error", f"HTTP 500: {abort_body(why).decode()}")
+        return self.api.final_answer(url, orjson.dumps(srv.pd_abort_out(pend, why)))
+
+    async def _prefill_side(self, srv: InProcessServer, pend: Pending, boot: Bootstrap, url: str
+                            ) -> tuple[Answer, float]:
+        """The prefill server's part from the request's receipt: its role's (bootstrap, prefill, the KV's transfer),
+        then its answer, read a response hop later (answer, run time read)."""
+        loop = asyncio.get_running_loop()
+        gone = True   # until it is answered: its client went away (the server aborts it)
+        try:
+            await asyncio.sleep(pend.t_received - loop.time())
+            why = await srv.serve_pd(pend, boot)
+            gone = False
+            if why is not None:
+                answer = self._aborted(srv, pend, why, url)
+            else:
+                out = srv.prefill_answer(pend, self.stream, srv.engine.wall(loop.time()))
+                answer = self.api.final_answer(url, orjson.dumps(out))
+            await asyncio.sleep(self.hops.response_s)
+            return answer, self.clock.now()
+        finally:
+            srv.end_pd(pend, boot, not gone, False)
+
+    async def _decode_side(self, srv: InProcessServer, pend: Pending, boot: Bootstrap, rec: PdRecord,
+                           done: asyncio.Future[float], url: str) -> tuple[Answer, float]:
+        """The decode server's part from the request's receipt: its role's (the handshake, the KV's room, the KV),
+        then its tokens (the `_Watch` stamps them on the record) and its answer (answer, run time read)."""
+        loop = asyncio.get_running_loop()
+        hops = self.hops
+        gone = True
+        answered = False
+        try:
+            await asyncio.sleep(pend.t_received - loop.time())
+            why = await srv.serve_pd(pend, boot)
+            if self.stream:   # the PD face answers its headers once the KV is in (or with the abort)
+                rec.t_headers = self.clock.now() + hops.token_s
+            if why is not None:
+                gone = False
+                answer = self._aborted(srv, pend, why, url)
+                await asyncio.sleep(hops.response_s)
+                t_end = self.clock.now()
+            else:
+                t_end = await done
+                sent = pend.t_first_token if self.stream and pend.t_first_token > 0.0 else pend.t_finished
+                out = srv.final_answer(pend, self.stream, srv.engine.wall(sent))
+                gone = False
+                answered = True
+                answer = self.api.final_answer(url, orjson.dumps(out))
+            if not self.stream:
+                rec.t_headers = t_end
+            return answer, t_end
+        finally:
+            srv.end_pd(pend, boot, not gone, answered)

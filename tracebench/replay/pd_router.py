@@ -1,25 +1,23 @@
 """The router of a PD run: the same queue, caps, health checks and records as `router.Router`, with the servers in
 two pools and each request sent to a (prefill, decode) pair (pd.py has the pieces: pairing, body, client).
 
-Only assignment and serving differ from a plain run; a plain run never imports this module. `server` of a record is
-the decode server (its stream is the answer) and the server_* stamps are its own; the prefill side goes to the
-prefill_* fields (records.py).
+Only assignment, the carrying of a request (the sender's `exchange_pair`: HTTP, or in-process on the virtual clock)
+and a flight's end differ from a plain run: the flight itself is the router's own (`Router._serve`). A plain run
+never imports this module. `server` of a record is the decode server (its stream is the answer) and the server_*
+stamps are its own; the prefill side goes to the prefill_* fields (records.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from tracebench.errors import ServerProtocolError
-from tracebench.itl import ItlGaps
 from tracebench.policies.base import Policy, ServerView, free_slots_text
-from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer
-from tracebench.replay.flight import HttpSender
-from tracebench.replay.pd import DECODE_DONE, PairClient, PrefillAnswer, Rooms, assign_pairs, with_bootstrap
+from tracebench.replay.client import Answer
+from tracebench.replay.pd import Rooms, assign_pairs
 from tracebench.replay.records import COMPLETED, PdRecord, RequestRecord
 from tracebench.replay.router import Router, ServerState
 
@@ -54,10 +52,8 @@ class PdRouter(Router):
         self.pools = pools
         self.policy_time.name = f"{pools.prefill_policy.name} (prefill) / {pools.decode_policy.name} (decode)"
         self.rooms = Rooms(seed)
-        if not isinstance(self.sender, HttpSender):
-            raise ValueError("PD runs speak HTTP to their servers (flight.HttpSender)")
-        self.http: HttpSender = self.sender
-        self.pair_client = PairClient(self.http.client)
+        if not hasattr(self.sender, "exchange_pair"):
+            raise ValueError("a PD run's sender carries pairs (flight.PairSender)")
 
     def _can_assign(self, free: list[int]) -> bool:
         """A pair is possible: a free slot in each pool."""
@@ -98,74 +94,38 @@ class PdRouter(Router):
 
     def _dispatch_pair(self, rec: RequestRecord, prefill: ServerState, decode: ServerState) -> None:
         rec = self._pending[rec.id] = PdRecord.of(rec)   # a plain run's records stay without the prefill fields
-        # a flight of the decode server that also occupies the prefill one (the watchdog: Router._launch)
-        self._launch(rec, decode, partial(self._serve_pair, rec, prefill, decode), other=prefill)
+        rec.prefill_server, rec.bootstrap_room = prefill.index, self.rooms.next()
+        # the router's one flight (Router._serve), of the decode server, that also occupies the prefill one (the
+        # watchdog: Router._launch); only its carrying (`_carry`) and its end (`_finish`) know of the pair
+        self._launch(rec, decode, partial(self._serve, rec, decode), other=prefill)
         prefill.in_flight += 1
 
-    async def _serve_pair(self, rec: PdRecord, prefill: ServerState, decode: ServerState, flight: Any) -> None:
-        """Like Router._serve, for a pair: t_dispatch when both POSTs go, the decode stream's first token and chunks,
-        the prefill answer's moment, t_finish at the decode answer's end."""
-        now = self.clock.now
+    async def _carry(self, rec: PdRecord, server: ServerState, flight: Any) -> Answer:  # type: ignore[override]
+        """The pair's exchange (flight.PairSender: HTTP or in-process); the prefill answer's meta_info is taken here,
+        the decode answer's by Router._take_answer."""
+        prefill = flight.other
         host, port = self.pools.bootstrap[prefill.index]
-        room = self.rooms.next()
-        body = with_bootstrap(self.http.body(rec, self._prefix_blocks.get(rec.id)), host, port, room)
-        rec.server, rec.prefill_server, rec.bootstrap_room = decode.index, prefill.index, room
-        answer: Answer | None = None
-        prefill_answer: Answer | None = None
-        gaps = ItlGaps()
-        t_chunk = 0.0
-        try:
-            # the breakdown's stamps (t_written, t_headers, t_last_chunk, sglang's) are the decode request's: its
-            # stream is the answer; the prefill request goes out beside it (its moments: the prefill_* fields)
-            rec.t_built = rec.t_dispatch = now()
-            async for item in self.pair_client.generate(prefill.generate_url, decode.generate_url, body, rec, now):
-                t = flight.t_progress = now()  # progress (Router.watch)
-                if not isinstance(item, PrefillAnswer):
-                    decode.t_heard = t
-                if item is CHUNK:
-                    t = now()
-                    gaps.add(t - t_chunk)
-                    t_chunk = t
-                elif item is FIRST_TOKEN:
-                    rec.t_first_token = t_chunk = now()
-                elif item is DECODE_DONE:
-                    flight.server_done = True   # the pair waits on its prefill server's answer alone (Router.watch)
-                elif isinstance(item, PrefillAnswer):
-                    rec.t_prefill_answer = prefill.t_heard = now()
-                    flight.other_done = True   # from now on the pair waits on its decode server only (Router.watch)
-                    prefill_answer = item.answer
-                else:
-                    rec.t_finish = now()
-                    answer = item
-            assert answer is not None and prefill_answer is not None  # PairClient ends with both
-            # the decode answer's last data: its stream's last event with tokens, or its whole body
-            if not self.sender.stream:
-                rec.t_last_chunk = rec.t_finish
-            elif rec.t_first_token is not None:
-                rec.t_last_chunk = t_chunk
-            rec.itl_max, rec.itl_hist = gaps.fields()
-            if prefill_answer.connection_lost:
-                self.suspect(prefill.index, f"request {rec.id} (prefill): {prefill_answer.error}")
-            self._take_answer(rec, decode, answer)
-            if rec.status == "ok":
-                self._take_prefill(rec, prefill, prefill_answer)
-                self._check_decode_stamps(rec, decode)
-                self._check_answer(rec, decode)   # the decode answer against the trace: ok or mismatch
-            rec.t_parsed = now()
-        except BaseException as err:  # recorded, then re-raised: the run stops on anything but a measurement
-            if rec.t_finish is None:
-                rec.t_finish = now()
-            if isinstance(err, asyncio.CancelledError):
-                self._ended_by_router(rec, flight)  # stalled, a server down, or the run stopped
-            else:
-                rec.status, rec.error = "error", f"{type(err).__name__}: {err}"
-            raise
-        finally:
-            prefill.in_flight -= 1
-            self._finish(rec, decode)   # the record first: what the prefill policy raises below stops the run
-            if not self._closing:
-                self.policy_time.call("on_complete", self.pools.prefill_policy.on_complete, rec.id, prefill.index,
-                                      rec.status in COMPLETED)
+        answer, prefill_answer = await self.sender.exchange_pair(  # type: ignore[attr-defined]
+            rec, prefill, server, flight, self._prefix_blocks.get(rec.id), (host, port, rec.bootstrap_room),
+            self.clock.now)
+        if prefill_answer is not None and prefill_answer.connection_lost:
+            self.suspect(prefill.index, f"request {rec.id} (prefill): {prefill_answer.error}")
+        if answer.status == "ok":   # a pair ends ok only with both answers in
+            assert prefill_answer is not None
+            self._take_prefill(rec, prefill, prefill_answer)
+        return answer
+
+    def _check_answer(self, rec: RequestRecord, server: ServerState) -> None:
+        self._check_decode_stamps(rec, server)
+        super()._check_answer(rec, server)   # the decode answer against the trace: ok or mismatch
+
+    def _finish(self, rec: RequestRecord, server: ServerState) -> None:
+        prefill = self.servers[rec.prefill_server]  # type: ignore[attr-defined]
+        prefill.in_flight -= 1
+        super()._finish(rec, server)   # the record first: what the prefill policy raises below stops the run
+        if not self._closing:
+            self.policy_time.call("on_complete", self.pools.prefill_policy.on_complete, rec.id, prefill.index,
+                                  rec.status in COMPLETED)
 
     def _take_prefill(self, rec: PdRecord, prefill: ServerState, answer: Answer) -> None:
         meta = answer.meta

@@ -543,12 +543,14 @@ class Router:
 
     def _views(self, now: float) -> list[ServerView]:
         views = []
+        add = views.append
+        static = self.static
         for s in self.servers:
             rate, p50, p90, ttft = s.observed(now)
             rep = s.reported
             reported = None if rep is None else ReportedLoad(rep[0], rep[1], rep[2], rep[3], now - s.reported_t)
-            in_flight, cap = self._load(s)
-            views.append(ServerView(s.index, s.url, s.state == "up", in_flight, cap, rate, p50, p90, ttft, reported))
+            in_flight, cap = self._load(s) if static else (s.in_flight, s.cap)
+            add(ServerView(s.index, s.url, s.state == "up", in_flight, cap, rate, p50, p90, ttft, reported))
         return views
 
     def _free_slots(self) -> list[int]:
@@ -766,7 +768,7 @@ class Router:
         now = self.clock.now
         rec.server = server.index
         try:
-            answer = await self.sender.exchange(rec, server, flight, self._prefix_blocks.get(rec.id), now)
+            answer = await self._carry(rec, server, flight)
             self._take_answer(rec, server, answer)
             if rec.status == "ok":
                 self._check_answer(rec, server)
@@ -781,6 +783,11 @@ class Router:
             raise
         finally:
             self._finish(rec, server)
+
+    def _carry(self, rec: RequestRecord, server: ServerState, flight: _Flight) -> Awaitable[Answer]:
+        """The sender's exchange (the awaitable itself: no frame of its own on the hot path); a PD router carries a
+        pair (pd_router.py)."""
+        return self.sender.exchange(rec, server, flight, self._prefix_blocks.get(rec.id), self.clock.now)
 
     def _ended_by_router(self, rec: RequestRecord, flight: _Flight) -> None:
         """The status of a request whose task the router cancelled: what `_end_flight` said (stalled, its server

@@ -204,7 +204,6 @@ class ReplayConfig:
                 ("--attach", "attach", "attached servers run in real time"),
                 ("--attach-prefill", "attach_prefill", "attached servers run in real time"),
                 ("--attach-decode", "attach_decode", "attached servers run in real time"),
-                ("--pd", "pd", "PD pools need --clock real for now (their KV handshake speaks HTTP)"),
                 ("--speed", "speed", "the virtual clock runs as fast as the host computes it"),
                 ("--control-port", "control_port", "nothing outside the process can act on a virtual clock; "
                  "change caps with --cap-schedule"),
@@ -236,7 +235,7 @@ class ReplayConfig:
         if self.is_pd:
             cfg = check_pd_config(cfg, given)
         # --kv-link: only for simulated PD servers, a preset or BANDWIDTH:LATENCY (ConfigError); its default is named
-        if (link := kv_link_of(self)) is not None and self.kv_link is None and link.name == KV_LINK_DEFAULT:
+        if (link := kv_link_of(cfg)) is not None and self.kv_link is None and link.name == KV_LINK_DEFAULT:
             cfg = dataclasses.replace(cfg, kv_link=KV_LINK_DEFAULT)
         keys = [k for k, _ in self.policy_options]
         if len(set(keys)) != len(keys):

@@ -11,7 +11,9 @@
   the request only when its KV arrived: a prebuilt step hands out the prefill's first token, then it decodes.
 - sglang's data plane is ZMQ between the ranks plus the transfer engine; here it is two HTTP routes between the two
   processes on 127.0.0.1: the KV destination (`POST /tracebench_sim/kv_dest` on the prefill's bootstrap port) and the
-  KV itself (`POST /tracebench_sim/kv_arrived` on the decode server, sent when the simulated transfer ends).
+  KV itself (`POST /tracebench_sim/kv_arrived` on the decode server, sent when the simulated transfer ends). How a
+  role reaches the other is its `wire` (`PdWire`): `HttpWire` between sim-server processes; on the virtual clock
+  (`tracebench/sim/inprocess.py` `InProcessWire`) a direct call into the other role, taking no simulated time.
 - **The transfer** moves the whole prompt's KV (cached prefix included, as sglang sends it) at `KV_BYTES_PER_TOKEN`
   bytes per token over the prefill server's link at `--kv-transfer-bandwidth` GiB/s, first come first served, then
   arrives `--kv-transfer-latency` seconds later (a fixed cost per transfer that does not hold the link: the next
@@ -30,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -208,6 +210,40 @@ _DOCS = {
 }
 
 
+class PdWire(Protocol):
+    """How a PD role reaches the other server of its pair: a GET of the bootstrap server's JSON (the handshake) and a
+    POST of a PD message, each answering why it failed (None: it did not)."""
+
+    async def get_json(self, url: str) -> tuple[Any, str | None]: ...
+
+    async def post(self, url: str, msg: dict[str, Any]) -> str | None: ...
+
+
+class HttpWire:
+    """`PdWire` over HTTP between sim-server processes (one aiohttp session per role)."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+
+    async def get_json(self, url: str) -> tuple[Any, str | None]:
+        try:
+            async with self.session.get(url) as resp:
+                if resp.status == 200:
+                    return orjson.loads(await resp.read()), None
+                return None, f"HTTP {resp.status}"
+        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as err:
+            return None, f"{type(err).__name__}: {err}"
+
+    async def post(self, url: str, msg: dict[str, Any]) -> str | None:
+        """POST a PD message to the other server: None when it answered 200, else why not."""
+        try:
+            async with self.session.post(url, data=orjson.dumps(msg), headers={"Content-Type": "application/json"}) as resp:
+                body = await resp.read()
+                return None if resp.status == 200 else f"HTTP {resp.status}: {body[:200]!r}"
+        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as err:
+            return f"{type(err).__name__}: {err}"
+
+
 @dataclass(eq=False)
 class _Waiter:
     """One request of a PD role between the HTTP face and the model."""
@@ -220,7 +256,7 @@ class _Waiter:
 
 
 class PdRole:
-    """What both roles share: the PD stats, an HTTP client for the other server, the /server_info and /v1/loads
+    """What both roles share: the PD stats, the wire to the other server (`PdWire`), the /server_info and /v1/loads
     fields."""
 
     mode = ""
@@ -231,9 +267,16 @@ class PdRole:
         self.answers = answers
         self.stats = PdStats()
         self.session: aiohttp.ClientSession | None = None
+        self.wire: PdWire | None = None   # HttpWire once started; an in-process server sets its own
+
+    @property
+    def base_url(self) -> str:
+        """Where the other role reaches this server's /generate side (the decode's kv_arrived, a prefill_url)."""
+        return f"http://{self.args.host}:{self.args.port}"
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0))
+        self.wire = HttpWire(self.session)
 
     async def stop(self) -> None:
         if self.session is not None:
@@ -270,6 +313,15 @@ class PdRole:
     async def admit(self, pend: Pending, boot: Bootstrap) -> None:
         """Bring the request into the model (waiting as this role waits); PdAbort when sglang would abort it."""
         raise NotImplementedError
+
+    async def through(self, pend: Pending, boot: Bootstrap) -> None:
+        """The role's part of a request before its answer goes out (both faces: the HTTP one, PdFace, and the
+        in-process one): admitted; a prefill server's request also prefilled and its KV at the decode server.
+        PdAbort when sglang would abort it."""
+        await self.admit(pend, boot)
+        if self.mode == "prefill":   # its answer waits for the KV to reach the decode server
+            await all_finished([pend])
+            await self.answered(pend, boot)
 
     async def answered(self, pend: Pending, boot: Bootstrap) -> None:
         """The prefill role: the model finished the request; what must happen before its answer goes out."""
@@ -328,24 +380,30 @@ class PrefillRole(PdRole):
             return web.Response(text="Missing inputs for bootstrap server.", status=400)
         ranks = [int(q[k]) for k in keys]
         if ranks == [-1, -1, -1, -1]:   # the server's parallel info (PrefillServerInfo)
-            return json_response({"attn_tp_size": 1, "attn_cp_size": 1, "dp_size": 1, "pp_size": 1, "page_size": 1,
-                                  "kv_cache_dtype": "auto", "follow_bootstrap_room": True,
-                                  "enable_dsa_cache_layer_split": False, "prefill_http_port": self.args.port})
+            return json_response(self.parallel_info())
         if ranks != [0, 0, 0, 0]:
             return web.Response(text=f"Bootstrap info not found for dp_rank={ranks[0]} cp_rank={ranks[1]} "
                                      f"tp_rank={ranks[2]} pp_rank={ranks[3]}", status=404)
         return json_response({"rank_ip": self.args.host, "rank_port": self.args.disaggregation_bootstrap_port})
 
+    def parallel_info(self) -> dict[str, Any]:
+        """The bootstrap server's answer to the handshake (all ranks -1): this one-rank server's parallel info."""
+        return {"attn_tp_size": 1, "attn_cp_size": 1, "dp_size": 1, "pp_size": 1, "page_size": 1,
+                "kv_cache_dtype": "auto", "follow_bootstrap_room": True, "enable_dsa_cache_layer_split": False,
+                "prefill_http_port": self.args.port}
+
     async def handle_kv_dest(self, request: web.Request) -> web.Response:
+        self.take_kv_dest(orjson.loads(await request.read()))
+        return web.Response(text="OK")
+
+    def take_kv_dest(self, msg: dict[str, Any]) -> None:
         """The decode server pre-allocated a request's KV: where it goes (sglang: the decode's send_metadata)."""
-        msg = orjson.loads(await request.read())
         room = msg["room"]
         msg["t_loop"] = asyncio.get_running_loop().time()   # bootstrap done for this room
         self.dests[room] = msg
         waiter = self.bootstrap_queue.pop(room, None)
         if waiter is not None and not waiter.done.done():
             waiter.done.set_result(asyncio.get_running_loop().time())
-        return web.Response(text="OK")
 
     # ---- requests ----
     def gauges(self) -> dict[str, int]:
@@ -397,8 +455,9 @@ class PrefillRole(PdRole):
             await asyncio.sleep(max(0.0, t_arrival - loop.time()))
             nbytes = kv_bytes(sim.input_len)
             msg = {"room": room, "first_output_id": self.answers.ids(pend, 1)[0], "cached_tokens": sim.cached_tokens,
-                   "kv_bytes": nbytes, "prefill_url": f"http://{self.args.host}:{self.args.port}"}
-            why = await _post(self.session, dest["decode_url"] + KV_ARRIVED_PATH, msg)
+                   "kv_bytes": nbytes, "prefill_url": self.base_url}
+            assert self.wire is not None
+            why = await self.wire.post(dest["decode_url"] + KV_ARRIVED_PATH, msg)
             if why is not None:
                 self.stats.count("sglang:num_transfer_failed_reqs_total")
                 raise PdAbort(f"Prefill transfer failed for request rank=0 req.rid='{pend.rid}' "
@@ -445,17 +504,14 @@ class DecodeRole(PdRole):
             return
         url = (f"http://{boot.addr}/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1"
                f"&target_pp_rank=-1")
-        assert self.session is not None
+        assert self.wire is not None
         last = ""
         for attempt in range(ENSURE_RETRIES):
-            try:
-                async with self.session.get(url) as resp:
-                    if resp.status == 200:
-                        self.prefill_info[boot.addr] = orjson.loads(await resp.read())
-                        return
-                    last = f"HTTP {resp.status}"
-            except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as err:
-                last = f"{type(err).__name__}: {err}"
+            info, why = await self.wire.get_json(url)
+            if why is None:
+                self.prefill_info[boot.addr] = info
+                return
+            last = why
             if attempt + 1 < ENSURE_RETRIES:
                 await asyncio.sleep(ENSURE_INTERVAL_S)
         self.stats.count("sglang:num_bootstrap_failed_reqs_total")
@@ -486,9 +542,9 @@ class DecodeRole(PdRole):
         arrived = loop.create_future()
         self.transfer_queue[boot.room] = _Waiter(pend, boot, t_transfer_entry, arrived)
         try:
-            msg = {"room": boot.room, "decode_url": f"http://{self.args.host}:{self.args.port}",
-                   "tokens": pend.sim.input_len}
-            why = await _post(self.session, f"http://{boot.addr}{KV_DEST_PATH}", msg)
+            msg = {"room": boot.room, "decode_url": self.base_url, "tokens": pend.sim.input_len}
+            assert self.wire is not None
+            why = await self.wire.post(f"http://{boot.addr}{KV_DEST_PATH}", msg)
             if why is not None:
                 self.stats.count("sglang:num_transfer_failed_reqs_total")
                 raise PdAbort(f"Decode transfer failed for request rank=0 decode_req.req.rid='{pend.rid}' "
@@ -518,11 +574,17 @@ class DecodeRole(PdRole):
             waiter.done.set_result(None)
 
     async def handle_kv_arrived(self, request: web.Request) -> web.Response:
-        """The prefill server's KV for a room is here (sglang: the transfer's Success status)."""
-        msg = orjson.loads(await request.read())
+        why = self.take_kv_arrived(orjson.loads(await request.read()))
+        if why is not None:
+            return json_response({"error": {"message": why}}, 404)
+        return web.Response(text="OK")
+
+    def take_kv_arrived(self, msg: dict[str, Any]) -> str | None:
+        """The prefill server's KV for a room is here (sglang: the transfer's Success status); why it is refused
+        (None: taken)."""
         waiter = self.transfer_queue.get(msg["room"])
         if waiter is None or waiter.done.done():
-            return json_response({"error": {"message": f"no request waits for room {msg['room']}"}}, 404)
+            return f"no request waits for room {msg['room']}"
         loop = asyncio.get_running_loop()
         pend = waiter.pend
         assert not pend.output_ids, "no output id is drawn before the first token"
@@ -531,7 +593,7 @@ class DecodeRole(PdRole):
         self.engine.model.arrive(pend.sim, loop.time())
         self.engine.kick()
         waiter.done.set_result(None)
-        return web.Response(text="OK")
+        return None
 
     def on_finished(self, pend: Pending) -> None:
         sim = pend.sim
@@ -548,17 +610,6 @@ class DecodeRole(PdRole):
             del self.transfer_queue[boot.room]
         # the request's KV (if any) is free now, or will be at the model's next step: others may fit
         asyncio.get_running_loop().call_soon(self.try_prealloc)
-
-
-async def _post(session: aiohttp.ClientSession | None, url: str, msg: dict[str, Any]) -> str | None:
-    """POST a PD message to the other server: None when it answered 200, else why not."""
-    assert session is not None
-    try:
-        async with session.post(url, data=orjson.dumps(msg), headers={"Content-Type": "application/json"}) as resp:
-            body = await resp.read()
-            return None if resp.status == 200 else f"HTTP {resp.status}: {body[:200]!r}"
-    except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as err:
-        return f"{type(err).__name__}: {err}"
 
 
 def make_role(args: SimArgs, engine: LiveEngine, answers: Answers) -> PdRole | None:
@@ -596,10 +647,7 @@ class PdFace:
         done = False
         try:
             try:
-                await role.admit(pend, boot)
-                if role.mode == "prefill":   # its answer waits for the KV to reach the decode server
-                    await all_finished(pendings)
-                    await role.answered(pend, boot)
+                await role.through(pend, boot)
             except PdAbort as err:
                 done = True
                 return await self._abort(request, pend, str(err), stream)
@@ -622,7 +670,7 @@ class PdFace:
 
     async def _prefill_answer(self, request: web.Request, pend: Pending, stream: bool) -> web.StreamResponse:
         out = self.final_out(pend, stream)
-        out["meta_info"]["finish_reason"] = {"type": "length", "length": 0}
+        out["meta_info"]["finish_reason"] = PREFILL_FINISH
         out["meta_info"]["response_sent_to_client_ts"] = time.time()
         if not stream:
             return json_response(out)
@@ -634,17 +682,36 @@ class PdFace:
 
     async def _abort(self, request: web.Request, pend: Pending, message: str, stream: bool) -> web.StreamResponse:
         """sglang's 500 abort: HTTPException(500, detail) non-streamed; streamed, an abort chunk then [DONE]."""
-        self.engine.model.abort(pend.sim)
-        self.engine.pending.pop(pend.sim, None)
-        self.engine.stats.on_abort()
+        abort_request(self.engine, pend)
         if not stream:
-            return web.Response(status=500, body=orjson.dumps({"detail": message}), content_type="application/json")
-        meta = {"id": pend.rid, "finish_reason": {"type": "abort", "message": message, "status_code": 500,
-                                                  "err_type": "InternalServerError"},
-                "prompt_tokens": pend.sim.input_len, "completion_tokens": 0, "cached_tokens": 0,
-                "e2e_latency": asyncio.get_running_loop().time() - pend.t_received}
+            return web.Response(status=500, body=abort_body(message), content_type="application/json")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
-        await response.write(b"data: " + orjson.dumps(self.answers.with_text([], meta)) + b"\n\ndata: [DONE]\n\n")
+        await response.write(b"data: " + orjson.dumps(abort_chunk(self.answers, pend, message)) + b"\n\ndata: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+# prefill.py L870-876 and schedule_batch.py L240-249: a prefill server's answer ends as FINISH_LENGTH(length=0)
+PREFILL_FINISH = {"type": "length", "length": 0}
+
+
+def abort_request(engine: LiveEngine, pend: Pending) -> None:
+    """A PD request sglang aborts (PdAbort): out of the model, counted aborted (both faces)."""
+    engine.model.abort(pend.sim)
+    engine.pending.pop(pend.sim, None)
+    engine.stats.on_abort()
+
+
+def abort_body(message: str) -> bytes:
+    """The body of sglang's non-streamed 500 abort: FastAPI's HTTPException detail."""
+    return orjson.dumps({"detail": message})
+
+
+def abort_chunk(answers: Answers, pend: Pending, message: str) -> dict[str, Any]:
+    """The one chunk of sglang's streamed 500 abort (an abort finish_reason, no tokens)."""
+    meta = {"id": pend.rid, "finish_reason": {"type": "abort", "message": message, "status_code": 500,
+                                              "err_type": "InternalServerError"},
+            "prompt_tokens": pend.sim.input_len, "completion_tokens": 0, "cached_tokens": 0,
+            "e2e_latency": asyncio.get_running_loop().time() - pend.t_received}
+    return answers.with_text([], meta)

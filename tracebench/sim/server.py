@@ -324,11 +324,13 @@ class SimServer:
     async def handle_metrics(self, request: web.Request) -> web.Response:
         if not self.args.enable_metrics:
             return web.Response(text="", content_type="text/plain", charset="utf-8")
+        return web.Response(text=self.metrics_text(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    def metrics_text(self) -> str:
+        """/metrics' text (a PD server's with its role's families)."""
         if self.pd is None:
-            text = metrics_text(self.stats, self.model)
-        else:
-            text = metrics_text(self.stats, self.model, self.pd.mode, self.pd.metrics_lines)
-        return web.Response(text=text, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+            return metrics_text(self.stats, self.model)
+        return metrics_text(self.stats, self.model, self.pd.mode, self.pd.metrics_lines)
 
     async def handle_flush_cache(self, request: web.Request) -> web.Response:
         """sglang's /flush_cache[?timeout=S]: empties the prefix cache when nothing runs or waits; otherwise 400, or

@@ -134,7 +134,7 @@ def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str |
     tracebench sweep t.jsonl --find-max-rate --slo ttft=500ms,tpot=50ms --backend sim --speed 10 \\
         --gpus 1,2,4 --policy round_robin,sjf
     tracebench sweep t.jsonl --rates 2,4,6,8 --attach http://127.0.0.1:30000 --model models/llama-2-7b-hf
-    tracebench sweep t.jsonl --rates 2,4 --backend sim --speed 4 --pd 1:3,2:2,3:1 --kv-link rdma-400g
+    tracebench sweep t.jsonl --rates 2,4 --clock virtual --pd 1:3,2:2,3:1 --kv-link rdma-400g
     \b
     Servers are launched once for the whole sweep (--backend sim or sglang; each point's run.json says the sweep
     launched them, with their launch commands); each point flushes their prefix cache first (--flush-cache) and is
