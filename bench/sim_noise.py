@@ -9,7 +9,7 @@ model, as `bench/sim_vs_real_before_after.py` compares them, is one draw.
 
     .venv/bin/python bench/sim_noise.py LIST --out DIR --after PROFILE [--before PROFILE] [--only WORD ...]
         [--seeds 8] [--jitter-ms 1] [--check]
-    .venv/bin/python bench/sim_noise.py bench/sim_vs_real_runs.txt --out /tmp/noise --only routing \\
+    .venv/bin/python bench/sim_noise.py bench/sim_vs_real_runs.txt --out reports/noise --only routing \\
         --after bench/profiles/llama-2-7b-h200-triton-attention.json --check
 
 LIST: bench/sim_vs_real_runs.txt's lines (`REAL_RUN TRACE`); runs that go on the virtual clock only (not PD, not
