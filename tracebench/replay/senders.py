@@ -49,6 +49,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -62,6 +63,7 @@ from tracebench.trace.format import TraceRequest
 PROGRESS_PERIOD_S = 0.1  # a sender process reports stream progress this often (the watchdog's bounds are seconds)
 START_TIMEOUT_S = 60.0  # a sender process must be ready within this (it imports aiohttp and numpy)
 STOP_TIMEOUT_S = 5.0  # a sender process told to stop must exit within this, else it is killed
+CANCEL_TIMEOUT_S = 10.0  # a sender process told to cancel a request must answer within this (else SenderFailed)
 MAX_SENDERS = 256
 
 # the stamps a sender process takes on a record, in this order on the pipe
@@ -92,14 +94,17 @@ class SenderSetup:
     request_timeout: float | None
     timeout_reason: str | None
     keepalive: float
+    cpus: tuple[int, ...] | None  # --pin-cpus: the CPUs the sender processes run on (None: wherever the host puts them)
 
 
 async def start_senders(count: int, trace_sha: str, vocab: int, block_size: int | None, api: Api,
-                        client: SglangClient, keepalive: float, sends_under: float) -> ProcessSender:
-    """Start `count` sender processes speaking like `client` (its API, streaming, timeout) with its keep-alive; the
-    router sends a request itself through `client` when its own time so far is under `sends_under` (0: never)."""
+                        client: SglangClient, keepalive: float, sends_under: float,
+                        cpus: tuple[int, ...] | None = None) -> ProcessSender:
+    """Start `count` sender processes speaking like `client` (its API, streaming, timeout) with its keep-alive, on
+    `cpus` if given (--pin-cpus); the router sends a request itself through `client` when its own time so far is
+    under `sends_under` (0: never)."""
     setup = SenderSetup(trace_sha, vocab, block_size, api.name, api.cache_reported, client.stream,
-                        client.request_timeout, client.timeout_reason, keepalive)
+                        client.request_timeout, client.timeout_reason, keepalive, cpus)
     local = HttpSender(client, InputIds(trace_sha, vocab, block_size)) if sends_under > 0 else None
     sender = ProcessSender(count, setup, api, client.stream, local, sends_under)
     try:
@@ -136,6 +141,8 @@ def sender_main(conn: Connection, setup: SenderSetup) -> None:
     # (cancel, stop); a sender that died of the signal first would turn an interruption into a fault
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if setup.cpus is not None:  # --pin-cpus: off the router's core (a wake-up there would preempt it)
+        os.sched_setaffinity(0, setup.cpus)
     from tracebench.replay.loop import run
 
     run(_SenderLoop(conn, setup).serve())
@@ -217,6 +224,7 @@ class _SenderLoop:
                 task = self.loop.create_task(coro)
             if not task.done():
                 self.tasks[rid] = (task, rec, flight)
+                task.add_done_callback(partial(self._task_done, rid))
                 self.busy.set()
         elif kind == "cancel":
             entry = self.tasks.get(msg[1])
@@ -227,6 +235,19 @@ class _SenderLoop:
             self.stopped.set()
         else:
             raise SenderFailed(f"sender process: unknown message {kind!r}")
+
+    def _task_done(self, rid: int, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step never entered `_exchange` (its "cancel" was read in the same batch
+        as its "go": a sender process slow to turn its loop), so it is still listed: it answers here, or the router
+        would wait for its answer forever (every other way out of `_exchange` unlists it and answers)."""
+        entry = self.tasks.get(rid)
+        if entry is None or entry[0] is not task:
+            return
+        del self.tasks[rid]
+        rec = entry[1]
+        if rec.t_finish is None:
+            rec.t_finish = self.now()
+        self._post(("cancelled", rid, _stamps(rec)))
 
     async def _exchange(self, rec: RequestRecord, server: _Server, flight: Progress, blocks: tuple[int, ...] | None) -> None:
         rid = rec.id
@@ -462,6 +483,7 @@ class ProcessSender:
             "transport": "multiprocessing pipes (spawned processes), pickled message lists",
             "clock": "CLOCK_MONOTONIC of this host, shared: stamps are time.monotonic() - the run clock's mono_start",
             "progress_period_s": PROGRESS_PERIOD_S,
+            "cpus": None if self.setup.cpus is None else list(self.setup.cpus),  # --pin-cpus
             # the router carries a request itself when its own time so far is under this (0: never)
             "router_sends_under_s": self.sends_under if self.local is not None else 0.0,
             "spare_cores_needed": SPARE_CORES if self.local is not None else None,
@@ -542,7 +564,11 @@ class ProcessSender:
                 # error that comes instead (its sender died meanwhile, a broken answer) is raised in its place
                 worker.outbox.append(("cancel", rec.id))
                 self._send(worker)
-                await future
+                try:
+                    await asyncio.wait_for(future, CANCEL_TIMEOUT_S)
+                except asyncio.TimeoutError:  # a bug of the sender process: a stop that hangs would be worse
+                    raise SenderFailed(f"sender process {worker.index} (pid {worker.pid}) did not answer the cancel "
+                                       f"of request {rec.id} within {CANCEL_TIMEOUT_S:g} s") from None
             raise
         finally:
             if self._pending.pop(rec.id, None) is not None:
