@@ -12,7 +12,7 @@ the highest rate at which release lag p99 < 1 ms and own time p50 < 1 ms (issue 
 Each point is one `tracebench replay --attach ...` (a real process, as a user runs it) of a Poisson trace of 128 /
 16-token requests (`--input-len`, `--output-len`) against sim-servers started once for the whole bench (`--speed 50`
 by default, so the servers are not the bottleneck), round robin, uncapped. The sender counts run one after the other
-at each rate (and each repeat), so they share the machine's load of that moment; with `--repeat` > 1 the medians
+at each rate (and each repeat, in reverse order every other repeat), so they share the machine's load of that moment; with `--repeat` > 1 the medians
 decide. Everything shares this machine's CPUs: the figures are for the machine and the load they were taken on
 (the load average is printed before and after). The last lines compare 2 senders with 1 at every rate (the issue's
 acceptance on 2 cores: never slower), beside the spread of the 1-sender runs themselves (the noise of the machine).
@@ -178,7 +178,9 @@ def main() -> None:
             n = make_trace(trace, rate, args.seconds, int(rate), args.input_len, args.output_len)
             points: dict[int, list[dict[str, float]]] = {s: [] for s in counts}
             for rep in range(args.repeat):
-                for senders in counts:  # one after the other: they share the load of this moment
+                # one after the other: they share the load of this moment; the order reversed every other repeat,
+                # so that no sender count always runs first
+                for senders in (counts if rep % 2 == 0 else counts[::-1]):
                     name = f"rate-{rate:g}-s{senders}-{rep}"
                     pin = ["--pin-cpus", pin_cpus[senders]] if args.pin else []
                     probe_dir = work / f"probe-{name}"

@@ -199,6 +199,9 @@ class ReplayConfig:
         check_senders(self.senders, self.clock, self.is_pd, self.router_sends_under,
                       self.router_sends_under != ROUTER_SENDS_UNDER_S)
         if self.pin_cpus is not None:
+            if self.ray is not None:
+                refuse("--pin-cpus places processes on this host's CPUs; with --ray the sender processes are actors on "
+                       "the cluster's nodes")
             pin_cpu_list(self.pin_cpus, self.senders)  # refused here, before anything starts, when it cannot hold
         if self.ray is not None:
             check_ray(self, given)
@@ -989,7 +992,7 @@ class Replay:
 
                 self.senders = await start_senders(cfg.senders, self.trace_sha, self.vocab, self.header.block_size,  # type: ignore[arg-type]
                                                    api, client, cfg.keepalive, cfg.router_sends_under,
-                                                   cpus[1:] if cpus else None)
+                                                   cpus[1:] if cpus else None, self._sender_launcher())
             if cpus:  # after the sender processes started (they begin on this process's CPUs, then move to theirs)
                 os.sched_setaffinity(0, {cpus[0]})
             if cfg.is_pd:
@@ -1111,6 +1114,15 @@ class Replay:
                 tty = self.stderr.isatty()
                 line = progress_line(self.router, self.t_end, self.router.finished / self.t_end, cfg.speed)
                 self.stderr.write(("\r" if tty else "") + line + "\n")
+
+    def _sender_launcher(self) -> Any:
+        """--ray: the sender processes of --senders N as actors on the cluster (cluster/senders.py); else None
+        (spawned on this host)."""
+        if self.cfg.ray is None:
+            return None
+        from tracebench.cluster.senders import RaySenders
+
+        return RaySenders(self.fleet.ray)  # type: ignore[attr-defined]
 
     def _sender(self, client: Any, input_ids: InputIds, clock: RunClock, timeout: float | None,
                 reason: str | None) -> Any:

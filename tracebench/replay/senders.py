@@ -51,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 from tracebench.errors import RunFailed, ServerProtocolError, TracebenchError
 from tracebench.replay.client import APIS, Answer, Api, SglangClient
@@ -99,14 +99,14 @@ class SenderSetup:
 
 async def start_senders(count: int, trace_sha: str, vocab: int, block_size: int | None, api: Api,
                         client: SglangClient, keepalive: float, sends_under: float,
-                        cpus: tuple[int, ...] | None = None) -> ProcessSender:
+                        cpus: tuple[int, ...] | None = None, launcher: Launcher | None = None) -> ProcessSender:
     """Start `count` sender processes speaking like `client` (its API, streaming, timeout) with its keep-alive, on
-    `cpus` if given (--pin-cpus); the router sends a request itself through `client` when its own time so far is
+    `cpus` if given (--pin-cpus), started by `launcher` if given (--ray: as actors on the cluster's nodes); the router sends a request itself through `client` when its own time so far is
     under `sends_under` (0: never)."""
     setup = SenderSetup(trace_sha, vocab, block_size, api.name, api.cache_reported, client.stream,
                         client.request_timeout, client.timeout_reason, keepalive, cpus)
     local = HttpSender(client, InputIds(trace_sha, vocab, block_size)) if sends_under > 0 else None
-    sender = ProcessSender(count, setup, api, client.stream, local, sends_under)
+    sender = ProcessSender(count, setup, api, client.stream, local, sends_under, launcher)
     try:
         await sender.start()
     except BaseException:
@@ -407,14 +407,50 @@ class _Worker:
         self.ready: asyncio.Future[None] | None = None
 
 
+class SenderHandle(Protocol):
+    """What the router needs of a sender process however it was started: a spawned process here
+    (multiprocessing.Process) or a Ray actor on some node (cluster/senders.py)."""
+
+    pid: int | None
+    sentinel: int  # a descriptor that turns readable when the process has ended
+    exitcode: int | None
+
+    def is_alive(self) -> bool: ...
+    def kill(self) -> None: ...
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+class Launcher(Protocol):
+    """Starts sender processes somewhere else than this host's spawn (`--ray`: cluster/senders.py)."""
+
+    placement: str  # run.json senders.placement
+
+    async def launch(self, count: int, setup: SenderSetup) -> list[tuple[SenderHandle, Connection]]:
+        """`count` sender processes, each serving `setup` over its connection (index i: the i-th)."""
+        ...
+
+    def clock_offset(self, index: int) -> float:
+        """Sender `index`'s CLOCK_MONOTONIC less this process's (0 on this host: one clock)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """run.json senders: where each sender runs and how its clock was aligned."""
+        ...
+
+    def close(self) -> None:
+        """Free what `launch` took (after every sender stopped or was killed)."""
+        ...
+
+
 class ProcessSender:
     """The router's Sender when the work of the requests runs in N sender processes (module docstring)."""
 
     def __init__(self, count: int, setup: SenderSetup, api: Api, stream: bool, local: HttpSender | None = None,
-                 sends_under: float = 0.0) -> None:
+                 sends_under: float = 0.0, launcher: Launcher | None = None) -> None:
         """`local`: the router's own HttpSender, which carries a request itself when the request's own time so far
         (own_so_far) is under `sends_under` run seconds (module docstring, "the router sends what it can"); None or
-        0.0: every request goes through a sender process."""
+        0.0: every request goes through a sender process. `launcher`: where the sender processes run (None: spawned
+        on this host)."""
         if not 1 <= count <= MAX_SENDERS:
             raise ValueError(f"sender processes: 1..{MAX_SENDERS}, got {count}")
         self.count = count
@@ -434,25 +470,34 @@ class ProcessSender:
         # the run's failure handler (router.fail), told at once when a sender process dies
         self.on_fault: Callable[[BaseException], None] | None = None
         self.fault: BaseException | None = None
+        self.launcher = launcher
 
     # ---- start and stop ----
 
     async def start(self) -> None:
-        """Spawn the sender processes and wait until each is ready (SenderDied if one is not)."""
+        """Start the sender processes (spawned here, or by the launcher) and wait until each is ready (SenderDied if
+        one is not)."""
         loop = self._loop = asyncio.get_running_loop()
-        ctx = multiprocessing.get_context("spawn")
-        for index in range(self.count):
-            mine, theirs = ctx.Pipe(duplex=True)
-            process = ctx.Process(target=sender_main, args=(theirs, self.setup), name=f"tracebench-sender-{index}",
-                                  daemon=True)
-            process.start()
-            theirs.close()
+        if self.launcher is None:
+            ctx = multiprocessing.get_context("spawn")
+            started: list[tuple[SenderHandle, Connection]] = []
+            for index in range(self.count):
+                mine, theirs = ctx.Pipe(duplex=True)
+                process = ctx.Process(target=sender_main, args=(theirs, self.setup),
+                                      name=f"tracebench-sender-{index}", daemon=True)
+                process.start()
+                theirs.close()
+                started.append((process, mine))  # type: ignore[arg-type]
+        else:
+            started = await self.launcher.launch(self.count, self.setup)
+        for index, (process, mine) in enumerate(started):
             worker = _Worker(index, process, mine)
             worker.ready = loop.create_future()
             self.workers.append(worker)
             loop.add_reader(mine.fileno(), self._readable, worker)
             loop.add_reader(process.sentinel, self._died, worker)
-        if self.local is not None:
+        # the spare-core rule reads this host's cores: sender processes on a cluster's nodes do not run on them
+        if self.local is not None and self.launcher is None:
             self._idle_task = loop.create_task(self._watch_idle())
         try:
             await asyncio.wait_for(asyncio.gather(*(w.ready for w in self.workers if w.ready is not None)),
@@ -471,8 +516,9 @@ class ProcessSender:
 
     def use_clock(self, mono_start: float, wall_start: float) -> None:
         """The run clock started: every sender process stamps on it from now on (sent before any assignment)."""
-        for worker in self.workers:
-            worker.outbox.append(("clock", mono_start, wall_start))
+        for worker in self.workers:  # a sender on another node: its own monotonic clock's reading of the run start
+            offset = 0.0 if self.launcher is None else self.launcher.clock_offset(worker.index)
+            worker.outbox.append(("clock", mono_start + offset, wall_start))
             self._send(worker)
 
     def describe(self) -> dict[str, Any]:
@@ -490,6 +536,7 @@ class ProcessSender:
             "carried_by_router": self.carried_here,
             "carried_by_process": [w.carried for w in self.workers],
             "fault": None if self.fault is None else str(self.fault),
+            **({"placement": "spawned processes on this host"} if self.launcher is None else self.launcher.describe()),
         }
 
     async def close(self) -> None:
@@ -512,6 +559,8 @@ class ProcessSender:
             worker.reported = True
             worker.process.join(1.0)  # exited or killed: at once
             worker.conn.close()
+        if self.launcher is not None:
+            self.launcher.close()
 
     def _forget(self, worker: _Worker) -> None:
         """Stop watching the worker's pipe and sentinel (remove_reader of a descriptor not watched does nothing)."""
@@ -660,8 +709,9 @@ class ProcessSender:
         if code is None and tries < 100:  # ...once the kernel has it (its pipes close a moment before)
             self._loop.call_later(0.01, self._report_exit, worker, tries + 1)
             return
-        how = ("exit code unknown" if code is None else
-               f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
+        how = (getattr(worker.process, "exit_text", None) or  # a Ray actor says how it ended (cluster/senders.py)
+               ("exit code unknown" if code is None else
+                f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"))
         err = SenderDied(f"sender process {worker.index} (pid {worker.pid}) died ({how}); its requests in flight "
                          "are recorded as errors and the run stops (docs/replay.md, \"Parallel senders\")")
         if worker.ready is not None and not worker.ready.done():
