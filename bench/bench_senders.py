@@ -8,6 +8,9 @@ the highest rate at which release lag p99 < 1 ms and own time p50 < 1 ms (issue 
     # a many-core machine (the GPU host's CPUs; sim-servers need no GPU), issue 34's goal:
     .venv/bin/python bench/bench_senders.py --servers 32 --rates 500,1000,2000,4000 --senders 1,2,4,8 --goal-ms 2 \
         --own-quantile 99
+    # what held there (docs/overhead.md, 16 cores): the router alone on its core, every request handed over
+    .venv/bin/python bench/bench_senders.py --servers 32 --rates 2000,4000 --senders 8 --goal-ms 2 --own-quantile 99 \
+        --pin --repeat 2 --replay-args "--router-sends-under 0"
 
 Each point is one `tracebench replay --attach ...` (a real process, as a user runs it) of a Poisson trace of 128 /
 16-token requests (`--input-len`, `--output-len`) against sim-servers started once for the whole bench (`--speed 50`
