@@ -95,8 +95,8 @@ def test_six_servers_on_three_nodes(tmp_path: Path, cluster: Any) -> None:
     for actor in senders["actors"]:  # each sender's clock measured before and after the run
         clock = actor["clock"]
         assert clock["uncertainty_s"] > 0 and isinstance(clock["after"], float)
-        assert clock["applied_offset_s"] == (0.0 if actor["same_host"] else clock["offset_s"])
-        assert abs(clock["offset_s"]) < 0.05  # one machine: the nodes share CLOCK_MONOTONIC (so the rule shows)
+        # one machine: the nodes share CLOCK_MONOTONIC, so the offset measured is within its uncertainty, not applied
+        assert abs(clock["offset_s"]) < 0.05 and clock["applied_offset_s"] == 0.0
 
 
 def test_a_sweep_of_twelve_points_on_ray_equals_the_point_by_point_one(tmp_path: Path, cluster: Any) -> None:

@@ -8,11 +8,11 @@ actor connects to with `multiprocessing.connection.Client`, then the same pickle
 actor's first message names its index.
 
 Clocks: a sender stamps `time.monotonic() - mono_start`. On this node CLOCK_MONOTONIC is one clock for every process
-(offset 0, as for spawned senders). On another node it is another clock: its offset (the actor's time.monotonic()
+(offset 0, as for spawned senders). On another node it may be another clock: its offset (the actor's time.monotonic()
 less this process's) is measured NTP-style before the run, CLOCK_SAMPLES round trips through the actor, the one with
-the shortest round trip kept (offset = remote - the midpoint; uncertain by half of that round trip), and the actor is
-told the run start on its own clock (mono_start + offset): its stamps are then on the run's clock to within that
-uncertainty. The offset is measured again at the end (`after`: the drift over the run). run.json senders.actors
+the shortest round trip kept (offset = remote - the midpoint; uncertain by half of that round trip), and, when it is
+larger than that uncertainty (another machine: always), the actor is told the run start on its own clock
+(mono_start + offset): its stamps are then on the run's clock to within that uncertainty. The offset is measured again at the end (`after`: the drift over the run). run.json senders.actors
 keeps node, pid and clock of each.
 
 Faults: each actor's `serve` call returns only when its loop ends; a thread here waits on it and, when it ends,
@@ -146,8 +146,12 @@ class RaySenders:
             after = time.monotonic()
             samples.append((after - before, remote - (before + after) / 2))
         round_trip, offset = min(samples)
+        # applied when larger than its uncertainty, as for the servers' clocks: another machine's monotonic clock
+        # counts from its own boot (an offset of seconds or days: always applied); Ray nodes on one machine share
+        # this one (an offset within the uncertainty: left at 0, exact)
+        applied = 0.0 if handle.same_node or abs(offset) <= round_trip / 2 else offset
         return {"same_node": handle.same_node, "offset_s": offset, "uncertainty_s": round_trip / 2,
-                "applied_offset_s": 0.0 if handle.same_node else offset, "after": None}
+                "applied_offset_s": applied, "after": None}
 
     def clock_offset(self, index: int) -> float:
         return self.clocks[index]["applied_offset_s"]

@@ -101,8 +101,8 @@ async def start_senders(count: int, trace_sha: str, vocab: int, block_size: int 
                         client: SglangClient, keepalive: float, sends_under: float,
                         cpus: tuple[int, ...] | None = None, launcher: Launcher | None = None) -> ProcessSender:
     """Start `count` sender processes speaking like `client` (its API, streaming, timeout) with its keep-alive, on
-    `cpus` if given (--pin-cpus), started by `launcher` if given (--ray: as actors on the cluster's nodes); the router sends a request itself through `client` when its own time so far is
-    under `sends_under` (0: never)."""
+    `cpus` if given (--pin-cpus), started by `launcher` if given (--ray: as actors on the cluster's nodes); the router
+    sends a request itself through `client` when its own time so far is under `sends_under` (0: never)."""
     setup = SenderSetup(trace_sha, vocab, block_size, api.name, api.cache_reported, client.stream,
                         client.request_timeout, client.timeout_reason, keepalive, cpus)
     local = HttpSender(client, InputIds(trace_sha, vocab, block_size)) if sends_under > 0 else None
@@ -394,11 +394,11 @@ class _Worker:
 
     __slots__ = ("index", "process", "conn", "pid", "in_flight", "carried", "outbox", "alive", "reported", "ready")
 
-    def __init__(self, index: int, process: Any, conn: Connection) -> None:
+    def __init__(self, index: int, process: SenderHandle, conn: Connection) -> None:
         self.index = index
         self.process = process
         self.conn = conn
-        self.pid: int = process.pid
+        self.pid: int | None = process.pid
         self.in_flight = 0
         self.carried = 0  # requests handed to it
         self.outbox: list[tuple[Any, ...]] = []
@@ -413,11 +413,41 @@ class SenderHandle(Protocol):
 
     pid: int | None
     sentinel: int  # a descriptor that turns readable when the process has ended
-    exitcode: int | None
+    exitcode: int | None  # None while it runs (and, for a spawned process, until the kernel has it)
+    exit_text: str | None  # how it ended, in words (None while it runs)
 
     def is_alive(self) -> bool: ...
     def kill(self) -> None: ...
     def join(self, timeout: float | None = None) -> None: ...
+
+
+class _Spawned:
+    """A sender process spawned on this host, as a SenderHandle."""
+
+    def __init__(self, process: Any) -> None:  # a multiprocessing (spawn context) Process, started
+        self.process = process
+        self.pid: int | None = process.pid
+        self.sentinel: int = process.sentinel
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    @property
+    def exit_text(self) -> str | None:
+        code = self.process.exitcode
+        if code is None:
+            return None
+        return f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+    def is_alive(self) -> bool:
+        return self.process.is_alive()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.process.join(timeout)
 
 
 class Launcher(Protocol):
@@ -487,7 +517,7 @@ class ProcessSender:
                                       name=f"tracebench-sender-{index}", daemon=True)
                 process.start()
                 theirs.close()
-                started.append((process, mine))  # type: ignore[arg-type]
+                started.append((_Spawned(process), mine))
         else:
             started = await self.launcher.launch(self.count, self.setup)
         for index, (process, mine) in enumerate(started):
@@ -709,9 +739,7 @@ class ProcessSender:
         if code is None and tries < 100:  # ...once the kernel has it (its pipes close a moment before)
             self._loop.call_later(0.01, self._report_exit, worker, tries + 1)
             return
-        how = (getattr(worker.process, "exit_text", None) or  # a Ray actor says how it ended (cluster/senders.py)
-               ("exit code unknown" if code is None else
-                f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"))
+        how = worker.process.exit_text or "exit code unknown"
         err = SenderDied(f"sender process {worker.index} (pid {worker.pid}) died ({how}); its requests in flight "
                          "are recorded as errors and the run stops (docs/replay.md, \"Parallel senders\")")
         if worker.ready is not None and not worker.ready.done():
