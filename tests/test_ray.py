@@ -61,7 +61,9 @@ def test_without_ray_installed_ray_is_a_one_line_error_naming_the_extra(tmp_path
 def test_six_servers_on_three_nodes(tmp_path: Path, cluster: Any) -> None:
     n = 120
     trace = write_trace_file(tmp_path / "t.jsonl", n, rate=60, inputs=(16, 128), outputs=(4, 32))
+    # its three sender processes as actors too, every request through them: their stamps must be on the run's clock
     result = run_cli("replay", str(trace), "--ray", cluster.address, "--backend", "sim", "--gpus", "6", "--speed", "4",
+                     "--senders", "3", "--router-sends-under", "0",
                      "--policy", "round_robin", "--run-name", "r", "--out-dir", str(tmp_path), "--quiet", timeout=120)
     assert result.returncode == 0, result.stderr
     run, records = read_run(tmp_path / "r")
@@ -81,9 +83,20 @@ def test_six_servers_on_three_nodes(tmp_path: Path, cluster: Any) -> None:
         assert clock["uncertainty_s"] > 0 and abs(clock["offset_s"]) < 0.05 and isinstance(clock["after"], float)
         assert (tmp_path / "r" / s["log"]).read_text().startswith(f"sim-server listening on {s['url']} ")
     assert Counter(r["server"] for r in records) == dict.fromkeys(range(6), n // 6)  # round robin over all six
-    # the servers' stamps, converted to the run clock, fall between dispatch and finish
+    # the servers' stamps, converted to the run clock, fall between dispatch and finish (the sender actors took
+    # t_dispatch and t_finish on their own clocks, aligned to the run's)
     for r in records:
         assert r["t_dispatch"] - 0.01 <= r["server_received"] <= r["t_finish"] + 0.01, r
+        assert r["t_assigned"] <= r["t_built"] <= r["t_written"] <= r["t_first_token"] <= r["t_finish"], r
+    senders = run["senders"]
+    assert senders["count"] == 3 and sum(senders["carried_by_process"]) == n and senders["fault"] is None
+    assert senders["placement"].startswith("Ray actors") and len(senders["actors"]) == 3
+    assert len({a["node"]["id"] for a in senders["actors"]}) >= 2  # spread over the nodes
+    for actor in senders["actors"]:  # each sender's clock measured before and after the run
+        clock = actor["clock"]
+        assert clock["uncertainty_s"] > 0 and isinstance(clock["after"], float)
+        # one machine: the nodes share CLOCK_MONOTONIC, so the offset measured is within its uncertainty, not applied
+        assert abs(clock["offset_s"]) < 0.05 and clock["applied_offset_s"] == 0.0
 
 
 def test_a_sweep_of_twelve_points_on_ray_equals_the_point_by_point_one(tmp_path: Path, cluster: Any) -> None:

@@ -178,3 +178,53 @@ def test_the_router_hands_over_only_when_it_falls_behind() -> None:
     assert not any(split.hand_over(0.005) for _ in range(200))
     split.idle_cores = 4.0
     assert all([split.hand_over(0.005) for _ in range(200)][100:])
+
+
+def test_a_request_cancelled_before_its_sender_starts_it_is_answered(tmp_path: Path) -> None:
+    """The race behind a Ctrl-C that never ended (a run left `running`): a sender process slow to turn its loop reads
+    a request's "go" and its "cancel" in one batch, so the request's task is cancelled before its first step; it must
+    still answer "cancelled" (else the router waits for it forever). The real sender loop, on a real pipe; its request
+    is cancelled before it connects anywhere."""
+    import multiprocessing
+    import threading
+
+    from tracebench.replay.loop import run
+    from tracebench.replay.senders import SenderSetup, _SenderLoop
+
+    mine, theirs = multiprocessing.Pipe(duplex=True)
+    setup = SenderSetup("0" * 64, 32000, None, "generate", True, True, None, None, 4.0, None)
+    thread = threading.Thread(target=run, args=(_SenderLoop(theirs, setup).serve(),), daemon=True)
+    thread.start()
+    try:
+        assert mine.poll(10) and mine.recv()[0][0] == "ready"
+        url = f"http://127.0.0.1:{free_port()}/generate"  # nothing listens: it must not matter
+        mine.send([("clock", time.monotonic(), time.time()), ("go", 7, url, 16, 4, None), ("cancel", 7)])
+        answers = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not answers:
+            if mine.poll(0.1):
+                answers += [m for m in mine.recv() if m[0] != "progress"]
+        assert [(m[0], m[1]) for m in answers] == [("cancelled", 7)], answers
+        assert answers[0][2][1] is None  # t_dispatch: it never went out (a not_sent record, truly)
+    finally:
+        mine.send([("stop",)])
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_pin_cpus_refusals(tmp_path: Path) -> None:
+    trace = write_trace_file(tmp_path / "t.jsonl", 5, rate=10)
+    allowed = sorted(os.sched_getaffinity(0))
+    outside = max(allowed) + 1
+    for args, why in (
+        (("--pin-cpus", "0-1"), "with --senders 1 the router is the only process: give one CPU"),
+        (("--senders", "2", "--pin-cpus", str(allowed[0])), "at least one for the sender processes"),
+        (("--senders", "2", "--pin-cpus", "1,1"), "a CPU is named twice"),
+        (("--senders", "2", "--pin-cpus", "3-1"), "runs backwards"),
+        (("--senders", "2", "--pin-cpus", "a"), "expected CPU numbers and ranges"),
+        (("--senders", "2", "--pin-cpus", f"{allowed[0]},{outside}"), f"CPU(s) [{outside}] are not among"),
+    ):
+        result = run_cli_in_process("replay", str(trace), "--backend", "sim", *args, "--out-dir", str(tmp_path),
+                                    "--quiet")
+        assert result.returncode == 2, (args, result.stderr)
+        assert why in result.stderr, result.stderr

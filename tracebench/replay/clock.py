@@ -27,16 +27,18 @@ def run_seconds(trace_seconds: float, speed: float) -> float:
     return trace_seconds / speed
 
 
-async def ticks(clock: RunClock, interval: float, first: int = 0) -> AsyncIterator[float]:
-    """Wake at the run times first x interval, (first + 1) x interval, ... (absolute ticks, so the work done at one
-    does not shift the next; work that outlasts a tick skips the ticks it overran rather than drifting). Yields the
-    run time it woke at; the caller's loop body is the work."""
+async def ticks(clock: RunClock, interval: float, first: int = 0, phase: float = 0.0) -> AsyncIterator[float]:
+    """Wake at the run times (first + phase) x interval, (first + 1 + phase) x interval, ... (absolute ticks, so the
+    work done at one does not shift the next; work that outlasts a tick skips the ticks it overran rather than
+    drifting). `phase` (0 <= phase < 1) shifts them within the interval: loops that each poll one of many servers take
+    different phases, so that their work is spread over the interval rather than done in one burst. Yields the run
+    time it woke at; the caller's loop body is the work."""
     tick = first
     while True:
-        while (delay := tick * interval - clock.now()) > 0:
+        while (delay := (tick + phase) * interval - clock.now()) > 0:
             await asyncio.sleep(delay)
         yield clock.now()
-        tick = max(tick + 1, math.floor(clock.now() / interval) + 1)
+        tick = max(tick + 1, math.floor(clock.now() / interval - phase) + 1)
 
 
 class RunClock:

@@ -173,6 +173,12 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
              "tracebench's own time before the hand-over (since their arrival, less the waits the run asked "
              "for); past that, a growing share goes to the sender processes. 0: every request goes through a "
              "sender process. run.json senders counts who carried how many."),
+    "pin_cpus": click.option("--pin-cpus", default=None, metavar="LIST",
+        help="Linux: pin the router to the first CPU of LIST (e.g. 0-8 or 0,2,4), alone, and the sender processes "
+             "of --senders N > 1 to the others (at least one more; with --senders 1 LIST is one CPU), so that no "
+             "sender process or server takes the router's core: a wake-up of a sender process on the router's "
+             "core preempts the router and delays the next release. Keep the servers off LIST (e.g. taskset). "
+             "Each CPU must be one this process may run on. [default: no pinning]"),
     "ray": click.option("--ray", default=None, metavar="ADDRESS",
         help="Launch the servers of --gpus N (--backend sglang or sim) on a Ray cluster: one Ray actor per server, "
              "each holding one of the cluster's GPUs (num_gpus=1, spread over the nodes), which starts the server "

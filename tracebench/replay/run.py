@@ -130,6 +130,7 @@ class ReplayConfig:
     kv_link: str | None = None  # --backend sim --pd: a replay/kv_link.py preset or BANDWIDTH:LATENCY
     senders: int = 1  # processes that carry the requests (replay/senders.py); 1: the router's own (HttpSender)
     router_sends_under: float = ROUTER_SENDS_UNDER_S  # --senders N > 1: the router carries a request itself when on time
+    pin_cpus: str | None = None  # --pin-cpus LIST: the router on the first CPU alone, the sender processes on the rest
     ray: str | None = None  # a Ray cluster's address: the launched servers run there as actors (cluster/fleet.py)
 
     @property
@@ -197,6 +198,11 @@ class ReplayConfig:
             refuse(f"--clock must be real or virtual, got {self.clock!r}")
         check_senders(self.senders, self.clock, self.is_pd, self.router_sends_under,
                       self.router_sends_under != ROUTER_SENDS_UNDER_S)
+        if self.pin_cpus is not None:
+            if self.ray is not None:
+                refuse("--pin-cpus places processes on this host's CPUs; with --ray the sender processes are actors on "
+                       "the cluster's nodes")
+            pin_cpu_list(self.pin_cpus, self.senders)  # refused here, before anything starts, when it cannot hold
         if self.ray is not None:
             check_ray(self, given)
         if self.clock == "virtual":
@@ -332,6 +338,35 @@ def check_senders(senders: int, clock: str, pd: bool, sends_under: float, sends_
     if senders > 1 and pd:
         raise ConfigError("--senders: a PD pair's flight (prefill and decode, one request) runs in the router's "
                           "process for now (PD runs need --senders 1)")
+
+
+def pin_cpu_list(text: str, senders: int) -> tuple[int, ...]:
+    """--pin-cpus LIST ("0-8", "0,2,4-6"): the CPUs in the order given, the router's first (ConfigError when the
+    list is malformed, repeats a CPU, names one this process may not run on, or does not fit --senders)."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise ConfigError("--pin-cpus needs Linux (os.sched_setaffinity)")
+    cpus: list[int] = []
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise ConfigError(f"--pin-cpus {text!r}: expected CPU numbers and ranges like 0-8 or 0,2,4-6")
+        first, last = int(low), int(high) if sep else int(low)
+        if last < first:
+            raise ConfigError(f"--pin-cpus {text!r}: the range {part.strip()} runs backwards")
+        cpus.extend(range(first, last + 1))
+    if len(set(cpus)) != len(cpus):
+        raise ConfigError(f"--pin-cpus {text!r}: a CPU is named twice")
+    allowed = os.sched_getaffinity(0)
+    outside = [c for c in cpus if c not in allowed]
+    if outside:
+        raise ConfigError(f"--pin-cpus {text!r}: CPU(s) {outside} are not among those this process may run on "
+                          f"({len(allowed)} CPUs: {min(allowed)}-{max(allowed)})")
+    if senders == 1 and len(cpus) != 1:
+        raise ConfigError(f"--pin-cpus {text!r}: with --senders 1 the router is the only process: give one CPU")
+    if senders > 1 and len(cpus) < 2:
+        raise ConfigError(f"--pin-cpus {text!r}: with --senders {senders} give the router's CPU and at least one "
+                          "for the sender processes")
+    return tuple(cpus)
 
 
 def check_ray(cfg: ReplayConfig, given: set[str]) -> None:
@@ -950,11 +985,15 @@ class Replay:
                 await self._flush_caches(client)
             await self.beside.start(client, self._beside_servers())
             input_ids = InputIds(self.trace_sha, self.vocab, self.header.block_size)  # type: ignore[arg-type]
+            cpus = pin_cpu_list(cfg.pin_cpus, cfg.senders) if cfg.pin_cpus is not None else None
             if cfg.senders > 1:  # started before the run clock: their start-up is not run time
                 from tracebench.replay.senders import start_senders
 
                 self.senders = await start_senders(cfg.senders, self.trace_sha, self.vocab, self.header.block_size,  # type: ignore[arg-type]
-                                                   api, client, cfg.keepalive, cfg.router_sends_under)
+                                                   api, client, cfg.keepalive, cfg.router_sends_under,
+                                                   cpus[1:] if cpus else None, self._sender_launcher())
+            if cpus:  # after the sender processes started (they begin on this process's CPUs, then move to theirs)
+                os.sched_setaffinity(0, {cpus[0]})
             if cfg.is_pd:
                 self.pd_metrics_before = await read_pd_metrics(client, [p.url for p in self.fleet.plans],
                                                                 PROBE_TIMEOUT_S)
@@ -1074,6 +1113,15 @@ class Replay:
                 tty = self.stderr.isatty()
                 line = progress_line(self.router, self.t_end, self.router.finished / self.t_end, cfg.speed)
                 self.stderr.write(("\r" if tty else "") + line + "\n")
+
+    def _sender_launcher(self) -> Any:
+        """--ray: the sender processes of --senders N as actors on the cluster (cluster/senders.py); else None
+        (spawned on this host)."""
+        if self.cfg.ray is None:
+            return None
+        from tracebench.cluster.senders import RaySenders
+
+        return RaySenders(self.fleet.ray)  # type: ignore[attr-defined]
 
     def _sender(self, client: Any, input_ids: InputIds, clock: RunClock, timeout: float | None,
                 reason: str | None) -> Any:

@@ -49,8 +49,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 from tracebench.errors import RunFailed, ServerProtocolError, TracebenchError
 from tracebench.replay.client import APIS, Answer, Api, SglangClient
@@ -62,6 +63,7 @@ from tracebench.trace.format import TraceRequest
 PROGRESS_PERIOD_S = 0.1  # a sender process reports stream progress this often (the watchdog's bounds are seconds)
 START_TIMEOUT_S = 60.0  # a sender process must be ready within this (it imports aiohttp and numpy)
 STOP_TIMEOUT_S = 5.0  # a sender process told to stop must exit within this, else it is killed
+CANCEL_TIMEOUT_S = 10.0  # a sender process told to cancel a request must answer within this (else SenderFailed)
 MAX_SENDERS = 256
 
 # the stamps a sender process takes on a record, in this order on the pipe
@@ -92,16 +94,19 @@ class SenderSetup:
     request_timeout: float | None
     timeout_reason: str | None
     keepalive: float
+    cpus: tuple[int, ...] | None  # --pin-cpus: the CPUs the sender processes run on (None: wherever the host puts them)
 
 
 async def start_senders(count: int, trace_sha: str, vocab: int, block_size: int | None, api: Api,
-                        client: SglangClient, keepalive: float, sends_under: float) -> ProcessSender:
-    """Start `count` sender processes speaking like `client` (its API, streaming, timeout) with its keep-alive; the
-    router sends a request itself through `client` when its own time so far is under `sends_under` (0: never)."""
+                        client: SglangClient, keepalive: float, sends_under: float,
+                        cpus: tuple[int, ...] | None = None, launcher: Launcher | None = None) -> ProcessSender:
+    """Start `count` sender processes speaking like `client` (its API, streaming, timeout) with its keep-alive, on
+    `cpus` if given (--pin-cpus), started by `launcher` if given (--ray: as actors on the cluster's nodes); the router
+    sends a request itself through `client` when its own time so far is under `sends_under` (0: never)."""
     setup = SenderSetup(trace_sha, vocab, block_size, api.name, api.cache_reported, client.stream,
-                        client.request_timeout, client.timeout_reason, keepalive)
+                        client.request_timeout, client.timeout_reason, keepalive, cpus)
     local = HttpSender(client, InputIds(trace_sha, vocab, block_size)) if sends_under > 0 else None
-    sender = ProcessSender(count, setup, api, client.stream, local, sends_under)
+    sender = ProcessSender(count, setup, api, client.stream, local, sends_under, launcher)
     try:
         await sender.start()
     except BaseException:
@@ -136,6 +141,8 @@ def sender_main(conn: Connection, setup: SenderSetup) -> None:
     # (cancel, stop); a sender that died of the signal first would turn an interruption into a fault
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if setup.cpus is not None:  # --pin-cpus: off the router's core (a wake-up there would preempt it)
+        os.sched_setaffinity(0, setup.cpus)
     from tracebench.replay.loop import run
 
     run(_SenderLoop(conn, setup).serve())
@@ -217,6 +224,7 @@ class _SenderLoop:
                 task = self.loop.create_task(coro)
             if not task.done():
                 self.tasks[rid] = (task, rec, flight)
+                task.add_done_callback(partial(self._task_done, rid))
                 self.busy.set()
         elif kind == "cancel":
             entry = self.tasks.get(msg[1])
@@ -227,6 +235,19 @@ class _SenderLoop:
             self.stopped.set()
         else:
             raise SenderFailed(f"sender process: unknown message {kind!r}")
+
+    def _task_done(self, rid: int, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step never entered `_exchange` (its "cancel" was read in the same batch
+        as its "go": a sender process slow to turn its loop), so it is still listed: it answers here, or the router
+        would wait for its answer forever (every other way out of `_exchange` unlists it and answers)."""
+        entry = self.tasks.get(rid)
+        if entry is None or entry[0] is not task:
+            return
+        del self.tasks[rid]
+        rec = entry[1]
+        if rec.t_finish is None:
+            rec.t_finish = self.now()
+        self._post(("cancelled", rid, _stamps(rec)))
 
     async def _exchange(self, rec: RequestRecord, server: _Server, flight: Progress, blocks: tuple[int, ...] | None) -> None:
         rid = rec.id
@@ -373,11 +394,11 @@ class _Worker:
 
     __slots__ = ("index", "process", "conn", "pid", "in_flight", "carried", "outbox", "alive", "reported", "ready")
 
-    def __init__(self, index: int, process: Any, conn: Connection) -> None:
+    def __init__(self, index: int, process: SenderHandle, conn: Connection) -> None:
         self.index = index
         self.process = process
         self.conn = conn
-        self.pid: int = process.pid
+        self.pid: int | None = process.pid
         self.in_flight = 0
         self.carried = 0  # requests handed to it
         self.outbox: list[tuple[Any, ...]] = []
@@ -386,14 +407,80 @@ class _Worker:
         self.ready: asyncio.Future[None] | None = None
 
 
+class SenderHandle(Protocol):
+    """What the router needs of a sender process however it was started: a spawned process here
+    (multiprocessing.Process) or a Ray actor on some node (cluster/senders.py)."""
+
+    pid: int | None
+    sentinel: int  # a descriptor that turns readable when the process has ended
+    exitcode: int | None  # None while it runs (and, for a spawned process, until the kernel has it)
+    exit_text: str | None  # how it ended, in words (None while it runs)
+
+    def is_alive(self) -> bool: ...
+    def kill(self) -> None: ...
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+class _Spawned:
+    """A sender process spawned on this host, as a SenderHandle."""
+
+    def __init__(self, process: Any) -> None:  # a multiprocessing (spawn context) Process, started
+        self.process = process
+        self.pid: int | None = process.pid
+        self.sentinel: int = process.sentinel
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    @property
+    def exit_text(self) -> str | None:
+        code = self.process.exitcode
+        if code is None:
+            return None
+        return f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+    def is_alive(self) -> bool:
+        return self.process.is_alive()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.process.join(timeout)
+
+
+class Launcher(Protocol):
+    """Starts sender processes somewhere else than this host's spawn (`--ray`: cluster/senders.py)."""
+
+    placement: str  # run.json senders.placement
+
+    async def launch(self, count: int, setup: SenderSetup) -> list[tuple[SenderHandle, Connection]]:
+        """`count` sender processes, each serving `setup` over its connection (index i: the i-th)."""
+        ...
+
+    def clock_offset(self, index: int) -> float:
+        """Sender `index`'s CLOCK_MONOTONIC less this process's (0 on this host: one clock)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """run.json senders: where each sender runs and how its clock was aligned."""
+        ...
+
+    def close(self) -> None:
+        """Free what `launch` took (after every sender stopped or was killed)."""
+        ...
+
+
 class ProcessSender:
     """The router's Sender when the work of the requests runs in N sender processes (module docstring)."""
 
     def __init__(self, count: int, setup: SenderSetup, api: Api, stream: bool, local: HttpSender | None = None,
-                 sends_under: float = 0.0) -> None:
+                 sends_under: float = 0.0, launcher: Launcher | None = None) -> None:
         """`local`: the router's own HttpSender, which carries a request itself when the request's own time so far
         (own_so_far) is under `sends_under` run seconds (module docstring, "the router sends what it can"); None or
-        0.0: every request goes through a sender process."""
+        0.0: every request goes through a sender process. `launcher`: where the sender processes run (None: spawned
+        on this host)."""
         if not 1 <= count <= MAX_SENDERS:
             raise ValueError(f"sender processes: 1..{MAX_SENDERS}, got {count}")
         self.count = count
@@ -413,25 +500,34 @@ class ProcessSender:
         # the run's failure handler (router.fail), told at once when a sender process dies
         self.on_fault: Callable[[BaseException], None] | None = None
         self.fault: BaseException | None = None
+        self.launcher = launcher
 
     # ---- start and stop ----
 
     async def start(self) -> None:
-        """Spawn the sender processes and wait until each is ready (SenderDied if one is not)."""
+        """Start the sender processes (spawned here, or by the launcher) and wait until each is ready (SenderDied if
+        one is not)."""
         loop = self._loop = asyncio.get_running_loop()
-        ctx = multiprocessing.get_context("spawn")
-        for index in range(self.count):
-            mine, theirs = ctx.Pipe(duplex=True)
-            process = ctx.Process(target=sender_main, args=(theirs, self.setup), name=f"tracebench-sender-{index}",
-                                  daemon=True)
-            process.start()
-            theirs.close()
+        if self.launcher is None:
+            ctx = multiprocessing.get_context("spawn")
+            started: list[tuple[SenderHandle, Connection]] = []
+            for index in range(self.count):
+                mine, theirs = ctx.Pipe(duplex=True)
+                process = ctx.Process(target=sender_main, args=(theirs, self.setup),
+                                      name=f"tracebench-sender-{index}", daemon=True)
+                process.start()
+                theirs.close()
+                started.append((_Spawned(process), mine))
+        else:
+            started = await self.launcher.launch(self.count, self.setup)
+        for index, (process, mine) in enumerate(started):
             worker = _Worker(index, process, mine)
             worker.ready = loop.create_future()
             self.workers.append(worker)
             loop.add_reader(mine.fileno(), self._readable, worker)
             loop.add_reader(process.sentinel, self._died, worker)
-        if self.local is not None:
+        # the spare-core rule reads this host's cores: sender processes on a cluster's nodes do not run on them
+        if self.local is not None and self.launcher is None:
             self._idle_task = loop.create_task(self._watch_idle())
         try:
             await asyncio.wait_for(asyncio.gather(*(w.ready for w in self.workers if w.ready is not None)),
@@ -450,8 +546,9 @@ class ProcessSender:
 
     def use_clock(self, mono_start: float, wall_start: float) -> None:
         """The run clock started: every sender process stamps on it from now on (sent before any assignment)."""
-        for worker in self.workers:
-            worker.outbox.append(("clock", mono_start, wall_start))
+        for worker in self.workers:  # a sender on another node: its own monotonic clock's reading of the run start
+            offset = 0.0 if self.launcher is None else self.launcher.clock_offset(worker.index)
+            worker.outbox.append(("clock", mono_start + offset, wall_start))
             self._send(worker)
 
     def describe(self) -> dict[str, Any]:
@@ -462,12 +559,14 @@ class ProcessSender:
             "transport": "multiprocessing pipes (spawned processes), pickled message lists",
             "clock": "CLOCK_MONOTONIC of this host, shared: stamps are time.monotonic() - the run clock's mono_start",
             "progress_period_s": PROGRESS_PERIOD_S,
+            "cpus": None if self.setup.cpus is None else list(self.setup.cpus),  # --pin-cpus
             # the router carries a request itself when its own time so far is under this (0: never)
             "router_sends_under_s": self.sends_under if self.local is not None else 0.0,
             "spare_cores_needed": SPARE_CORES if self.local is not None else None,
             "carried_by_router": self.carried_here,
             "carried_by_process": [w.carried for w in self.workers],
             "fault": None if self.fault is None else str(self.fault),
+            **({"placement": "spawned processes on this host"} if self.launcher is None else self.launcher.describe()),
         }
 
     async def close(self) -> None:
@@ -490,6 +589,8 @@ class ProcessSender:
             worker.reported = True
             worker.process.join(1.0)  # exited or killed: at once
             worker.conn.close()
+        if self.launcher is not None:
+            self.launcher.close()
 
     def _forget(self, worker: _Worker) -> None:
         """Stop watching the worker's pipe and sentinel (remove_reader of a descriptor not watched does nothing)."""
@@ -542,7 +643,11 @@ class ProcessSender:
                 # error that comes instead (its sender died meanwhile, a broken answer) is raised in its place
                 worker.outbox.append(("cancel", rec.id))
                 self._send(worker)
-                await future
+                try:
+                    await asyncio.wait_for(future, CANCEL_TIMEOUT_S)
+                except asyncio.TimeoutError:  # a bug of the sender process: a stop that hangs would be worse
+                    raise SenderFailed(f"sender process {worker.index} (pid {worker.pid}) did not answer the cancel "
+                                       f"of request {rec.id} within {CANCEL_TIMEOUT_S:g} s") from None
             raise
         finally:
             if self._pending.pop(rec.id, None) is not None:
@@ -634,8 +739,7 @@ class ProcessSender:
         if code is None and tries < 100:  # ...once the kernel has it (its pipes close a moment before)
             self._loop.call_later(0.01, self._report_exit, worker, tries + 1)
             return
-        how = ("exit code unknown" if code is None else
-               f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
+        how = worker.process.exit_text or "exit code unknown"
         err = SenderDied(f"sender process {worker.index} (pid {worker.pid}) died ({how}); its requests in flight "
                          "are recorded as errors and the run stops (docs/replay.md, \"Parallel senders\")")
         if worker.ready is not None and not worker.ready.done():

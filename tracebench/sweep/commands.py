@@ -119,7 +119,7 @@ _HIDDEN_PD = {  # refused by sweep (it launches each ratio's PD servers itself: 
                    "as it would alone: the same run folders and summary as --jobs 1. [default on the virtual clock: one "
                    "per usable core for a search of several setups or policies, or points of 10,000 requests in "
                    "all; else 1 (a worker costs ~1 s to start). On the real clock: 1, the only choice]")
-@replay_options(skip=("run_name",), replace={"gpus": _GPUS, "policy": _POLICY, "saturation_window": _SATURATION,
+@replay_options(skip=("run_name", "pin_cpus"), replace={"gpus": _GPUS, "policy": _POLICY, "saturation_window": _SATURATION,
                                              "pd": _PD, "ray": _RAY, **_HIDDEN_PD})
 @click.pass_context
 def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str | None, find_max_rate: bool,
