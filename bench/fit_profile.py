@@ -30,7 +30,7 @@ from tracebench.sim.fit import main  # noqa: E402
 
 DATA = REPO / "tests" / "data" / "sglang-0.5.17"
 EXAMPLES = REPO / "reports" / "examples"
-GRIDS = [DATA / "decode-grid-h200.json.xz", DATA / "decode-more-h200.json.xz"]
+GRIDS = [DATA / "decode-grid-h200.json.xz", DATA / "decode-more-h200.json.xz", DATA / "prefill-prefix-h200.json.xz"]
 BUILTIN = REPO / "tracebench" / "sim" / "profiles"
 # key: (profile name, calibration arguments, routing runs, decode grids, where it is written)
 PROFILES = {

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import lzma
 import shlex
 import subprocess
@@ -267,12 +268,26 @@ def summary(pairs: list[tuple[Run, Run]], rows: list[tuple[str, str, Metric]], t
     return lines
 
 
+def jittered(data: bytes, jitter_s: float, seed: int) -> bytes:
+    """The trace `data` with every arrival moved by uniform(-jitter_s, +jitter_s) (seeded; at least 0): the spread
+    with which a real client's requests reach the server (release lag, HTTP). The requests keep their order (a
+    trace's ids increase): two that would pass each other swap their times."""
+    header, *lines = data.decode().splitlines()
+    rng = np.random.default_rng(seed)
+    records = [json.loads(line) for line in lines if line.strip()]
+    moved = np.array([r["arrival_s"] for r in records]) + rng.uniform(-jitter_s, jitter_s, len(records))
+    for record, arrival in zip(records, np.sort(np.maximum(moved, 0.0))):
+        record["arrival_s"] = round(float(arrival), 6)
+    return "\n".join([header, *(json.dumps(r, separators=(",", ":")) for r in records)]).encode() + b"\n"
+
+
 def sim_replay(real_dir: Path, trace: Path, out: Path, speed: float, sim_profile: str | None,
-               server_args: list[str], clock: str = "real", dry_run: bool = False) -> Path:
+               server_args: list[str], clock: str = "real", dry_run: bool = False,
+               jitter: tuple[float, int] | None = None) -> Path:
     """Replay `trace` on simulators as the real run `real_dir` replayed it; returns the sim run folder. `dry_run`:
     print the command (shell-quoted, `python3 -m tracebench ...`, paths as given) instead of running it, for a
     machine without polars (the GPU machine's CPUs: a quiet host); a compressed trace is still unpacked into
-    `out`."""
+    `out`. `jitter` (seconds, seed): replay a copy of the trace with its arrivals jittered (`jittered`) instead."""
     real = load_run(real_dir)
     meta = real.meta
     data = trace.read_bytes()
@@ -283,6 +298,10 @@ def sim_replay(real_dir: Path, trace: Path, out: Path, speed: float, sim_profile
         trace.write_bytes(data)
     if hashlib.sha256(data).hexdigest() not in (real.trace_sha256, RE_HEADED.get(real.trace_sha256)):
         raise SystemExit(f"{trace}: not the trace {real_dir} replayed (sha256 differs from its run.json)")
+    if jitter is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        trace = out / f"{trace.name.removesuffix('.xz').removesuffix('.jsonl')}-jitter{jitter[1]}.jsonl"
+        trace.write_bytes(jittered(data, *jitter))
     opts = meta["options"]
     router = meta.get("external_router")
     # runs recorded before --api and --flush-cache existed used /generate and started from whatever cache the

@@ -13,7 +13,8 @@ from conftest import REPO, SGLANG_CAPTURES
 from tracebench.errors import ConfigError
 from tracebench.sim.fit import (DECODE_MEAN_CONTEXT, RoutingRun, fit, h200_calibration, load_calibration,
                                 load_decode_grid, load_routing_runs, profile_document)
-from tracebench.profiles import PROFILES_DIR, decode_attention_tokens, decode_kv_chunk, load_profile
+from tracebench.profiles import (PROFILES_DIR, decode_attention_tokens, decode_kv_chunk, load_profile,
+                                  prefill_attention_tokens)
 from tracebench.sim.model import BatchModel, Limits, ReqState, SimRequest, simulate, token_ids
 
 PROFILE = load_profile("llama-2-7b-h200-triton")
@@ -246,20 +247,44 @@ def test_committed_h100_profile_is_the_fit_of_its_inputs() -> None:
 
 
 ATTENTION_PROFILE = REPO / "bench" / "profiles" / "llama-2-7b-h200-triton-attention.json"
-DECODE_GRIDS = [SGLANG_CAPTURES / "decode-grid-h200.json.xz", SGLANG_CAPTURES / "decode-more-h200.json.xz"]
+DECODE_GRIDS = [SGLANG_CAPTURES / "decode-grid-h200.json.xz", SGLANG_CAPTURES / "decode-more-h200.json.xz",
+                SGLANG_CAPTURES / "prefill-prefix-h200.json.xz"]
 
 
 def test_committed_attention_candidate_is_the_fit_of_its_inputs() -> None:
-    # issue 36's candidate (not the built-in profile): the H200 inputs, the decode step fitted to the two decode grids
+    # issue 36's candidate (not the built-in profile): the H200 inputs, the decode step fitted to the two decode grids,
+    # the prefill attention to the calibration's and the grid files' single prefill steps (fresh, behind a prefix)
     grid = load_decode_grid(DECODE_GRIDS)
     assert len(grid.points) == 197 and grid.left_out == ("decode-more-h200.json.xz grid 48x128",)
+    assert len(grid.prefill) == 42 + 3 * (26 + 7)   # the batched `together_k` points are not single steps
     fitted = fit(h200_calibration(SGLANG_CAPTURES), load_routing_runs(ROUTING_RUNS), "llama-2-7b-h200-triton-attention",
                  grid)
     assert fitted.decode_per_kv_token_s == 0.0 and fitted.decode_attention is not None
     assert fitted.decode_attention.slots * fitted.decode_attention.heads == 640   # ~5 programs per SM of 132
     errors = [fitted.decode_duration(list(p.contexts), p.shared) / p.step_s - 1 for p in grid.points]
     assert float(np.sqrt(np.mean(np.square(errors)))) < 0.02 and max(map(abs, errors)) < 0.05
+    assert fitted.prefill_per_token_sq_s == 0.0 and fitted.prefill_attention is not None
+    behind: dict[tuple[int, int], list[float]] = {}   # shape (cached >= 1,024, new) -> its measured steps
+    for _, cached, new, seconds in grid.prefill:
+        if cached >= 1024:
+            behind.setdefault((cached, new), []).append(seconds)
+    assert len(behind) == 4 + 26 - 1   # 2,048 + 512 in both files
+    for profile, rms in ((fitted, 0.05), (load_profile("llama-2-7b-h200-triton"), 0.15)):   # the built-in: q pairs
+        errors = [profile.prefill_duration([shape]) / float(np.median(times)) - 1 for shape, times in behind.items()]
+        assert (float(np.sqrt(np.mean(np.square(errors)))) < rms) == (profile is fitted)
     assert_committed(fitted, ATTENTION_PROFILE)
+
+
+def test_prefill_attention_makespan_walks_the_cached_prefix() -> None:
+    # 2,048 cached + 512 new: 4 blocks of 128 per head, walks 2,048 + 128 ... 2,048 + 512: 128 programs on 132 slots
+    # take their longest walk; the q model of the built-in profile counts pairs and misses that one wave
+    assert prefill_attention_tokens([(2048, 512)], 132, 0, 128, 64, 32) == 2560.0
+    # 4,096 fresh: 32 blocks, walks 128 ... 4,096 (sum 67,584 per head) shared by 132 slots
+    assert prefill_attention_tokens([(0, 4096)], 132, 0, 128, 64, 32) == pytest.approx(32 * 67584 / 132)
+    # a walk rounds up to 64-token tiles; an overhead is added once per program
+    assert prefill_attention_tokens([(2000, 100)], 1000, 8, 128, 64, 32) == 2048 + 128 + 8
+    profile = load_profile(str(ATTENTION_PROFILE))
+    assert profile.prefill_duration([(3072, 256)]) > 1.4 * profile.prefill_duration([(0, 256)])
 
 
 def test_decode_attention_makespan_follows_sglangs_split_rule() -> None:

@@ -58,7 +58,12 @@ def _from_profile(profile: Profile) -> Costs:
     # throughput, one makespan token per `slots` KV tokens walked, so its cost per KV token is token_s / slots
     attention = profile.decode_attention
     per_kv = profile.decode_per_kv_token_s + (0.0 if attention is None else attention.token_s / attention.slots)
-    return Costs(profile.name, profile.accelerator, profile.prefill_per_token_s, profile.prefill_per_token_sq_s,
+    # a prefill attention model (profiles.PrefillAttention) on a full GPU: its walks / slots, per request
+    # heads x (new^2 + 2 new cached) / (2 block_m) tokens: the q of those pairs is token_s x heads / (2 block_m slots)
+    extend = profile.prefill_attention
+    per_pair = profile.prefill_per_token_sq_s + (
+        0.0 if extend is None else extend.token_s * extend.heads / (2 * extend.block_m * extend.slots))
+    return Costs(profile.name, profile.accelerator, profile.prefill_per_token_s, per_pair,
                  profile.decode_base_s, profile.decode_per_req_s, per_kv, profile.max_total_num_tokens)
 
 

@@ -39,6 +39,22 @@ class DecodeAttention:
 
 
 @dataclass(frozen=True)
+class PrefillAttention:
+    """The attention part of a prefill (extend) step, as sglang 0.5.17's triton backend runs it
+    (kernels/ops/attention/extend_attention.py `extend_attention_fwd`, Hopper, head dim 128: BLOCK_M 128, BLOCK_N 64):
+    one program per (request, head, block of block_m new tokens) walks the request's cached prefix and then its new
+    tokens up to its block's end (causal), in tiles of block_n; the step's attention is token_s x the makespan of
+    those walks: max(all walks / slots, the longest walk) (`prefill_attention_tokens`)."""
+
+    token_s: float                 # per token of the makespan (32 layers)
+    slots: int                     # programs (all heads) whose walks share the GPU at once, an effective figure
+    program_overhead_tokens: int   # a program's fixed cost, in tokens walked
+    block_m: int                   # new tokens per program (sglang: 128 on Hopper for head dim 128)
+    block_n: int                   # KV tokens per tile (sglang: 64): a walk rounds up to it
+    heads: int                     # the model's query heads (llama-2-7b: 32)
+
+
+@dataclass(frozen=True)
 class Profile:
     """Step costs and per-request overheads of one model on one GPU (seconds, at speed 1)."""
 
@@ -47,6 +63,8 @@ class Profile:
     prefill_per_token_s: float     # b: per new (uncached) input token in the step
     prefill_per_token_sq_s: float  # q: attention, per (token x earlier token of the same request)
     prefill_min_s: float           # a prefill step never takes less (launch-bound floor of short prompts)
+    # the prefill attention as sglang 0.5.17's triton extend kernel runs it (None: the q term above; with it q is 0)
+    prefill_attention: PrefillAttention | None
     decode_base_s: float           # c: fixed cost of a decode step
     decode_per_req_s: float        # d: per running request in the batch
     decode_per_kv_token_s: float   # e: per KV token the batch attends to
@@ -68,22 +86,39 @@ class Profile:
     source: str = ""
 
     def prefill_duration(self, chunks: list[tuple[int, int]]) -> float:
-        """One prefill step over `chunks` = [(tokens already prefilled, new tokens), ...], one per request:
-        max(min, a + b * padded(new) + q * sum((done + new)^2 - done^2)): the linear part (GEMMs) at the CUDA graph's
-        padded token count, attention at the real one."""
-        new = 0
-        pairs = 0
-        for done, take in chunks:
-            new += take
-            end = done + take
-            pairs += end * end - done * done
-        return max(self.prefill_min_s, self.prefill_base_s + self.prefill_per_token_s * padded_tokens(
-            new, self.prefill_token_buckets) + self.prefill_per_token_sq_s * pairs)
+        """One prefill step over `chunks` = [(tokens already prefilled, new tokens), ...], one per request
+        (prefill_step_s)."""
+        return prefill_step_s(self.prefill_base_s, self.prefill_per_token_s, self.prefill_per_token_sq_s,
+                              self.prefill_min_s, self.prefill_attention, self.prefill_token_buckets, chunks)
 
     def decode_duration(self, contexts: Sequence[int], shared_tokens: int = 0) -> float:
         """One decode step of the running requests whose contexts are `contexts` (decode_step_s)."""
         return decode_step_s(self.decode_base_s, self.decode_per_req_s, self.decode_per_kv_token_s,
                              self.decode_attention, contexts, shared_tokens)
+
+
+def prefill_step_s(base: float, per_token: float, per_token_sq: float, min_s: float,
+                   attention: PrefillAttention | None, buckets: Sequence[int],
+                   chunks: Sequence[tuple[int, int]]) -> float:
+    """One prefill step over `chunks` = [(tokens already prefilled, new tokens), ...], one per request:
+    max(min, a + b * padded(new) + attention): the linear part (GEMMs) at the CUDA graph's padded token count,
+    attention at the real one: q * sum((done + new)^2 - done^2), or with a prefill attention model
+    t x makespan (prefill_attention_tokens)."""
+    new = 0
+    for _, take in chunks:
+        new += take
+    step = base + per_token * padded_tokens(new, buckets)
+    if attention is None:
+        pairs = 0
+        for done, take in chunks:
+            end = done + take
+            pairs += end * end - done * done
+        step += per_token_sq * pairs
+    else:
+        step += attention.token_s * prefill_attention_tokens(
+            chunks, attention.slots, attention.program_overhead_tokens, attention.block_m, attention.block_n,
+            attention.heads)
+    return max(min_s, step)
 
 
 def decode_step_s(base: float, per_req: float, per_kv_token: float, attention: DecodeAttention | None,
@@ -103,6 +138,27 @@ def decode_step_s(base: float, per_req: float, per_kv_token: float, attention: D
         if programs < attention.few_programs:
             step += attention.few_programs_token_s * longest * (1.0 - programs / attention.few_programs)
     return step
+
+def prefill_attention_tokens(chunks: Sequence[tuple[int, int]], slots: int, overhead: int, block_m: int,
+                             block_n: int, heads: int) -> float:
+    """The makespan of one prefill step's attention in tokens walked, max(all walks / slots, the longest walk).
+    sglang's extend kernel runs a program per (request, head, block of block_m new tokens); block m of a request with
+    `done` tokens in KV and `take` new walks ceil(done / block_n) x block_n prefix tokens, then its new tokens up to
+    min(take, (m + 1) x block_m) rounded up to block_n (causal), plus `overhead`. A step of few programs takes as long
+    as its longest walk; one of many, its walks shared over `slots` programs at once. Summed in closed form: blocks
+    0..n-2 end at multiples of block_m, the last at `take`."""
+    total = 0
+    longest = 0
+    for done, take in chunks:
+        if take <= 0:
+            continue
+        blocks = -(-take // block_m)
+        prefix = -(-done // block_n) * block_n + overhead
+        last = -(-take // block_n) * block_n
+        total += blocks * prefix + block_m * blocks * (blocks - 1) // 2 + last
+        longest = max(longest, prefix + last)
+    return max(heads * total / slots, float(longest))
+
 
 def decode_kv_chunk(contexts: Sequence[int], max_splits: int, sm_count: int, heads: int,
                      graph_batch_sizes: Sequence[int]) -> int:
@@ -204,9 +260,39 @@ def load_profile(name_or_path: str) -> Profile:
     buckets = params["prefill_token_buckets"]
     if not (isinstance(buckets, list) and all(type(b) is int and b > 0 for b in buckets) and buckets == sorted(buckets)):
         raise ConfigError(f"{path}: field 'params.prefill_token_buckets': must be ascending positive integers")
+    prefill_attention = load_prefill_attention(params["prefill_attention"], path)
+    if prefill_attention is not None and params["prefill_per_token_sq_s"] != 0:
+        raise ConfigError(f"{path}: field 'params.prefill_per_token_sq_s': must be 0 with a prefill_attention model "
+                          "(it replaces the q term)")
     return Profile(name=raw["name"], source=raw["source"], **{
         **params, "prefill_token_buckets": tuple(buckets),
-        "decode_attention": load_decode_attention(params["decode_attention"], path)})
+        "decode_attention": load_decode_attention(params["decode_attention"], path),
+        "prefill_attention": prefill_attention})
+
+
+_PREFILL_ATTENTION_FIELDS = {f for f in PrefillAttention.__dataclass_fields__}
+
+
+def load_prefill_attention(raw: object, path: Path) -> PrefillAttention | None:
+    """A profile's `params.prefill_attention`: null (the q term) or every PrefillAttention field."""
+    if raw is None:
+        return None
+    field_ = f"{path}: field 'params.prefill_attention"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{field_}': must be null or an object")
+    missing = sorted(_PREFILL_ATTENTION_FIELDS - set(raw))
+    if missing:
+        raise ConfigError(f"{field_}': lacks {', '.join(missing)}")
+    unknown = sorted(set(raw) - _PREFILL_ATTENTION_FIELDS)
+    if unknown:
+        raise ConfigError(f"{field_}': unknown {', '.join(unknown)}")
+    for key in ("slots", "program_overhead_tokens", "block_m", "block_n", "heads"):
+        low = 0 if key == "program_overhead_tokens" else 1
+        if type(raw[key]) is not int or raw[key] < low:
+            raise ConfigError(f"{field_}.{key}': must be an integer >= {low}")
+    if not isinstance(raw["token_s"], (int, float)) or not math.isfinite(raw["token_s"]) or raw["token_s"] <= 0:
+        raise ConfigError(f"{field_}.token_s': must be a finite number > 0")
+    return PrefillAttention(**raw)
 
 
 _ATTENTION_FIELDS = {f for f in DecodeAttention.__dataclass_fields__}

@@ -15,7 +15,11 @@ window where all B decode; sglang's own figure comes from its log, bench/gpu/dec
   of the output, as a running batch holds them; Mooncake's; short 128…1,024), at padded and unpadded batch sizes;
 - `prefill`: single fresh prompts of 1,024…4,089 tokens, 1 output token, 3 each (calibrate.py's `prefill` layout),
   and prompts behind a cached prefix;
-- `grid`: decode_grid.py's 61 points again (`--pass`: other prompts), its repeatability.
+- `grid`: decode_grid.py's 61 points again (`--pass`: other prompts), its repeatability;
+- `prefix` (issue 36, third pass): prefill steps behind a cached prefix of 1,024/2,048/3,072 tokens with 64…1,024 new
+  tokens, 3 each, fresh prompts of 128…768 tokens, and 2…6 requests sent at once behind one cached 2,048-token prefix
+  (256 own tokens each, as the shared-prompt node run): each request's sglang stamps (a batch shares one
+  `forward_entry_time`). Not in the default families.
 
     python3 bench/gpu/decode_more.py http://127.0.0.1:30000 OUT_DIR [--families small,shared,...] [--budget-s S]
         [--azure TRACE] [--mooncake TRACE] [--quick]
@@ -46,7 +50,8 @@ AZURE = REPO / "reports" / "examples" / "h200x2-routing" / "azure.jsonl"
 MOONCAKE = REPO / "tests" / "data" / "mooncake_synthetic_trace_last1000.jsonl.xz"
 MAX_INPUT = 4094 - OUTPUT_TOKENS  # 4,030: input + 64 outputs within sglang's 4,094-token rule
 SHARED_PREFIX, SHARED_OWN = 2048, 256
-FAMILIES = ("small", "shared", "mixed", "prefill", "grid")
+FAMILIES = ("small", "shared", "mixed", "prefill", "grid", "prefix")
+DEFAULT_FAMILIES = FAMILIES[:5]
 
 
 def small_points(quick: bool) -> list[tuple[str, list[int]]]:
@@ -130,7 +135,34 @@ async def one(session: aiohttp.ClientSession, url: str, input_ids: list[int]) ->
     m = json.loads(text)["meta_info"]
     return {"ilen": len(input_ids), "client_e2e": client, "server_e2e": m["e2e_latency"],
             "prefill": m["prefill_finished_time"] - m["forward_entry_time"], "queue_time": m["queue_time"],
-            "cached": m["cached_tokens"]}
+            "cached": m["cached_tokens"], "forward_entry": m["forward_entry_time"],
+            "prefill_finished": m["prefill_finished_time"], "received": m["request_received_ts"]}
+
+
+async def prefix_family(session: aiohttp.ClientSession, url: str, quick: bool) -> list[dict]:
+    """Prefill steps behind a cached prefix (single requests and a few at once) and short fresh prompts."""
+    out = []
+    news = (256,) if quick else (64, 128, 192, 256, 320, 384, 512, 768, 1024)
+    for rep in range(1 if quick else 3):
+        for cached in (2048,) if quick else (1024, 2048, 3072):
+            for new in news:
+                if cached + new > 4094:
+                    continue
+                await flush(session, url)
+                prefix = ids(cached, 90_000 + cached + 7 * rep)
+                await one(session, url, prefix + ids(1, 91_000 + rep))
+                r = await one(session, url, prefix + ids(new, 92_000 + 3 * new + rep))
+                out.append({**r, "series": "behind_prefix"})
+        for new in (256,) if quick else (128, 192, 256, 320, 384, 512, 768):
+            out.append({**await one(session, url, ids(new, 93_000 + 10 * new + rep)), "series": "fresh"})
+        for k in (2,) if quick else (2, 3, 4, 6):
+            await flush(session, url)
+            prefix = ids(2048, 94_000 + 10 * k + rep)
+            await one(session, url, prefix + ids(1, 95_000 + rep))
+            runs = await asyncio.gather(*(one(session, url, prefix + ids(256, 96_000 + 100 * k + 10 * i + rep))
+                                          for i in range(k)))
+            out += [{**r, "series": f"together_{k}"} for r in runs]
+    return out
 
 
 async def prefill_family(session: aiohttp.ClientSession, url: str, quick: bool) -> list[dict]:
@@ -154,7 +186,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("url")
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--families", default=",".join(DEFAULT_FAMILIES))
     parser.add_argument("--budget-s", type=float, default=400.0, help="stop (keeping what was measured) past this")
     parser.add_argument("--azure", type=Path, default=AZURE)
     parser.add_argument("--mooncake", type=Path, default=MOONCAKE)
@@ -186,11 +218,12 @@ async def main() -> None:
             await asyncio.gather(*(stream(session, url, ids(n, 77 + 10 * seed + i), 16, t0) for i in range(4)))
         for k, family in enumerate(families):
             doc: dict = {**head, "family": family, "points": [], "skipped": []}
-            if family == "prefill":
+            if family in ("prefill", "prefix"):
                 if time.perf_counter() - t0 > opts.budget_s:
-                    doc["skipped"] = ["prefill"]
+                    doc["skipped"] = [family]
                 else:
-                    doc["points"] = await prefill_family(session, url, opts.quick)
+                    doc["points"] = await (prefill_family if family == "prefill" else prefix_family)(
+                        session, url, opts.quick)
             else:
                 if family == "shared":
                     todo = shared_points(opts.quick)

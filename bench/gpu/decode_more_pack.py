@@ -6,7 +6,8 @@
 Each decode family file is given with the server log that holds its points (`FILE:LOG`; a family measured in a later
 device call on the same server is in that call's log): its points lose their per-chunk stamps and gain sglang's own
 step (bench/gpu/decode_grid_log.py; a point with fewer than 3 log lines keeps `sglang_log_step_s` null, and its
-failed and skipped points are listed). The prefill family (calibrate.py's `prefill` layout) is kept as it is. Bytes
+failed and skipped points are listed). The prefill family (calibrate.py's `prefill` layout) is kept as it is, the
+prefix family's points (the same layout with each request's stamps) join it, rounded. Bytes
 NUL in a log (a log truncated while its server kept writing) are dropped.
 """
 
@@ -48,6 +49,11 @@ def main() -> None:
                 raise SystemExit(f"{path_text}: field '{key}' differs from the other files'")
         if family == "prefill":
             doc["prefill"] = data["points"]
+            continue
+        if family == "prefix":   # the third pass's prefill steps (decode_more.py prefix_family), in the same list
+            doc.setdefault("prefill", []).extend(
+                {k: (round(v, 6) if isinstance(v, float) and k in ("forward_entry", "prefill_finished", "received")
+                     else round(v, 7) if isinstance(v, float) else v) for k, v in q.items()} for q in data["points"])
             continue
         if not log_text:
             raise SystemExit(f"{item}: a decode family needs its server log (FILE:LOG)")

@@ -42,7 +42,8 @@ import polars as pl
 from tracebench.cleanup import write_atomic
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.report.load import ROW, is_run_folder, load_run, run_file
-from tracebench.profiles import DecodeAttention, Profile, decode_attention_tokens, decode_step_s, padded_tokens
+from tracebench.profiles import (DecodeAttention, PrefillAttention, Profile, decode_attention_tokens, decode_step_s,
+                                  padded_tokens, prefill_attention_tokens, prefill_step_s)
 from tracebench.sim.model import Limits, resolve_max_running_requests, simulate
 
 LLAMA2_7B_KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # K and V, 32 layers, hidden 4096, fp16
@@ -294,6 +295,16 @@ class DecodePoint:
 
 # llama-2-7b's query heads, and the SMs of the GPUs with a profile (sglang's device_core_count)
 LLAMA2_7B_HEADS = 32
+# sglang 0.5.17's extend attention on Hopper, head dim 128 (extend_attention.py _get_block_sizes_for_extend_attention)
+EXTEND_BLOCK_M = 128
+EXTEND_BLOCK_N = 64
+PREFILL_ATTENTION_SLOTS = tuple(range(132, 529, 22))   # programs at once: 1 ... 4 per SM of 132
+PREFILL_ATTENTION_OVERHEADS = (0, 32, 64, 128, 256)
+# the shapes the prefill attention is fitted to: fresh prompts of >= 512 tokens (shorter ones are launch-bound: the
+# prefill_min floor) and >= 128 new tokens behind a cached prefix of >= 1,024 (the attention's walk is long)
+PREFILL_ATTENTION_MIN_NEW = 512
+SINGLE_PREFILL_SERIES = ("fresh", "behind_prefix")   # a grid file's prefill points of one request per step
+PREFILL_BEHIND_PREFIX_MIN = (1024, 128)
 SM_COUNT = {"NVIDIA H200": 132, "NVIDIA H100 80GB HBM3": 132}
 # the decode attention's shape constants are chosen on a grid (the rest is least squares at each)
 ATTENTION_SLOTS = tuple(range(16, 25))
@@ -310,12 +321,15 @@ class DecodeGrid:
     kv_splits: int               # the server's --triton-attention-num-kv-splits
     points: tuple[DecodePoint, ...]
     left_out: tuple[str, ...]    # points without a measurement (no full-batch window), named
+    # single prefill steps the files measured (decode_more.py's `prefill`: fresh and behind a cached prefix):
+    # (series, tokens cached, new tokens, seconds), as prefill_points
+    prefill: tuple[tuple[str, int, int, float], ...] = ()
 
 
 def load_decode_grid(paths: list[Path]) -> DecodeGrid:
     """Decode grid files (bench/gpu/decode_grid.py's, decode_more_pack.py's; .xz), of one GPU model and one KV split
     setting; a point with no sglang log step (no full-batch window: not a measurement) is left out and named."""
-    sources, heads, points, left_out = [], set(), [], []
+    sources, heads, points, left_out, prefill = [], set(), [], [], []
     for path in paths:
         if not path.is_file():
             raise ConfigError(f"--decode-grid {path}: no such file")
@@ -340,10 +354,13 @@ def load_decode_grid(paths: list[Path]) -> DecodeGrid:
                 contexts = tuple(int(round(n + p["mid_tokens"])) for n in p["lens"])
                 shared = (len(p["lens"]) - len(set(p["groups"]))) * p["prefix"] if "groups" in p else 0
                 points.append(DecodePoint(family, p["label"], contexts, shared, float(p["step_s"])))
+        # single requests only: the `together_k` points of decode_more.py's prefix family share prefill steps
+        prefill += [(f"grid {x['series']}", int(x["cached"]), int(x["ilen"]) - int(x["cached"]),
+                     float(x["prefill"])) for x in doc.get("prefill", []) if x["series"] in SINGLE_PREFILL_SERIES]
     if len(heads) != 1:
         raise ConfigError(f"--decode-grid: the files differ in accelerator or KV splits ({sorted(heads)})")
     ((accelerator, kv_splits),) = heads
-    return DecodeGrid(tuple(sources), accelerator, int(kv_splits), tuple(points), tuple(left_out))
+    return DecodeGrid(tuple(sources), accelerator, int(kv_splits), tuple(points), tuple(left_out), tuple(prefill))
 
 
 def decode_graph_batch_sizes(runs: list[RoutingRun]) -> tuple[int, ...]:
@@ -395,6 +412,33 @@ def fit_decode_attention(points: list[DecodePoint], kv_splits: int, sm_count: in
         heads=heads, graph_batch_sizes=graph_batch_sizes)
 
 
+def fit_prefill_attention(shapes: dict[tuple[int, int], float], buckets: tuple[int, ...], floor: float
+                          ) -> tuple[float, float, PrefillAttention]:
+    """a, b and the attention of the prefill step (Profile.prefill_duration with q = 0) from single prefill steps
+    `shapes` {(cached, new): seconds}: least squares of the relative error at each shape (slots, program overhead) on
+    a grid, a held >= 0 (a fit that wants a fixed cost below 0 gets a = 0 and b, t refitted); the shape whose model,
+    held to `floor` (prefill_min) as the simulator holds it, has the least RMS error wins."""
+    keys = sorted(shapes)
+    y = np.array([shapes[k] for k in keys])
+    padded = np.array([padded_tokens(new, buckets) for _, new in keys], dtype=float)
+    best = None
+    for slots in PREFILL_ATTENTION_SLOTS:
+        for overhead in PREFILL_ATTENTION_OVERHEADS:
+            span = np.array([prefill_attention_tokens([(cached, new)], slots, overhead, EXTEND_BLOCK_M,
+                                                      EXTEND_BLOCK_N, LLAMA2_7B_HEADS) for cached, new in keys])
+            design = np.c_[np.ones_like(y), padded, span]
+            coef = np.linalg.lstsq(design / y[:, None], np.ones_like(y), rcond=None)[0]
+            if coef[0] < 0:
+                coef = np.r_[0.0, np.linalg.lstsq(design[:, 1:] / y[:, None], np.ones_like(y), rcond=None)[0]]
+            err = float(np.sqrt(((np.maximum(design @ coef, floor) / y - 1.0) ** 2).mean()))
+            if best is None or err < best[0]:
+                best = (err, coef, slots, overhead)
+    assert best is not None
+    _, (a, b, t), slots, overhead = best
+    return float(a), float(b), PrefillAttention(token_s=float(t), slots=slots, program_overhead_tokens=overhead,
+                                                block_m=EXTEND_BLOCK_M, block_n=EXTEND_BLOCK_N, heads=LLAMA2_7B_HEADS)
+
+
 def prefill_points(calibration: dict) -> list[tuple[str, int, int, float]]:
     """Every measured single prefill step: (series, tokens already cached, new tokens, seconds)."""
     points = [("calibration", 0, p["ilen"], p["prefill"]) for p in calibration["prefill"]]
@@ -436,20 +480,36 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_gri
     (token_buckets,) = buckets
     points = prefill_points(calibration)
     prefill_min = float(np.median([seconds for _, _, new_tokens, seconds in points if new_tokens <= 256]))
-    shapes: dict[tuple[int, int], list[float]] = {}
-    for _, cached, new_tokens, seconds in points:
-        shapes.setdefault((cached, new_tokens), []).append(seconds)
-    done = np.array([shape[0] for shape in shapes], dtype=float)
-    new = np.array([shape[1] for shape in shapes], dtype=float)
-    t_prefill = np.array([statistics.median(times) for times in shapes.values()])
-    long_ = new >= 1024
-    pairs = (done + new) ** 2 - done ** 2
-    padded = np.array([padded_tokens(int(n), token_buckets) for n in new], dtype=float)   # the GEMMs' token count
-    design = np.c_[np.ones(long_.sum()), padded[long_], pairs[long_]] / t_prefill[long_, None]
-    a, b, q = np.linalg.lstsq(design, np.ones(long_.sum()), rcond=None)[0]
+    prefill_attention = None
+    if decode_grid is not None and decode_grid.prefill:
+        # the grid files' prefill steps (fresh to 4,089 tokens, behind cached prefixes of 1-3k) with the
+        # calibration's: the extend kernel's makespan in place of q
+        shapes: dict[tuple[int, int], list[float]] = {}
+        for _, cached, new_tokens, seconds in (*points, *decode_grid.prefill):
+            if new_tokens >= PREFILL_ATTENTION_MIN_NEW or (cached >= PREFILL_BEHIND_PREFIX_MIN[0]
+                                                           and new_tokens >= PREFILL_BEHIND_PREFIX_MIN[1]):
+                shapes.setdefault((cached, new_tokens), []).append(seconds)
+        a, b, prefill_attention = fit_prefill_attention(
+            {shape: statistics.median(times) for shape, times in shapes.items()}, token_buckets, prefill_min)
+        q = 0.0
+    else:
+        shapes = {}
+        for _, cached, new_tokens, seconds in points:
+            shapes.setdefault((cached, new_tokens), []).append(seconds)
+        done = np.array([shape[0] for shape in shapes], dtype=float)
+        new = np.array([shape[1] for shape in shapes], dtype=float)
+        t_prefill = np.array([statistics.median(times) for times in shapes.values()])
+        long_ = new >= 1024
+        pairs = (done + new) ** 2 - done ** 2
+        padded = np.array([padded_tokens(int(n), token_buckets) for n in new], dtype=float)   # the GEMMs' token count
+        design = np.c_[np.ones(long_.sum()), padded[long_], pairs[long_]] / t_prefill[long_, None]
+        a, b, q = np.linalg.lstsq(design, np.ones(long_.sum()), rcond=None)[0]
+
+    def prefill_chunks(chunks: list[tuple[int, int]]) -> float:
+        return prefill_step_s(a, b, q, prefill_min, prefill_attention, token_buckets, chunks)
 
     def prefill_cost(ilens: list[int]) -> float:
-        return max(prefill_min, a + b * padded_tokens(sum(ilens), token_buckets) + q * sum(n * n for n in ilens))
+        return prefill_chunks([(0, n) for n in ilens])
 
     attention = None
     if decode_grid is None:
@@ -493,7 +553,7 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_gri
     # R: with requests arriving uniformly within decode steps of T, a request ready within R of a step's start joins
     # the next step, the rest the one after: the mean wait is 1.5 T - R
     waits, decode_steps = (np.concatenate(x) for x in zip(*(decode_arrivals(
-        run, lambda cached, n: max(prefill_min, a + b * padded_tokens(n, token_buckets) + q * ((cached + n) ** 2 - cached ** 2)),
+        run, lambda cached, n: prefill_chunks([(cached, n)]),
         decode_cost, queue_entry) for run in routing_runs)))
     if waits.size < MIN_DECODE_ARRIVALS:
         raise ConfigError(f"the routing runs have {waits.size} requests that arrived during decode and were prefilled "
@@ -508,7 +568,7 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_gri
     return Profile(
         name=name,
         prefill_base_s=float(a), prefill_per_token_s=float(b), prefill_per_token_sq_s=float(q),
-        prefill_min_s=prefill_min,
+        prefill_min_s=prefill_min, prefill_attention=prefill_attention,
         decode_base_s=float(c), decode_per_req_s=float(d), decode_per_kv_token_s=float(e), decode_attention=attention,
         queue_entry_s=float(queue_entry), plan_lag_s=plan_lag, dispatch_s=float(dispatch), output_s=float(output),
         client_overhead_s=float(client),
@@ -532,7 +592,8 @@ def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun],
     lines = ["prefill (one request, server-side prefill time; median per series and shape)",
              f"  {'series':<20} {'cached':>6} {'new':>5} {'graph':>5} {'n':>3}  measured_ms  model_ms  error"]
     groups: dict[tuple[str, int, int], list[float]] = {}
-    for series, done, new, seconds in prefill_points(calibration):
+    grid_prefill = decode_grid.prefill if decode_grid is not None else ()
+    for series, done, new, seconds in (*prefill_points(calibration), *grid_prefill):
         groups.setdefault((series, done, new), []).append(seconds)
     for (series, done, new), times in groups.items():
         measured = statistics.median(times)
