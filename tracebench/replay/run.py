@@ -928,85 +928,20 @@ class Replay:
             reason = (f"no complete answer within --timeout {cfg.timeout:g} s (simulated seconds: {timeout:g} s of run "
                       f"time at --speed {cfg.speed:g})")
         api = APIS[cfg.api]()
-        if cfg.clock == "virtual":
-            from tracebench.replay.inprocess import InProcessClient, InProcessFleet
-
-            assert isinstance(self.fleet, InProcessFleet)
-            client: Any = InProcessClient(self.fleet, cfg.stream)
-        else:
-            client = SglangClient(timeout, cfg.stream, reason, api=api, keepalive=cfg.keepalive)
+        client = self._client(api, timeout, reason)
         engine: Engine | None = None
         side_tasks: list[asyncio.Task[Any]] = []
         control: ControlServer | None = None
         try:
-            startup = cfg.startup_timeout if cfg.startup_timeout is not None else PROBE_TIMEOUT_S
-            await self.fleet.wait_healthy(client, startup)
-            await self._server_facts(client)
-            api.cache_reported = api.server_meta or not self.cache_unreported()
-            if not api.cache_reported:
-                self.stderr.write(f"tracebench replay: warning: {self.cache_unreported()}\n")
-            if (overload := self.load_warning()) is not None:
-                self.stderr.write(f"tracebench replay: warning: {overload}\n")
-            if cfg.flush_cache:
-                await self._flush_caches(client)
-            await self.beside.start(client, self._beside_servers())
-            input_ids = InputIds(self.trace_sha, self.vocab, self.header.block_size)  # type: ignore[arg-type]
-            if cfg.senders > 1:  # started before the run clock: their start-up is not run time
-                from tracebench.replay.senders import start_senders
-
-                self.senders = await start_senders(cfg.senders, self.trace_sha, self.vocab, self.header.block_size,  # type: ignore[arg-type]
-                                                   api, client, cfg.keepalive, cfg.router_sends_under)
-            if cfg.is_pd:
-                self.pd_metrics_before = await read_pd_metrics(client, [p.url for p in self.fleet.plans],
-                                                                PROBE_TIMEOUT_S)
-            if self.external is None:
-                states = [
-                    # OpenAI answers carry no meta_info stamps (.DUCUMENT/openai-api.md): nothing to require then
-                    ServerState(p.index, p.url, cfg.max_running_requests,
-                                require_stamps=self.enable_metrics[p.index] and api.server_meta,
-                                launch_cap=self.server_info[p.index].get("max_running_requests"), api_path=api.path,
-                                limits=self.limits[p.index], wall_offset=self.fleet.wall_offset(p.index))
-                    for p in self.fleet.plans
-                ]
-                health_check = self._health_check(client)
-                if cfg.is_pd:
-                    pool_states(states)   # PdRouter checks the stamps of each side itself
-            else:  # one destination, sglang-router, without a cap; it passes each server's meta_info on unchanged
-                ports = {self.fleet.plans[i].url: port for i, (_, port) in self.pd_bootstrap.items()}
-                await self.external.start(client, bootstrap_ports=ports if cfg.is_pd else None)
-                self._write_run_json()
-                # PD: the answer is a decode server's, which has no prefill_finished_time: its stamps are taken as
-                # they come (pd_router.py checks them through tracebench's own router); answers are checked against
-                # the servers' context limits when they all have the same ones
-                limits = self.limits[0] if len(set(self.limits)) == 1 else None
-                states = [ServerState(0, self.external.url, None, api_path=api.path, limits=limits,
-                                      require_stamps=all(self.enable_metrics) and api.server_meta and not cfg.is_pd)]
-                health_check = self.external.health_check(client)
+            input_ids = await self._prepare_servers(client, api)
+            states, health_check = await self._destinations(client, api)
             # The trace, modules and server facts live for the whole run: out of the collector's sight, a full
             # collection (a pause of the loop, so release lag) does not walk them again and again.
             gc.collect()
             gc.freeze()
             self.writer = (RecordWriter if self.external is None else ViaRouterWriter)(self.run_dir / "requests.jsonl")
             self.clock = clock = VirtualRunClock(asyncio.get_running_loop()) if cfg.clock == "virtual" else RunClock()
-            common: dict[str, Any] = dict(
-                clock=clock, servers=states, sender=self._sender(client, input_ids, clock, timeout, reason), writer=self.writer,
-                total=len(self.table), health_check=health_check,
-                batch_size=cfg.batch_size if cfg.mode == "static" else None,
-                batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, speed), speed=speed,
-                block_size=self.header.block_size, max_concurrency=cfg.max_concurrency, stall=self.stall,
-            )
-            if cfg.is_pd and self.external is None:
-                assert isinstance(self.policy, PdPolicies)
-                plans = self.fleet.plans
-                pools = PdPools([p.index for p in plans if p.role == "prefill"],
-                                [p.index for p in plans if p.role == "decode"], self.policy.prefill,
-                                self.policy.decode, self.pd_bootstrap,
-                                {p.index: self.enable_metrics[p.index] for p in plans})
-                self.router = router = PdRouter(pools=pools, seed=cfg.seed, decode_answers=True, **common)
-            else:  # sglang-router's PD mode passes the decode server's answer on
-                self.router = router = Router(policy=self.policy, decode_answers=cfg.is_pd, **common)
-            if self.senders is not None:
-                self.senders.on_fault = router.fail  # a sender process that died stops the run (senders.py)
+            router = self._make_router(states, health_check, self._sender(client, input_ids, clock, timeout, reason))
             if cfg.clock == "virtual":  # an in-process engine that raised stops the run (a bug: fail fast)
                 for task in self.fleet.tasks:  # type: ignore[attr-defined]
                     task.add_done_callback(self._side_done)
@@ -1014,31 +949,9 @@ class Replay:
                 control = ControlServer(self.control_sock, len(states), router.set_cap, router.caps)
                 await control.start()
             self._write_run_json()
-            servers = f"{len(self.fleet.plans)} server(s)"
-            if self.external is not None:
-                servers += f" behind sglang-router {self.external.version} --policy {self.external.policy} ({self.external.url})"
-            self.stderr.write(f"tracebench replay: {len(self.table)} requests, {servers}, run folder {self.run_dir}\n")
-            if control is not None:
-                self.stderr.write(f"control: POST {self.control_url}/cap {{\"server\": i|\"all\", \"max_running_requests\": n}}\n")
-            self.stderr.flush()
+            self._announce_start(control)
             engine = Engine(self.table, clock, router)
-            side = [engine.run(), router.watch()]
-            if self.external is None:  # the poller asks each destination for /v1/loads: sglang-router has none
-                side.append(poll_loads(client, router, clock, cfg.poll_interval, self.run_dir / "telemetry.jsonl"))
-                router.polled = True
-            side.extend(self.beside.coroutines(clock, router.fail))
-            if self.cap_changes:
-                side.append(run_cap_schedule(self.cap_changes, clock, self._scheduled_set_cap(router)))
-            if not cfg.quiet:
-                side.append(show_progress(router, clock, self.stderr, cfg.speed, wall_paced=cfg.clock == "virtual"))
-            if cfg.saturation_window is not None:
-                watch = SaturationWatch(run_seconds(cfg.saturation_window, speed))
-                side.append(watch_saturation(watch, clock, lambda: router.released, lambda: router.finished,
-                                             self._saturated))
-            for coro in side:
-                task = asyncio.ensure_future(coro)
-                task.add_done_callback(self._side_done)
-                side_tasks.append(task)
+            side_tasks = self._start_side_tasks(engine, router, client)
             await router.ended.wait()
             if router.failure is not None:
                 await router.close(engine.unreleased, f"run stopped: {one_line(router.failure)}")
@@ -1050,31 +963,162 @@ class Replay:
                 await self.router.close(unreleased, f"interrupted ({self.signal})")
             raise
         finally:
-            if self.clock is not None:
-                self.t_end = self.clock.now()
-            for task in side_tasks:
-                task.cancel()
-            if side_tasks:
-                await asyncio.wait(side_tasks)
-            if self.router is not None:
-                await self.router.stop_probes()  # before the session closes (a probe through it would fail)
-            if control is not None:
-                await control.stop()
-            if self.external is not None:
-                await self.external.finish(client)  # the servers' counters after the run
-            try:
-                if self.pd_metrics_before is not None:
-                    await self._pd_metrics_after(client)
-                await self.beside.finish()
-            finally:
-                if self.senders is not None:
-                    await self.senders.close()
-                await client.close()
-            if not cfg.quiet and self.router is not None and self.t_end:
-                # the last state, whatever the period of the progress line (its rate: over the whole run)
-                tty = self.stderr.isatty()
-                line = progress_line(self.router, self.t_end, self.router.finished / self.t_end, cfg.speed)
-                self.stderr.write(("\r" if tty else "") + line + "\n")
+            await self._wind_down(client, side_tasks, control)
+
+    def _client(self, api: Any, timeout: float | None, reason: str | None) -> Any:
+        """What speaks to the servers: HTTP (SglangClient), or (--clock virtual) the in-process servers directly."""
+        if self.cfg.clock == "virtual":
+            from tracebench.replay.inprocess import InProcessClient, InProcessFleet
+
+            assert isinstance(self.fleet, InProcessFleet)
+            return InProcessClient(self.fleet, self.cfg.stream)
+        return SglangClient(timeout, self.cfg.stream, reason, api=api, keepalive=self.cfg.keepalive)
+
+    async def _prepare_servers(self, client: Any, api: Any) -> InputIds:
+        """Before the run clock starts: the servers healthy, their facts read (and warned about), caches flushed, the
+        files beside the load started, the sender processes up, a PD run's counters read. Returns the prompts' ids."""
+        cfg = self.cfg
+        startup = cfg.startup_timeout if cfg.startup_timeout is not None else PROBE_TIMEOUT_S
+        await self.fleet.wait_healthy(client, startup)
+        await self._server_facts(client)
+        api.cache_reported = api.server_meta or not self.cache_unreported()
+        if not api.cache_reported:
+            self.stderr.write(f"tracebench replay: warning: {self.cache_unreported()}\n")
+        if (overload := self.load_warning()) is not None:
+            self.stderr.write(f"tracebench replay: warning: {overload}\n")
+        if cfg.flush_cache:
+            await self._flush_caches(client)
+        await self.beside.start(client, self._beside_servers())
+        input_ids = InputIds(self.trace_sha, self.vocab, self.header.block_size)  # type: ignore[arg-type]
+        if cfg.senders > 1:  # started before the run clock: their start-up is not run time
+            from tracebench.replay.senders import start_senders
+
+            self.senders = await start_senders(cfg.senders, self.trace_sha, self.vocab, self.header.block_size,  # type: ignore[arg-type]
+                                               api, client, cfg.keepalive, cfg.router_sends_under)
+        if cfg.is_pd:
+            self.pd_metrics_before = await read_pd_metrics(client, [p.url for p in self.fleet.plans],
+                                                            PROBE_TIMEOUT_S)
+        return input_ids
+
+    async def _destinations(self, client: Any, api: Any) -> tuple[list[ServerState], Any]:
+        """The router's destinations and how it checks their health: each server, or sglang-router alone (started
+        here, and run.json written once it is)."""
+        cfg = self.cfg
+        if self.external is None:
+            states = [
+                # OpenAI answers carry no meta_info stamps (.DUCUMENT/openai-api.md): nothing to require then
+                ServerState(p.index, p.url, cfg.max_running_requests,
+                            require_stamps=self.enable_metrics[p.index] and api.server_meta,
+                            launch_cap=self.server_info[p.index].get("max_running_requests"), api_path=api.path,
+                            limits=self.limits[p.index], wall_offset=self.fleet.wall_offset(p.index))
+                for p in self.fleet.plans
+            ]
+            if cfg.is_pd:
+                pool_states(states)   # PdRouter checks the stamps of each side itself
+            return states, self._health_check(client)
+        # one destination, sglang-router, without a cap; it passes each server's meta_info on unchanged
+        ports = {self.fleet.plans[i].url: port for i, (_, port) in self.pd_bootstrap.items()}
+        await self.external.start(client, bootstrap_ports=ports if cfg.is_pd else None)
+        self._write_run_json()
+        # PD: the answer is a decode server's, which has no prefill_finished_time: its stamps are taken as they come
+        # (pd_router.py checks them through tracebench's own router); answers are checked against the servers'
+        # context limits when they all have the same ones
+        limits = self.limits[0] if len(set(self.limits)) == 1 else None
+        states = [ServerState(0, self.external.url, None, api_path=api.path, limits=limits,
+                              require_stamps=all(self.enable_metrics) and api.server_meta and not cfg.is_pd)]
+        return states, self.external.health_check(client)
+
+    def _make_router(self, states: list[ServerState], health_check: Any, sender: Any) -> Router:
+        """The run's router (self.router): PdRouter over the PD pools, or Router over the servers (or sglang-router)."""
+        cfg, clock = self.cfg, self.clock
+        assert clock is not None and self.writer is not None
+        common: dict[str, Any] = dict(
+            clock=clock, servers=states, sender=sender, writer=self.writer,
+            total=len(self.table), health_check=health_check,
+            batch_size=cfg.batch_size if cfg.mode == "static" else None,
+            batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, cfg.time_speed),
+            speed=cfg.time_speed, block_size=self.header.block_size, max_concurrency=cfg.max_concurrency,
+            stall=self.stall,
+        )
+        if cfg.is_pd and self.external is None:
+            assert isinstance(self.policy, PdPolicies)
+            plans = self.fleet.plans
+            pools = PdPools([p.index for p in plans if p.role == "prefill"],
+                            [p.index for p in plans if p.role == "decode"], self.policy.prefill,
+                            self.policy.decode, self.pd_bootstrap,
+                            {p.index: self.enable_metrics[p.index] for p in plans})
+            self.router = router = PdRouter(pools=pools, seed=cfg.seed, decode_answers=True, **common)
+        else:  # sglang-router's PD mode passes the decode server's answer on
+            self.router = router = Router(policy=self.policy, decode_answers=cfg.is_pd, **common)
+        if self.senders is not None:
+            self.senders.on_fault = router.fail  # a sender process that died stops the run (senders.py)
+        return router
+
+    def _announce_start(self, control: ControlServer | None) -> None:
+        """The run's first lines on stderr: how many requests, to which servers, where the run folder is."""
+        servers = f"{len(self.fleet.plans)} server(s)"
+        if self.external is not None:
+            servers += f" behind sglang-router {self.external.version} --policy {self.external.policy} ({self.external.url})"
+        self.stderr.write(f"tracebench replay: {len(self.table)} requests, {servers}, run folder {self.run_dir}\n")
+        if control is not None:
+            self.stderr.write(f"control: POST {self.control_url}/cap {{\"server\": i|\"all\", \"max_running_requests\": n}}\n")
+        self.stderr.flush()
+
+    def _start_side_tasks(self, engine: Engine, router: Router, client: Any) -> list[asyncio.Task[Any]]:
+        """The run's tasks: the engine releasing the trace, the router's watch, the load poller, the files beside the
+        load, the cap schedule, the progress line, the saturation watch; any that raises stops the run."""
+        cfg, clock = self.cfg, self.clock
+        assert clock is not None
+        side = [engine.run(), router.watch()]
+        if self.external is None:  # the poller asks each destination for /v1/loads: sglang-router has none
+            side.append(poll_loads(client, router, clock, cfg.poll_interval, self.run_dir / "telemetry.jsonl"))
+            router.polled = True
+        side.extend(self.beside.coroutines(clock, router.fail))
+        if self.cap_changes:
+            side.append(run_cap_schedule(self.cap_changes, clock, self._scheduled_set_cap(router)))
+        if not cfg.quiet:
+            side.append(show_progress(router, clock, self.stderr, cfg.speed, wall_paced=cfg.clock == "virtual"))
+        if cfg.saturation_window is not None:
+            watch = SaturationWatch(run_seconds(cfg.saturation_window, cfg.time_speed))
+            side.append(watch_saturation(watch, clock, lambda: router.released, lambda: router.finished,
+                                         self._saturated))
+        tasks = []
+        for coro in side:
+            task = asyncio.ensure_future(coro)
+            task.add_done_callback(self._side_done)
+            tasks.append(task)
+        return tasks
+
+    async def _wind_down(self, client: Any, side_tasks: list[asyncio.Task[Any]],
+                         control: ControlServer | None) -> None:
+        """After the run, however it ended: the clock's last reading, the side tasks stopped, the servers' counters
+        after the run read, the client closed, the final progress line."""
+        cfg = self.cfg
+        if self.clock is not None:
+            self.t_end = self.clock.now()
+        for task in side_tasks:
+            task.cancel()
+        if side_tasks:
+            await asyncio.wait(side_tasks)
+        if self.router is not None:
+            await self.router.stop_probes()  # before the session closes (a probe through it would fail)
+        if control is not None:
+            await control.stop()
+        if self.external is not None:
+            await self.external.finish(client)  # the servers' counters after the run
+        try:
+            if self.pd_metrics_before is not None:
+                await self._pd_metrics_after(client)
+            await self.beside.finish()
+        finally:
+            if self.senders is not None:
+                await self.senders.close()
+            await client.close()
+        if not cfg.quiet and self.router is not None and self.t_end:
+            # the last state, whatever the period of the progress line (its rate: over the whole run)
+            tty = self.stderr.isatty()
+            line = progress_line(self.router, self.t_end, self.router.finished / self.t_end, cfg.speed)
+            self.stderr.write(("\r" if tty else "") + line + "\n")
 
     def _sender(self, client: Any, input_ids: InputIds, clock: RunClock, timeout: float | None,
                 reason: str | None) -> Any:
