@@ -158,78 +158,17 @@ class ReplayConfig:
 
     def resolve(self) -> ReplayConfig:
         """Refuse contradictions and bad values (ConfigError); fill the defaults that depend on other options."""
-        import math  # (here, not at the top: the option checks are this method's alone)
-
-        from tracebench.options import INT64_MAX, SPEED_RANGE
-
-        cfg = self
         given = {f.name for f in dataclasses.fields(self) if getattr(self, f.name) not in (None, ())}
-
-        def refuse(why: str) -> None:
-            raise ConfigError(why)
-
-        for name, value, low in (
-            ("--gpus", self.gpus, 1), ("--batch-size", self.batch_size, 1),
-            ("--max-running-requests", self.max_running_requests, 1), ("--vocab-size", self.vocab_size, 1),
-            ("--max-concurrency", self.max_concurrency, 1),
-        ):
-            if value is not None and value < low:
-                refuse(f"{name} must be >= {low}, got {value}")
-        for name, value in (
-            ("--batch-timeout", self.batch_timeout), ("--timeout", self.timeout), ("--speed", self.speed),
-            ("--stall-timeout", self.stall_timeout),
-            ("--poll-interval", self.poll_interval), ("--startup-timeout", self.startup_timeout),
-            ("--keepalive", self.keepalive),
-            ("--saturation-window", self.saturation_window),
-        ):
-            if value is not None and not (math.isfinite(value) and value > 0):  # inf: a run that never ends
-                refuse(f"{name} must be > 0 and finite, got {value}")
-        if self.speed is not None and not SPEED_RANGE[0] <= self.speed <= SPEED_RANGE[1]:
-            refuse(f"--speed must be between {SPEED_RANGE[0]:g} and {SPEED_RANGE[1]:g}, got {self.speed:g}")
-        if not 0 <= self.seed <= INT64_MAX:
-            refuse(f"--seed must be an integer from 0 to 2^63-1, got {self.seed}")
-        if not self.metrics_interval >= 0:
-            refuse(f"--metrics-interval must be >= 0 (0: no scrape), got {self.metrics_interval}")
-        for name, value in (("--port-base", self.port_base), ("--control-port", self.control_port)):
-            if value is not None and not 0 < value < 65536:
-                refuse(f"{name} must be a port in 1..65535, got {value}")
-        if self.clock not in ("real", "virtual"):
-            refuse(f"--clock must be real or virtual, got {self.clock!r}")
+        self._check_values()
         check_senders(self.senders, self.clock, self.is_pd, self.router_sends_under,
                       self.router_sends_under != ROUTER_SENDS_UNDER_S)
         if self.ray is not None:
             check_ray(self, given)
+        cfg = self
         if self.clock == "virtual":
-            for name, key, why in (
-                ("--attach", "attach", "attached servers run in real time"),
-                ("--attach-prefill", "attach_prefill", "attached servers run in real time"),
-                ("--attach-decode", "attach_decode", "attached servers run in real time"),
-                ("--pd", "pd", "PD pools need --clock real for now (their KV handshake speaks HTTP)"),
-                ("--speed", "speed", "the virtual clock runs as fast as the host computes it"),
-                ("--control-port", "control_port", "nothing outside the process can act on a virtual clock; "
-                 "change caps with --cap-schedule"),
-            ):
-                if key in given:
-                    refuse(f"--clock virtual: {name} cannot be used ({why})")
-            if self.backend not in (None, "sim"):
-                refuse(f"--clock virtual runs the simulated cluster: --backend {self.backend} needs --clock real")
-            if self.router != "tracebench":
-                refuse(f"--clock virtual: --router {self.router} cannot run on a virtual clock (its own process "
-                       "keeps real time)")
-            if self.api != "generate":
-                refuse(f"--clock virtual: --api {self.api} is an HTTP route of the server; the virtual clock speaks "
-                       "to the in-process servers directly (--api generate)")
+            self._check_virtual(given)
             cfg = dataclasses.replace(cfg, backend="sim")
-        if self.api not in APIS:
-            refuse(f"--api must be one of {', '.join(APIS)}, got {self.api!r}")
-        if self.mode not in ("continuous", "static"):
-            refuse(f"--mode must be continuous or static, got {self.mode!r}")
-        if self.mode == "static" and self.batch_size is None:
-            refuse("--mode static needs --batch-size B")
-        if self.mode != "static":
-            for name, key in (("--batch-size", "batch_size"), ("--batch-timeout", "batch_timeout")):
-                if key in given:
-                    refuse(f"{name} is for --mode static (this run is --mode {self.mode})")
+        self._check_api_and_mode(given)
         router_policy = check_options(self.router, self.router_policy, self.router_args, given, bool(self.attach))
         if router_policy is not None:
             cfg = dataclasses.replace(cfg, router_policy=router_policy)
@@ -238,41 +177,123 @@ class ReplayConfig:
         # --kv-link: only for simulated PD servers, a preset or BANDWIDTH:LATENCY (ConfigError); its default is named
         if (link := kv_link_of(self)) is not None and self.kv_link is None and link.name == KV_LINK_DEFAULT:
             cfg = dataclasses.replace(cfg, kv_link=KV_LINK_DEFAULT)
-        keys = [k for k, _ in self.policy_options]
-        if len(set(keys)) != len(keys):
-            refuse(f"--policy-opt: a key is given twice ({', '.join(sorted({k for k in keys if keys.count(k) > 1}))})")
-        if self.sjf_key is not None:
-            if self.policy != "sjf":
-                refuse(f"--sjf-key is an option of --policy sjf (this run uses --policy {self.policy})")
-            if "key" in keys:
-                refuse("--sjf-key and --policy-opt key=... say the same thing: give one")
-            cfg = dataclasses.replace(cfg, policy_options=(*self.policy_options, ("key", self.sjf_key)))
+        cfg = self._resolve_policy_options(cfg)
         if ("sim_profile" in given or "sim_gpu" in given) and (self.attach or self.attach_prefill
                                                                or (cfg.backend or "sglang") != "sim"):
-            refuse("--sim-profile and --sim-gpu choose the timing of servers launched with --backend sim")
-        if self.attach_prefill:   # PD servers attached (check_pd_config checked the lists)
-            for name, key in (("--backend", "backend"), ("--port-base", "port_base"), ("--speed", "speed"),
-                              ("--server-arg", "server_args"), ("--startup-timeout", "startup_timeout")):
+            raise ConfigError("--sim-profile and --sim-gpu choose the timing of servers launched with --backend sim")
+        if self.attach_prefill or self.attach:
+            return self._resolve_attached(cfg, given)
+        return self._resolve_launched(cfg)
+
+    def _check_values(self) -> None:
+        """Each option's own range: counts >= 1, times > 0 and finite, --speed in its range, ports, --seed, --clock."""
+        import math  # (here, not at the top: the option checks are this method's alone)
+
+        from tracebench.options import INT64_MAX, SPEED_RANGE
+
+        for name, value, low in (
+            ("--gpus", self.gpus, 1), ("--batch-size", self.batch_size, 1),
+            ("--max-running-requests", self.max_running_requests, 1), ("--vocab-size", self.vocab_size, 1),
+            ("--max-concurrency", self.max_concurrency, 1),
+        ):
+            if value is not None and value < low:
+                raise ConfigError(f"{name} must be >= {low}, got {value}")
+        for name, value in (
+            ("--batch-timeout", self.batch_timeout), ("--timeout", self.timeout), ("--speed", self.speed),
+            ("--stall-timeout", self.stall_timeout),
+            ("--poll-interval", self.poll_interval), ("--startup-timeout", self.startup_timeout),
+            ("--keepalive", self.keepalive),
+            ("--saturation-window", self.saturation_window),
+        ):
+            if value is not None and not (math.isfinite(value) and value > 0):  # inf: a run that never ends
+                raise ConfigError(f"{name} must be > 0 and finite, got {value}")
+        if self.speed is not None and not SPEED_RANGE[0] <= self.speed <= SPEED_RANGE[1]:
+            raise ConfigError(f"--speed must be between {SPEED_RANGE[0]:g} and {SPEED_RANGE[1]:g}, got {self.speed:g}")
+        if not 0 <= self.seed <= INT64_MAX:
+            raise ConfigError(f"--seed must be an integer from 0 to 2^63-1, got {self.seed}")
+        if not self.metrics_interval >= 0:
+            raise ConfigError(f"--metrics-interval must be >= 0 (0: no scrape), got {self.metrics_interval}")
+        for name, value in (("--port-base", self.port_base), ("--control-port", self.control_port)):
+            if value is not None and not 0 < value < 65536:
+                raise ConfigError(f"{name} must be a port in 1..65535, got {value}")
+        if self.clock not in ("real", "virtual"):
+            raise ConfigError(f"--clock must be real or virtual, got {self.clock!r}")
+
+    def _check_virtual(self, given: set[str]) -> None:
+        """--clock virtual: the options that need real time or HTTP are refused."""
+        for name, key, why in (
+            ("--attach", "attach", "attached servers run in real time"),
+            ("--attach-prefill", "attach_prefill", "attached servers run in real time"),
+            ("--attach-decode", "attach_decode", "attached servers run in real time"),
+            ("--pd", "pd", "PD pools need --clock real for now (their KV handshake speaks HTTP)"),
+            ("--speed", "speed", "the virtual clock runs as fast as the host computes it"),
+            ("--control-port", "control_port", "nothing outside the process can act on a virtual clock; "
+             "change caps with --cap-schedule"),
+        ):
+            if key in given:
+                raise ConfigError(f"--clock virtual: {name} cannot be used ({why})")
+        if self.backend not in (None, "sim"):
+            raise ConfigError(f"--clock virtual runs the simulated cluster: --backend {self.backend} needs --clock real")
+        if self.router != "tracebench":
+            raise ConfigError(f"--clock virtual: --router {self.router} cannot run on a virtual clock (its own process "
+                              "keeps real time)")
+        if self.api != "generate":
+            raise ConfigError(f"--clock virtual: --api {self.api} is an HTTP route of the server; the virtual clock "
+                              "speaks to the in-process servers directly (--api generate)")
+
+    def _check_api_and_mode(self, given: set[str]) -> None:
+        """--api one of APIS; --mode continuous or static, --batch-size and --batch-timeout only with static."""
+        if self.api not in APIS:
+            raise ConfigError(f"--api must be one of {', '.join(APIS)}, got {self.api!r}")
+        if self.mode not in ("continuous", "static"):
+            raise ConfigError(f"--mode must be continuous or static, got {self.mode!r}")
+        if self.mode == "static" and self.batch_size is None:
+            raise ConfigError("--mode static needs --batch-size B")
+        if self.mode != "static":
+            for name, key in (("--batch-size", "batch_size"), ("--batch-timeout", "batch_timeout")):
                 if key in given:
-                    refuse(f"{name} is for servers tracebench launches; --attach-prefill/--attach-decode use running servers")
+                    raise ConfigError(f"{name} is for --mode static (this run is --mode {self.mode})")
+
+    def _resolve_policy_options(self, cfg: ReplayConfig) -> ReplayConfig:
+        """--policy-opt keys once each; --sjf-key (only with --policy sjf) becomes the policy option `key`."""
+        keys = [k for k, _ in self.policy_options]
+        if len(set(keys)) != len(keys):
+            raise ConfigError(f"--policy-opt: a key is given twice "
+                              f"({', '.join(sorted({k for k in keys if keys.count(k) > 1}))})")
+        if self.sjf_key is None:
+            return cfg
+        if self.policy != "sjf":
+            raise ConfigError(f"--sjf-key is an option of --policy sjf (this run uses --policy {self.policy})")
+        if "key" in keys:
+            raise ConfigError("--sjf-key and --policy-opt key=... say the same thing: give one")
+        return dataclasses.replace(cfg, policy_options=(*self.policy_options, ("key", self.sjf_key)))
+
+    def _resolve_attached(self, cfg: ReplayConfig, given: set[str]) -> ReplayConfig:
+        """--attach URL... or --attach-prefill/--attach-decode (PD lists checked by check_pd_config): running
+        servers, so no option that launches one."""
+        uses = "--attach-prefill/--attach-decode use" if self.attach_prefill else "--attach uses"
+        if self.attach and not self.attach_prefill and len(set(self.attach)) != len(self.attach):
+            raise ConfigError("--attach: the same URL twice (each server once)")
+        for name, key in (("--backend", "backend"), ("--port-base", "port_base"), ("--speed", "speed"),
+                          ("--server-arg", "server_args"), ("--startup-timeout", "startup_timeout")):
+            if key in given:
+                raise ConfigError(f"{name} is for servers tracebench launches; {uses} running servers")
+        if self.attach_prefill:
             if self.model is not None and self.vocab_size is not None:
-                refuse("--model and --vocab-size both give the vocabulary size: give one")
+                raise ConfigError("--model and --vocab-size both give the vocabulary size: give one")
             return dataclasses.replace(cfg, backend="attach", gpus=cfg.num_servers)
-        if self.attach:
-            if len(set(self.attach)) != len(self.attach):
-                refuse("--attach: the same URL twice (each server once)")
-            for name, key in (("--backend", "backend"), ("--port-base", "port_base"), ("--speed", "speed"),
-                              ("--server-arg", "server_args"), ("--startup-timeout", "startup_timeout")):
-                if key in given:
-                    refuse(f"{name} is for servers tracebench launches; --attach uses running servers")
-            if self.gpus is not None and self.gpus != len(self.attach):
-                refuse(f"--gpus {self.gpus} with {len(self.attach)} --attach URL(s): with --attach the servers are the URLs")
-            if self.model is not None and self.vocab_size is not None:
-                refuse("--model and --vocab-size both give the vocabulary size: give one")
-            return dataclasses.replace(cfg, backend="attach", gpus=len(self.attach))
+        if self.gpus is not None and self.gpus != len(self.attach):
+            raise ConfigError(f"--gpus {self.gpus} with {len(self.attach)} --attach URL(s): with --attach the servers "
+                              "are the URLs")
+        if self.model is not None and self.vocab_size is not None:
+            raise ConfigError("--model and --vocab-size both give the vocabulary size: give one")
+        return dataclasses.replace(cfg, backend="attach", gpus=len(self.attach))
+
+    def _resolve_launched(self, cfg: ReplayConfig) -> ReplayConfig:
+        """Servers tracebench launches: --backend sglang (its model from --model or TRACEBENCH_MODEL) or sim."""
         backend = cfg.backend or "sglang"
         if backend not in ("sglang", "sim"):
-            refuse(f"--backend must be sglang or sim, got {backend!r}")
+            raise ConfigError(f"--backend must be sglang or sim, got {backend!r}")
         model, server_args = self.model, self.server_args
         if backend == "sglang":
             # Set once per machine, so the plain `tracebench replay t.jsonl --gpus 4` works; run.json keeps the
@@ -282,14 +303,16 @@ class ReplayConfig:
             if not server_args and os.environ.get("TRACEBENCH_SERVER_ARGS"):
                 server_args = (os.environ["TRACEBENCH_SERVER_ARGS"],)
             if model is None:
-                refuse("--backend sglang needs --model PATH or TRACEBENCH_MODEL (the model folder: sglang loads it, "
-                       "its config.json gives the vocabulary)")
+                raise ConfigError("--backend sglang needs --model PATH or TRACEBENCH_MODEL (the model folder: sglang "
+                                  "loads it, its config.json gives the vocabulary)")
             if self.speed is not None:
-                refuse("--speed is for --backend sim (a real GPU runs at its own speed)")
+                raise ConfigError("--speed is for --backend sim (a real GPU runs at its own speed)")
             if self.vocab_size is not None:
-                refuse("--vocab-size is for --backend sim or --attach: with sglang it comes from --model's config.json")
+                raise ConfigError("--vocab-size is for --backend sim or --attach: with sglang it comes from --model's "
+                                  "config.json")
         if backend == "sim" and self.model is not None:
-            refuse("--model is for --backend sglang or --attach: the simulator has no model files (use --vocab-size)")
+            raise ConfigError("--model is for --backend sglang or --attach: the simulator has no model files (use "
+                              "--vocab-size)")
         return dataclasses.replace(
             cfg,
             backend=backend,
