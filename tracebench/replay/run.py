@@ -705,8 +705,8 @@ class Replay:
 
     # ---- the run folder ----------------------------------------------------------------------------------------
 
-    def _write_run_json(self) -> None:
-        router = self.router
+    def _servers_json(self) -> list[dict[str, Any]]:
+        """run.json `servers`: each server as the fleet describes it, with what it said of itself."""
         servers = []
         for i in range(len(self.fleet.plans)):
             info = self.server_info[i]
@@ -723,7 +723,33 @@ class Replay:
                               else isinstance(info.get("tracebench_sim"), dict)),
                 "enable_metrics": self.enable_metrics[i] if info is not None else None,
             })
-        doc = {
+        return servers
+
+    def _saturation_json(self) -> dict[str, Any] | None:
+        """run.json `saturation`: the window watched (--saturation-window) and what was detected; null: not watched."""
+        if self.cfg.saturation_window is None:
+            return None
+        return {
+            "window_s": self.cfg.saturation_window,
+            "detected": None if self.saturation is None else self.saturation.to_json(self.cfg.speed),
+            "detail": None if self.saturation is None else self.saturation.describe(self.cfg.speed),
+        }
+
+    def _write_run_json(self) -> None:
+        """run.json as the run stands now (written at the start, again at the end; docs/run-format.md)."""
+        path = self.run_dir / "run.json"
+        try:
+            write_atomic(path, orjson.dumps(self._run_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+                         + b"\n")
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or self.status != "running":
+                raise  # the final write has the reserve freed for it: failing then is not a full disk
+            raise OutputWriteError(f"disk full (no space left on the device): writing {path} failed", path, err.errno) from None
+
+    def _run_json(self) -> dict[str, Any]:
+        router = self.router
+        servers = self._servers_json()
+        return {
             "tracebench_run": RUN_FORMAT,
             "run_name": self.run_dir.name,
             "tracebench_version": __version__,
@@ -781,11 +807,7 @@ class Replay:
             **self.beside.describe(),
             "stall": self.stall.to_json(),
             "status": self.status,
-            "saturation": None if self.cfg.saturation_window is None else {
-                "window_s": self.cfg.saturation_window,
-                "detected": None if self.saturation is None else self.saturation.to_json(self.cfg.speed),
-                "detail": None if self.saturation is None else self.saturation.describe(self.cfg.speed),
-            },
+            "saturation": self._saturation_json(),
             "error": None if self.failure is None else f"{type(self.failure).__name__}: {self.failure}",
             "t_end": self.t_end,
             "counts": self._counts(),
@@ -794,13 +816,6 @@ class Replay:
             "policy_time": self._policy_time(),
             "client_keepup": self.writer.keepup.describe() if self.writer is not None else None,
         }
-        path = self.run_dir / "run.json"
-        try:
-            write_atomic(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-        except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or self.status != "running":
-                raise  # the final write has the reserve freed for it: failing then is not a full disk
-            raise OutputWriteError(f"disk full (no space left on the device): writing {path} failed", path, err.errno) from None
 
     def _events(self) -> list[dict[str, Any]]:
         events = self.router.events if self.router is not None else []
