@@ -130,7 +130,7 @@ class ReplayConfig:
     kv_link: str | None = None  # --backend sim --pd: a replay/kv_link.py preset or BANDWIDTH:LATENCY
     senders: int = 1  # processes that carry the requests (replay/senders.py); 1: the router's own (HttpSender)
     router_sends_under: float = ROUTER_SENDS_UNDER_S  # --senders N > 1: the router carries a request itself when on time
-    ray: str | None = None  # a Ray cluster's address: the launched servers run there as actors (cluster/fleet.py)
+    ray: str | None = None  # a Ray cluster's address: the launched servers run there as actors (replay/ray_fleet.py)
 
     @property
     def is_pd(self) -> bool:
@@ -614,7 +614,7 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr, shared: Share
         if shared is not None:
             raise ConfigError("--ray: the run's servers are its own Ray actors (none to share)")
         from tracebench.cluster.connect import connect
-        from tracebench.cluster.fleet import RayFleet
+        from tracebench.replay.ray_fleet import RayFleet
 
         connect(cfg.ray)  # ray missing, or no cluster there: refused before the run folder exists
         # the sim-server / sglang command lines; each actor gives them its node's interpreter, address and a free port
