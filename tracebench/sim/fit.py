@@ -434,48 +434,12 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_gri
     if len(buckets) != 1:
         raise ConfigError("the routing runs' servers differ in their prefill CUDA-graph buckets: fit them apart")
     (token_buckets,) = buckets
-    points = prefill_points(calibration)
-    prefill_min = float(np.median([seconds for _, _, new_tokens, seconds in points if new_tokens <= 256]))
-    shapes: dict[tuple[int, int], list[float]] = {}
-    for _, cached, new_tokens, seconds in points:
-        shapes.setdefault((cached, new_tokens), []).append(seconds)
-    done = np.array([shape[0] for shape in shapes], dtype=float)
-    new = np.array([shape[1] for shape in shapes], dtype=float)
-    t_prefill = np.array([statistics.median(times) for times in shapes.values()])
-    long_ = new >= 1024
-    pairs = (done + new) ** 2 - done ** 2
-    padded = np.array([padded_tokens(int(n), token_buckets) for n in new], dtype=float)   # the GEMMs' token count
-    design = np.c_[np.ones(long_.sum()), padded[long_], pairs[long_]] / t_prefill[long_, None]
-    a, b, q = np.linalg.lstsq(design, np.ones(long_.sum()), rcond=None)[0]
+    a, b, q, prefill_min = _fit_prefill(calibration, token_buckets)
 
     def prefill_cost(ilens: list[int]) -> float:
         return max(prefill_min, a + b * padded_tokens(sum(ilens), token_buckets) + q * sum(n * n for n in ilens))
 
-    attention = None
-    if decode_grid is None:
-        decode, _ = decode_points(calibration)
-        batch = np.array([d["batch"] for d in decode], dtype=float)
-        itl = np.array([d["itl_p50_ms"] for d in decode], dtype=float) / 1e3
-        design = np.c_[np.ones_like(batch), batch] / itl[:, None]
-        c, slope = np.linalg.lstsq(design, np.ones_like(itl), rcond=None)[0]   # slope = d + DECODE_MEAN_CONTEXT * e
-        w = [decode_windows(run, prefill_cost) for run in routing_runs]
-        steps, step_s, mean_batch, mean_kv = (np.concatenate([getattr(x, f) for x in w])
-                                              for f in ("steps", "step_s", "batch", "kv_tokens"))
-        # model / measured - 1 = (c + slope * B + e * (KV - 576 B)) / step - 1: linear in e
-        u = (mean_kv - DECODE_MEAN_CONTEXT * mean_batch) / step_s
-        v = (c + slope * mean_batch) / step_s - 1.0
-        e = float(-(steps * u * v).sum() / (steps * u * u).sum())
-        d = slope - DECODE_MEAN_CONTEXT * e
-    else:
-        if decode_grid.accelerator != calibration["accelerator"]:
-            raise ConfigError(f"--decode-grid: measured on {decode_grid.accelerator}, the calibration on "
-                              f"{calibration['accelerator']}")
-        if decode_grid.accelerator not in SM_COUNT:
-            raise ConfigError(f"--decode-grid: no SM count known for {decode_grid.accelerator}")
-        c, d, attention = fit_decode_attention(list(decode_grid.points), decode_grid.kv_splits,
-                                               SM_COUNT[decode_grid.accelerator], LLAMA2_7B_HEADS,
-                                               decode_graph_batch_sizes(routing_runs))
-        e = 0.0
+    c, d, e, attention = _fit_decode(calibration, routing_runs, decode_grid, prefill_cost)
 
     def decode_cost(contexts: list[float]) -> float:
         if attention is None:
@@ -523,6 +487,59 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_gri
             + ") for the intake, the plan lag and the CUDA-graph sizes, and the decode step to decode grids: "
             + "; ".join(src.split(";")[0] for src in decode_grid.sources)),
     )
+
+
+def _fit_prefill(calibration: dict, token_buckets: tuple[int, ...]) -> tuple[float, float, float, float]:
+    """(a, b, q, prefill_min): the prefill of n new tokens after `cached` ones costs a + b x (n padded to the CUDA-graph
+    bucket) + q x ((cached + n)^2 - cached^2), fitted in relative error to the calibration's prefills of 1,024 tokens
+    or more; at least prefill_min, the median of those of 256 tokens or fewer."""
+    points = prefill_points(calibration)
+    prefill_min = float(np.median([seconds for _, _, new_tokens, seconds in points if new_tokens <= 256]))
+    shapes: dict[tuple[int, int], list[float]] = {}
+    for _, cached, new_tokens, seconds in points:
+        shapes.setdefault((cached, new_tokens), []).append(seconds)
+    done = np.array([shape[0] for shape in shapes], dtype=float)
+    new = np.array([shape[1] for shape in shapes], dtype=float)
+    t_prefill = np.array([statistics.median(times) for times in shapes.values()])
+    long_ = new >= 1024
+    pairs = (done + new) ** 2 - done ** 2
+    padded = np.array([padded_tokens(int(n), token_buckets) for n in new], dtype=float)   # the GEMMs' token count
+    design = np.c_[np.ones(long_.sum()), padded[long_], pairs[long_]] / t_prefill[long_, None]
+    a, b, q = np.linalg.lstsq(design, np.ones(long_.sum()), rcond=None)[0]
+    return a, b, q, prefill_min
+
+
+def _fit_decode(calibration: dict, routing_runs: list[RoutingRun], decode_grid: DecodeGrid | None,
+                prefill_cost: Callable[[list[int]], float]) -> tuple[float, float, float, Any]:
+    """(c, d, e, attention) of the decode step: c + d B + e KV from the calibration's decode sweep and the routing
+    runs' decode windows (attention None), or c + d B and the attention model fitted to the decode grid (e = 0)."""
+    attention = None
+    if decode_grid is None:
+        decode, _ = decode_points(calibration)
+        batch = np.array([d["batch"] for d in decode], dtype=float)
+        itl = np.array([d["itl_p50_ms"] for d in decode], dtype=float) / 1e3
+        design = np.c_[np.ones_like(batch), batch] / itl[:, None]
+        c, slope = np.linalg.lstsq(design, np.ones_like(itl), rcond=None)[0]   # slope = d + DECODE_MEAN_CONTEXT * e
+        w = [decode_windows(run, prefill_cost) for run in routing_runs]
+        steps, step_s, mean_batch, mean_kv = (np.concatenate([getattr(x, f) for x in w])
+                                              for f in ("steps", "step_s", "batch", "kv_tokens"))
+        # model / measured - 1 = (c + slope * B + e * (KV - 576 B)) / step - 1: linear in e
+        u = (mean_kv - DECODE_MEAN_CONTEXT * mean_batch) / step_s
+        v = (c + slope * mean_batch) / step_s - 1.0
+        e = float(-(steps * u * v).sum() / (steps * u * u).sum())
+        d = slope - DECODE_MEAN_CONTEXT * e
+    else:
+        if decode_grid.accelerator != calibration["accelerator"]:
+            raise ConfigError(f"--decode-grid: measured on {decode_grid.accelerator}, the calibration on "
+                              f"{calibration['accelerator']}")
+        if decode_grid.accelerator not in SM_COUNT:
+            raise ConfigError(f"--decode-grid: no SM count known for {decode_grid.accelerator}")
+        c, d, attention = fit_decode_attention(list(decode_grid.points), decode_grid.kv_splits,
+                                               SM_COUNT[decode_grid.accelerator], LLAMA2_7B_HEADS,
+                                               decode_graph_batch_sizes(routing_runs))
+        e = 0.0
+
+    return c, d, e, attention
 
 
 def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun],
