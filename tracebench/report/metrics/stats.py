@@ -33,26 +33,25 @@ def pooled_itl(ok: pl.DataFrame, speed: float | None) -> tuple[dict[str, float |
     the fraction of gaps in bucket 0 (chunks read together). Percentiles interpolate linearly between order
     statistics, as for the other latencies."""
     # "b:n,b:n,..." -> one "b:n" line per pair: a slice's strings joined into one byte string (by polars, handed to
-    # Python as bytes), ',' made a newline, read by polars' CSV reader as two integer columns and summed per bucket.
-    # The same CPU as numpy's C parser (24 million numbers in a 1M record run; a third less than polars' split,
-    # explode and cast), but outside the GIL: the two runs a report reads at once parse their histograms together.
-    # In slices of ITL_SLICE records, so the text and numbers of a million records are never held at once. The
-    # loader checked every string against HIST_PATTERN, so each line is two integers (a count too big for one is
-    # refused by the reader).
+    # Python as bytes), ',' made a newline, read by polars' CSV reader as two integer columns (the same CPU as numpy's
+    # C parser, a third less than polars' split, explode and cast, but outside the GIL: the two runs a report reads
+    # at once parse their histograms together; 24 million numbers in a 1M record run), and the buckets' counts summed
+    # with a bincount. In slices of ITL_SLICE records, so the text and numbers of a million records are never held at
+    # once. The loader checked every string against HIST_PATTERN, so each line is two integers (one too big for an
+    # int64 is refused by the reader).
     hists = ok["itl_hist"].drop_nulls()
     n_requests = hists.len()
-    sums = []
+    per_bucket = np.zeros(0, dtype=np.int64)
     for start in range(0, n_requests, ITL_SLICE):
         text = hists.slice(start, ITL_SLICE).str.join(",").cast(pl.Binary).item().translate(_COMMA_TO_NEWLINE)
         pairs = pl.read_csv(io.BytesIO(text), has_header=False, separator=":", quote_char=None, schema=_PAIR_SCHEMA)
-        sums.append(pairs.lazy().group_by("bucket").agg(pl.col("count").sum()).collect())
-    per_bucket = np.zeros(0, dtype=np.int64)
-    if sums:
-        summed = pl.concat(sums).group_by("bucket").agg(pl.col("count").sum())
-        top = int(summed["bucket"].max())  # type: ignore[arg-type]
-        assert top < _BUCKET_MAX, "itl_hist bucket beyond any gap (tracebench/itl.py)"
-        per_bucket = np.zeros(top + 1, dtype=np.int64)
-        per_bucket[summed["bucket"].to_numpy()] = summed["count"].to_numpy()
+        buckets, gaps = pairs["bucket"].to_numpy(), pairs["count"].to_numpy()
+        assert buckets.max() < _BUCKET_MAX, "itl_hist bucket beyond any gap (tracebench/itl.py)"
+        assert gaps.max() < 2**53, "itl_hist count beyond what float weights count exactly"
+        counted = np.bincount(buckets, weights=gaps).astype(np.int64)
+        if counted.size > per_bucket.size:
+            per_bucket, counted = counted, per_bucket
+        per_bucket[:counted.size] += counted
     buckets = np.flatnonzero(per_bucket)
     counts = per_bucket[buckets]
     total = int(counts.sum()) if counts.size else 0
