@@ -23,7 +23,6 @@ from tracebench.report.metrics.schema import Balance, RunSummary, ServerLoad
 
 
 ITL_SLICE = 262_144  # records whose ITL histograms are parsed at once (~60 MB of text)
-_COMMA_TO_NEWLINE = bytes.maketrans(b",", b"\n")
 _PAIR_SCHEMA = {"bucket": pl.Int64, "count": pl.Int64}
 _BUCKET_MAX = 100_000  # bucket 100,000 holds gaps of ~10^855 s: a larger one is not a gap (tracebench/itl.py)
 
@@ -32,19 +31,21 @@ def pooled_itl(ok: pl.DataFrame, speed: float | None) -> tuple[dict[str, float |
     """ITL statistics over every gap of the given records (their histograms summed), how many records had gaps, and
     the fraction of gaps in bucket 0 (chunks read together). Percentiles interpolate linearly between order
     statistics, as for the other latencies."""
-    # "b:n,b:n,..." -> one "b:n" line per pair: a slice's strings joined into one byte string (by polars, handed to
-    # Python as bytes), ',' made a newline, read by polars' CSV reader as two integer columns (the same CPU as numpy's
-    # C parser, a third less than polars' split, explode and cast, but outside the GIL: the two runs a report reads
-    # at once parse their histograms together; 24 million numbers in a 1M record run), and the buckets' counts summed
-    # with a bincount. In slices of ITL_SLICE records, so the text and numbers of a million records are never held at
-    # once. The loader checked every string against HIST_PATTERN, so each line is two integers (one too big for an
-    # int64 is refused by the reader).
+    # "b:n,b:n,..." read as CSV: a slice's strings joined by ',' into one byte string (by polars, handed to Python as
+    # bytes), read by polars' CSV reader with ',' ending a line and ':' between its two integers (the same CPU as
+    # numpy's C parser, a third less than polars' split, explode and cast, but outside the GIL: the two runs a report
+    # reads at once parse their histograms together; 24 million numbers in a 1M record run), and the buckets' counts
+    # summed with a bincount. In slices of ITL_SLICE records, so the text and numbers of a million records are never
+    # held at once. The loader checked every string against HIST_PATTERN, so each line is two integers (one too big
+    # for an int64 is refused by the reader).
     hists = ok["itl_hist"].drop_nulls()
     n_requests = hists.len()
     per_bucket = np.zeros(0, dtype=np.int64)
     for start in range(0, n_requests, ITL_SLICE):
-        text = hists.slice(start, ITL_SLICE).str.join(",").cast(pl.Binary).item().translate(_COMMA_TO_NEWLINE)
-        pairs = pl.read_csv(io.BytesIO(text), has_header=False, separator=":", quote_char=None, schema=_PAIR_SCHEMA)
+        text = hists.slice(start, ITL_SLICE).str.join(",").cast(pl.Binary).item()
+        pairs = pl.read_csv(io.BytesIO(text), has_header=False, separator=":", eol_char=",", quote_char=None,
+                            schema=_PAIR_SCHEMA)
+        assert pairs.null_count().row(0) == (0, 0), "itl_hist not as HIST_PATTERN says"
         buckets, gaps = pairs["bucket"].to_numpy(), pairs["count"].to_numpy()
         assert buckets.max() < _BUCKET_MAX, "itl_hist bucket beyond any gap (tracebench/itl.py)"
         assert gaps.max() < 2**53, "itl_hist count beyond what float weights count exactly"
