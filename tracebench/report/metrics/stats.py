@@ -23,7 +23,7 @@ from tracebench.report.metrics.schema import Balance, RunSummary, ServerLoad
 
 
 ITL_SLICE = 262_144  # records whose ITL histograms are parsed at once (~60 MB of text)
-_PAIR_SCHEMA = {"bucket": pl.Int64, "count": pl.Int64}
+_PAIR_SCHEMA = {"bucket": pl.Int32, "count": pl.Int64}  # a bucket is < _BUCKET_MAX
 _BUCKET_MAX = 100_000  # bucket 100,000 holds gaps of ~10^855 s: a larger one is not a gap (tracebench/itl.py)
 
 
