@@ -18,10 +18,12 @@ from conftest import run_cli
 
 
 def write_run(folder: Path, trace: Path, seed: int, policy: str, *, requests: int = 240, servers: int = 2,
-              hit_share: float = 0.5, cached: bool = True, speed: float | None = None, stamps: bool = False) -> None:
+              hit_share: float = 0.5, cached: bool = True, speed: float | None = None, stamps: bool = False,
+              release_s: float = 0.0005) -> None:
     """A completed run of `trace` (its header read for the sha256 and the count; the requests' lengths are drawn
     here): every request ok; `hit_share` of them with cached_tokens = half their prompt (null without `cached`);
-    with `stamps`, every stamp of the breakdown (docs/overhead.md) too, as today's replay records them."""
+    with `stamps`, every stamp of the breakdown (docs/overhead.md) too, as today's replay records them; each request
+    released `release_s` after its arrival."""
     from tracebench.trace.format import load_trace
 
     header, reqs = load_trace(trace)
@@ -33,7 +35,7 @@ def write_run(folder: Path, trace: Path, seed: int, policy: str, *, requests: in
     lines = []
     for req in reqs:
         t_arrival = req.arrival_s
-        t_released = t_arrival + 0.0005
+        t_released = t_arrival + release_s
         t_dispatch = t_released + float(rng.exponential(0.02))
         hit = rng.random() < hit_share
         uncached = req.input_len // 2 if hit else req.input_len
