@@ -17,11 +17,13 @@ and on the runs packed (requests.parquet and run.json.xz as `tracebench pack` wr
 
     .venv/bin/python bench/bench_report.py [--requests 1000000] [--keep DIR] [--repeat 3]
 
-Measured 2026-11-28 on the 2-core sandbox (docs/report.md "Speed" has the rest and where the time goes): in a quiet
-spell (load 1.1-1.4) `report A B` on the copies 3.16-3.31 s wall, 5.6-5.9 s CPU (the code before issue 35: 3.23-3.34
-s), the JSONL alone 8.56 s wall, 14.5 s CPU (before: 13.8 s, 17.2 s); with --repeat 3 at load 1.3-6.2, medians
-(fastest): table 4.82 s (3.28), JSON 5.28 (4.08), --slo and --warmup 3.21 (3.15), packed 5.80 (3.41), JSONL 15.9
-(15.8); the copy at the replay's end 7.7 s CPU per 1M records. Targets missed: < 3 s by ~0.2 s, < 6 s by ~2.5 s.
+Measured 2026-11-29 on the 2-core sandbox (docs/report.md "Speed" has the rest and where the time goes), each
+figure taken when the CPUs had been >= 90% idle for 2 s (another session's runs kept one core busy most of the time),
+alternating with the code before: `report A B` on the copies 2.66-2.80 s wall, 4.6-4.9 s CPU (before: 2.96-2.98 s,
+5.3-5.4 s CPU); packed 2.67-2.68 s (before: 2.94-2.98 s); the JSONL alone 6.98-7.02 s wall, 13.1-13.2 s CPU (before:
+7.27 s, 13.6 s). With --repeat 1 at load 2.0-2.1: table 2.82 s, JSON 2.76, --slo and --warmup 2.61, HTML + PNG 4.76,
+packed 2.63, JSONL 7.00. Targets: < 3 s met (by ~0.2-0.3 s); < 6 s from the JSONL missed by ~1 s (the JSON's
+tokenizing alone is ~7.8 CPU-s of the two runs).
 """
 
 from __future__ import annotations

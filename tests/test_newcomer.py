@@ -18,9 +18,12 @@ from conftest import run_cli
 
 
 def write_run(folder: Path, trace: Path, seed: int, policy: str, *, requests: int = 240, servers: int = 2,
-              hit_share: float = 0.5, cached: bool = True, speed: float | None = None) -> None:
+              hit_share: float = 0.5, cached: bool = True, speed: float | None = None, stamps: bool = False,
+              release_s: float = 0.0005) -> None:
     """A completed run of `trace` (its header read for the sha256 and the count; the requests' lengths are drawn
-    here): every request ok; `hit_share` of them with cached_tokens = half their prompt (null without `cached`)."""
+    here): every request ok; `hit_share` of them with cached_tokens = half their prompt (null without `cached`);
+    with `stamps`, every stamp of the breakdown (docs/overhead.md) too, as today's replay records them; each request
+    released `release_s` after its arrival."""
     from tracebench.trace.format import load_trace
 
     header, reqs = load_trace(trace)
@@ -32,7 +35,7 @@ def write_run(folder: Path, trace: Path, seed: int, policy: str, *, requests: in
     lines = []
     for req in reqs:
         t_arrival = req.arrival_s
-        t_released = t_arrival + 0.0005
+        t_released = t_arrival + release_s
         t_dispatch = t_released + float(rng.exponential(0.02))
         hit = rng.random() < hit_share
         uncached = req.input_len // 2 if hit else req.input_len
@@ -48,6 +51,14 @@ def write_run(folder: Path, trace: Path, seed: int, policy: str, *, requests: in
             "server_received": t_dispatch + 0.0005, "server_forward_entry": t_dispatch + 0.001,
             "server_prefill_finished": t_first - 0.001, "server_finished": t_finish - 0.0005,
         })
+        if stamps:  # each step a little after the one before it, in the run format's order (OK_ORDER)
+            lines[-1].update({
+                "t_admitted": t_released, "t_assigned": t_released + (t_dispatch - t_released) / 3,
+                "t_built": t_released + (t_dispatch - t_released) * 2 / 3,
+                "t_written": t_dispatch + 0.0001, "t_headers": t_dispatch + 0.002, "t_last_chunk": t_finish - 0.0001,
+                "t_parsed": t_finish + 0.0001, "server_dispatched": t_dispatch + 0.0007,
+                "server_first_sent": t_first - 0.0005,
+            })
     folder.mkdir(parents=True)
     (folder / "requests.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     t_end = max(line["t_finish"] for line in lines)

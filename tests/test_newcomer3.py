@@ -14,17 +14,22 @@ from conftest import run_cli, run_cli_in_process
 from test_newcomer import write_run
 
 POLICIES = ("round_robin", "sjf", "cache_aware", "prefix_hash", "random")
+RELEASE_S = {"sjf": 0.3, "cache_aware": 0.2, "prefix_hash": 0.4}  # the others: 0.5 ms
 
 
 @pytest.fixture(scope="module")
 def five_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """reports/<policy> for five policies, one trace; the runs' latencies differ by their seeds."""
+    """reports/<policy> for five policies, one trace; the runs' latencies differ by their seeds; every stamp of the
+    breakdown recorded (its table has the stages' stamps beside their names: it must fit too)."""
     root = tmp_path_factory.mktemp("newcomer3-runs")
     trace = root / "t.jsonl"
     done = run_cli("generate", "--rate", "20", "--num-requests", "300", "-o", str(trace))
     assert done.returncode == 0, done.stderr
     for seed, policy in enumerate(POLICIES):
-        write_run(root / "reports" / policy, trace, seed, policy, requests=300)
+        # three runs whose requests wait 0.2-0.4 s before release: changes of +40,000% and more, cells as wide as a
+        # PD run's against plain ones (the breakdown's stamps in a column of their own split its table then)
+        write_run(root / "reports" / policy, trace, seed, policy, requests=300, stamps=True,
+                  release_s=RELEASE_S.get(policy, 0.0005))
     return root
 
 
@@ -44,6 +49,7 @@ def test_five_runs_read_at_a_glance_at_120_columns(five_runs: Path) -> None:
     text = _report(five_runs, 120)
     assert max(map(len, text.splitlines())) <= 120
     assert "(1/" not in text and "(2/" not in text  # no table split into parts
+    assert "Where the time went (ms)\n" in text and "server_dispatched" in text  # the breakdown among them, whole
     latency = _table(text, "Latency (ms)")
     header = latency[0].split()
     assert header[:2] == ["metric", "stat"] and [h for h in header[2:] if h != "(baseline)"] == list(POLICIES)

@@ -128,17 +128,17 @@ def test_itl_buckets_reconstruct_gaps_within_one_percent() -> None:
     assert ItlGaps().fields() == (None, None)
 
 
-def test_pooled_itl_sums_every_pair_across_slices() -> None:
-    """The numpy parse of itl_hist (slices of ITL_SLICE records, joined and read as integers) against a plain
+def test_pooled_itl_sums_every_pair_across_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CSV read of itl_hist (slices of ITL_SLICE records, joined and read as pairs of integers) against a plain
     per-record sum: same counts per bucket, hence the same statistics; records without gaps are left out."""
     import polars as pl
 
     from tracebench.itl import bucket_value, parse_hist
-    from tracebench.report.metrics import pooled_itl
-    from tracebench.report.metrics.stats import ITL_SLICE
+    from tracebench.report.metrics import pooled_itl, stats as stats_module
 
+    monkeypatch.setattr(stats_module, "ITL_SLICE", 4_096)  # the slicing as of a big run, on a small one
     rng = np.random.default_rng(3)
-    n = ITL_SLICE + 1_000  # two slices
+    n = 2 * 4_096 + 1_000  # three slices, the last one short
     first = rng.integers(0, 900, n).tolist()  # ascending buckets from here, 1-5 of them, counts of 1 to 4 digits
     steps = rng.integers(1, 40, (n, 5)).tolist()
     widths = rng.integers(1, 6, n).tolist()

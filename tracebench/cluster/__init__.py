@@ -1,3 +1,4 @@
-"""Beyond one host, on a Ray cluster (`--ray ADDRESS`, the optional extra `tracebench[ray]`; docs/ray.md): the
-servers of a replay as Ray actors (fleet.py), the points of a sweep as Ray tasks (sweep.py). Nothing outside this
-package imports ray, and these modules import it only inside the functions a --ray run calls (connect.py)."""
+"""The door to Ray (`--ray ADDRESS`, the optional extra `tracebench[ray]`; docs/ray.md): connect.py connects this
+process and says, in one line, when Ray is not installed. Low in the house, so that what runs on the cluster imports it
+from above: the replay's servers as Ray actors (replay/ray_fleet.py), a sweep's points as Ray tasks
+(sweep/ray_points.py). Those three modules alone import ray, only inside the functions a --ray run calls."""

@@ -149,7 +149,7 @@ class ServerState:
     def __init__(self, index: int, url: str, cap: int | None, require_stamps: bool, launch_cap: int | None = None,
                  api_path: str = "/generate", limits: ContextLimits | None = None, wall_offset: float = 0.0) -> None:
         self.index = index
-        # seconds its wall clock is ahead of this host's (a server on another node: cluster/fleet.py), taken off its
+        # seconds its wall clock is ahead of this host's (a server on another node: replay/ray_fleet.py), taken off its
         # meta_info stamps before they are converted to the run clock
         self.wall_offset = wall_offset
         self.url = url

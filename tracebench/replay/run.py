@@ -131,7 +131,7 @@ class ReplayConfig:
     senders: int = 1  # processes that carry the requests (replay/senders.py); 1: the router's own (HttpSender)
     router_sends_under: float = ROUTER_SENDS_UNDER_S  # --senders N > 1: the router carries a request itself when on time
     pin_cpus: str | None = None  # --pin-cpus LIST: the router on the first CPU alone, the sender processes on the rest
-    ray: str | None = None  # a Ray cluster's address: the launched servers run there as actors (cluster/fleet.py)
+    ray: str | None = None  # a Ray cluster's address: the launched servers run there as actors (replay/ray_fleet.py)
 
     @property
     def is_pd(self) -> bool:
@@ -159,82 +159,22 @@ class ReplayConfig:
 
     def resolve(self) -> ReplayConfig:
         """Refuse contradictions and bad values (ConfigError); fill the defaults that depend on other options."""
-        import math  # (here, not at the top: the option checks are this method's alone)
-
-        from tracebench.options import INT64_MAX, SPEED_RANGE
-
-        cfg = self
         given = {f.name for f in dataclasses.fields(self) if getattr(self, f.name) not in (None, ())}
-
-        def refuse(why: str) -> None:
-            raise ConfigError(why)
-
-        for name, value, low in (
-            ("--gpus", self.gpus, 1), ("--batch-size", self.batch_size, 1),
-            ("--max-running-requests", self.max_running_requests, 1), ("--vocab-size", self.vocab_size, 1),
-            ("--max-concurrency", self.max_concurrency, 1),
-        ):
-            if value is not None and value < low:
-                refuse(f"{name} must be >= {low}, got {value}")
-        for name, value in (
-            ("--batch-timeout", self.batch_timeout), ("--timeout", self.timeout), ("--speed", self.speed),
-            ("--stall-timeout", self.stall_timeout),
-            ("--poll-interval", self.poll_interval), ("--startup-timeout", self.startup_timeout),
-            ("--keepalive", self.keepalive),
-            ("--saturation-window", self.saturation_window),
-        ):
-            if value is not None and not (math.isfinite(value) and value > 0):  # inf: a run that never ends
-                refuse(f"{name} must be > 0 and finite, got {value}")
-        if self.speed is not None and not SPEED_RANGE[0] <= self.speed <= SPEED_RANGE[1]:
-            refuse(f"--speed must be between {SPEED_RANGE[0]:g} and {SPEED_RANGE[1]:g}, got {self.speed:g}")
-        if not 0 <= self.seed <= INT64_MAX:
-            refuse(f"--seed must be an integer from 0 to 2^63-1, got {self.seed}")
-        if not self.metrics_interval >= 0:
-            refuse(f"--metrics-interval must be >= 0 (0: no scrape), got {self.metrics_interval}")
-        for name, value in (("--port-base", self.port_base), ("--control-port", self.control_port)):
-            if value is not None and not 0 < value < 65536:
-                refuse(f"{name} must be a port in 1..65535, got {value}")
-        if self.clock not in ("real", "virtual"):
-            refuse(f"--clock must be real or virtual, got {self.clock!r}")
+        self._check_values()
         check_senders(self.senders, self.clock, self.is_pd, self.router_sends_under,
                       self.router_sends_under != ROUTER_SENDS_UNDER_S)
         if self.pin_cpus is not None:
             if self.ray is not None:
-                refuse("--pin-cpus places processes on this host's CPUs; with --ray the sender processes are actors on "
-                       "the cluster's nodes")
+                raise ConfigError("--pin-cpus places processes on this host's CPUs; with --ray the sender processes "
+                                  "are actors on the cluster's nodes")
             pin_cpu_list(self.pin_cpus, self.senders)  # refused here, before anything starts, when it cannot hold
         if self.ray is not None:
             check_ray(self, given)
+        cfg = self
         if self.clock == "virtual":
-            for name, key, why in (
-                ("--attach", "attach", "attached servers run in real time"),
-                ("--attach-prefill", "attach_prefill", "attached servers run in real time"),
-                ("--attach-decode", "attach_decode", "attached servers run in real time"),
-                ("--speed", "speed", "the virtual clock runs as fast as the host computes it"),
-                ("--control-port", "control_port", "nothing outside the process can act on a virtual clock; "
-                 "change caps with --cap-schedule"),
-            ):
-                if key in given:
-                    refuse(f"--clock virtual: {name} cannot be used ({why})")
-            if self.backend not in (None, "sim"):
-                refuse(f"--clock virtual runs the simulated cluster: --backend {self.backend} needs --clock real")
-            if self.router != "tracebench":
-                refuse(f"--clock virtual: --router {self.router} cannot run on a virtual clock (its own process "
-                       "keeps real time)")
-            if self.api != "generate":
-                refuse(f"--clock virtual: --api {self.api} is an HTTP route of the server; the virtual clock speaks "
-                       "to the in-process servers directly (--api generate)")
+            self._check_virtual(given)
             cfg = dataclasses.replace(cfg, backend="sim")
-        if self.api not in APIS:
-            refuse(f"--api must be one of {', '.join(APIS)}, got {self.api!r}")
-        if self.mode not in ("continuous", "static"):
-            refuse(f"--mode must be continuous or static, got {self.mode!r}")
-        if self.mode == "static" and self.batch_size is None:
-            refuse("--mode static needs --batch-size B")
-        if self.mode != "static":
-            for name, key in (("--batch-size", "batch_size"), ("--batch-timeout", "batch_timeout")):
-                if key in given:
-                    refuse(f"{name} is for --mode static (this run is --mode {self.mode})")
+        self._check_api_and_mode(given)
         router_policy = check_options(self.router, self.router_policy, self.router_args, given, bool(self.attach))
         if router_policy is not None:
             cfg = dataclasses.replace(cfg, router_policy=router_policy)
@@ -243,41 +183,122 @@ class ReplayConfig:
         # --kv-link: only for simulated PD servers, a preset or BANDWIDTH:LATENCY (ConfigError); its default is named
         if (link := kv_link_of(cfg)) is not None and self.kv_link is None and link.name == KV_LINK_DEFAULT:
             cfg = dataclasses.replace(cfg, kv_link=KV_LINK_DEFAULT)
-        keys = [k for k, _ in self.policy_options]
-        if len(set(keys)) != len(keys):
-            refuse(f"--policy-opt: a key is given twice ({', '.join(sorted({k for k in keys if keys.count(k) > 1}))})")
-        if self.sjf_key is not None:
-            if self.policy != "sjf":
-                refuse(f"--sjf-key is an option of --policy sjf (this run uses --policy {self.policy})")
-            if "key" in keys:
-                refuse("--sjf-key and --policy-opt key=... say the same thing: give one")
-            cfg = dataclasses.replace(cfg, policy_options=(*self.policy_options, ("key", self.sjf_key)))
+        cfg = self._resolve_policy_options(cfg)
         if ("sim_profile" in given or "sim_gpu" in given) and (self.attach or self.attach_prefill
                                                                or (cfg.backend or "sglang") != "sim"):
-            refuse("--sim-profile and --sim-gpu choose the timing of servers launched with --backend sim")
-        if self.attach_prefill:   # PD servers attached (check_pd_config checked the lists)
-            for name, key in (("--backend", "backend"), ("--port-base", "port_base"), ("--speed", "speed"),
-                              ("--server-arg", "server_args"), ("--startup-timeout", "startup_timeout")):
+            raise ConfigError("--sim-profile and --sim-gpu choose the timing of servers launched with --backend sim")
+        if self.attach_prefill or self.attach:
+            return self._resolve_attached(cfg, given)
+        return self._resolve_launched(cfg)
+
+    def _check_values(self) -> None:
+        """Each option's own range: counts >= 1, times > 0 and finite, --speed in its range, ports, --seed, --clock."""
+        import math  # (here, not at the top: the option checks are this method's alone)
+
+        from tracebench.options import INT64_MAX, SPEED_RANGE
+
+        for name, value, low in (
+            ("--gpus", self.gpus, 1), ("--batch-size", self.batch_size, 1),
+            ("--max-running-requests", self.max_running_requests, 1), ("--vocab-size", self.vocab_size, 1),
+            ("--max-concurrency", self.max_concurrency, 1),
+        ):
+            if value is not None and value < low:
+                raise ConfigError(f"{name} must be >= {low}, got {value}")
+        for name, value in (
+            ("--batch-timeout", self.batch_timeout), ("--timeout", self.timeout), ("--speed", self.speed),
+            ("--stall-timeout", self.stall_timeout),
+            ("--poll-interval", self.poll_interval), ("--startup-timeout", self.startup_timeout),
+            ("--keepalive", self.keepalive),
+            ("--saturation-window", self.saturation_window),
+        ):
+            if value is not None and not (math.isfinite(value) and value > 0):  # inf: a run that never ends
+                raise ConfigError(f"{name} must be > 0 and finite, got {value}")
+        if self.speed is not None and not SPEED_RANGE[0] <= self.speed <= SPEED_RANGE[1]:
+            raise ConfigError(f"--speed must be between {SPEED_RANGE[0]:g} and {SPEED_RANGE[1]:g}, got {self.speed:g}")
+        if not 0 <= self.seed <= INT64_MAX:
+            raise ConfigError(f"--seed must be an integer from 0 to 2^63-1, got {self.seed}")
+        if not self.metrics_interval >= 0:
+            raise ConfigError(f"--metrics-interval must be >= 0 (0: no scrape), got {self.metrics_interval}")
+        for name, value in (("--port-base", self.port_base), ("--control-port", self.control_port)):
+            if value is not None and not 0 < value < 65536:
+                raise ConfigError(f"{name} must be a port in 1..65535, got {value}")
+        if self.clock not in ("real", "virtual"):
+            raise ConfigError(f"--clock must be real or virtual, got {self.clock!r}")
+
+    def _check_virtual(self, given: set[str]) -> None:
+        """--clock virtual: the options that need real time or HTTP are refused."""
+        for name, key, why in (
+            ("--attach", "attach", "attached servers run in real time"),
+            ("--attach-prefill", "attach_prefill", "attached servers run in real time"),
+            ("--attach-decode", "attach_decode", "attached servers run in real time"),
+            ("--speed", "speed", "the virtual clock runs as fast as the host computes it"),
+            ("--control-port", "control_port", "nothing outside the process can act on a virtual clock; "
+             "change caps with --cap-schedule"),
+        ):
+            if key in given:
+                raise ConfigError(f"--clock virtual: {name} cannot be used ({why})")
+        if self.backend not in (None, "sim"):
+            raise ConfigError(f"--clock virtual runs the simulated cluster: --backend {self.backend} needs --clock real")
+        if self.router != "tracebench":
+            raise ConfigError(f"--clock virtual: --router {self.router} cannot run on a virtual clock (its own process "
+                              "keeps real time)")
+        if self.api != "generate":
+            raise ConfigError(f"--clock virtual: --api {self.api} is an HTTP route of the server; the virtual clock "
+                              "speaks to the in-process servers directly (--api generate)")
+
+    def _check_api_and_mode(self, given: set[str]) -> None:
+        """--api one of APIS; --mode continuous or static, --batch-size and --batch-timeout only with static."""
+        if self.api not in APIS:
+            raise ConfigError(f"--api must be one of {', '.join(APIS)}, got {self.api!r}")
+        if self.mode not in ("continuous", "static"):
+            raise ConfigError(f"--mode must be continuous or static, got {self.mode!r}")
+        if self.mode == "static" and self.batch_size is None:
+            raise ConfigError("--mode static needs --batch-size B")
+        if self.mode != "static":
+            for name, key in (("--batch-size", "batch_size"), ("--batch-timeout", "batch_timeout")):
                 if key in given:
-                    refuse(f"{name} is for servers tracebench launches; --attach-prefill/--attach-decode use running servers")
+                    raise ConfigError(f"{name} is for --mode static (this run is --mode {self.mode})")
+
+    def _resolve_policy_options(self, cfg: ReplayConfig) -> ReplayConfig:
+        """--policy-opt keys once each; --sjf-key (only with --policy sjf) becomes the policy option `key`."""
+        keys = [k for k, _ in self.policy_options]
+        if len(set(keys)) != len(keys):
+            raise ConfigError(f"--policy-opt: a key is given twice "
+                              f"({', '.join(sorted({k for k in keys if keys.count(k) > 1}))})")
+        if self.sjf_key is None:
+            return cfg
+        if self.policy != "sjf":
+            raise ConfigError(f"--sjf-key is an option of --policy sjf (this run uses --policy {self.policy})")
+        if "key" in keys:
+            raise ConfigError("--sjf-key and --policy-opt key=... say the same thing: give one")
+        return dataclasses.replace(cfg, policy_options=(*self.policy_options, ("key", self.sjf_key)))
+
+    def _resolve_attached(self, cfg: ReplayConfig, given: set[str]) -> ReplayConfig:
+        """--attach URL... or --attach-prefill/--attach-decode (PD lists checked by check_pd_config): running
+        servers, so no option that launches one."""
+        uses = "--attach-prefill/--attach-decode use" if self.attach_prefill else "--attach uses"
+        if self.attach and not self.attach_prefill and len(set(self.attach)) != len(self.attach):
+            raise ConfigError("--attach: the same URL twice (each server once)")
+        for name, key in (("--backend", "backend"), ("--port-base", "port_base"), ("--speed", "speed"),
+                          ("--server-arg", "server_args"), ("--startup-timeout", "startup_timeout")):
+            if key in given:
+                raise ConfigError(f"{name} is for servers tracebench launches; {uses} running servers")
+        if self.attach_prefill:
             if self.model is not None and self.vocab_size is not None:
-                refuse("--model and --vocab-size both give the vocabulary size: give one")
+                raise ConfigError("--model and --vocab-size both give the vocabulary size: give one")
             return dataclasses.replace(cfg, backend="attach", gpus=cfg.num_servers)
-        if self.attach:
-            if len(set(self.attach)) != len(self.attach):
-                refuse("--attach: the same URL twice (each server once)")
-            for name, key in (("--backend", "backend"), ("--port-base", "port_base"), ("--speed", "speed"),
-                              ("--server-arg", "server_args"), ("--startup-timeout", "startup_timeout")):
-                if key in given:
-                    refuse(f"{name} is for servers tracebench launches; --attach uses running servers")
-            if self.gpus is not None and self.gpus != len(self.attach):
-                refuse(f"--gpus {self.gpus} with {len(self.attach)} --attach URL(s): with --attach the servers are the URLs")
-            if self.model is not None and self.vocab_size is not None:
-                refuse("--model and --vocab-size both give the vocabulary size: give one")
-            return dataclasses.replace(cfg, backend="attach", gpus=len(self.attach))
+        if self.gpus is not None and self.gpus != len(self.attach):
+            raise ConfigError(f"--gpus {self.gpus} with {len(self.attach)} --attach URL(s): with --attach the servers "
+                              "are the URLs")
+        if self.model is not None and self.vocab_size is not None:
+            raise ConfigError("--model and --vocab-size both give the vocabulary size: give one")
+        return dataclasses.replace(cfg, backend="attach", gpus=len(self.attach))
+
+    def _resolve_launched(self, cfg: ReplayConfig) -> ReplayConfig:
+        """Servers tracebench launches: --backend sglang (its model from --model or TRACEBENCH_MODEL) or sim."""
         backend = cfg.backend or "sglang"
         if backend not in ("sglang", "sim"):
-            refuse(f"--backend must be sglang or sim, got {backend!r}")
+            raise ConfigError(f"--backend must be sglang or sim, got {backend!r}")
         model, server_args = self.model, self.server_args
         if backend == "sglang":
             # Set once per machine, so the plain `tracebench replay t.jsonl --gpus 4` works; run.json keeps the
@@ -287,14 +308,16 @@ class ReplayConfig:
             if not server_args and os.environ.get("TRACEBENCH_SERVER_ARGS"):
                 server_args = (os.environ["TRACEBENCH_SERVER_ARGS"],)
             if model is None:
-                refuse("--backend sglang needs --model PATH or TRACEBENCH_MODEL (the model folder: sglang loads it, "
-                       "its config.json gives the vocabulary)")
+                raise ConfigError("--backend sglang needs --model PATH or TRACEBENCH_MODEL (the model folder: sglang "
+                                  "loads it, its config.json gives the vocabulary)")
             if self.speed is not None:
-                refuse("--speed is for --backend sim (a real GPU runs at its own speed)")
+                raise ConfigError("--speed is for --backend sim (a real GPU runs at its own speed)")
             if self.vocab_size is not None:
-                refuse("--vocab-size is for --backend sim or --attach: with sglang it comes from --model's config.json")
+                raise ConfigError("--vocab-size is for --backend sim or --attach: with sglang it comes from --model's "
+                                  "config.json")
         if backend == "sim" and self.model is not None:
-            refuse("--model is for --backend sglang or --attach: the simulator has no model files (use --vocab-size)")
+            raise ConfigError("--model is for --backend sglang or --attach: the simulator has no model files (use "
+                              "--vocab-size)")
         return dataclasses.replace(
             cfg,
             backend=backend,
@@ -625,7 +648,7 @@ def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr, shared: Share
         if shared is not None:
             raise ConfigError("--ray: the run's servers are its own Ray actors (none to share)")
         from tracebench.cluster.connect import connect
-        from tracebench.cluster.fleet import RayFleet
+        from tracebench.replay.ray_fleet import RayFleet
 
         connect(cfg.ray)  # ray missing, or no cluster there: refused before the run folder exists
         # the sim-server / sglang command lines; each actor gives them its node's interpreter, address and a free port
@@ -716,8 +739,8 @@ class Replay:
 
     # ---- the run folder ----------------------------------------------------------------------------------------
 
-    def _write_run_json(self) -> None:
-        router = self.router
+    def _servers_json(self) -> list[dict[str, Any]]:
+        """run.json `servers`: each server as the fleet describes it, with what it said of itself."""
         servers = []
         for i in range(len(self.fleet.plans)):
             info = self.server_info[i]
@@ -734,7 +757,33 @@ class Replay:
                               else isinstance(info.get("tracebench_sim"), dict)),
                 "enable_metrics": self.enable_metrics[i] if info is not None else None,
             })
-        doc = {
+        return servers
+
+    def _saturation_json(self) -> dict[str, Any] | None:
+        """run.json `saturation`: the window watched (--saturation-window) and what was detected; null: not watched."""
+        if self.cfg.saturation_window is None:
+            return None
+        return {
+            "window_s": self.cfg.saturation_window,
+            "detected": None if self.saturation is None else self.saturation.to_json(self.cfg.speed),
+            "detail": None if self.saturation is None else self.saturation.describe(self.cfg.speed),
+        }
+
+    def _write_run_json(self) -> None:
+        """run.json as the run stands now (written at the start, again at the end; docs/run-format.md)."""
+        path = self.run_dir / "run.json"
+        try:
+            write_atomic(path, orjson.dumps(self._run_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+                         + b"\n")
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or self.status != "running":
+                raise  # the final write has the reserve freed for it: failing then is not a full disk
+            raise OutputWriteError(f"disk full (no space left on the device): writing {path} failed", path, err.errno) from None
+
+    def _run_json(self) -> dict[str, Any]:
+        router = self.router
+        servers = self._servers_json()
+        return {
             "tracebench_run": RUN_FORMAT,
             "run_name": self.run_dir.name,
             "tracebench_version": __version__,
@@ -792,11 +841,7 @@ class Replay:
             **self.beside.describe(),
             "stall": self.stall.to_json(),
             "status": self.status,
-            "saturation": None if self.cfg.saturation_window is None else {
-                "window_s": self.cfg.saturation_window,
-                "detected": None if self.saturation is None else self.saturation.to_json(self.cfg.speed),
-                "detail": None if self.saturation is None else self.saturation.describe(self.cfg.speed),
-            },
+            "saturation": self._saturation_json(),
             "error": None if self.failure is None else f"{type(self.failure).__name__}: {self.failure}",
             "t_end": self.t_end,
             "counts": self._counts(),
@@ -805,13 +850,6 @@ class Replay:
             "policy_time": self._policy_time(),
             "client_keepup": self.writer.keepup.describe() if self.writer is not None else None,
         }
-        path = self.run_dir / "run.json"
-        try:
-            write_atomic(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-        except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or self.status != "running":
-                raise  # the final write has the reserve freed for it: failing then is not a full disk
-            raise OutputWriteError(f"disk full (no space left on the device): writing {path} failed", path, err.errno) from None
 
     def _events(self) -> list[dict[str, Any]]:
         events = self.router.events if self.router is not None else []
@@ -962,89 +1000,20 @@ class Replay:
             reason = (f"no complete answer within --timeout {cfg.timeout:g} s (simulated seconds: {timeout:g} s of run "
                       f"time at --speed {cfg.speed:g})")
         api = APIS[cfg.api]()
-        if cfg.clock == "virtual":
-            from tracebench.replay.inprocess import InProcessClient, InProcessFleet
-
-            assert isinstance(self.fleet, InProcessFleet)
-            client: Any = InProcessClient(self.fleet, cfg.stream)
-        else:
-            client = SglangClient(timeout, cfg.stream, reason, api=api, keepalive=cfg.keepalive)
+        client = self._client(api, timeout, reason)
         engine: Engine | None = None
         side_tasks: list[asyncio.Task[Any]] = []
         control: ControlServer | None = None
         try:
-            startup = cfg.startup_timeout if cfg.startup_timeout is not None else PROBE_TIMEOUT_S
-            await self.fleet.wait_healthy(client, startup)
-            await self._server_facts(client)
-            api.cache_reported = api.server_meta or not self.cache_unreported()
-            if not api.cache_reported:
-                self.stderr.write(f"tracebench replay: warning: {self.cache_unreported()}\n")
-            if (overload := self.load_warning()) is not None:
-                self.stderr.write(f"tracebench replay: warning: {overload}\n")
-            if cfg.flush_cache:
-                await self._flush_caches(client)
-            await self.beside.start(client, self._beside_servers())
-            input_ids = InputIds(self.trace_sha, self.vocab, self.header.block_size)  # type: ignore[arg-type]
-            cpus = pin_cpu_list(cfg.pin_cpus, cfg.senders) if cfg.pin_cpus is not None else None
-            if cfg.senders > 1:  # started before the run clock: their start-up is not run time
-                from tracebench.replay.senders import start_senders
-
-                self.senders = await start_senders(cfg.senders, self.trace_sha, self.vocab, self.header.block_size,  # type: ignore[arg-type]
-                                                   api, client, cfg.keepalive, cfg.router_sends_under,
-                                                   cpus[1:] if cpus else None, self._sender_launcher())
-            if cpus:  # after the sender processes started (they begin on this process's CPUs, then move to theirs)
-                os.sched_setaffinity(0, {cpus[0]})
-            if cfg.is_pd:
-                self.pd_metrics_before = await read_pd_metrics(client, [p.url for p in self.fleet.plans],
-                                                                PROBE_TIMEOUT_S)
-            if self.external is None:
-                states = [
-                    # OpenAI answers carry no meta_info stamps (.DUCUMENT/openai-api.md): nothing to require then
-                    ServerState(p.index, p.url, cfg.max_running_requests,
-                                require_stamps=self.enable_metrics[p.index] and api.server_meta,
-                                launch_cap=self.server_info[p.index].get("max_running_requests"), api_path=api.path,
-                                limits=self.limits[p.index], wall_offset=self.fleet.wall_offset(p.index))
-                    for p in self.fleet.plans
-                ]
-                health_check = self._health_check(client)
-                if cfg.is_pd:
-                    pool_states(states)   # PdRouter checks the stamps of each side itself
-            else:  # one destination, sglang-router, without a cap; it passes each server's meta_info on unchanged
-                ports = {self.fleet.plans[i].url: port for i, (_, port) in self.pd_bootstrap.items()}
-                await self.external.start(client, bootstrap_ports=ports if cfg.is_pd else None)
-                self._write_run_json()
-                # PD: the answer is a decode server's, which has no prefill_finished_time: its stamps are taken as
-                # they come (pd_router.py checks them through tracebench's own router); answers are checked against
-                # the servers' context limits when they all have the same ones
-                limits = self.limits[0] if len(set(self.limits)) == 1 else None
-                states = [ServerState(0, self.external.url, None, api_path=api.path, limits=limits,
-                                      require_stamps=all(self.enable_metrics) and api.server_meta and not cfg.is_pd)]
-                health_check = self.external.health_check(client)
+            input_ids = await self._prepare_servers(client, api)
+            states, health_check = await self._destinations(client, api)
             # The trace, modules and server facts live for the whole run: out of the collector's sight, a full
             # collection (a pause of the loop, so release lag) does not walk them again and again.
             gc.collect()
             gc.freeze()
             self.writer = (RecordWriter if self.external is None else ViaRouterWriter)(self.run_dir / "requests.jsonl")
             self.clock = clock = VirtualRunClock(asyncio.get_running_loop()) if cfg.clock == "virtual" else RunClock()
-            common: dict[str, Any] = dict(
-                clock=clock, servers=states, sender=self._sender(client, input_ids, clock, timeout, reason), writer=self.writer,
-                total=len(self.table), health_check=health_check,
-                batch_size=cfg.batch_size if cfg.mode == "static" else None,
-                batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, speed), speed=speed,
-                block_size=self.header.block_size, max_concurrency=cfg.max_concurrency, stall=self.stall,
-            )
-            if cfg.is_pd and self.external is None:
-                assert isinstance(self.policy, PdPolicies)
-                plans = self.fleet.plans
-                pools = PdPools([p.index for p in plans if p.role == "prefill"],
-                                [p.index for p in plans if p.role == "decode"], self.policy.prefill,
-                                self.policy.decode, self.pd_bootstrap,
-                                {p.index: self.enable_metrics[p.index] for p in plans})
-                self.router = router = PdRouter(pools=pools, seed=cfg.seed, decode_answers=True, **common)
-            else:  # sglang-router's PD mode passes the decode server's answer on
-                self.router = router = Router(policy=self.policy, decode_answers=cfg.is_pd, **common)
-            if self.senders is not None:
-                self.senders.on_fault = router.fail  # a sender process that died stops the run (senders.py)
+            router = self._make_router(states, health_check, self._sender(client, input_ids, clock, timeout, reason))
             if cfg.clock == "virtual":  # an in-process engine that raised stops the run (a bug: fail fast)
                 for task in self.fleet.tasks:  # type: ignore[attr-defined]
                     task.add_done_callback(self._side_done)
@@ -1052,31 +1021,9 @@ class Replay:
                 control = ControlServer(self.control_sock, len(states), router.set_cap, router.caps)
                 await control.start()
             self._write_run_json()
-            servers = f"{len(self.fleet.plans)} server(s)"
-            if self.external is not None:
-                servers += f" behind sglang-router {self.external.version} --policy {self.external.policy} ({self.external.url})"
-            self.stderr.write(f"tracebench replay: {len(self.table)} requests, {servers}, run folder {self.run_dir}\n")
-            if control is not None:
-                self.stderr.write(f"control: POST {self.control_url}/cap {{\"server\": i|\"all\", \"max_running_requests\": n}}\n")
-            self.stderr.flush()
+            self._announce_start(control)
             engine = Engine(self.table, clock, router)
-            side = [engine.run(), router.watch()]
-            if self.external is None:  # the poller asks each destination for /v1/loads: sglang-router has none
-                side.append(poll_loads(client, router, clock, cfg.poll_interval, self.run_dir / "telemetry.jsonl"))
-                router.polled = True
-            side.extend(self.beside.coroutines(clock, router.fail))
-            if self.cap_changes:
-                side.append(run_cap_schedule(self.cap_changes, clock, self._scheduled_set_cap(router)))
-            if not cfg.quiet:
-                side.append(show_progress(router, clock, self.stderr, cfg.speed, wall_paced=cfg.clock == "virtual"))
-            if cfg.saturation_window is not None:
-                watch = SaturationWatch(run_seconds(cfg.saturation_window, speed))
-                side.append(watch_saturation(watch, clock, lambda: router.released, lambda: router.finished,
-                                             self._saturated))
-            for coro in side:
-                task = asyncio.ensure_future(coro)
-                task.add_done_callback(self._side_done)
-                side_tasks.append(task)
+            side_tasks = self._start_side_tasks(engine, router, client)
             await router.ended.wait()
             if router.failure is not None:
                 await router.close(engine.unreleased, f"run stopped: {one_line(router.failure)}")
@@ -1088,38 +1035,173 @@ class Replay:
                 await self.router.close(unreleased, f"interrupted ({self.signal})")
             raise
         finally:
-            if self.clock is not None:
-                self.t_end = self.clock.now()
-            for task in side_tasks:
-                task.cancel()
-            if side_tasks:
-                await asyncio.wait(side_tasks)
-            if self.router is not None:
-                await self.router.stop_probes()  # before the session closes (a probe through it would fail)
-            if control is not None:
-                await control.stop()
-            if self.external is not None:
-                await self.external.finish(client)  # the servers' counters after the run
-            try:
-                if self.pd_metrics_before is not None:
-                    await self._pd_metrics_after(client)
-                await self.beside.finish()
-            finally:
-                if self.senders is not None:
-                    await self.senders.close()
-                await client.close()
-            if not cfg.quiet and self.router is not None and self.t_end:
-                # the last state, whatever the period of the progress line (its rate: over the whole run)
-                tty = self.stderr.isatty()
-                line = progress_line(self.router, self.t_end, self.router.finished / self.t_end, cfg.speed)
-                self.stderr.write(("\r" if tty else "") + line + "\n")
+            await self._wind_down(client, side_tasks, control)
+
+    def _client(self, api: Any, timeout: float | None, reason: str | None) -> Any:
+        """What speaks to the servers: HTTP (SglangClient), or (--clock virtual) the in-process servers directly."""
+        if self.cfg.clock == "virtual":
+            from tracebench.replay.inprocess import InProcessClient, InProcessFleet
+
+            assert isinstance(self.fleet, InProcessFleet)
+            return InProcessClient(self.fleet, self.cfg.stream)
+        return SglangClient(timeout, self.cfg.stream, reason, api=api, keepalive=self.cfg.keepalive)
+
+    async def _prepare_servers(self, client: Any, api: Any) -> InputIds:
+        """Before the run clock starts: the servers healthy, their facts read (and warned about), caches flushed, the
+        files beside the load started, the sender processes up, a PD run's counters read. Returns the prompts' ids."""
+        cfg = self.cfg
+        startup = cfg.startup_timeout if cfg.startup_timeout is not None else PROBE_TIMEOUT_S
+        await self.fleet.wait_healthy(client, startup)
+        await self._server_facts(client)
+        api.cache_reported = api.server_meta or not self.cache_unreported()
+        if not api.cache_reported:
+            self.stderr.write(f"tracebench replay: warning: {self.cache_unreported()}\n")
+        if (overload := self.load_warning()) is not None:
+            self.stderr.write(f"tracebench replay: warning: {overload}\n")
+        if cfg.flush_cache:
+            await self._flush_caches(client)
+        await self.beside.start(client, self._beside_servers())
+        input_ids = InputIds(self.trace_sha, self.vocab, self.header.block_size)  # type: ignore[arg-type]
+        cpus = pin_cpu_list(cfg.pin_cpus, cfg.senders) if cfg.pin_cpus is not None else None
+        if cfg.senders > 1:  # started before the run clock: their start-up is not run time
+            from tracebench.replay.senders import start_senders
+
+            self.senders = await start_senders(cfg.senders, self.trace_sha, self.vocab, self.header.block_size,  # type: ignore[arg-type]
+                                               api, client, cfg.keepalive, cfg.router_sends_under,
+                                               cpus[1:] if cpus else None, self._sender_launcher())
+        if cpus:  # after the sender processes started (they begin on this process's CPUs, then move to theirs)
+            os.sched_setaffinity(0, {cpus[0]})
+        if cfg.is_pd:
+            self.pd_metrics_before = await read_pd_metrics(client, [p.url for p in self.fleet.plans],
+                                                            PROBE_TIMEOUT_S)
+        return input_ids
+
+    async def _destinations(self, client: Any, api: Any) -> tuple[list[ServerState], Any]:
+        """The router's destinations and how it checks their health: each server, or sglang-router alone (started
+        here, and run.json written once it is)."""
+        cfg = self.cfg
+        if self.external is None:
+            states = [
+                # OpenAI answers carry no meta_info stamps (.DUCUMENT/openai-api.md): nothing to require then
+                ServerState(p.index, p.url, cfg.max_running_requests,
+                            require_stamps=self.enable_metrics[p.index] and api.server_meta,
+                            launch_cap=self.server_info[p.index].get("max_running_requests"), api_path=api.path,
+                            limits=self.limits[p.index], wall_offset=self.fleet.wall_offset(p.index))
+                for p in self.fleet.plans
+            ]
+            if cfg.is_pd:
+                pool_states(states)   # PdRouter checks the stamps of each side itself
+            return states, self._health_check(client)
+        # one destination, sglang-router, without a cap; it passes each server's meta_info on unchanged
+        ports = {self.fleet.plans[i].url: port for i, (_, port) in self.pd_bootstrap.items()}
+        await self.external.start(client, bootstrap_ports=ports if cfg.is_pd else None)
+        self._write_run_json()
+        # PD: the answer is a decode server's, which has no prefill_finished_time: its stamps are taken as they come
+        # (pd_router.py checks them through tracebench's own router); answers are checked against the servers'
+        # context limits when they all have the same ones
+        limits = self.limits[0] if len(set(self.limits)) == 1 else None
+        states = [ServerState(0, self.external.url, None, api_path=api.path, limits=limits,
+                              require_stamps=all(self.enable_metrics) and api.server_meta and not cfg.is_pd)]
+        return states, self.external.health_check(client)
+
+    def _make_router(self, states: list[ServerState], health_check: Any, sender: Any) -> Router:
+        """The run's router (self.router): PdRouter over the PD pools, or Router over the servers (or sglang-router)."""
+        cfg, clock = self.cfg, self.clock
+        assert clock is not None and self.writer is not None
+        common: dict[str, Any] = dict(
+            clock=clock, servers=states, sender=sender, writer=self.writer,
+            total=len(self.table), health_check=health_check,
+            batch_size=cfg.batch_size if cfg.mode == "static" else None,
+            batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, cfg.time_speed),
+            speed=cfg.time_speed, block_size=self.header.block_size, max_concurrency=cfg.max_concurrency,
+            stall=self.stall,
+        )
+        if cfg.is_pd and self.external is None:
+            assert isinstance(self.policy, PdPolicies)
+            plans = self.fleet.plans
+            pools = PdPools([p.index for p in plans if p.role == "prefill"],
+                            [p.index for p in plans if p.role == "decode"], self.policy.prefill,
+                            self.policy.decode, self.pd_bootstrap,
+                            {p.index: self.enable_metrics[p.index] for p in plans})
+            self.router = router = PdRouter(pools=pools, seed=cfg.seed, decode_answers=True, **common)
+        else:  # sglang-router's PD mode passes the decode server's answer on
+            self.router = router = Router(policy=self.policy, decode_answers=cfg.is_pd, **common)
+        if self.senders is not None:
+            self.senders.on_fault = router.fail  # a sender process that died stops the run (senders.py)
+        return router
+
+    def _announce_start(self, control: ControlServer | None) -> None:
+        """The run's first lines on stderr: how many requests, to which servers, where the run folder is."""
+        servers = f"{len(self.fleet.plans)} server(s)"
+        if self.external is not None:
+            servers += f" behind sglang-router {self.external.version} --policy {self.external.policy} ({self.external.url})"
+        self.stderr.write(f"tracebench replay: {len(self.table)} requests, {servers}, run folder {self.run_dir}\n")
+        if control is not None:
+            self.stderr.write(f"control: POST {self.control_url}/cap {{\"server\": i|\"all\", \"max_running_requests\": n}}\n")
+        self.stderr.flush()
+
+    def _start_side_tasks(self, engine: Engine, router: Router, client: Any) -> list[asyncio.Task[Any]]:
+        """The run's tasks: the engine releasing the trace, the router's watch, the load poller, the files beside the
+        load, the cap schedule, the progress line, the saturation watch; any that raises stops the run."""
+        cfg, clock = self.cfg, self.clock
+        assert clock is not None
+        side = [engine.run(), router.watch()]
+        if self.external is None:  # the poller asks each destination for /v1/loads: sglang-router has none
+            side.append(poll_loads(client, router, clock, cfg.poll_interval, self.run_dir / "telemetry.jsonl"))
+            router.polled = True
+        side.extend(self.beside.coroutines(clock, router.fail))
+        if self.cap_changes:
+            side.append(run_cap_schedule(self.cap_changes, clock, self._scheduled_set_cap(router)))
+        if not cfg.quiet:
+            side.append(show_progress(router, clock, self.stderr, cfg.speed, wall_paced=cfg.clock == "virtual"))
+        if cfg.saturation_window is not None:
+            watch = SaturationWatch(run_seconds(cfg.saturation_window, cfg.time_speed))
+            side.append(watch_saturation(watch, clock, lambda: router.released, lambda: router.finished,
+                                         self._saturated))
+        tasks = []
+        for coro in side:
+            task = asyncio.ensure_future(coro)
+            task.add_done_callback(self._side_done)
+            tasks.append(task)
+        return tasks
+
+    async def _wind_down(self, client: Any, side_tasks: list[asyncio.Task[Any]],
+                         control: ControlServer | None) -> None:
+        """After the run, however it ended: the clock's last reading, the side tasks stopped, the servers' counters
+        after the run read, the client closed, the final progress line."""
+        cfg = self.cfg
+        if self.clock is not None:
+            self.t_end = self.clock.now()
+        for task in side_tasks:
+            task.cancel()
+        if side_tasks:
+            await asyncio.wait(side_tasks)
+        if self.router is not None:
+            await self.router.stop_probes()  # before the session closes (a probe through it would fail)
+        if control is not None:
+            await control.stop()
+        if self.external is not None:
+            await self.external.finish(client)  # the servers' counters after the run
+        try:
+            if self.pd_metrics_before is not None:
+                await self._pd_metrics_after(client)
+            await self.beside.finish()
+        finally:
+            if self.senders is not None:
+                await self.senders.close()
+            await client.close()
+        if not cfg.quiet and self.router is not None and self.t_end:
+            # the last state, whatever the period of the progress line (its rate: over the whole run)
+            tty = self.stderr.isatty()
+            line = progress_line(self.router, self.t_end, self.router.finished / self.t_end, cfg.speed)
+            self.stderr.write(("\r" if tty else "") + line + "\n")
 
     def _sender_launcher(self) -> Any:
-        """--ray: the sender processes of --senders N as actors on the cluster (cluster/senders.py); else None
+        """--ray: the sender processes of --senders N as actors on the cluster (replay/ray_senders.py); else None
         (spawned on this host)."""
         if self.cfg.ray is None:
             return None
-        from tracebench.cluster.senders import RaySenders
+        from tracebench.replay.ray_senders import RaySenders
 
         return RaySenders(self.fleet.ray)  # type: ignore[attr-defined]
 

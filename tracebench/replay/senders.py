@@ -409,7 +409,7 @@ class _Worker:
 
 class SenderHandle(Protocol):
     """What the router needs of a sender process however it was started: a spawned process here
-    (multiprocessing.Process) or a Ray actor on some node (cluster/senders.py)."""
+    (multiprocessing.Process) or a Ray actor on some node (replay/ray_senders.py)."""
 
     pid: int | None
     sentinel: int  # a descriptor that turns readable when the process has ended
@@ -451,7 +451,7 @@ class _Spawned:
 
 
 class Launcher(Protocol):
-    """Starts sender processes somewhere else than this host's spawn (`--ray`: cluster/senders.py)."""
+    """Starts sender processes somewhere else than this host's spawn (`--ray`: replay/ray_senders.py)."""
 
     placement: str  # run.json senders.placement
 

@@ -276,11 +276,11 @@ class Fleet:
 
     def wall_offset(self, index: int) -> float:
         """Seconds server `index`'s wall clock is ahead of this machine's, taken off its meta_info stamps: 0 for
-        servers of this host (cluster/fleet.py measures those on other nodes)."""
+        servers of this host (replay/ray_fleet.py measures those on other nodes)."""
         return 0.0
 
     def cluster(self, run_start: float | None) -> dict[str, Any] | None:
-        """run.json `ray`: the cluster the servers ran on (cluster/fleet.py); None: this host's processes.
+        """run.json `ray`: the cluster the servers ran on (replay/ray_fleet.py); None: this host's processes.
         `run_start`: the run clock's monotonic start (None before it started)."""
         return None
 

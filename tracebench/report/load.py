@@ -47,6 +47,14 @@ REQUEST_STATUSES = ("ok", "mismatch", "error", "timeout", "cancelled", "not_sent
 # else than the trace asked: the record's `mismatch` says what); latencies and throughputs are over these
 COMPLETED_STATUSES = ("ok", "mismatch")
 
+
+def is_completed() -> pl.Expr:
+    """True on a completed record (status in COMPLETED_STATUSES): two comparisons, which read the short status
+    strings in place (a tenth of the time of `is_in`, which hashes every one; evaluated on every record several
+    times a report)."""
+    status = pl.col("status")
+    return pl.any_horizontal([status == name for name in COMPLETED_STATUSES])
+
 # PD runs' prefill side (records.py); null in a plain run
 PD_FLOAT_FIELDS = ("t_prefill_answer", "prefill_received", "prefill_forward_entry", "prefill_done", "prefill_finished",
                    "prefill_queue_time", "prefill_e2e_latency")
@@ -391,7 +399,7 @@ def _record_rules(num_servers: int, through_router: bool, stamps: frozenset[str]
     OK_ORDER stamps not null in every record (a stamp null throughout breaks no order rule and is skipped by the
     coalesce anyway: leaving it out saves a pass per stamp on runs recorded before it)."""
     c = pl.col
-    ok = c("status").is_in(list(COMPLETED_STATUSES))
+    ok = is_completed()
     if through_router:  # sglang-router chose the server and does not say which
         server_rules = [("server", c("server").is_not_null(), "not null although the run went through sglang-router")]
     else:

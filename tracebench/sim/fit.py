@@ -478,32 +478,7 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_gri
     if len(buckets) != 1:
         raise ConfigError("the routing runs' servers differ in their prefill CUDA-graph buckets: fit them apart")
     (token_buckets,) = buckets
-    points = prefill_points(calibration)
-    prefill_min = float(np.median([seconds for _, _, new_tokens, seconds in points if new_tokens <= 256]))
-    prefill_attention = None
-    if decode_grid is not None and decode_grid.prefill:
-        # the grid files' prefill steps (fresh to 4,089 tokens, behind cached prefixes of 1-3k) with the
-        # calibration's: the extend kernel's makespan in place of q
-        shapes: dict[tuple[int, int], list[float]] = {}
-        for _, cached, new_tokens, seconds in (*points, *decode_grid.prefill):
-            if new_tokens >= PREFILL_ATTENTION_MIN_NEW or (cached >= PREFILL_BEHIND_PREFIX_MIN[0]
-                                                           and new_tokens >= PREFILL_BEHIND_PREFIX_MIN[1]):
-                shapes.setdefault((cached, new_tokens), []).append(seconds)
-        a, b, prefill_attention = fit_prefill_attention(
-            {shape: statistics.median(times) for shape, times in shapes.items()}, token_buckets, prefill_min)
-        q = 0.0
-    else:
-        shapes = {}
-        for _, cached, new_tokens, seconds in points:
-            shapes.setdefault((cached, new_tokens), []).append(seconds)
-        done = np.array([shape[0] for shape in shapes], dtype=float)
-        new = np.array([shape[1] for shape in shapes], dtype=float)
-        t_prefill = np.array([statistics.median(times) for times in shapes.values()])
-        long_ = new >= 1024
-        pairs = (done + new) ** 2 - done ** 2
-        padded = np.array([padded_tokens(int(n), token_buckets) for n in new], dtype=float)   # the GEMMs' token count
-        design = np.c_[np.ones(long_.sum()), padded[long_], pairs[long_]] / t_prefill[long_, None]
-        a, b, q = np.linalg.lstsq(design, np.ones(long_.sum()), rcond=None)[0]
+    a, b, q, prefill_min, prefill_attention = _fit_prefill(calibration, token_buckets, decode_grid)
 
     def prefill_chunks(chunks: list[tuple[int, int]]) -> float:
         return prefill_step_s(a, b, q, prefill_min, prefill_attention, token_buckets, chunks)
@@ -511,31 +486,7 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_gri
     def prefill_cost(ilens: list[int]) -> float:
         return prefill_chunks([(0, n) for n in ilens])
 
-    attention = None
-    if decode_grid is None:
-        decode, _ = decode_points(calibration)
-        batch = np.array([d["batch"] for d in decode], dtype=float)
-        itl = np.array([d["itl_p50_ms"] for d in decode], dtype=float) / 1e3
-        design = np.c_[np.ones_like(batch), batch] / itl[:, None]
-        c, slope = np.linalg.lstsq(design, np.ones_like(itl), rcond=None)[0]   # slope = d + DECODE_MEAN_CONTEXT * e
-        w = [decode_windows(run, prefill_cost) for run in routing_runs]
-        steps, step_s, mean_batch, mean_kv = (np.concatenate([getattr(x, f) for x in w])
-                                              for f in ("steps", "step_s", "batch", "kv_tokens"))
-        # model / measured - 1 = (c + slope * B + e * (KV - 576 B)) / step - 1: linear in e
-        u = (mean_kv - DECODE_MEAN_CONTEXT * mean_batch) / step_s
-        v = (c + slope * mean_batch) / step_s - 1.0
-        e = float(-(steps * u * v).sum() / (steps * u * u).sum())
-        d = slope - DECODE_MEAN_CONTEXT * e
-    else:
-        if decode_grid.accelerator != calibration["accelerator"]:
-            raise ConfigError(f"--decode-grid: measured on {decode_grid.accelerator}, the calibration on "
-                              f"{calibration['accelerator']}")
-        if decode_grid.accelerator not in SM_COUNT:
-            raise ConfigError(f"--decode-grid: no SM count known for {decode_grid.accelerator}")
-        c, d, attention = fit_decode_attention(list(decode_grid.points), decode_grid.kv_splits,
-                                               SM_COUNT[decode_grid.accelerator], LLAMA2_7B_HEADS,
-                                               decode_graph_batch_sizes(routing_runs))
-        e = 0.0
+    c, d, e, attention = _fit_decode(calibration, routing_runs, decode_grid, prefill_cost)
 
     def decode_cost(contexts: list[float]) -> float:
         if attention is None:
@@ -583,6 +534,70 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_gri
             + ") for the intake, the plan lag and the CUDA-graph sizes, and the decode step to decode grids: "
             + "; ".join(src.split(";")[0] for src in decode_grid.sources)),
     )
+
+
+def _fit_prefill(calibration: dict, token_buckets: tuple[int, ...], decode_grid: DecodeGrid | None
+                 ) -> tuple[float, float, float, float, Any]:
+    """(a, b, q, prefill_min, prefill_attention): at least prefill_min, the median of the calibration's prefills of 256
+    tokens or fewer. Without the decode grid's prefill steps: the prefill of n new tokens after `cached` ones costs
+    a + b x (n padded to the CUDA-graph bucket) + q x ((cached + n)^2 - cached^2), fitted in relative error to the
+    calibration's prefills of 1,024 tokens or more (prefill_attention None). With them (fresh to 4,089 tokens, behind
+    cached prefixes of 1-3k) and the calibration's: the extend kernel's makespan in place of q (q = 0)."""
+    points = prefill_points(calibration)
+    prefill_min = float(np.median([seconds for _, _, new_tokens, seconds in points if new_tokens <= 256]))
+    shapes: dict[tuple[int, int], list[float]] = {}
+    if decode_grid is not None and decode_grid.prefill:
+        for _, cached, new_tokens, seconds in (*points, *decode_grid.prefill):
+            if new_tokens >= PREFILL_ATTENTION_MIN_NEW or (cached >= PREFILL_BEHIND_PREFIX_MIN[0]
+                                                           and new_tokens >= PREFILL_BEHIND_PREFIX_MIN[1]):
+                shapes.setdefault((cached, new_tokens), []).append(seconds)
+        a, b, prefill_attention = fit_prefill_attention(
+            {shape: statistics.median(times) for shape, times in shapes.items()}, token_buckets, prefill_min)
+        return a, b, 0.0, prefill_min, prefill_attention
+    for _, cached, new_tokens, seconds in points:
+        shapes.setdefault((cached, new_tokens), []).append(seconds)
+    done = np.array([shape[0] for shape in shapes], dtype=float)
+    new = np.array([shape[1] for shape in shapes], dtype=float)
+    t_prefill = np.array([statistics.median(times) for times in shapes.values()])
+    long_ = new >= 1024
+    pairs = (done + new) ** 2 - done ** 2
+    padded = np.array([padded_tokens(int(n), token_buckets) for n in new], dtype=float)   # the GEMMs' token count
+    design = np.c_[np.ones(long_.sum()), padded[long_], pairs[long_]] / t_prefill[long_, None]
+    a, b, q = np.linalg.lstsq(design, np.ones(long_.sum()), rcond=None)[0]
+    return a, b, q, prefill_min, None
+
+
+def _fit_decode(calibration: dict, routing_runs: list[RoutingRun], decode_grid: DecodeGrid | None,
+                prefill_cost: Callable[[list[int]], float]) -> tuple[float, float, float, Any]:
+    """(c, d, e, attention) of the decode step: c + d B + e KV from the calibration's decode sweep and the routing
+    runs' decode windows (attention None), or c + d B and the attention model fitted to the decode grid (e = 0)."""
+    attention = None
+    if decode_grid is None:
+        decode, _ = decode_points(calibration)
+        batch = np.array([d["batch"] for d in decode], dtype=float)
+        itl = np.array([d["itl_p50_ms"] for d in decode], dtype=float) / 1e3
+        design = np.c_[np.ones_like(batch), batch] / itl[:, None]
+        c, slope = np.linalg.lstsq(design, np.ones_like(itl), rcond=None)[0]   # slope = d + DECODE_MEAN_CONTEXT * e
+        w = [decode_windows(run, prefill_cost) for run in routing_runs]
+        steps, step_s, mean_batch, mean_kv = (np.concatenate([getattr(x, f) for x in w])
+                                              for f in ("steps", "step_s", "batch", "kv_tokens"))
+        # model / measured - 1 = (c + slope * B + e * (KV - 576 B)) / step - 1: linear in e
+        u = (mean_kv - DECODE_MEAN_CONTEXT * mean_batch) / step_s
+        v = (c + slope * mean_batch) / step_s - 1.0
+        e = float(-(steps * u * v).sum() / (steps * u * u).sum())
+        d = slope - DECODE_MEAN_CONTEXT * e
+    else:
+        if decode_grid.accelerator != calibration["accelerator"]:
+            raise ConfigError(f"--decode-grid: measured on {decode_grid.accelerator}, the calibration on "
+                              f"{calibration['accelerator']}")
+        if decode_grid.accelerator not in SM_COUNT:
+            raise ConfigError(f"--decode-grid: no SM count known for {decode_grid.accelerator}")
+        c, d, attention = fit_decode_attention(list(decode_grid.points), decode_grid.kv_splits,
+                                               SM_COUNT[decode_grid.accelerator], LLAMA2_7B_HEADS,
+                                               decode_graph_batch_sizes(routing_runs))
+        e = 0.0
+
+    return c, d, e, attention
 
 
 def report(profile: Profile, calibration: dict, routing_runs: list[RoutingRun],

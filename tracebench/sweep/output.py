@@ -160,6 +160,25 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
         if multi:
             lines.append(f"  {setup_name(gpus, pd)}, policy {policy}:")
         lines += [fmt(r) for r in block]
+    notes = _notes(doc)
+    for note in notes:
+        lines += _wrap(note)
+    if doc.get("error"):
+        lines += _wrap(f"! the sweep {doc['status']}: {doc['error']}", indent="")
+    for warning in doc.get("warnings") or []:
+        lines += _wrap("! " + warning, indent="")
+    lines += _capacity_lines(doc)
+    lines += _wrap(f"folder: {folder} (summary.csv, summary.json, load-latency.html and .png, traces/, one run "
+                   "folder per point: `tracebench report` compares any of them)", indent="")
+    return "\n".join(lines) + "\n"
+
+
+def _notes(doc: dict[str, Any]) -> list[str]:
+    """What the table's figures are, and the notes the points call for: the closed loop, the SLO verdict, saturated
+    and faulted points."""
+    points = doc["points"]
+    kind = doc["kind"]
+    slo = doc.get("slo")
     notes = ["latencies in ms (p50/p99 over ok requests, the report's definitions; their 95% intervals are in "
              "summary.csv and summary.json); req/s: ok requests per second of the point's window; "
              + ("good/s: requests meeting every --slo limit per second." if slo else "good/s needs --slo.")]
@@ -184,12 +203,13 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
         notes.append("FAULT: a server went down, a request stalled or failed during the point: its figures measure "
                      "the fault, not the rate, so it has no SLO verdict, and the sweep stops there (docs/sweep.md; "
                      f"the reasons: summary.json points[].faults): {', '.join(r['point'] for r in faulted)}.")
-    for note in notes:
-        lines += _wrap(note)
-    if doc.get("error"):
-        lines += _wrap(f"! the sweep {doc['status']}: {doc['error']}", indent="")
-    for warning in doc.get("warnings") or []:
-        lines += _wrap("! " + warning, indent="")
+    return notes
+
+
+def _capacity_lines(doc: dict[str, Any]) -> list[str]:
+    """Each setup's capacity found (--find-max-rate), with its SLO checks at the highest rate that met them."""
+    points = doc["points"]
+    lines: list[str] = []
     for entry in doc.get("capacity") or []:
         lines += _wrap(f"capacity, {setup_name(entry['gpus'], entry.get('pd'))}, policy {entry['policy']}: "
                        f"{capacity_line(entry)}", indent="")
@@ -201,9 +221,7 @@ def terminal_summary(doc: dict[str, Any], folder: str) -> str:
                 f"{_ms(c['ci95'][1]) if c['ci95'] else '-'}] <= {_ms(c['limit_s'])}"
                 for k, c in best["slo_check"].items())
             lines += _wrap(f"at {best['rate']:.4g} req/s: {checks}", indent="  ")
-    lines += _wrap(f"folder: {folder} (summary.csv, summary.json, load-latency.html and .png, traces/, one run "
-                   "folder per point: `tracebench report` compares any of them)", indent="")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _fmt_value(value: float) -> str:

@@ -77,93 +77,107 @@ def run_parts(sweep: Sweep, parts: list[Part], jobs: int) -> None:
     """Run `parts` on at most `jobs` worker processes, each taking the next part when it is free; `sweep.rows` and
     `sweep.searches` end as a one-process sweep's would (in the parts' order). Raises the first part's error after
     every worker has stopped."""
-    ctx = multiprocessing.get_context("spawn")
-    blob = pickle.dumps(sweep)
-    rows: list[list[dict[str, Any]]] = [[] for _ in parts]
-    searches: list[dict[str, Any] | None] = [None] * len(parts)
-    waiting = list(range(len(parts)))
-    workers: dict[Connection, Any] = {}  # connection -> process
-    busy: dict[Connection, int] = {}  # connection -> the part it runs
-    first_error: BaseException | None = None
+    pool = _PartPool(sweep, parts)
+    # the figure's modules (matplotlib: ~1 s) load here while the workers run, not after them
+    threading.Thread(target=importlib.import_module, args=(FIGURE_MODULE,), daemon=True).start()
+    try:
+        pool.start_workers(min(jobs, len(parts)))
+        while pool.workers:
+            for conn in wait(list(pool.workers)):
+                pool.take(conn)
+    except BaseException:
+        # Ctrl-C (the workers got it too) or a stop signal here: let every worker close its point, then go
+        pool.stop_all()
+        _drain(pool.workers, pool.take)
+        raise
+    if pool.first_error is not None:
+        raise pool.first_error
 
-    def merge() -> None:
-        sweep.rows = [row for part_rows in rows for row in part_rows]
-        sweep.searches = [entry for entry in searches if entry is not None]
 
-    def hand_out(conn: Connection) -> None:
+class _PartPool:
+    """The worker processes of one run_parts and what they have sent back: each part's rows and search, in order."""
+
+    def __init__(self, sweep: Sweep, parts: list[Part]) -> None:
+        self.sweep, self.parts = sweep, parts
+        self.blob = pickle.dumps(sweep)
+        self.rows: list[list[dict[str, Any]]] = [[] for _ in parts]
+        self.searches: list[dict[str, Any] | None] = [None] * len(parts)
+        self.waiting = list(range(len(parts)))
+        self.workers: dict[Connection, Any] = {}  # connection -> process
+        self.busy: dict[Connection, int] = {}  # connection -> the part it runs
+        self.first_error: BaseException | None = None
+
+    def start_workers(self, count: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        for _ in range(count):
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(there, self.blob), daemon=True,
+                               name="tracebench-sweep-worker")
+            proc.start()
+            there.close()
+            self.workers[here] = proc
+            self.hand_out(here)
+
+    def merge(self) -> None:
+        self.sweep.rows = [row for part_rows in self.rows for row in part_rows]
+        self.sweep.searches = [entry for entry in self.searches if entry is not None]
+
+    def hand_out(self, conn: Connection) -> None:
         """Give an idle worker the next part, or tell it to go."""
-        if waiting and first_error is None:
-            busy[conn] = waiting.pop(0)
-            conn.send(parts[busy[conn]])
+        if self.waiting and self.first_error is None:
+            self.busy[conn] = self.waiting.pop(0)
+            conn.send(self.parts[self.busy[conn]])
         else:
             conn.send(None)
 
-    def take(conn: Connection) -> None:
-        nonlocal first_error
-        proc = workers[conn]
+    def take(self, conn: Connection) -> None:
+        """What a worker says: a log line, a point's row, its part's end (or error), or its end (EOF)."""
         try:
             kind, payload = conn.recv()
         except EOFError:  # the worker is gone
-            proc.join()
-            del workers[conn]
-            conn.close()
-            index = busy.pop(conn, None)
-            if index is not None and first_error is None:
-                first_error = PartFailed(f"the worker of sweep part {parts[index].label()} exited (code "
-                                         f"{proc.exitcode}) without finishing it or saying why")
-                stop_all()
+            self._gone(conn)
             return
         if kind == "log":
-            sweep.stderr.write(payload)
-            sweep.stderr.flush()
+            self.sweep.stderr.write(payload)
+            self.sweep.stderr.flush()
             return
-        index = busy[conn]
+        index = self.busy[conn]
         if kind == "row":
             row, entry = payload
-            rows[index].append(row)
+            self.rows[index].append(row)
             if entry is not None:
-                searches[index] = entry
-            merge()
-            sweep.write_summary()
+                self.searches[index] = entry
+            self.merge()
+            self.sweep.write_summary()
             return
         if kind not in ("end", "error"):
             raise RuntimeError(f"sweep worker sent {kind!r}")
         err, entry = payload
-        del busy[conn]
+        del self.busy[conn]
         if entry is not None:
-            searches[index] = entry
-        merge()
-        if kind == "error" and first_error is None:
-            first_error = err
-            stop_all()
-        hand_out(conn)
+            self.searches[index] = entry
+        self.merge()
+        if kind == "error" and self.first_error is None:
+            self.first_error = err
+            self.stop_all()
+        self.hand_out(conn)
 
-    def stop_all() -> None:
-        waiting.clear()
-        for conn, proc in workers.items():
-            if conn in busy and proc.is_alive():
+    def _gone(self, conn: Connection) -> None:
+        """A worker's connection closed: it exited; if it had a part, that part failed (and the sweep stops)."""
+        proc = self.workers.pop(conn)
+        proc.join()
+        conn.close()
+        index = self.busy.pop(conn, None)
+        if index is not None and self.first_error is None:
+            self.first_error = PartFailed(f"the worker of sweep part {self.parts[index].label()} exited (code "
+                                          f"{proc.exitcode}) without finishing it or saying why")
+            self.stop_all()
+
+    def stop_all(self) -> None:
+        self.waiting.clear()
+        for conn, proc in self.workers.items():
+            if conn in self.busy and proc.is_alive():
                 os.kill(proc.pid, signal.SIGINT)
-
-    # the figure's modules (matplotlib: ~1 s) load here while the workers run, not after them
-    threading.Thread(target=importlib.import_module, args=(FIGURE_MODULE,), daemon=True).start()
-    try:
-        for _ in range(min(jobs, len(parts))):
-            here, there = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(there, blob), daemon=True, name="tracebench-sweep-worker")
-            proc.start()
-            there.close()
-            workers[here] = proc
-            hand_out(here)
-        while workers:
-            for conn in wait(list(workers)):
-                take(conn)
-    except BaseException:
-        # Ctrl-C (the workers got it too) or a stop signal here: let every worker close its point, then go
-        stop_all()
-        _drain(workers, take)
-        raise
-    if first_error is not None:
-        raise first_error
 
 
 def _drain(workers: dict[Connection, Any], take: Any) -> None:

@@ -74,7 +74,7 @@ class SweepConfig:
     point_duration: float | None = None  # trace seconds of arrivals per rate point (a prefix of the trace)
     pd: tuple[str, ...] = ()  # PD ratios "P:D", a dimension (each point launches its own PD servers)
     jobs: int | None = None  # --jobs: parts run at once in worker processes (sweep/parallel.py); None: the default
-    ray: str | None = None  # a Ray cluster's address: the points run there as tasks, in parallel (cluster/sweep.py)
+    ray: str | None = None  # a Ray cluster's address: the points run there as tasks, in parallel (sweep/ray_points.py)
 
     @property
     def kind(self) -> str:
@@ -340,10 +340,10 @@ class Sweep:
         return point, self._point_config(point, trace)
 
     def _run_on_ray(self, values: tuple[float, ...] | tuple[int, ...]) -> None:
-        """Every point as a Ray task at once (cluster/sweep.py); their rows added in point order as they come back.
+        """Every point as a Ray task at once (sweep/ray_points.py); their rows added in point order as they come back.
         The first point (in that order) that failed or had a fault then stops the sweep, as it would point by point,
         every row kept."""
-        from tracebench.cluster.sweep import RayPoints, point_resources, unpack
+        from tracebench.sweep.ray_points import RayPoints, point_resources, unpack
         from tracebench.report.columns import finish_run_copy
         from tracebench.report.headline import headline
 
@@ -564,7 +564,7 @@ class Sweep:
             "speed": cfg.base.speed,
             "servers": None if self.servers is None else {"launched_by": "this sweep, once for every point",
                                                           "servers": self.servers},
-            # --ray: the points ran as Ray tasks, each on the node named here (cluster/sweep.py)
+            # --ray: the points ran as Ray tasks, each on the node named here (sweep/ray_points.py)
             "ray": None if cfg.ray is None else {"address": cfg.ray, "points": self.ray_points},
             "rules": rules,
             "points": self.rows,

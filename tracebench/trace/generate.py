@@ -157,6 +157,48 @@ def _listing(flags: list[str], negated: bool = False) -> str:
 
 def plan(args: GenerateArgs) -> _Plan:
     """Check the arguments for contradictions and ranges; apply defaults. Raises ConfigError."""
+    _check_exclusions(args)
+    max_context = _check_ranges(args)
+    synthetic_arrivals = not args.keep_timestamps
+    rate = (DEFAULT_RATE if args.rate is None else args.rate) if synthetic_arrivals else None
+    arrival = (args.arrival or DEFAULT_ARRIVAL) if synthetic_arrivals else None
+    if synthetic_arrivals:
+        arrival_mod.check_arrival(arrival, rate, args.burstiness)  # type: ignore[arg-type]
+    # Without a count or a span: the default count, except where the dataset's rows are taken in order (all of them).
+    takes_all_rows = args.dataset is not None and (args.keep_timestamps or args.in_order)
+    num_requests = args.num_requests
+    if num_requests is None and args.duration is None and not takes_all_rows and args.workload != "multi-turn":
+        num_requests = DEFAULT_NUM_REQUESTS
+
+    input_len, output_len, length_dist, length_spread = _synthetic_lengths(args, max_context)
+    shared_prompt, multi_turn = args.workload == "shared-prompt", args.workload == "multi-turn"
+    group_dist = (args.group_dist or DEFAULT_GROUP_DIST) if shared_prompt else None
+    return _Plan(
+        rate=rate, num_requests=num_requests, duration=args.duration,
+        seed=None if args.keep_timestamps else (DEFAULT_SEED if args.seed is None else args.seed),
+        arrival=arrival, burstiness=args.burstiness, input_len=input_len, output_len=output_len,
+        length_dist=length_dist, length_spread=length_spread, max_context=max_context, dataset=args.dataset,
+        dataset_format=None if args.dataset is None else (args.dataset_format or DEFAULT_DATASET_FORMAT),
+        keep_timestamps=args.keep_timestamps,
+        time_scale=(1.0 if args.time_scale is None else args.time_scale) if args.keep_timestamps else None,
+        in_order=args.in_order,
+        window_start=args.window_start, window_end=args.window_end, busiest=args.busiest,
+        workload=args.workload,
+        block_size=(DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size) if args.workload else None,
+        groups=(DEFAULT_GROUPS if args.groups is None else args.groups) if shared_prompt else None,
+        prefix_len=(DEFAULT_PREFIX_LEN if args.prefix_len is None else args.prefix_len) if shared_prompt else None,
+        group_dist=group_dist,
+        group_zipf=(DEFAULT_GROUP_ZIPF if args.group_zipf is None else args.group_zipf) if group_dist == "zipf" else None,
+        sessions=(DEFAULT_SESSIONS if args.sessions is None else args.sessions) if multi_turn else None,
+        turns=(DEFAULT_TURNS if args.turns is None else args.turns) if multi_turn else None,
+        think_time=(DEFAULT_THINK_TIME if args.think_time is None else args.think_time) if multi_turn else None,
+        think_dist=(args.think_dist or DEFAULT_THINK_DIST) if multi_turn else None,
+        closed_loop=args.closed_loop,
+    )
+
+
+def _check_exclusions(args: GenerateArgs) -> None:
+    """Options that contradict each other, or that apply only with another (--dataset, --keep-timestamps, gamma)."""
     if args.num_requests is not None and args.duration is not None:
         raise ConfigError("--num-requests and --duration exclude each other: give a request count or a time span")
     if args.dataset is None:
@@ -182,6 +224,9 @@ def plan(args: GenerateArgs) -> _Plan:
     if args.burstiness is not None and args.arrival != "gamma":
         raise ConfigError(f"--burstiness only applies to --arrival gamma (got --arrival {args.arrival or DEFAULT_ARRIVAL})")
 
+
+def _check_ranges(args: GenerateArgs) -> int:
+    """Each number in its range; returns --max-context (its default applied)."""
     if args.num_requests is not None and not 1 <= args.num_requests <= arrival_mod.MAX_REQUESTS:
         raise ConfigError(f"--num-requests must be between 1 and {arrival_mod.MAX_REQUESTS}, got {args.num_requests}")
     if args.duration is not None and \
@@ -198,56 +243,28 @@ def plan(args: GenerateArgs) -> _Plan:
     if not 2 <= max_context <= MAX_CONTEXT:
         raise ConfigError(f"--max-context must be at least 2 (one input and one output token) and at most "
                           f"{MAX_CONTEXT} (2^24), got {max_context}")
+    return max_context
 
-    synthetic_arrivals = not args.keep_timestamps
-    rate = (DEFAULT_RATE if args.rate is None else args.rate) if synthetic_arrivals else None
-    arrival = (args.arrival or DEFAULT_ARRIVAL) if synthetic_arrivals else None
-    if synthetic_arrivals:
-        arrival_mod.check_arrival(arrival, rate, args.burstiness)  # type: ignore[arg-type]
-    # Without a count or a span: the default count, except where the dataset's rows are taken in order (all of them).
-    takes_all_rows = args.dataset is not None and (args.keep_timestamps or args.in_order)
-    num_requests = args.num_requests
-    if num_requests is None and args.duration is None and not takes_all_rows and args.workload != "multi-turn":
-        num_requests = DEFAULT_NUM_REQUESTS
 
-    input_len = output_len = length_dist = length_spread = None
-    if args.dataset is None:
-        input_len = DEFAULT_INPUT_LEN if args.input_len is None else args.input_len
-        output_len = DEFAULT_OUTPUT_LEN if args.output_len is None else args.output_len
-        length_dist = args.length_dist or DEFAULT_LENGTH_DIST
-        length_spread = _input_dist(args, input_len, length_dist).spread
-        make_distribution(length_dist, output_len, args.length_spread, "--output-len")
-        shared = (DEFAULT_PREFIX_LEN if args.prefix_len is None else args.prefix_len) \
-            if args.workload == "shared-prompt" else 0
-        if shared + input_len + output_len > max_context - OUTPUT_RESERVE:
-            with_prefix = f"--prefix-len {shared} + " if shared else ""
-            raise ConfigError(f"{with_prefix}--input-len {input_len} + --output-len {output_len} exceed --max-context "
-                              f"{max_context} - {OUTPUT_RESERVE} = {max_context - OUTPUT_RESERVE} (sglang generates the "
-                              f"whole answer only up to context_len - 2): the mean request does not fit in the context")
-    shared_prompt, multi_turn = args.workload == "shared-prompt", args.workload == "multi-turn"
-    group_dist = (args.group_dist or DEFAULT_GROUP_DIST) if shared_prompt else None
-    return _Plan(
-        rate=rate, num_requests=num_requests, duration=args.duration,
-        seed=None if args.keep_timestamps else (DEFAULT_SEED if args.seed is None else args.seed),
-        arrival=arrival, burstiness=args.burstiness, input_len=input_len, output_len=output_len,
-        length_dist=length_dist, length_spread=length_spread, max_context=max_context, dataset=args.dataset,
-        dataset_format=None if args.dataset is None else (args.dataset_format or DEFAULT_DATASET_FORMAT),
-        keep_timestamps=args.keep_timestamps,
-        time_scale=(1.0 if args.time_scale is None else args.time_scale) if args.keep_timestamps else None,
-        in_order=args.in_order,
-        window_start=args.window_start, window_end=args.window_end, busiest=args.busiest,
-        workload=args.workload,
-        block_size=(DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size) if args.workload else None,
-        groups=(DEFAULT_GROUPS if args.groups is None else args.groups) if shared_prompt else None,
-        prefix_len=(DEFAULT_PREFIX_LEN if args.prefix_len is None else args.prefix_len) if shared_prompt else None,
-        group_dist=group_dist,
-        group_zipf=(DEFAULT_GROUP_ZIPF if args.group_zipf is None else args.group_zipf) if group_dist == "zipf" else None,
-        sessions=(DEFAULT_SESSIONS if args.sessions is None else args.sessions) if multi_turn else None,
-        turns=(DEFAULT_TURNS if args.turns is None else args.turns) if multi_turn else None,
-        think_time=(DEFAULT_THINK_TIME if args.think_time is None else args.think_time) if multi_turn else None,
-        think_dist=(args.think_dist or DEFAULT_THINK_DIST) if multi_turn else None,
-        closed_loop=args.closed_loop,
-    )
+def _synthetic_lengths(args: GenerateArgs, max_context: int
+                       ) -> tuple[int | None, int | None, str | None, float | None]:
+    """(input_len, output_len, length_dist, length_spread) of a trace without --dataset (all None with one: the
+    dataset supplies the lengths); the mean request, its shared prefix included, must fit in the context."""
+    if args.dataset is not None:
+        return None, None, None, None
+    input_len = DEFAULT_INPUT_LEN if args.input_len is None else args.input_len
+    output_len = DEFAULT_OUTPUT_LEN if args.output_len is None else args.output_len
+    length_dist = args.length_dist or DEFAULT_LENGTH_DIST
+    length_spread = _input_dist(args, input_len, length_dist).spread
+    make_distribution(length_dist, output_len, args.length_spread, "--output-len")
+    shared = (DEFAULT_PREFIX_LEN if args.prefix_len is None else args.prefix_len) \
+        if args.workload == "shared-prompt" else 0
+    if shared + input_len + output_len > max_context - OUTPUT_RESERVE:
+        with_prefix = f"--prefix-len {shared} + " if shared else ""
+        raise ConfigError(f"{with_prefix}--input-len {input_len} + --output-len {output_len} exceed --max-context "
+                          f"{max_context} - {OUTPUT_RESERVE} = {max_context - OUTPUT_RESERVE} (sglang generates the "
+                          f"whole answer only up to context_len - 2): the mean request does not fit in the context")
+    return input_len, output_len, length_dist, length_spread
 
 
 def _check_window(args: GenerateArgs) -> None:
@@ -415,24 +432,9 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None,
         made, lengths_info = _workload_requests(p, arrival_rng, input_rng, output_rng, workload_rng)
         arrivals, extras, workload_info = made.arrivals, list(made.extras), made.info
     elif dataset is None:
-        arrivals = _synthetic_arrivals(p, arrival_rng)
-        in_dist = make_distribution(p.length_dist, p.input_len, p.length_spread, "--input-len")  # type: ignore[arg-type]
-        out_dist = make_distribution(p.length_dist, p.output_len, p.length_spread, "--output-len")  # type: ignore[arg-type]
-        input_len = sample_lengths(in_dist, len(arrivals), input_rng)
-        output_len = sample_lengths(out_dist, len(arrivals), output_rng)
-        lengths_info: dict[str, Any] = {"input": in_dist.describe(), "output": out_dist.describe()}
+        arrivals, input_len, output_len, lengths_info = _synthetic_requests(p, arrival_rng, input_rng, output_rng)
     else:
-        arrivals, rows = _dataset_rows(p, dataset, arrival_rng, input_rng)
-        input_len, output_len = dataset.input_len[rows], dataset.output_len[rows]
-        if dataset.extras is not None and not (p.keep_timestamps or p.in_order) and \
-                any(e is not None and "after" in e for e in dataset.extras):
-            raise ConfigError(f"--dataset {dataset.path} is closed loop (requests sent after others finished): sampled "
-                              f"rows would lose the requests they follow; take them in order (--keep-timestamps or "
-                              f"--in-order)")
-        if dataset.extras is not None:
-            extras = [dataset.extras[i] for i in rows.tolist()]
-        selection = "timestamps" if p.keep_timestamps else ("in order" if p.in_order else "sampled with replacement")
-        lengths_info = {"from": "dataset", "rows": selection}
+        arrivals, input_len, output_len, extras, lengths_info = _dataset_requests(p, dataset, arrival_rng, input_rng)
 
     if p.workload is not None:  # clamped as they were made (the blocks depend on it)
         clamp = made.lengths
@@ -484,6 +486,33 @@ def generate_trace(args: GenerateArgs, output: str | Path | None = None,
         raise ConfigError(f"-o {path}: cannot write: {err.strerror or err}") from None
     return GeneratedTrace(path=path, header=header, input_mean=float(clamp.input_len.mean()),
                           output_mean=float(clamp.output_len.mean()), stale_removed=stale, temps_of_running=running)
+
+
+def _synthetic_requests(p: _Plan, arrival_rng: np.random.Generator, input_rng: np.random.Generator,
+                        output_rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """Arrivals and lengths drawn from the plan's distributions: (arrivals, input_len, output_len, header lengths)."""
+    arrivals = _synthetic_arrivals(p, arrival_rng)
+    in_dist = make_distribution(p.length_dist, p.input_len, p.length_spread, "--input-len")  # type: ignore[arg-type]
+    out_dist = make_distribution(p.length_dist, p.output_len, p.length_spread, "--output-len")  # type: ignore[arg-type]
+    input_len = sample_lengths(in_dist, len(arrivals), input_rng)
+    output_len = sample_lengths(out_dist, len(arrivals), output_rng)
+    return arrivals, input_len, output_len, {"input": in_dist.describe(), "output": out_dist.describe()}
+
+
+def _dataset_requests(p: _Plan, dataset: Dataset, arrival_rng: np.random.Generator, input_rng: np.random.Generator
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any] | None] | None, dict[str, Any]]:
+    """The dataset's rows the plan takes (sampled, in order, or at their timestamps): (arrivals, input_len,
+    output_len, each row's extras or None, header lengths). A closed-loop dataset is taken in order only."""
+    arrivals, rows = _dataset_rows(p, dataset, arrival_rng, input_rng)
+    input_len, output_len = dataset.input_len[rows], dataset.output_len[rows]
+    if dataset.extras is not None and not (p.keep_timestamps or p.in_order) and \
+            any(e is not None and "after" in e for e in dataset.extras):
+        raise ConfigError(f"--dataset {dataset.path} is closed loop (requests sent after others finished): sampled "
+                          f"rows would lose the requests they follow; take them in order (--keep-timestamps or "
+                          f"--in-order)")
+    extras = [dataset.extras[i] for i in rows.tolist()] if dataset.extras is not None else None
+    selection = "timestamps" if p.keep_timestamps else ("in order" if p.in_order else "sampled with replacement")
+    return arrivals, input_len, output_len, extras, {"from": "dataset", "rows": selection}
 
 
 def _then(lines: Iterator[bytes], done: Callable[[], None]) -> Iterator[bytes]:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tracebench.report.load import COMPLETED_STATUSES, Run, read_beside
+from tracebench.report.load import Run, is_completed, read_beside
 from tracebench.report.metrics.schema import GpuSeries, MetricsSeries, RunSeries, ServerSeries
 from tracebench.report.metrics.stats import _RunStats
 
@@ -143,7 +143,7 @@ def _common_time_axis(series: list[RunSeries], runs: list[Run], stats: list[_Run
     width_bins = int(np.clip(round(COMPLETIONS_PER_WINDOW / max(mean_rate, 1e-9) / step), 1, TIME_BINS // 8))
     for ser, run in zip(series, runs):
         frame = run.requests
-        finish = frame.filter(c("status").is_in(COMPLETED_STATUSES))["t_finish"].to_numpy()
+        finish = frame.filter(is_completed())["t_finish"].to_numpy()
         ser.time_edges = edges
         counts = np.histogram(finish, edges)[0].astype(float)
         window = np.ones(width_bins)

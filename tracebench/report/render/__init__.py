@@ -356,15 +356,13 @@ def _breakdown_table(report: Report, rows: list[Row], title: str, runs_layout: b
     """The breakdown's stages with whose time each is and the two stamps it lies between."""
     table = (_runs_layout_table if runs_layout else _wide_section_table)(report, title, rows, with_stat=True)
     assert len(table.rows) == len(rows), "a breakdown row has no interval row under it"
-    if runs_layout:  # narrower: whose in the metric's cell, (tracebench) etc.
+    if runs_layout:  # narrower: whose and the two stamps in the stage's cell, "(tracebench): t_a -> t_b"; five runs
+        # then fit 120 columns (a column of its own for the stamps took the room of a run)
         for row, cells in zip(rows, table.rows):
             if cells[0].text:
-                cells[0] = Cell(f"{cells[0].text} ({BREAKDOWN_STAGES[row.metric].whose})")
-            cells[1:1] = [Cell(BREAKDOWN_STAGES[row.metric].span if cells[0].text else "")]
-        table.header[1:1] = ["from -> to"]
-        table.align[1:1] = ["l"]
-        table.keys += 1
-        table.wrap = frozenset([0, 1])
+                stage = BREAKDOWN_STAGES[row.metric]
+                cells[0] = Cell(f"{cells[0].text} ({stage.whose}): {stage.span}")
+        table.header[0] = "stage (whose): from -> to"
         table.notes.append(_BREAKDOWN_NOTES[0])
         table.notes.append(_BREAKDOWN_NOTES[1].replace("whose:", "(whose):"))
         return table

@@ -46,7 +46,29 @@ def load_latency(doc: dict[str, Any]) -> Figure:
     series = _series(doc)
     fig, grid = plt.subplots(2, 3, figsize=(15, 8.6), layout="constrained")
     axes = grid.flatten()
-    ax = axes[0]
+    _throughput_panel(axes[0], doc, series, x_label)
+    limits = (doc.get("slo") or {}).get("limits_s", {})
+    for ax, (metric, title) in zip(axes[1:5], _PANELS):
+        _latency_panel(ax, metric, title, series, kind, x_label, limits)
+    for ax in axes[:5]:
+        if kind == "concurrency":
+            from matplotlib.ticker import ScalarFormatter
+
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+        for i, entry in enumerate(doc.get("capacity") or []):
+            if entry.get("max_rate") is not None:
+                ax.axvline(entry["max_rate"], color=_colour(i), linestyle="-.", linewidth=1.0)
+    _legend(axes[-1], doc, series, limits)
+    what = {"rate": "rate sweep", "concurrency": "concurrency sweep", "capacity": "capacity search"}[kind]
+    fig.suptitle(f"Load and latency: {what} {doc['name']}", fontsize=14, fontweight="bold")
+    return fig
+
+
+def _throughput_panel(ax: Any, doc: dict[str, Any], series: list[tuple[str, list[dict[str, Any]]]],
+                      x_label: str) -> None:
+    """Achieved throughput (and goodput under --slo) of each series against the load."""
+    kind = doc["kind"]
     for i, (label, rows) in enumerate(series):
         xs = np.array([_x(r, kind) for r in rows])
         thr = np.array([np.nan if r["throughput_rps"] is None else r["throughput_rps"] for r in rows])
@@ -67,53 +89,53 @@ def load_latency(doc: dict[str, Any]) -> Figure:
     ax.set_ylabel("requests/s")
     ax.set_ylim(bottom=0)
     _style(ax)
-    limits = (doc.get("slo") or {}).get("limits_s", {})
-    for ax, (metric, title) in zip(axes[1:5], _PANELS):
-        if kind == "concurrency" and metric in ("ttft", "total"):  # a closed loop: from dispatch (headline.py)
-            title = {"ttft": "Time to first token (from dispatch)", "total": "Latency (dispatch → finish)"}[metric]
-        tops = [est["value"] for _, rows in series for r in rows if r["latency_s"]
-                for est in r["latency_s"][metric].values() if est["value"] is not None]
-        in_ms = (max(tops) if tops else 0) < 2.0
-        scale, unit = (1000.0, "ms") if in_ms else (1.0, "s")
-        for i, (label, rows) in enumerate(series):
-            for stat, style, marker in (("p50", "--", "o"), ("p99", "-", "s")):
-                pts = [(r, r["latency_s"][metric][stat]) for r in rows if r["latency_s"] is not None
-                       and r["latency_s"][metric][stat]["value"] is not None]
-                if not pts:
-                    continue
-                xs = np.array([_x(r, kind) for r, _ in pts])
-                ys = np.array([e["value"] for _, e in pts]) * scale
-                low = np.array([(e["value"] - e["ci95"][0]) if e["ci95"] and e["ci95"][0] is not None else 0.0
-                                for _, e in pts]) * scale
-                high = np.array([(e["ci95"][1] - e["value"]) if e["ci95"] and e["ci95"][1] is not None else 0.0
-                                 for _, e in pts]) * scale
-                ax.errorbar(xs, ys, yerr=[low, high], color=_colour(i), linestyle=style, marker=marker,
-                            markersize=4, linewidth=1.5, capsize=3, label=f"{label}: {stat}")
-            sat = [_x(r, kind) for r in rows if r["saturated"]]
-            if sat:
-                ax.scatter(sat, [0.96] * len(sat), transform=ax.get_xaxis_transform(), marker="x", s=60,
-                           color="#c0392b", zorder=5)
-        slo_key = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "total": "total"}[metric]
-        if slo_key in limits:
-            ax.axhline(limits[slo_key] * scale, color=SLO_COLOUR, linestyle="--", linewidth=1.2)
-            ax.annotate(f" SLO {limits[slo_key] * scale:g} {unit}", xy=(0.0, limits[slo_key] * scale),
-                        xycoords=("axes fraction", "data"), va="bottom", color=SLO_COLOUR, fontsize=9)
-        ax.set_title(title, fontsize=11)
-        ax.set_xlabel(x_label)
-        ax.set_ylabel(unit)
-        ax.set_ylim(bottom=0)
-        _style(ax)
-    for ax in axes[:5]:
-        if kind == "concurrency":
-            from matplotlib.ticker import ScalarFormatter
 
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(ScalarFormatter())
-        for i, entry in enumerate(doc.get("capacity") or []):
-            if entry.get("max_rate") is not None:
-                ax.axvline(entry["max_rate"], color=_colour(i), linestyle="-.", linewidth=1.0)
+
+def _latency_panel(ax: Any, metric: str, title: str, series: list[tuple[str, list[dict[str, Any]]]], kind: str,
+                   x_label: str, limits: dict[str, float]) -> None:
+    """One latency metric's p50 and p99 with their 95% intervals, the SLO limit, over-saturated points as ×."""
+    if kind == "concurrency" and metric in ("ttft", "total"):  # a closed loop: from dispatch (headline.py)
+        title = {"ttft": "Time to first token (from dispatch)", "total": "Latency (dispatch → finish)"}[metric]
+    tops = [est["value"] for _, rows in series for r in rows if r["latency_s"]
+            for est in r["latency_s"][metric].values() if est["value"] is not None]
+    in_ms = (max(tops) if tops else 0) < 2.0
+    scale, unit = (1000.0, "ms") if in_ms else (1.0, "s")
+    for i, (label, rows) in enumerate(series):
+        for stat, style, marker in (("p50", "--", "o"), ("p99", "-", "s")):
+            pts = [(r, r["latency_s"][metric][stat]) for r in rows if r["latency_s"] is not None
+                   and r["latency_s"][metric][stat]["value"] is not None]
+            if not pts:
+                continue
+            xs = np.array([_x(r, kind) for r, _ in pts])
+            ys = np.array([e["value"] for _, e in pts]) * scale
+            low = np.array([(e["value"] - e["ci95"][0]) if e["ci95"] and e["ci95"][0] is not None else 0.0
+                            for _, e in pts]) * scale
+            high = np.array([(e["ci95"][1] - e["value"]) if e["ci95"] and e["ci95"][1] is not None else 0.0
+                             for _, e in pts]) * scale
+            ax.errorbar(xs, ys, yerr=[low, high], color=_colour(i), linestyle=style, marker=marker,
+                        markersize=4, linewidth=1.5, capsize=3, label=f"{label}: {stat}")
+        sat = [_x(r, kind) for r in rows if r["saturated"]]
+        if sat:
+            ax.scatter(sat, [0.96] * len(sat), transform=ax.get_xaxis_transform(), marker="x", s=60,
+                       color="#c0392b", zorder=5)
+    slo_key = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "total": "total"}[metric]
+    if slo_key in limits:
+        ax.axhline(limits[slo_key] * scale, color=SLO_COLOUR, linestyle="--", linewidth=1.2)
+        ax.annotate(f" SLO {limits[slo_key] * scale:g} {unit}", xy=(0.0, limits[slo_key] * scale),
+                    xycoords=("axes fraction", "data"), va="bottom", color=SLO_COLOUR, fontsize=9)
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(unit)
+    ax.set_ylim(bottom=0)
+    _style(ax)
+
+
+def _legend(ax: Any, doc: dict[str, Any], series: list[tuple[str, list[dict[str, Any]]]],
+            limits: dict[str, float]) -> None:
+    """The sixth panel: one legend for the series' colours and the marks and lines of every panel."""
     from matplotlib.lines import Line2D
 
+    kind = doc["kind"]
     grey = "#555555"
     handles = [Line2D([], [], color=_colour(i), linewidth=2.5, label=label) for i, (label, _) in enumerate(series)]
     handles += [Line2D([], [], color=grey, marker="o", linewidth=1.8, label="throughput achieved (circles)")]
@@ -130,12 +152,9 @@ def load_latency(doc: dict[str, Any]) -> Figure:
         handles.append(Line2D([], [], color=SLO_COLOUR, linestyle="--", label="SLO limit"))
     if doc.get("capacity"):
         handles.append(Line2D([], [], color=grey, linestyle="-.", label="highest rate that met every SLO"))
-    axes[-1].axis("off")
+    ax.axis("off")
     title = f"simulated seconds (--speed {doc['speed']:g})" if doc.get("speed") else None
-    axes[-1].legend(handles=handles, loc="center", frameon=False, fontsize=9, title=title, title_fontsize=9)
-    what = {"rate": "rate sweep", "concurrency": "concurrency sweep", "capacity": "capacity search"}[kind]
-    fig.suptitle(f"Load and latency: {what} {doc['name']}", fontsize=14, fontweight="bold")
-    return fig
+    ax.legend(handles=handles, loc="center", frameon=False, fontsize=9, title=title, title_fontsize=9)
 
 
 def _ms(value: float | None) -> str:

@@ -12,6 +12,7 @@ matplotlib.use("Agg")  # files only, never a window
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, MaxNLocator, NullLocator  # noqa: E402
 
@@ -98,36 +99,13 @@ def latency_cdfs(report: Report, opts: FigureOptions | None = None) -> Figure:
             if not tail:  # (the tail axis's own ticks say p50, p90, ...)
                 ax.annotate(f"p{q * 100:g}", xy=(1.0, q), xycoords=("axes fraction", "data"), xytext=(2, 0),
                             textcoords="offset points", va="center", fontsize=8 if not slide else 11, color="#666666")
-        # the axis follows the data, never the SLO: a far SLO would squeeze the curves into a corner
-        if opts.x_scale == "log" and low > 0:
-            ax.set_xscale("log")
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))  # 100, 1,000: not 10^2, 10^3
-            left, right = low * scale / 1.25, top * scale * 1.25
-            ax.set_xlim(left, right)
-        else:
-            right = top * scale * 1.04 if top > 0 else 1.0
-            ax.set_xlim(0, right)
-            if slide:  # larger type: fewer ticks, so that 10,000 and 12,000 do not run into each other
-                ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
-                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
+        right = _cdf_x_axis(ax, opts.x_scale == "log", low * scale, top * scale, slide)
         if key in slo_by_metric:
             mark_slo(ax, slo_by_metric[key] * scale, unit, right)
         ax.set_title(CDF_TITLES[key], fontsize=12 if not slide else 15)
         ax.set_xlabel(f"{LATENCY_LABELS[key]} ({unit}{', log scale' if ax.get_xscale() == 'log' else ''})")
         first_column = list(axes).index(ax) % cols == 0
-        if tail:
-            ax.set_yscale("logit", nonpositive="clip")
-            ax.set_ylim(0.5, y_top)
-            ticks = [q for q in _TAIL_TICKS if q <= y_top + 1e-12]
-            ax.yaxis.set_major_locator(FixedLocator(ticks))
-            ax.yaxis.set_major_formatter(FixedFormatter([f"p{q * 100:g}" for q in ticks]))
-            ax.yaxis.set_minor_locator(NullLocator())
-            if first_column:
-                ax.set_ylabel("percentile of completed requests (tail-focused)")
-        else:
-            if first_column:
-                ax.set_ylabel("fraction of completed requests ≤ x")
-            ax.set_ylim(0, 1.02)
+        _cdf_y_axis(ax, tail, y_top, first_column)
         _style(ax)
         if not drawn:
             ax.text(0.5, 0.5, "no first-token stamps\n(not streamed)", ha="center", va="center", transform=ax.transAxes)
@@ -144,6 +122,41 @@ def latency_cdfs(report: Report, opts: FigureOptions | None = None) -> Figure:
     fig.suptitle(title + (f" (requests arriving after {report.warmup_s:g} s)" if report.warmup_s > 0 else ""),
                  fontsize=14 if not slide else 18, fontweight="bold")
     return fig
+
+
+def _cdf_x_axis(ax: Axes, log: bool, low: float, top: float, slide: bool) -> float:
+    """A CDF panel's x axis from the data's lowest positive value `low` to its highest `top` (ms): log or linear.
+    Returns its right end."""
+    # the axis follows the data, never the SLO: a far SLO would squeeze the curves into a corner
+    if log and low > 0:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))  # 100, 1,000: not 10^2, 10^3
+        right = top * 1.25
+        ax.set_xlim(low / 1.25, right)
+        return right
+    right = top * 1.04 if top > 0 else 1.0
+    ax.set_xlim(0, right)
+    if slide:  # larger type: fewer ticks, so that 10,000 and 12,000 do not run into each other
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
+    return right
+
+
+def _cdf_y_axis(ax: Axes, tail: bool, y_top: float, first_column: bool) -> None:
+    """A CDF panel's y axis: linear 0..1, or tail-focused (logit, ticked p50 ... p99.9 up to `y_top`)."""
+    if tail:
+        ax.set_yscale("logit", nonpositive="clip")
+        ax.set_ylim(0.5, y_top)
+        ticks = [q for q in _TAIL_TICKS if q <= y_top + 1e-12]
+        ax.yaxis.set_major_locator(FixedLocator(ticks))
+        ax.yaxis.set_major_formatter(FixedFormatter([f"p{q * 100:g}" for q in ticks]))
+        ax.yaxis.set_minor_locator(NullLocator())
+        if first_column:
+            ax.set_ylabel("percentile of completed requests (tail-focused)")
+    else:
+        if first_column:
+            ax.set_ylabel("fraction of completed requests ≤ x")
+        ax.set_ylim(0, 1.02)
 
 
 def _clock_label(report: Report, step: float) -> str:
@@ -332,30 +345,10 @@ def server_telemetry(report: Report) -> Figure:
                 drawn_gpu = True
                 _gpu_lines(gpu_ax, power_ax, srv.gpus, colour)
         if any_metrics:
-            for ax, what, ylabel in (
-                (requests_ax, "sglang requests: running (solid), queued (dashed)", "requests"),
-                (cache_ax, "KV usage (solid), prefix-cache hit rate (dotted)", "%"),
-                (gen_ax, "generation throughput (sglang)", "tokens/s"),
-            ):
-                # the server's name once, on its row's first panel (it would not fit on every title)
-                ax.set_title(f"{name_row}: {what}" if ax is requests_ax else what, fontsize=9, loc="left")
-                ax.set_ylabel(ylabel)
-                _style(ax)
-                if not drawn_metrics:
-                    ax.text(0.5, 0.5, "no /metrics scrapes", ha="center", va="center", transform=ax.transAxes)
-            requests_ax.set_ylim(bottom=0)
-            gen_ax.set_ylim(bottom=0)
-            cache_ax.set_ylim(0, 105)
+            _metrics_axes(requests_ax, cache_ax, gen_ax, name_row, drawn_metrics)
         if gpu_ax is not None:
             _gpu_axes(gpu_ax, power_ax, f"{name_row}: GPU", drawn_gpu)
-    for k, index in enumerate(host):
-        ax = grid[servers + k // 4][k % 4]
-        power_ax = ax.twinx()
-        for i, ser in enumerate(report.series):
-            _gpu_lines(ax, power_ax, [g for g in ser.host_gpus if g.index == index], _colour(i))
-        _gpu_axes(ax, power_ax, f"GPU {index} (server unknown)", True)
-    for k in range(len(host), 4 * host_rows):
-        grid[servers + k // 4][k % 4].set_visible(False)
+    _host_gpu_panels(report, grid, servers, host, host_rows)
     clock = "run clock (s)" + (", simulated seconds for sped-up runs" if any(r.speed for r in report.runs) else "")
     for ax in grid.flatten():
         if ax.get_visible():
@@ -373,6 +366,36 @@ def server_telemetry(report: Report) -> Figure:
                  (f" (first {servers} servers; {more} more not drawn)" if more > 0 else ""),
                  fontsize=14, fontweight="bold")
     return fig
+
+
+def _metrics_axes(requests_ax: Axes, cache_ax: Axes, gen_ax: Axes, name_row: str, drawn: bool) -> None:
+    """Titles, units and ranges of a server row's three /metrics panels ("no /metrics scrapes" when none was drawn)."""
+    for ax, what, ylabel in (
+        (requests_ax, "sglang requests: running (solid), queued (dashed)", "requests"),
+        (cache_ax, "KV usage (solid), prefix-cache hit rate (dotted)", "%"),
+        (gen_ax, "generation throughput (sglang)", "tokens/s"),
+    ):
+        # the server's name once, on its row's first panel (it would not fit on every title)
+        ax.set_title(f"{name_row}: {what}" if ax is requests_ax else what, fontsize=9, loc="left")
+        ax.set_ylabel(ylabel)
+        _style(ax)
+        if not drawn:
+            ax.text(0.5, 0.5, "no /metrics scrapes", ha="center", va="center", transform=ax.transAxes)
+    requests_ax.set_ylim(bottom=0)
+    gen_ax.set_ylim(bottom=0)
+    cache_ax.set_ylim(0, 105)
+
+
+def _host_gpu_panels(report: Report, grid: np.ndarray, servers: int, host: list[int], host_rows: int) -> None:
+    """The sampled GPUs of no known server (attached servers), four to a row below the servers' rows."""
+    for k, index in enumerate(host):
+        ax = grid[servers + k // 4][k % 4]
+        power_ax = ax.twinx()
+        for i, ser in enumerate(report.series):
+            _gpu_lines(ax, power_ax, [g for g in ser.host_gpus if g.index == index], _colour(i))
+        _gpu_axes(ax, power_ax, f"GPU {index} (server unknown)", True)
+    for k in range(len(host), 4 * host_rows):
+        grid[servers + k // 4][k % 4].set_visible(False)
 
 
 def server_name(report: Report, index: int) -> str:
