@@ -282,6 +282,13 @@ class InProcessSender:
     def prepare_body(self, request: TraceRequest) -> None:
         return None
 
+    def _received_at(self, index: int, t_hop: float) -> float:
+        """When server `index` takes in a request that reaches it at `t_hop` (loop time): one at a time, at least
+        Hops.intake_gap_s after the one before."""
+        t = max(t_hop, self.last_received[index] + self.hops.intake_gap_s)
+        self.last_received[index] = t
+        return t
+
     async def exchange(self, rec: RequestRecord, server: Destination, flight: Progress,
                        blocks: tuple[int, ...] | None, now: Callable[[], float]) -> Answer:
         srv = self.fleet.servers[server.index]
@@ -289,8 +296,7 @@ class InProcessSender:
         hops = self.hops
         t = now()
         rec.t_built = rec.t_dispatch = rec.t_written = t
-        t_received = max(loop.time() + hops.request_s, self.last_received[server.index] + hops.intake_gap_s)
-        self.last_received[server.index] = t_received
+        t_received = self._received_at(server.index, loop.time() + hops.request_s)
         # a prompt of prefix blocks: its tokens as the server's radix cache tells them apart (prefix_keys); a prompt
         # of its own (the trace gives no blocks): content that matches nothing (the real-time server is sent random
         # ids, which hit its cache by chance only: a 1-token match about once in 32,000/N, N the prompts it holds)
@@ -353,11 +359,8 @@ class InProcessSender:
         hops = self.hops
         t = now()
         rec.t_built = rec.t_dispatch = rec.t_written = t
-        # each server of the pair takes in one request at a time (Hops.intake_gap_s)
         t_hop = loop.time() + hops.request_s
-        t_received_d = max(t_hop, self.last_received[decode.index] + hops.intake_gap_s)
-        t_received_p = max(t_hop, self.last_received[prefill.index] + hops.intake_gap_s)
-        self.last_received[decode.index], self.last_received[prefill.index] = t_received_d, t_received_p
+        t_received_d, t_received_p = self._received_at(decode.index, t_hop), self._received_at(prefill.index, t_hop)
         ids = None if blocks is None else prefix_keys(blocks, self.block_size, rec.input_len)
         srv_p, srv_d = self.fleet.servers[prefill.index], self.fleet.servers[decode.index]
         bootstrap = Bootstrap(*boot)

@@ -274,6 +274,19 @@ class Router:
         self._health_check = health_check
         self.stall = stall
         self._loop = asyncio.get_running_loop()
+        self._init_queue(max_concurrency)
+        self.policy_time = PolicyTime(policy.name, in_run_time=not clock.virtual)
+        self._init_slot_waits()
+        self._init_tallies(total)
+        writer.on_failure = self.fail  # the disk is full: the run stops (records.AppendFile)
+        # called with a request's id once its record is written (the engine releases closed-loop followers)
+        self.on_finished: Callable[[int], None] | None = None
+        self.ended = asyncio.Event()  # every record written, or the run must stop (failure set, or a stop rule met)
+        if total == 0:
+            self.ended.set()
+
+    def _init_queue(self, max_concurrency: int | None) -> None:
+        """The requests between their release and their record: the client gate, the router queue, the flights."""
         self._queue: list[QueuedRequest] = []  # the router queue, oldest first (what the policy sees)
         self._queued: dict[int, QueuedRequest] = {}
         self._pending: dict[int, RequestRecord] = {}  # released, record not written yet
@@ -292,7 +305,9 @@ class Router:
         self.gate: ConcurrencyGate[TraceRequest] | None = None if max_concurrency is None else ConcurrencyGate(max_concurrency)
         self._closing = False
         self._cancel_reason = "cancelled"
-        self.policy_time = PolicyTime(policy.name, in_run_time=not clock.virtual)
+
+    def _init_slot_waits(self) -> None:
+        """What the slot wait of each request and the stall rule for a policy that assigns nothing are made from."""
         # since when the policy has left requests queued while servers had free slots (None: it has not)
         self._idle_since: float | None = None
         # whether requests wait at the router with no free slot now (a full spell); how many such spells have ended,
@@ -305,7 +320,10 @@ class Router:
         self.pending_wakeups = 0  # scheduled events to come that ask the policy again (cap schedule changes)
         # /v1/loads is polled (telemetry.poll_loads): a live server is heard even while its answers are not streamed
         self.polled = False
-        self.span = SimulatedSpan(speed)
+
+    def _init_tallies(self, total: int) -> None:
+        """The run's counts and what run.json and the summary report of it."""
+        self.span = SimulatedSpan(self.speed)
         self.released = 0
         self.finished = 0
         self.counts = dict.fromkeys(STATUSES, 0)
@@ -315,12 +333,6 @@ class Router:
         self.cap_changes: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.failure: BaseException | None = None
-        writer.on_failure = self.fail  # the disk is full: the run stops (records.AppendFile)
-        # called with a request's id once its record is written (the engine releases closed-loop followers)
-        self.on_finished: Callable[[int], None] | None = None
-        self.ended = asyncio.Event()  # every record written, or the run must stop (failure set, or a stop rule met)
-        if total == 0:
-            self.ended.set()
 
     # ---- the engine's side -------------------------------------------------------------------------------------
 
