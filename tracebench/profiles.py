@@ -273,19 +273,25 @@ def load_profile(name_or_path: str) -> Profile:
 _PREFILL_ATTENTION_FIELDS = {f for f in PrefillAttention.__dataclass_fields__}
 
 
+def _check_fields(raw: object, fields: set[str], field_: str) -> None:
+    """An optional part of a profile (`field_` names it in errors): an object with exactly `fields` (ConfigError)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{field_}': must be null or an object")
+    missing = sorted(fields - set(raw))
+    if missing:
+        raise ConfigError(f"{field_}': lacks {', '.join(missing)}")
+    unknown = sorted(set(raw) - fields)
+    if unknown:
+        raise ConfigError(f"{field_}': unknown {', '.join(unknown)}")
+
+
 def load_prefill_attention(raw: object, path: Path) -> PrefillAttention | None:
     """A profile's `params.prefill_attention`: null (the q term) or every PrefillAttention field."""
     if raw is None:
         return None
     field_ = f"{path}: field 'params.prefill_attention"
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{field_}': must be null or an object")
-    missing = sorted(_PREFILL_ATTENTION_FIELDS - set(raw))
-    if missing:
-        raise ConfigError(f"{field_}': lacks {', '.join(missing)}")
-    unknown = sorted(set(raw) - _PREFILL_ATTENTION_FIELDS)
-    if unknown:
-        raise ConfigError(f"{field_}': unknown {', '.join(unknown)}")
+    _check_fields(raw, _PREFILL_ATTENTION_FIELDS, field_)
+    assert isinstance(raw, dict)
     for key in ("slots", "program_overhead_tokens", "block_m", "block_n", "heads"):
         low = 0 if key == "program_overhead_tokens" else 1
         if type(raw[key]) is not int or raw[key] < low:
@@ -304,14 +310,8 @@ def load_decode_attention(raw: object, path: Path) -> DecodeAttention | None:
     if raw is None:
         return None
     field_ = f"{path}: field 'params.decode_attention"
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{field_}': must be null or an object")
-    missing = sorted(_ATTENTION_FIELDS - set(raw))
-    if missing:
-        raise ConfigError(f"{field_}': lacks {', '.join(missing)}")
-    unknown = sorted(set(raw) - _ATTENTION_FIELDS)
-    if unknown:
-        raise ConfigError(f"{field_}': unknown {', '.join(unknown)}")
+    _check_fields(raw, _ATTENTION_FIELDS, field_)
+    assert isinstance(raw, dict)
     for key in _ATTENTION_INTS:
         low = 0 if key in ("program_overhead_tokens", "few_programs") else 1
         if type(raw[key]) is not int or raw[key] < low:
