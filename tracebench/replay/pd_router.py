@@ -129,19 +129,10 @@ class PdRouter(Router):
 
     def _take_prefill(self, rec: PdRecord, prefill: ServerState, answer: Answer) -> None:
         meta = answer.meta
-        url = prefill.generate_url
         if meta is None:
-            raise ServerProtocolError(f"{url}: the prefill answer has no meta_info, request {rec.id}")
-        from_wall = self.clock.from_wall
-        required = self.pools.require_stamps[prefill.index]
-        for key, field in _PREFILL_STAMPS:
-            stamp = meta.get(key)
-            if stamp is None:
-                if required:
-                    raise ServerProtocolError(f"{url}: prefill meta_info.{key} missing (the server runs with "
-                                              f"--enable-metrics), request {rec.id}")
-                continue
-            setattr(rec, field, from_wall(stamp))
+            raise ServerProtocolError(f"{prefill.generate_url}: the prefill answer has no meta_info, request {rec.id}")
+        self._take_stamps(rec, prefill, meta, _PREFILL_STAMPS, self.pools.require_stamps[prefill.index],
+                          "prefill meta_info")
         rec.prefill_queue_time = meta.get("queue_time")
         rec.prefill_e2e_latency = meta.get("e2e_latency")
 

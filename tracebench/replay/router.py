@@ -32,7 +32,7 @@ import bisect
 import heapq
 import sys
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from functools import partial
 from itertools import islice
 from typing import Any
@@ -857,19 +857,24 @@ class Router:
             raise ServerProtocolError(f"{url}: meta_info.queue_time missing (the server runs with --enable-metrics), request {rec.id}")
         rec.server_queue_time = queue_time
         rec.sim_lag = meta.get("tracebench_sim_lag")   # a tracebench simulator says how late it ran (sim/answers.py)
+        self._take_stamps(rec, server, meta, self._stamps, server.require_stamps, "meta_info")
+        self._take_stamps(rec, server, meta, _OPTIONAL_STAMPS, False, "meta_info")
+
+    def _take_stamps(self, rec: RequestRecord, server: ServerState, meta: dict[str, Any],
+                     stamps: Sequence[tuple[str, str]], required: bool, what: str) -> None:
+        """sglang's wall-clock stamps `(meta_info key, record field)` of `server`'s answer onto the run clock (its
+        clock offset taken off: a server on another node). `required`: the server runs with --enable-metrics, so a
+        missing stamp is a broken answer; else it stays null (an attached server without it)."""
         from_wall = self.clock.from_wall
         offset = server.wall_offset
-        for key, field in self._stamps:
+        for key, field in stamps:
             stamp = meta.get(key)
             if stamp is None:
-                if server.require_stamps:
-                    raise ServerProtocolError(f"{url}: meta_info.{key} missing (the server runs with --enable-metrics), request {rec.id}")
-                continue  # an attached server without --enable-metrics: the stamp stays null
+                if required:
+                    raise ServerProtocolError(f"{server.generate_url}: {what}.{key} missing (the server runs with "
+                                              f"--enable-metrics), request {rec.id}")
+                continue
             setattr(rec, field, from_wall(stamp - offset))
-        for key, field in _OPTIONAL_STAMPS:
-            stamp = meta.get(key)
-            if stamp is not None:
-                setattr(rec, field, from_wall(stamp - offset))
 
     def _check_answer(self, rec: RequestRecord, server: ServerState) -> None:
         """A finished answer that differs from the trace (answer_check.py) is recorded as `mismatch`, never `ok`."""
