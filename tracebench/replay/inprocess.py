@@ -307,12 +307,12 @@ class InProcessSender:
             # the refusal comes back one round trip later: an SSE error event (stream) or HTTP 400
             await asyncio.sleep(hops.request_s + hops.response_s)
             rec.t_headers = rec.t_finish = now()
-            return Answer("error", f"refused by the server: {err}" if self.stream else f"HTTP 400: {err}")
+            return self._refusal(err)
         except SchedulerAbort as err:
             await asyncio.sleep(hops.request_s + hops.response_s)
             rec.t_headers = rec.t_finish = now()
             if not self.stream:
-                return Answer("error", f"HTTP 400: {err}")
+                return self._refusal(err)
             rec.t_first_token = rec.t_last_chunk = rec.t_finish
             out = srv.abort_answer(str(err), t_received, t_received)
             return self.api.final_answer(server.generate_url, orjson.dumps(out))
@@ -342,10 +342,13 @@ class InProcessSender:
             rec.itl_max, rec.itl_hist = watch.gaps.fields()  # type: ignore[union-attr]
         else:
             rec.t_headers = rec.t_last_chunk = rec.t_finish
+        return self._answer(srv, pend, server.generate_url)
+
+    def _answer(self, srv: InProcessServer, pend: Pending, url: str) -> Answer:
+        """A finished request's answer as the HTTP client reads it (its meta_info included)."""
         # response_sent_to_client_ts: a stream's first chunk, or the whole answer, left the server
         sent = pend.t_first_token if self.stream and pend.t_first_token > 0.0 else pend.t_finished
-        out = srv.final_answer(pend, self.stream, srv.engine.wall(sent))
-        return self.api.final_answer(server.generate_url, orjson.dumps(out))
+        return self.api.final_answer(url, orjson.dumps(srv.final_answer(pend, self.stream, srv.engine.wall(sent))))
 
     # ---- a PD pair (flight.PairSender) -------------------------------------------------------------------------
 
@@ -429,7 +432,7 @@ class InProcessSender:
         return answer, prefill_answer
 
     def _refusal(self, err: BadRequest | SchedulerAbort) -> Answer:
-        """A request its server refuses, as the HTTP client reads the refusal (exchange's)."""
+        """A request its server refuses, as the HTTP client reads the refusal."""
         if not self.stream:
             return Answer("error", f"HTTP 400: {err}")
         if isinstance(err, BadRequest):
@@ -482,11 +485,9 @@ class InProcessSender:
                 t_end = self.clock.now()
             else:
                 t_end = await done
-                sent = pend.t_first_token if self.stream and pend.t_first_token > 0.0 else pend.t_finished
-                out = srv.final_answer(pend, self.stream, srv.engine.wall(sent))
                 gone = False
                 answered = True
-                answer = self.api.final_answer(url, orjson.dumps(out))
+                answer = self._answer(srv, pend, url)
             if not self.stream:
                 rec.t_headers = t_end
             return answer, t_end
