@@ -33,8 +33,7 @@ from tracebench.replay.flight import Boot, Destination, PairProgress, Progress
 from tracebench.replay.records import PdRecord, RequestRecord
 from tracebench.replay.servers import Fleet, ServerPlan
 from tracebench.sim.args import SimArgs
-from tracebench.sim.engine import RunDelivery
-from tracebench.sim.engine import Pending
+from tracebench.sim.engine import Pending, RunDelivery
 from tracebench.sim.inprocess import InProcessServer, InProcessWire, sim_args_from_command
 from tracebench.sim.pd import Bootstrap, abort_body
 from tracebench.sim.radix import PackedTokens
@@ -226,7 +225,7 @@ class _Watch:
         if self.rec.t_first_token is None:
             self.rec.t_first_token = first
         else:
-            gaps.add(first - self.t_chunk)
+            gaps.add(first - self.t_chunk, self.buckets)
         gaps.merge(*run.gaps(self.offset))
         self.t_chunk = t
 
