@@ -250,13 +250,7 @@ def load_profile(name_or_path: str) -> Profile:
         if key not in raw:
             raise ConfigError(f"{path}: profile lacks top-level field '{key}'")
     params = raw["params"]
-    wanted = _PROFILE_FIELDS - {"name", "source"}
-    missing = sorted(wanted - set(params))
-    if missing:
-        raise ConfigError(f"{path}: field 'params': lacks {', '.join(missing)}")
-    unknown = sorted(set(params) - wanted)
-    if unknown:
-        raise ConfigError(f"{path}: field 'params': unknown {', '.join(unknown)}")
+    _check_fields(params, _PROFILE_FIELDS - {"name", "source"}, f"{path}: field 'params", optional=False)
     buckets = params["prefill_token_buckets"]
     if not _ascending_positive_ints(buckets):
         raise ConfigError(f"{path}: field 'params.prefill_token_buckets': must be ascending positive integers")
@@ -275,10 +269,11 @@ _PREFILL_ATTENTION_FIELDS = {f for f in PrefillAttention.__dataclass_fields__}
 _PREFILL_ATTENTION_INTS = {"slots": 1, "program_overhead_tokens": 0, "block_m": 1, "block_n": 1, "heads": 1}
 
 
-def _check_fields(raw: object, fields: set[str], field_: str) -> None:
-    """An optional part of a profile (`field_` names it in errors): an object with exactly `fields` (ConfigError)."""
+def _check_fields(raw: object, fields: set[str], field_: str, optional: bool = True) -> None:
+    """A part of a profile (`field_` names it in errors; `optional`: it may be null, handled before): an object with
+    exactly `fields` (ConfigError)."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{field_}': must be null or an object")
+        raise ConfigError(f"{field_}': must be {'null or ' if optional else ''}an object")
     missing = sorted(fields - set(raw))
     if missing:
         raise ConfigError(f"{field_}': lacks {', '.join(missing)}")
