@@ -66,18 +66,27 @@ CALIBRATION_KEYS = ("prefill", "decode", "prefix", "singles", "server_info", "ac
 PREFIX_SERIES = ("A_shared_prefix_seq", "B_unique_seq", "C_partial", "D_after_flush")
 
 
+def read_json_file(path: Path, flag: str) -> Any:
+    """The JSON document in the file `flag` names; .xz: compressed, as the repository keeps them
+    (tests/data/sglang-0.5.17/calibration-h100.json.xz)."""
+    if not path.is_file():
+        raise ConfigError(f"{flag} {path}: no such file")
+    data = path.read_bytes()
+    if path.suffix == ".xz":
+        try:
+            data = lzma.decompress(data)
+        except (lzma.LZMAError, EOFError) as err:
+            raise ConfigError(f"{path}: not a whole xz file ({err})") from err
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON: {err}") from err
+
+
 def load_calibration(path: Path) -> dict:
     """A calibration document as bench/gpu/calibrate.py writes it, with `source` (what made it, for the profile's
     source line) and `max_streams` (the client's limit on streams at once) filled in."""
-    if not path.is_file():
-        raise ConfigError(f"--calibration {path}: no such file")
-    data = path.read_bytes()
-    if path.suffix == ".xz":   # kept compressed in the repository (tests/data/sglang-0.5.17/calibration-h100.json.xz)
-        data = lzma.decompress(data)
-    try:
-        doc = json.loads(data)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}: not valid JSON: {err}") from err
+    doc = read_json_file(path, "--calibration")
     for key in CALIBRATION_KEYS:
         if key not in doc:
             raise ConfigError(f"{path}: field '{key}': missing (not a bench/gpu/calibrate.py document?)")
@@ -331,15 +340,7 @@ def load_decode_grid(paths: list[Path]) -> DecodeGrid:
     setting; a point with no sglang log step (no full-batch window: not a measurement) is left out and named."""
     sources, heads, points, left_out, prefill = [], set(), [], [], []
     for path in paths:
-        if not path.is_file():
-            raise ConfigError(f"--decode-grid {path}: no such file")
-        data = path.read_bytes()
-        if path.suffix == ".xz":
-            data = lzma.decompress(data)
-        try:
-            doc = json.loads(data)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{path}: not valid JSON: {err}") from err
+        doc = read_json_file(path, "--decode-grid")
         for key in ("source", "accelerator", "server_info"):
             if key not in doc:
                 raise ConfigError(f"{path}: field '{key}': missing (not a decode grid file?)")
