@@ -181,35 +181,37 @@ def load_routing_runs(folder: Path) -> list[RoutingRun]:
     return runs
 
 
+def _graph_sizes(meta: dict, where: str, part: str, sizes: Callable[[int, dict], tuple[int, ...]]) -> tuple[int, ...]:
+    """What `sizes(i, config)` reads from /server_info cuda_graph_config.<part> of every server i of a run: the same
+    for all of them."""
+    found = set()
+    for i, server in enumerate(meta["servers"]):
+        config = ((server.get("server_info") or {}).get("cuda_graph_config") or {}).get(part)
+        if not isinstance(config, dict):
+            raise RunFolderError(where, None, f"servers[{i}].server_info.cuda_graph_config.{part}", "missing")
+        found.add(sizes(i, config))
+    if len(found) != 1:
+        raise RunFolderError(where, None, f"servers[].server_info.cuda_graph_config.{part}.bs", "differs between servers")
+    return found.pop()
+
+
 def prefill_buckets(meta: dict, where: str) -> tuple[int, ...]:
     """The prefill CUDA-graph token buckets every server of a run reported in /server_info (the default breakable
     backend: tokens padded up to a bucket; disabled: no padding)."""
-    found = set()
-    for i, server in enumerate(meta["servers"]):
-        prefill = ((server.get("server_info") or {}).get("cuda_graph_config") or {}).get("prefill")
-        if not isinstance(prefill, dict):
-            raise RunFolderError(where, None, f"servers[{i}].server_info.cuda_graph_config.prefill", "missing")
+    def buckets(i: int, prefill: dict) -> tuple[int, ...]:
         if prefill["backend"] not in ("breakable", "disabled"):
             raise RunFolderError(where, None, f"servers[{i}].server_info.cuda_graph_config.prefill.backend",
                                  f"{prefill['backend']!r}: the simulator models breakable (or disabled) prefill graphs")
-        found.add(tuple(prefill["bs"]) if prefill["backend"] == "breakable" else ())
-    if len(found) != 1:
-        raise RunFolderError(where, None, "servers[].server_info.cuda_graph_config.prefill.bs", "differs between servers")
-    return found.pop()
+        return tuple(prefill["bs"]) if prefill["backend"] == "breakable" else ()
+
+    return _graph_sizes(meta, where, "prefill", buckets)
 
 
 def decode_batch_sizes(meta: dict, where: str) -> tuple[int, ...]:
     """The decode CUDA-graph batch sizes every server of a run reported in /server_info (a decode batch runs padded to
     the smallest of at least its size; none: eager, unpadded)."""
-    found = set()
-    for i, server in enumerate(meta["servers"]):
-        decode = ((server.get("server_info") or {}).get("cuda_graph_config") or {}).get("decode")
-        if not isinstance(decode, dict):
-            raise RunFolderError(where, None, f"servers[{i}].server_info.cuda_graph_config.decode", "missing")
-        found.add(tuple(decode["bs"]) if decode["backend"] != "disabled" else ())
-    if len(found) != 1:
-        raise RunFolderError(where, None, "servers[].server_info.cuda_graph_config.decode.bs", "differs between servers")
-    return found.pop()
+    return _graph_sizes(meta, where, "decode",
+                        lambda _, decode: tuple(decode["bs"]) if decode["backend"] != "disabled" else ())
 
 
 def idle_intake(run: RoutingRun) -> list[float]:
