@@ -334,7 +334,7 @@ class DecodeGrid:
     left_out: tuple[str, ...]    # points without a measurement (no full-batch window), named
     # single prefill steps the files measured (decode_more.py's `prefill`: fresh and behind a cached prefix):
     # (series, tokens cached, new tokens, seconds), as prefill_points
-    prefill: tuple[tuple[str, int, int, float], ...] = ()
+    prefill: tuple[tuple[str, int, int, float], ...]
 
 
 def load_decode_grid(paths: list[Path]) -> DecodeGrid:
