@@ -250,15 +250,9 @@ def load_profile(name_or_path: str) -> Profile:
         if key not in raw:
             raise ConfigError(f"{path}: profile lacks top-level field '{key}'")
     params = raw["params"]
-    wanted = _PROFILE_FIELDS - {"name", "source"}
-    missing = sorted(wanted - set(params))
-    if missing:
-        raise ConfigError(f"{path}: field 'params': lacks {', '.join(missing)}")
-    unknown = sorted(set(params) - wanted)
-    if unknown:
-        raise ConfigError(f"{path}: field 'params': unknown {', '.join(unknown)}")
+    _check_fields(params, _PROFILE_FIELDS - {"name", "source"}, f"{path}: field 'params", optional=False)
     buckets = params["prefill_token_buckets"]
-    if not (isinstance(buckets, list) and all(type(b) is int and b > 0 for b in buckets) and buckets == sorted(buckets)):
+    if not _ascending_positive_ints(buckets):
         raise ConfigError(f"{path}: field 'params.prefill_token_buckets': must be ascending positive integers")
     prefill_attention = load_prefill_attention(params["prefill_attention"], path)
     if prefill_attention is not None and params["prefill_per_token_sq_s"] != 0:
@@ -271,18 +265,41 @@ def load_profile(name_or_path: str) -> Profile:
 
 
 _PREFILL_ATTENTION_FIELDS = {f for f in PrefillAttention.__dataclass_fields__}
+# the integer fields of a prefill attention model, each with its least value
+_PREFILL_ATTENTION_INTS = {"slots": 1, "program_overhead_tokens": 0, "block_m": 1, "block_n": 1, "heads": 1}
 
 
-def _check_fields(raw: object, fields: set[str], field_: str) -> None:
-    """An optional part of a profile (`field_` names it in errors): an object with exactly `fields` (ConfigError)."""
+def _check_fields(raw: object, fields: set[str], field_: str, optional: bool = True) -> None:
+    """A part of a profile (`field_` names it in errors; `optional`: it may be null, handled before): an object with
+    exactly `fields` (ConfigError)."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{field_}': must be null or an object")
+        raise ConfigError(f"{field_}': must be {'null or ' if optional else ''}an object")
     missing = sorted(fields - set(raw))
     if missing:
         raise ConfigError(f"{field_}': lacks {', '.join(missing)}")
     unknown = sorted(set(raw) - fields)
     if unknown:
         raise ConfigError(f"{field_}': unknown {', '.join(unknown)}")
+
+
+def _check_ints(raw: dict, lows: dict[str, int], field_: str) -> None:
+    """Each field `key` of `lows` an integer >= lows[key] (ConfigError)."""
+    for key, low in lows.items():
+        if type(raw[key]) is not int or raw[key] < low:
+            raise ConfigError(f"{field_}.{key}': must be an integer >= {low}")
+
+
+def _check_finite(raw: dict, keys: Sequence[str], field_: str, above_zero: bool) -> None:
+    """Each field of `keys` a finite number (> 0 when `above_zero`) (ConfigError)."""
+    for key in keys:
+        value = raw[key]
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or (above_zero and value <= 0):
+            raise ConfigError(f"{field_}.{key}': must be a finite number{' > 0' if above_zero else ''}")
+
+
+def _ascending_positive_ints(value: object) -> bool:
+    """A JSON list of integers > 0 in ascending order (CUDA-graph sizes)."""
+    return isinstance(value, list) and all(type(b) is int and b > 0 for b in value) and value == sorted(value)
 
 
 def load_prefill_attention(raw: object, path: Path) -> PrefillAttention | None:
@@ -292,17 +309,15 @@ def load_prefill_attention(raw: object, path: Path) -> PrefillAttention | None:
     field_ = f"{path}: field 'params.prefill_attention"
     _check_fields(raw, _PREFILL_ATTENTION_FIELDS, field_)
     assert isinstance(raw, dict)
-    for key in ("slots", "program_overhead_tokens", "block_m", "block_n", "heads"):
-        low = 0 if key == "program_overhead_tokens" else 1
-        if type(raw[key]) is not int or raw[key] < low:
-            raise ConfigError(f"{field_}.{key}': must be an integer >= {low}")
-    if not isinstance(raw["token_s"], (int, float)) or not math.isfinite(raw["token_s"]) or raw["token_s"] <= 0:
-        raise ConfigError(f"{field_}.token_s': must be a finite number > 0")
+    _check_ints(raw, _PREFILL_ATTENTION_INTS, field_)
+    _check_finite(raw, ("token_s",), field_, above_zero=True)
     return PrefillAttention(**raw)
 
 
 _ATTENTION_FIELDS = {f for f in DecodeAttention.__dataclass_fields__}
-_ATTENTION_INTS = ("slots", "program_overhead_tokens", "few_programs", "kv_splits", "sm_count", "heads")
+# the integer fields of a decode attention model, each with its least value
+_DECODE_ATTENTION_INTS = {"slots": 1, "program_overhead_tokens": 0, "few_programs": 0, "kv_splits": 1, "sm_count": 1,
+                          "heads": 1}
 
 
 def load_decode_attention(raw: object, path: Path) -> DecodeAttention | None:
@@ -312,15 +327,10 @@ def load_decode_attention(raw: object, path: Path) -> DecodeAttention | None:
     field_ = f"{path}: field 'params.decode_attention"
     _check_fields(raw, _ATTENTION_FIELDS, field_)
     assert isinstance(raw, dict)
-    for key in _ATTENTION_INTS:
-        low = 0 if key in ("program_overhead_tokens", "few_programs") else 1
-        if type(raw[key]) is not int or raw[key] < low:
-            raise ConfigError(f"{field_}.{key}': must be an integer >= {low}")
-    for key in ("token_s", "few_programs_token_s", "shared_saving"):
-        if not isinstance(raw[key], (int, float)) or not math.isfinite(raw[key]):
-            raise ConfigError(f"{field_}.{key}': must be a finite number")
+    _check_ints(raw, _DECODE_ATTENTION_INTS, field_)
+    _check_finite(raw, ("token_s", "few_programs_token_s", "shared_saving"), field_, above_zero=False)
     sizes = raw["graph_batch_sizes"]
-    if not (isinstance(sizes, list) and all(type(b) is int and b > 0 for b in sizes) and sizes == sorted(sizes)):
+    if not _ascending_positive_ints(sizes):
         raise ConfigError(f"{field_}.graph_batch_sizes': must be ascending positive integers")
     return DecodeAttention(**{**raw, "graph_batch_sizes": tuple(sizes)})
 

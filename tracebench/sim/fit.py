@@ -66,18 +66,27 @@ CALIBRATION_KEYS = ("prefill", "decode", "prefix", "singles", "server_info", "ac
 PREFIX_SERIES = ("A_shared_prefix_seq", "B_unique_seq", "C_partial", "D_after_flush")
 
 
+def read_json_file(path: Path, flag: str) -> Any:
+    """The JSON document in the file `flag` names; .xz: compressed, as the repository keeps them
+    (tests/data/sglang-0.5.17/calibration-h100.json.xz)."""
+    if not path.is_file():
+        raise ConfigError(f"{flag} {path}: no such file")
+    data = path.read_bytes()
+    if path.suffix == ".xz":
+        try:
+            data = lzma.decompress(data)
+        except (lzma.LZMAError, EOFError) as err:
+            raise ConfigError(f"{path}: not a whole xz file ({err})") from err
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON: {err}") from err
+
+
 def load_calibration(path: Path) -> dict:
     """A calibration document as bench/gpu/calibrate.py writes it, with `source` (what made it, for the profile's
     source line) and `max_streams` (the client's limit on streams at once) filled in."""
-    if not path.is_file():
-        raise ConfigError(f"--calibration {path}: no such file")
-    data = path.read_bytes()
-    if path.suffix == ".xz":   # kept compressed in the repository (tests/data/sglang-0.5.17/calibration-h100.json.xz)
-        data = lzma.decompress(data)
-    try:
-        doc = json.loads(data)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}: not valid JSON: {err}") from err
+    doc = read_json_file(path, "--calibration")
     for key in CALIBRATION_KEYS:
         if key not in doc:
             raise ConfigError(f"{path}: field '{key}': missing (not a bench/gpu/calibrate.py document?)")
@@ -172,35 +181,37 @@ def load_routing_runs(folder: Path) -> list[RoutingRun]:
     return runs
 
 
+def _graph_sizes(meta: dict, where: str, part: str, sizes: Callable[[int, dict], tuple[int, ...]]) -> tuple[int, ...]:
+    """What `sizes(i, config)` reads from /server_info cuda_graph_config.<part> of every server i of a run: the same
+    for all of them."""
+    found = set()
+    for i, server in enumerate(meta["servers"]):
+        config = ((server.get("server_info") or {}).get("cuda_graph_config") or {}).get(part)
+        if not isinstance(config, dict):
+            raise RunFolderError(where, None, f"servers[{i}].server_info.cuda_graph_config.{part}", "missing")
+        found.add(sizes(i, config))
+    if len(found) != 1:
+        raise RunFolderError(where, None, f"servers[].server_info.cuda_graph_config.{part}.bs", "differs between servers")
+    return found.pop()
+
+
 def prefill_buckets(meta: dict, where: str) -> tuple[int, ...]:
     """The prefill CUDA-graph token buckets every server of a run reported in /server_info (the default breakable
     backend: tokens padded up to a bucket; disabled: no padding)."""
-    found = set()
-    for i, server in enumerate(meta["servers"]):
-        prefill = ((server.get("server_info") or {}).get("cuda_graph_config") or {}).get("prefill")
-        if not isinstance(prefill, dict):
-            raise RunFolderError(where, None, f"servers[{i}].server_info.cuda_graph_config.prefill", "missing")
+    def buckets(i: int, prefill: dict) -> tuple[int, ...]:
         if prefill["backend"] not in ("breakable", "disabled"):
             raise RunFolderError(where, None, f"servers[{i}].server_info.cuda_graph_config.prefill.backend",
                                  f"{prefill['backend']!r}: the simulator models breakable (or disabled) prefill graphs")
-        found.add(tuple(prefill["bs"]) if prefill["backend"] == "breakable" else ())
-    if len(found) != 1:
-        raise RunFolderError(where, None, "servers[].server_info.cuda_graph_config.prefill.bs", "differs between servers")
-    return found.pop()
+        return tuple(prefill["bs"]) if prefill["backend"] == "breakable" else ()
+
+    return _graph_sizes(meta, where, "prefill", buckets)
 
 
 def decode_batch_sizes(meta: dict, where: str) -> tuple[int, ...]:
     """The decode CUDA-graph batch sizes every server of a run reported in /server_info (a decode batch runs padded to
     the smallest of at least its size; none: eager, unpadded)."""
-    found = set()
-    for i, server in enumerate(meta["servers"]):
-        decode = ((server.get("server_info") or {}).get("cuda_graph_config") or {}).get("decode")
-        if not isinstance(decode, dict):
-            raise RunFolderError(where, None, f"servers[{i}].server_info.cuda_graph_config.decode", "missing")
-        found.add(tuple(decode["bs"]) if decode["backend"] != "disabled" else ())
-    if len(found) != 1:
-        raise RunFolderError(where, None, "servers[].server_info.cuda_graph_config.decode.bs", "differs between servers")
-    return found.pop()
+    return _graph_sizes(meta, where, "decode",
+                        lambda _, decode: tuple(decode["bs"]) if decode["backend"] != "disabled" else ())
 
 
 def idle_intake(run: RoutingRun) -> list[float]:
@@ -323,7 +334,7 @@ class DecodeGrid:
     left_out: tuple[str, ...]    # points without a measurement (no full-batch window), named
     # single prefill steps the files measured (decode_more.py's `prefill`: fresh and behind a cached prefix):
     # (series, tokens cached, new tokens, seconds), as prefill_points
-    prefill: tuple[tuple[str, int, int, float], ...] = ()
+    prefill: tuple[tuple[str, int, int, float], ...]
 
 
 def load_decode_grid(paths: list[Path]) -> DecodeGrid:
@@ -331,15 +342,7 @@ def load_decode_grid(paths: list[Path]) -> DecodeGrid:
     setting; a point with no sglang log step (no full-batch window: not a measurement) is left out and named."""
     sources, heads, points, left_out, prefill = [], set(), [], [], []
     for path in paths:
-        if not path.is_file():
-            raise ConfigError(f"--decode-grid {path}: no such file")
-        data = path.read_bytes()
-        if path.suffix == ".xz":
-            data = lzma.decompress(data)
-        try:
-            doc = json.loads(data)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{path}: not valid JSON: {err}") from err
+        doc = read_json_file(path, "--decode-grid")
         for key in ("source", "accelerator", "server_info"):
             if key not in doc:
                 raise ConfigError(f"{path}: field '{key}': missing (not a decode grid file?)")

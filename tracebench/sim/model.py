@@ -356,7 +356,7 @@ class BatchModel:
         """KV tokens the running requests read through a prompt prefix that another running request holds too: each
         locks the cache path of its prompt (cache_owned tokens); a node on several paths is one set of pages, so the
         owned tokens beyond the distinct ones are read again (sglang's triton kernel reads them once per request,
-        the later reads partly from L2: the profile's decode_shared_saving)."""
+        the later reads partly from L2: the profile's decode_attention.shared_saving)."""
         if self.cache is None:
             return 0
         owned = 0
