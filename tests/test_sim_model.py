@@ -395,3 +395,8 @@ def test_profile_errors_name_the_file_and_field(tmp_path) -> None:
     bad.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="bad.json: field 'params.decode_attention.slots': must be an integer >= 1"):
         load_profile(str(bad))
+    doc["params"]["decode_attention"]["slots"] = 5
+    doc["params"]["decode_attention"]["token_s"] = -1e-6
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="bad.json: field 'params.decode_attention.token_s': must be a finite number > 0"):
+        load_profile(str(bad))

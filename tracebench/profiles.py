@@ -328,7 +328,8 @@ def load_decode_attention(raw: object, path: Path) -> DecodeAttention | None:
     _check_fields(raw, _ATTENTION_FIELDS, field_)
     assert isinstance(raw, dict)
     _check_ints(raw, _DECODE_ATTENTION_INTS, field_)
-    _check_finite(raw, ("token_s", "few_programs_token_s", "shared_saving"), field_, above_zero=False)
+    _check_finite(raw, ("token_s",), field_, above_zero=True)   # a time per token walked
+    _check_finite(raw, ("few_programs_token_s", "shared_saving"), field_, above_zero=False)   # corrections: any sign
     sizes = raw["graph_batch_sizes"]
     if not _ascending_positive_ints(sizes):
         raise ConfigError(f"{field_}.graph_batch_sizes': must be ascending positive integers")
