@@ -186,7 +186,8 @@ async def _accept(listener: Listener, count: int) -> dict[int, Connection]:
                 conn = listener.accept()
                 conns[conn.recv()] = conn
         except BaseException as err:  # the listener closed on the timeout, or a handshake failed
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_exception(err))
+            # (bound now: Python unbinds `err` when this block ends, before the loop runs the callback)
+            loop.call_soon_threadsafe(lambda failed=err: done.done() or done.set_exception(failed))
             return
         loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
 
