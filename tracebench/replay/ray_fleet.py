@@ -35,13 +35,13 @@ import time
 from typing import Any
 
 from tracebench.cluster.connect import import_ray
+from tracebench.cluster.remote import CLOCK_SAMPLES, actor_lost, clock_offset, first_line
 from tracebench.errors import ServerStartError
 from tracebench.replay.servers import (
     FREE_PORT_RANGE, LOG_TAIL_LINES, STOP_GRACE_S, Fleet, ServerPlan, _pdeathsig_preexec, _signal_group,
 )
 
 ACTOR_THREADS = 4  # wait_exit holds one thread of the actor for the server's life; the others answer the rest
-CLOCK_SAMPLES = 8
 LOG_FETCH_BYTES = 8 << 20  # the end of each server's log copied back to the run folder
 RAY_CALL_TIMEOUT_S = 30.0  # a clock sample, a log tail: an actor that answers none of these within it is lost
 CLOCK_RULE = ("offset = the server node's time.time() - the midpoint of this host's time.time() around a call to the "
@@ -171,7 +171,7 @@ class RayFleet(Fleet):
         try:
             infos = ray.get(calls)
         except ray.exceptions.RayError as err:
-            raise ServerStartError(f"--ray {self.address}: a server actor failed to start: {_first_line(err)}") from None
+            raise ServerStartError(f"--ray {self.address}: a server actor failed to start: {first_line(err)}") from None
         for plan, info, handle in zip(self.plans, infos, self.actors):
             plan.url, plan.port, plan.command = f"http://{info['node_ip']}:{info['port']}", info["port"], info["command"]
             plan.gpu = ",".join(info["gpu_ids"]) or None
@@ -187,15 +187,9 @@ class RayFleet(Fleet):
     def _measure_clock(self, index: int) -> dict[str, Any]:
         """The offset of server `index`'s node clock from this host's (module docstring)."""
         ray, actor = self.ray, self.actors[index]
-        samples = []
-        for _ in range(CLOCK_SAMPLES):
-            before = time.time()
-            remote = ray.get(actor.wall.remote(), timeout=RAY_CALL_TIMEOUT_S)
-            after = time.time()
-            samples.append((after - before, remote - (before + after) / 2))
-        round_trip, offset = min(samples)
         same = self._same_node(index)
-        applied = 0.0 if same or abs(offset) <= round_trip / 2 else offset
+        round_trip, offset, applied = clock_offset(
+            lambda: ray.get(actor.wall.remote(), timeout=RAY_CALL_TIMEOUT_S), time.time, same)
         return {"same_node": same, "offset_s": offset, "uncertainty_s": round_trip / 2, "round_trip_s": round_trip,
                 "applied_offset_s": applied, "after": None}
 
@@ -218,9 +212,7 @@ class RayFleet(Fleet):
         try:
             detail = f"exited with code {self.ray.get(call)} {where}"
         except self.ray.exceptions.RayActorError as err:  # the node removed, or the actor killed: a measurement
-            # unavailable: its connection closed (a node going away, seen first); died: the cluster declared it dead
-            state = "is unreachable" if isinstance(err, self.ray.exceptions.ActorUnavailableError) else "died"
-            detail = f"lost {where}: its Ray actor {state} ({_first_line(err)})"
+            detail = actor_lost(self.ray, err, where)
         self.lost[index] = {"server": index, "node_id": node["id"], "node_ip": node["ip"], "detail": detail,
                             "seen_wall_time": time.time(), "seen_monotonic": time.monotonic()}
         return detail
@@ -253,7 +245,7 @@ class RayFleet(Fleet):
                 try:
                     self.clocks[plan.index]["after"] = self._measure_clock(plan.index)["offset_s"]
                 except ray.exceptions.RayError as err:  # lost since: start_exit below says how
-                    self.clocks[plan.index]["after"] = f"not measured: {_first_line(err)}"
+                    self.clocks[plan.index]["after"] = f"not measured: {first_line(err)}"
             grace = STOP_GRACE_S[self.backend]
             stops = {p.index: self.actors[p.index].stop.remote(grace) for p in self.plans if p.index in self.nodes}
             ray.wait(list(stops.values()), num_returns=len(stops), timeout=2 * grace + RAY_CALL_TIMEOUT_S)
@@ -275,7 +267,7 @@ class RayFleet(Fleet):
             self.ray.get(actor.remove_log.remote(), timeout=RAY_CALL_TIMEOUT_S)
         except self.ray.exceptions.RayError as err:
             self.start_exit(plan.index)
-            plan.log.write_text(f"(not copied from node {self.nodes[plan.index]['ip']}: {_first_line(err)})\n")
+            plan.log.write_text(f"(not copied from node {self.nodes[plan.index]['ip']}: {first_line(err)})\n")
             return
         head = b"" if size <= len(tail) else f"(the first {size - len(tail)} bytes left out)\n".encode()
         plan.log.write_bytes(head + tail)
@@ -314,8 +306,3 @@ def _public(lost: dict[str, Any], run_start: float | None) -> dict[str, Any]:
     out = {k: v for k, v in lost.items() if k != "seen_monotonic"}
     out["t"] = None if run_start is None else lost["seen_monotonic"] - run_start
     return out
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0][:300]}" if text else type(err).__name__

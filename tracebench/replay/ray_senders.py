@@ -30,9 +30,9 @@ import time
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
+from tracebench.cluster.remote import CLOCK_SAMPLES, actor_lost, clock_offset, first_line
 from tracebench.replay.senders import START_TIMEOUT_S, SenderDied, SenderHandle, SenderSetup
 
-CLOCK_SAMPLES = 8
 RAY_CALL_TIMEOUT_S = 30.0
 
 
@@ -83,10 +83,9 @@ class _ActorHandle:
             self.ray.get(self.call)
             self.exit_text, self.exitcode = f"its Ray actor's loop ended {where}", 0
         except self.ray.exceptions.RayActorError as err:  # the node removed, or the actor killed
-            state = "is unreachable" if isinstance(err, self.ray.exceptions.ActorUnavailableError) else "died"
-            self.exit_text, self.exitcode = f"lost {where}: its Ray actor {state} ({_first_line(err)})", 1
+            self.exit_text, self.exitcode = actor_lost(self.ray, err, where), 1
         except self.ray.exceptions.RayError as err:  # its loop raised (a bug): named
-            self.exit_text, self.exitcode = f"failed {where}: {_first_line(err)}", 1
+            self.exit_text, self.exitcode = f"failed {where}: {first_line(err)}", 1
         os.write(self._write_end, b"x")
 
     def is_alive(self) -> bool:
@@ -139,17 +138,11 @@ class RaySenders:
     def _measure_clock(self, index: int) -> dict[str, Any]:
         """Sender `index`'s monotonic clock against this process's (module docstring)."""
         handle = self.handles[index]
-        samples = []
-        for _ in range(CLOCK_SAMPLES):
-            before = time.monotonic()
-            remote = self.ray.get(handle.actor.monotonic.remote(), timeout=RAY_CALL_TIMEOUT_S)
-            after = time.monotonic()
-            samples.append((after - before, remote - (before + after) / 2))
-        round_trip, offset = min(samples)
-        # applied when larger than its uncertainty, as for the servers' clocks: another machine's monotonic clock
-        # counts from its own boot (an offset of seconds or days: always applied); Ray nodes on one machine share
-        # this one (an offset within the uncertainty: left at 0, exact)
-        applied = 0.0 if handle.same_node or abs(offset) <= round_trip / 2 else offset
+        # another machine's monotonic clock counts from its own boot (an offset of seconds or days: always applied);
+        # Ray nodes on one machine share this one (an offset within the uncertainty: left at 0, exact)
+        round_trip, offset, applied = clock_offset(
+            lambda: self.ray.get(handle.actor.monotonic.remote(), timeout=RAY_CALL_TIMEOUT_S), time.monotonic,
+            handle.same_node)
         return {"same_node": handle.same_node, "offset_s": offset, "uncertainty_s": round_trip / 2,
                 "applied_offset_s": applied, "after": None}
 
@@ -175,7 +168,7 @@ class RaySenders:
                 try:
                     self.clocks[index]["after"] = self._measure_clock(index)["offset_s"]
                 except self.ray.exceptions.RayError as err:
-                    self.clocks[index]["after"] = f"not measured: {_first_line(err)}"
+                    self.clocks[index]["after"] = f"not measured: {first_line(err)}"
         for handle in self.handles:
             handle.close()
 
@@ -193,7 +186,8 @@ async def _accept(listener: Listener, count: int) -> dict[int, Connection]:
                 conn = listener.accept()
                 conns[conn.recv()] = conn
         except BaseException as err:  # the listener closed on the timeout, or a handshake failed
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_exception(err))
+            # (bound now: Python unbinds `err` when this block ends, before the loop runs the callback)
+            loop.call_soon_threadsafe(lambda failed=err: done.done() or done.set_exception(failed))
             return
         loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
 
@@ -205,8 +199,3 @@ async def _accept(listener: Listener, count: int) -> dict[int, Connection]:
         raise SenderDied(f"{count - len(conns)} of {count} sender actor(s) did not connect within "
                          f"{START_TIMEOUT_S:g} s") from None
     return conns
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0][:300]}" if text else type(err).__name__

@@ -5,7 +5,7 @@ time, so points that do not wait on each other can run side by side: every point
 and each (setup, policy) search of a capacity search (the bisection's next rate waits on the last verdict, so a
 search stays in one process). A part runs in a fresh process (multiprocessing's spawn: nothing of this process's
 threads or loop is copied) with the sweep as it was set up here, and runs there exactly as it would run here: the
-same code (`Sweep.run_point`, `Sweep.search_one`), the same run folders; only their order on the terminal changes.
+same code (`Sweep.run_part`), the same run folders; only their order on the terminal changes.
 A worker takes the next part when it is free (it is started once: a new Python process costs ~1 s of imports).
 What it does comes back over a pipe: its progress lines, each row as it is added (the summary is rewritten here
 after each, in the parts' order, as a one-process sweep would order them), its search, its end or its error.
@@ -63,10 +63,7 @@ class Sweep(Protocol):
 
     def write_summary(self) -> None: ...
 
-    def search_one(self, gpus: int, pd: str | None, policy: str, shared: None) -> dict[str, Any]: ...
-
-    def run_point(self, kind: str, value: float, gpus: int, policy: str, shared: None,
-                  pd: str | None = None) -> dict[str, Any]: ...
+    def run_part(self, part: Part, shared: None) -> None: ...
 
 
 class PartFailed(RuntimeError):
@@ -228,10 +225,7 @@ def _worker_main(conn: Connection, blob: bytes) -> None:
             return
         sweep.rows, sweep.searches = [], []
         try:
-            if part.kind == "search":
-                sweep.search_one(part.gpus, part.pd, part.policy, None)
-            else:
-                sweep.run_point(part.kind, part.value, part.gpus, part.policy, None, part.pd)
+            sweep.run_part(part, None)
         except BaseException as err:  # handed to the parent, which raises it (run_parts)
             conn.send(("error", (_portable(err), sweep.searches[-1] if sweep.searches else None)))
             continue

@@ -339,7 +339,7 @@ class Sweep:
         self.stderr.flush()
         return point, self._point_config(point, trace)
 
-    def _run_on_ray(self, values: tuple[float, ...] | tuple[int, ...]) -> None:
+    def _run_on_ray(self, parts: list[Part]) -> None:
         """Every point as a Ray task at once (sweep/ray_points.py); their rows added in point order as they come back.
         The first point (in that order) that failed or had a fault then stops the sweep, as it would point by point,
         every row kept."""
@@ -349,8 +349,7 @@ class Sweep:
 
         assert self.cfg.ray is not None
         tasks = RayPoints(self.cfg.ray)
-        prepared = [self._prepare_point(self.cfg.kind, float(value), gpus, policy, pd)
-                    for gpus, pd in self.setups for policy in self.policies for value in values]
+        prepared = [self._prepare_point(p.kind, p.value, p.gpus, p.policy, p.pd) for p in parts]
         needs = [point_resources(config.resolve()) for _, config in prepared]
         tasks.check_room(needs)
         for (point, config), need in zip(prepared, needs):
@@ -438,17 +437,12 @@ class Sweep:
                     self.stderr.write(f"tracebench sweep: {len(parts)} parts, {min(self.jobs, len(parts))} at a "
                                       "time (--jobs)\n")
                     run_parts(self, parts, self.jobs)
-                    self.write_summary()
-                elif self.cfg.kind == "capacity":
-                    self._search(shared)
                 elif self.cfg.ray is not None:
-                    self._run_on_ray(self.cfg.rates if self.cfg.kind == "rate" else self.cfg.concurrency)
+                    self._run_on_ray(parts)
                 else:
-                    values = self.cfg.rates if self.cfg.kind == "rate" else self.cfg.concurrency
-                    for gpus, pd in self.setups:
-                        for policy in self.policies:
-                            for value in values:
-                                self.run_point(self.cfg.kind, float(value), gpus, policy, shared, pd)
+                    for part in parts:
+                        self.run_part(part, shared)
+                self.write_summary()  # a search's last state (each point's row wrote the summary as it came)
                 self.status = "completed"
             except (KeyboardInterrupt, RunInterrupted, Interrupted):  # Interrupted: in a point's columnar copy
                 self.status = "interrupted"
@@ -479,11 +473,12 @@ class Sweep:
                 self.write_summary()
         return self.dir
 
-    def _search(self, shared: SharedServers | None) -> None:
-        for gpus, pd in self.setups:
-            for policy in self.policies:
-                self.search_one(gpus, pd, policy, shared)
-        self.write_summary()
+    def run_part(self, part: Part, shared: SharedServers | None) -> None:
+        """One of the sweep's independent pieces (parts()): a capacity search, or a point."""
+        if part.kind == "search":
+            self.search_one(part.gpus, part.pd, part.policy, shared)
+        else:
+            self.run_point(part.kind, part.value, part.gpus, part.policy, shared, part.pd)
 
     def search_one(self, gpus: int, pd: str | None, policy: str, shared: SharedServers | None) -> dict[str, Any]:
         """One capacity search (one setup and policy), from the start rate x gpus / the smallest setup's: each
