@@ -35,7 +35,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from sim_vs_real import QUANTILES, figures, sampling_interval, sim_replay  # noqa: E402
-from sim_vs_real_before_after import COLUMNS, GOALS, SLACK, entries  # noqa: E402
+from sim_vs_real_before_after import (COLUMNS, GOALS, SLACK, entries, group_of, print_header,  # noqa: E402
+                                      print_misses)
 from tracebench.report.load import load_run  # noqa: E402
 
 
@@ -73,8 +74,7 @@ def main() -> None:
     print(f"sim − real, median over {opts.seeds} replays with arrivals jittered by ±{opts.jitter_ms:g} ms "
           "(min…max), before → after; [the real run's 95% interval]")
     print()
-    print("| run | " + " | ".join(label for _, label in COLUMNS) + " |")
-    print("| --- |" + " ---: |" * len(COLUMNS))
+    print_header()
     misses = []
     for real_dir, trace in entries(opts.list):
         if opts.only and not any(word in str(real_dir) for word in opts.only):
@@ -82,7 +82,7 @@ def main() -> None:
         real = load_run(REPO / real_dir)
         if real.meta.get("pd") or real.meta.get("external_router"):
             continue
-        group = "_".join(real_dir.parts[2:])
+        group = group_of(real_dir)
         fr = figures(real)
         before, after = (jittered_figures(real_dir, trace, opts.out / side / group, profile, opts.seeds,
                                           opts.jitter_ms / 1e3)
@@ -104,10 +104,7 @@ def main() -> None:
                               f"{max(b):+.1%})")
         print(f"| {group} | " + " | ".join(cells) + " |", flush=True)
     if opts.check:
-        print()
-        print("misses:" if misses else "no misses")
-        for miss in misses:
-            print(f"- {miss}")
+        print_misses(misses)
 
 
 if __name__ == "__main__":

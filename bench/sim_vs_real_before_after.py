@@ -64,6 +64,25 @@ def entries(path: Path) -> list[tuple[Path, Path]]:
     return out
 
 
+def group_of(real_dir: Path) -> str:
+    """A real run's group: its path under reports/examples with '/' as '_' (the folder its replays go in)."""
+    return "_".join(real_dir.parts[2:])
+
+
+def print_header() -> None:
+    """The table's header: a run, then COLUMNS."""
+    print("| run | " + " | ".join(label for _, label in COLUMNS) + " |")
+    print("| --- |" + " ---: |" * len(COLUMNS))
+
+
+def print_misses(misses: list[str]) -> None:
+    """--check's verdict under the table: every miss, or that there is none."""
+    print()
+    print("misses:" if misses else "no misses")
+    for miss in misses:
+        print(f"- {miss}")
+
+
 def scaled_profile(profile: Profile, scale: float, folder: Path) -> Path:
     """A copy of `profile` with every decode cost times `scale`, written into `folder`."""
     attention = profile.decode_attention
@@ -87,7 +106,7 @@ def make(pairs: list[tuple[Path, Path]], out: Path, only: str | None, sim_profil
     for real_dir, trace in pairs:
         if only is not None and only not in str(real_dir):
             continue
-        group = "_".join(real_dir.parts[2:])
+        group = group_of(real_dir)
         real = load_run(REPO / real_dir)
         meta = real.meta
         clock = "real" if meta.get("external_router") else "virtual"
@@ -135,11 +154,10 @@ def main() -> None:
         return
     if opts.before is None or opts.after is None:
         parser.error("give LIST BEFORE_DIR AFTER_DIR (or LIST --make DIR)")
-    print("| run | " + " | ".join(label for _, label in COLUMNS) + " |")
-    print("| --- |" + " ---: |" * len(COLUMNS))
+    print_header()
     misses = []
     for real_dir, _ in entries(opts.list):
-        group = "_".join(real_dir.parts[2:])
+        group = group_of(real_dir)
         real = load_run(REPO / real_dir)
         name = real.meta["run_name"]
         fr = figures(real)
@@ -161,10 +179,7 @@ def main() -> None:
                 misses.append(f"{group} {label}: {b:+.1%} → {a:+.1%} (worse than {where})")
         print(f"| {group} | " + " | ".join(cells) + " |")
     if opts.check:
-        print()
-        print("misses:" if misses else "no misses")
-        for miss in misses:
-            print(f"- {miss}")
+        print_misses(misses)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import traceback
 import urllib.request
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,7 +237,7 @@ def wait_served(urls: list[str], count: int, timeout: float = 60.0) -> None:
 
 def start_sim_server(folder: Path, *args: str, wait: bool = True) -> SimServer:
     """A sim-server process on a free port, its log in `folder`; with `wait`, once /health is 200. The caller stops
-    it (`SimServer.stop`); module-scoped fixtures use this, tests the `sim_server` factory."""
+    it (`SimServer.stop`); module-scoped fixtures use `sim_servers`, tests the `sim_server` factory."""
     port = free_port()
     log = folder / f"sim-{port}.log"
     with log.open("wb") as fh:
@@ -250,20 +251,30 @@ def start_sim_server(folder: Path, *args: str, wait: bool = True) -> SimServer:
     return server
 
 
+@contextmanager
+def sim_servers(folder: Path) -> Iterator[Callable[..., SimServer]]:
+    """A factory of sim-servers (start_sim_server's arguments, logs in `folder`); every one it started is stopped on
+    leaving. Module-scoped fixtures use it: `with sim_servers(tmp_path_factory.mktemp(...)) as start: ...`."""
+    started: list[SimServer] = []
+
+    def start(*args: str, wait: bool = True) -> SimServer:
+        server = start_sim_server(folder, *args, wait=wait)
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
 @pytest.fixture
 def sim_server(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
     """Factory: `sim_server("--speed", "10", "--max-running-requests", "4")` starts a sim-server process and waits
     until /health is 200. Every server started is stopped at the end of the test."""
-    started: list[SimServer] = []
-
-    def start(*args: str, wait: bool = True) -> SimServer:
-        server = start_sim_server(tmp_path, *args, wait=wait)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
+    with sim_servers(tmp_path) as start:
+        yield start
 
 
 @pytest.fixture

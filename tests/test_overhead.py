@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from aiohttp import web
 
-from conftest import free_port, run_cli, start_sim_server
+from conftest import free_port, run_cli, sim_servers
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, SglangClient
 from tracebench.replay.loop import run as run_loop
 from tracebench.replay.records import RequestRecord
@@ -34,11 +34,8 @@ APIS = [(api, stream) for api in ("generate", "completions", "chat") for stream 
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = start_sim_server(tmp_path_factory.mktemp("overhead-sim"), "--speed", "10")
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    with sim_servers(tmp_path_factory.mktemp("overhead-sim")) as start:
+        yield start("--speed", "10").url
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from tests.conftest import SimServer, free_port, start_sim_server, wait_healthy
+from tests.conftest import SimServer, free_port, sim_servers, wait_healthy
 from tracebench.profiles import load_profile
 from tracebench.sim.model import BatchModel, Limits, ReqState, SimRequest
 from tracebench.sim.pd import KV_BYTES_PER_TOKEN, KvLink, transfer_seconds
@@ -103,18 +103,8 @@ def _pair(start: Callable[..., SimServer]) -> tuple[SimServer, SimServer, int]:
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimServer, SimServer, int]]:
     """One pair for the module's tests that read its answers without counting on its totals (the handshake test
     reads /metrics totals: a pair of its own)."""
-    folder = tmp_path_factory.mktemp("pd-pair")
-    started: list[SimServer] = []
-
-    def start(*args: str, wait: bool) -> SimServer:
-        started.append(start_sim_server(folder, *args, wait=wait))
-        return started[-1]
-
-    try:
+    with sim_servers(tmp_path_factory.mktemp("pd-pair")) as start:
         yield _pair(start)
-    finally:
-        for server in started:
-            server.stop()
 
 
 def _body(n: int, room: int, boot: int, out: int = 8, stream: bool = True) -> dict[str, Any]:

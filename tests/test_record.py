@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import free_port, run_cli, start_sim_server, tracebench_cmd
+from conftest import free_port, run_cli, sim_servers, tracebench_cmd
 from tracebench.record.blocks import load_tokenizer, prefix_blocks
 from tracebench.trace.format import format_request_line, load_trace, write_trace
 
@@ -74,21 +74,15 @@ def slow_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """At --speed 0.25 requests last hundreds of ms (an answer of 200 tokens, seconds): the scale the round trip's
     arrival check holds B's clock to, far above what a busy host delays a stamp, and streams still running when a
     test cuts them."""
-    server = start_sim_server(tmp_path_factory.mktemp("slow-sim"), "--speed", "0.25")
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    with sim_servers(tmp_path_factory.mktemp("slow-sim")) as start:
+        yield start("--speed", "0.25").url
 
 
 @pytest.fixture(scope="module")
 def fast_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """At --speed 50: answers at once, for the tests whose timing is not the point."""
-    server = start_sim_server(tmp_path_factory.mktemp("fast-sim"), "--speed", "50")
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    with sim_servers(tmp_path_factory.mktemp("fast-sim")) as start:
+        yield start("--speed", "50").url
 
 
 @pytest.fixture

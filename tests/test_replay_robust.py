@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (
-    REPO, SimServer, free_port, run_cli, run_cli_in_process, start_sim_server, tracebench_cmd, wait_healthy,
+    REPO, SimServer, free_port, run_cli, run_cli_in_process, sim_servers, tracebench_cmd, wait_healthy,
     wait_served,
 )
 from test_replay_run import check_every_request_once, read_run, start_replay, wait_running, write_trace_file
@@ -38,11 +38,8 @@ VIRTUAL = ("--clock", "virtual", "--quiet")
 @pytest.fixture(scope="module")
 def shared_sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
     """One sim-server (--speed 10) for the tests that only need a server to be there (its start costs ~1 s)."""
-    server = start_sim_server(tmp_path_factory.mktemp("shared-sim"), "--speed", "10")
-    try:
-        yield server
-    finally:
-        server.stop()
+    with sim_servers(tmp_path_factory.mktemp("shared-sim")) as start:
+        yield start("--speed", "10")
 
 
 @pytest.fixture(scope="module")

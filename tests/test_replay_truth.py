@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import TEST_DATA, run_cli, run_cli_in_process, start_sim_server
+from conftest import TEST_DATA, run_cli, run_cli_in_process, sim_servers
 from test_external_router import needs_router
 from test_replay_run import port_base, read_run, write_trace_file
 from tracebench.replay.answer_check import ContextLimits, check_answer, mismatch_reason
@@ -70,11 +70,8 @@ def overlap(records: list[dict[str, Any]], start: str, end: str = "t_finish") ->
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One sim-server (--speed 10) for the module's answers: what it answers depends on each request alone, and a
     replay empties its prefix cache before it starts (--flush-cache)."""
-    server = start_sim_server(tmp_path_factory.mktemp("truth-sim"), "--speed", "10")
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    with sim_servers(tmp_path_factory.mktemp("truth-sim")) as start:
+        yield start("--speed", "10").url
 
 
 @pytest.mark.parametrize("api, stream", [("generate", True), ("completions", False), ("chat", True)])

@@ -76,13 +76,11 @@ class Attempt:
 
 def judge(run_dir: Path) -> Attempt:
     """The lag verdict of a finished simulated run, as the report computes it."""
-    import polars as pl
-
-    from tracebench.report.load import COMPLETED_STATUSES, load_run
+    from tracebench.report.load import is_completed, load_run
     from tracebench.report.metrics.lag import LAG_BOUND, lag_stats
 
     run = load_run(run_dir)
-    ok = run.requests.filter(pl.col("status").is_in(COMPLETED_STATUSES))
+    ok = run.requests.filter(is_completed())
     stats = lag_stats(ok, run.speed)
     if stats is None or stats.sim_p50 is None:
         raise ConfigError(f"{run_dir}: --adapt-speed needs the simulators' lag (sim_lag), and no completed request "
