@@ -15,7 +15,8 @@ from tracebench.policies.registry import load_policy
 from tracebench.errors import ConfigError
 from tracebench.replay.caps import CapChange, parse_cap_schedule
 from tracebench.replay.client import SglangClient
-from tracebench.replay.clock import RunClock
+from tracebench.replay.clock import RunClock, VirtualRunClock
+from tracebench.replay.loop import run_virtual
 from tracebench.replay.records import RecordWriter
 from tracebench.replay.flight import HttpSender
 from tracebench.replay.router import Router, ServerState
@@ -282,3 +283,47 @@ def test_recent_completions_are_the_filtered_window() -> None:
                     assert recent.first_t() == window[0][0]
                     checked += 1
     assert checked > 1000
+
+
+def test_the_routers_cached_views_equal_views_made_afresh(tmp_path: Path) -> None:
+    """Router._views remakes a server's view only where it can have changed (ServerState's setters mark it; reports'
+    ages each round; every server once per refresh of the observed figures). Through random changes of every field a
+    view shows, at times within and past the refresh, the cached views equal views made afresh for every server."""
+    rng = np.random.default_rng(7)
+
+    async def main() -> None:
+        client = SglangClient(None, True)
+        writer = RecordWriter(tmp_path / "requests.jsonl")
+        servers = [ServerState(i, f"http://127.0.0.1:{9 + i}", 4, True) for i in range(6)]
+        clock = VirtualRunClock(asyncio.get_running_loop())
+        router = Router(clock=clock, servers=servers, policy=load_policy("round_robin", rng, {}),
+                        sender=HttpSender(client, InputIds(SHA, 32000)), writer=writer, total=1,
+                        health_check=lambda index: asyncio.sleep(0))
+        remade = 0
+        for step in range(600):
+            now = clock.now()
+            s = servers[int(rng.integers(len(servers)))]
+            change = int(rng.integers(6))
+            if change == 0:
+                s.in_flight += 1
+            elif change == 1 and s.in_flight:
+                s.in_flight -= 1
+                s.recent.add(now, float(rng.uniform(0.1, 2.0)), float(rng.uniform(0.01, 0.2)))
+            elif change == 2:
+                router.set_cap(s.index, int(rng.integers(1, 8)), "test")
+            elif change == 3:
+                router.report_load(s.index, (int(rng.integers(9)), int(rng.integers(9)), 0.5, 10.0), (float(step),))
+            elif change == 4:
+                s.state = "probing" if s.state == "up" else "up"
+            await asyncio.sleep(float(rng.choice([0.0, 0.003, 0.04, 0.15])))  # virtual seconds
+            now = clock.now()
+            cached, free = router._views(now)
+            fresh = [router._view(server, now) for server in servers]
+            assert cached == fresh, step
+            assert free == [v.free_slots for v in fresh], step
+            remade += sum(v is not w for v, w in zip(cached, fresh))
+        assert remade > 0
+        writer.close()
+        await client.close()
+
+    run_virtual(main())

@@ -108,7 +108,8 @@ class ServerView(NamedTuple):
     @property
     def free_slots(self) -> int:
         """How many more requests the router may send here now (0 when at or over the cap, or unhealthy)."""
-        return slots_left(self.cap, self.in_flight, self.healthy)
+        cap, in_flight = self.cap, self.in_flight  # slots_left, inline: read once per server per request by policies
+        return cap - in_flight if self.healthy and cap > in_flight else 0
 
 
 Assignment = tuple[QueuedRequest, ServerView]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import heapq
+import math
 import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
@@ -141,9 +142,9 @@ class ServerState:
     showing its scheduler at work (`report_load`)."""
 
     __slots__ = (
-        "index", "url", "generate_url", "require_stamps", "launch_cap", "state", "cap", "in_flight", "forming", "batch_seq",
-        "batch_timer", "recent", "reported", "reported_t", "_observed", "_observed_t", "limits", "t_heard",
-        "polls_failed", "suspected_silent", "load_stamps", "wall_offset",
+        "index", "url", "generate_url", "require_stamps", "launch_cap", "_state", "_cap", "_in_flight", "forming",
+        "batch_seq", "batch_timer", "recent", "_reported", "reported_t", "_observed", "_observed_t", "limits", "t_heard",
+        "polls_failed", "suspected_silent", "load_stamps", "wall_offset", "changed",
     )
 
     def __init__(self, index: int, url: str, cap: int | None, require_stamps: bool, launch_cap: int | None = None,
@@ -156,6 +157,9 @@ class ServerState:
         self.generate_url = f"{url}{api_path}"  # the request path of the run's --api (client.Api.path)
         self.require_stamps = require_stamps  # the server runs with --enable-metrics: every stamp must be there
         self.launch_cap = launch_cap  # --max-running-requests the server was launched with (None: its default)
+        # the indices of servers whose ServerView may have changed (the router's view cache, Router._views: it hands
+        # every server its own set); written by the setters of what a view shows
+        self.changed: set[int] = set()
         self.state = "up"
         self.cap = UNCAPPED if cap is None else cap
         self.in_flight = 0  # dispatched, not finished
@@ -163,7 +167,7 @@ class ServerState:
         self.batch_seq = 0  # static mode: number of the next batch
         self.batch_timer: asyncio.TimerHandle | None = None
         self.recent = RecentCompletions()
-        self.reported: tuple[int, int, float, float] | None = None  # last /v1/loads: running, waiting, usage, throughput
+        self.reported = None  # last /v1/loads: (running, waiting, token usage, throughput)
         self.reported_t = 0.0
         self._observed: tuple[float, float | None, float | None, float | None] = (0.0, None, None, None)
         self._observed_t = -OBSERVED_REFRESH_S
@@ -174,6 +178,43 @@ class ServerState:
         self.polls_failed = 0  # /v1/loads polls in a row that got no answer
         self.suspected_silent = False  # probing because it stopped answering (not because a connection was lost)
         self.load_stamps: tuple[float, ...] | None = None  # the last /v1/loads answer's snapshot timestamps
+
+    # What a ServerView shows, as properties: a change marks the server's view stale (Router._views).
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self._state = value
+        self.changed.add(self.index)
+
+    @property
+    def cap(self) -> int:
+        return self._cap
+
+    @cap.setter
+    def cap(self, value: int) -> None:
+        self._cap = value
+        self.changed.add(self.index)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        self._in_flight = value
+        self.changed.add(self.index)
+
+    @property
+    def reported(self) -> tuple[int, int, float, float] | None:
+        return self._reported
+
+    @reported.setter
+    def reported(self, value: tuple[int, int, float, float] | None) -> None:
+        self._reported = value
+        self.changed.add(self.index)
 
     def observed(self, now: float) -> tuple[float, float | None, float | None, float | None]:
         """(completed_per_s, latency_p50, latency_p90, ttft_p50) over the recent window (cached briefly)."""
@@ -275,6 +316,7 @@ class Router:
         self.stall = stall
         self._loop = asyncio.get_running_loop()
         self._init_queue(max_concurrency)
+        self._init_view_cache()
         self.policy_time = PolicyTime(policy.name, in_run_time=not clock.virtual)
         self._init_slot_waits()
         self._init_tallies(total)
@@ -305,6 +347,17 @@ class Router:
         self.gate: ConcurrencyGate[TraceRequest] | None = None if max_concurrency is None else ConcurrencyGate(max_concurrency)
         self._closing = False
         self._cancel_reason = "cancelled"
+
+    def _init_view_cache(self) -> None:
+        """The servers' views as the last round made them (_views); every server starts stale."""
+        n = len(self.servers)
+        self._view_cache: list[ServerView | None] = [None] * n  # the first round makes them all (_observed_t)
+        self._free_cache: list[int] = [0] * n
+        self._changed_views: set[int] = set()
+        self._reporting: set[int] = set()  # servers with a load report: made every round (its age)
+        self._observed_t = -math.inf  # the observed figures' last refresh (all servers at once)
+        for s in self.servers:
+            s.changed = self._changed_views
 
     def _init_slot_waits(self) -> None:
         """What the slot wait of each request and the stall rule for a policy that assigns nothing are made from."""
@@ -553,17 +606,38 @@ class Router:
             return s.in_flight + len(s.forming), (0 if s.in_flight else min(self.batch_size, s.cap))
         return s.in_flight, s.cap
 
-    def _views(self, now: float) -> list[ServerView]:
-        views = []
-        add = views.append
-        static = self.static
-        for s in self.servers:
-            rate, p50, p90, ttft = s.observed(now)
-            rep = s.reported
-            reported = None if rep is None else ReportedLoad(rep[0], rep[1], rep[2], rep[3], now - s.reported_t)
-            in_flight, cap = self._load(s) if static else (s.in_flight, s.cap)
-            add(ServerView(s.index, s.url, s.state == "up", in_flight, cap, rate, p50, p90, ttft, reported))
-        return views
+    def _view(self, s: ServerState, now: float) -> ServerView:
+        rate, p50, p90, ttft = s.observed(now)
+        rep = s._reported
+        reported = None if rep is None else ReportedLoad(rep[0], rep[1], rep[2], rep[3], now - s.reported_t)
+        in_flight, cap = self._load(s) if self.static else (s._in_flight, s._cap)
+        return ServerView(s.index, s.url, s._state == "up", in_flight, cap, rate, p50, p90, ttft, reported)
+
+    def _views(self, now: float) -> tuple[list[ServerView], list[int]]:
+        """Every server's view for the policy, and each one's free slots. Made again only where it can differ from
+        the last round's (a fleet of 1,024 servers asked once per arrival spent most of its time here): a server whose
+        state, cap, in-flight count or report changed (ServerState's setters mark it), a server with a load report
+        (its age), and every server once per OBSERVED_REFRESH_S (their observed figures are refreshed together, as
+        before: this is their only reader). Static mode makes them all (a forming batch changes in place)."""
+        cache, free, servers, changed = self._view_cache, self._free_cache, self.servers, self._changed_views
+        if self.static or now - self._observed_t >= OBSERVED_REFRESH_S:
+            self._observed_t = now
+            stale: Iterable[int] = range(len(servers))
+        else:
+            stale = changed
+            make = tuple.__new__  # the named tuples' own constructors, without their keyword handling
+            for i in self._reporting.difference(changed):  # only its report's age differs from the last round's
+                s = servers[i]
+                age = (now - s.reported_t,)
+                cache[i] = make(ServerView, cache[i][:9] + (make(ReportedLoad, s._reported + age),))  # type: ignore
+        for i in stale:
+            s = servers[i]
+            view = cache[i] = self._view(s, now)
+            free[i] = view.free_slots
+            if s._reported is not None:
+                self._reporting.add(i)
+        changed.clear()
+        return list(cache), list(free)  # type: ignore[arg-type]  # all made by the first round
 
     def _free_slots(self) -> list[int]:
         """Each server's free slots now, as its ServerView's `free_slots` would say (without making the views)."""
@@ -615,8 +689,8 @@ class Router:
             self._idle_since = None
             return
         now = self.clock.now()
-        views = self._views(now)
-        if not self._can_assign([v.free_slots for v in views]):
+        views, free = self._views(now)
+        if not self._can_assign(free):
             self._idle_since = None
             self._full = True  # requests wait, no slot is free: a full spell (goes on, or starts)
             return  # nothing can be assigned: the policy is not asked

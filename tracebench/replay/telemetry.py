@@ -82,11 +82,12 @@ async def poll_loads(client: SglangClient, router: Router, clock: RunClock, inte
             t = clock.now()
             results = {s.index: f for s, f in zip(live, fetched)}
             queue = router.queued
+            caps = router.caps()
             lines = []
             for s in servers:
                 line: dict[str, Any] = {
                     "t": t, "server": s.index, "healthy": s.state == "up", "in_flight": s.in_flight,
-                    "cap": router.caps()[s.index], "router_queue": queue,
+                    "cap": caps[s.index], "router_queue": queue,
                 }
                 got = results.get(s.index)
                 if got is None or got.error is not None:
