@@ -70,6 +70,11 @@ class Sender(Protocol):
     async def exchange(self, rec: RequestRecord, server: Destination, flight: Progress,
                        blocks: tuple[int, ...] | None, now: Callable[[], float]) -> Answer: ...
 
+    def flush(self) -> None:
+        """An assignment round is over: send what the sender holds back from it (senders.ProcessSender queues the
+        requests of a round for one write per sender process; the others hold nothing back)."""
+        ...
+
 
 class PairSender(Sender, Protocol):
     """A sender that also carries a PD pair (module docstring)."""
@@ -94,6 +99,9 @@ class HttpSender:
         self.api = client.api
         # (request id, body) made ahead by prepare_body: the next arrival's, while the engine waits for it
         self._ready_body: tuple[int, bytes] | None = None
+
+    def flush(self) -> None:
+        """Nothing is held back: each request is written as it is dispatched."""
 
     def prepare_body(self, request: TraceRequest) -> None:
         self._ready_body = (request.id, self.make_body(request.id, request.input_len, request.output_len,

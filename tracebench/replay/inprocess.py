@@ -262,6 +262,9 @@ class InProcessSender:
 
     prepares_ahead = False  # no body to make
 
+    def flush(self) -> None:
+        """Nothing is held back: each request enters its server's engine as it is dispatched."""
+
     def __init__(self, fleet: InProcessFleet, block_size: int | None, stream: bool, hops: Hops, clock: RunClock,
                  request_timeout: float | None = None, timeout_reason: str | None = None) -> None:
         """`block_size`: the trace's (its prefix blocks' tokens, prefix_keys); `request_timeout` (run seconds;

@@ -623,6 +623,7 @@ class Router:
         if self._full:  # a slot freed by a path _slot_freed did not see: the spell ends here
             self._end_full_spell(now)
         t_assigned = self._ask(now, views)
+        self.sender.flush()  # what the round handed to sender processes goes now, in one write per process
         if t_assigned is not None:
             self._idle_since = None
             if self._queue and not self._can_assign(self._free_slots()):

@@ -44,7 +44,9 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import pickle
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -115,6 +117,95 @@ async def start_senders(count: int, trace_sha: str, vocab: int, block_size: int 
     return sender
 
 
+# ---- the connection: multiprocessing's framing on an asyncio transport ----------------------------------------
+
+
+class Channel(asyncio.Protocol):
+    """One end of a sender's connection, on the event loop: the bytes multiprocessing.Connection puts on the wire (a
+    4-byte big-endian length, then a pickle of the message list) through an asyncio transport, so that
+
+    - a send never blocks the loop: the transport keeps what the socket does not take yet and writes it when the
+      socket drains (Connection.send blocks: a router and a sender process that both wrote while the other was
+      writing too each waited on a full socket buffer forever, seen at 1,000 req/s on 2 busy cores);
+    - everything that arrived is read in one `data_received`, every whole message list in it handed on at once (no
+      poll() per message: multiprocessing's wait() makes a selector for each call).
+
+    `on_messages(list)` gets each message list in order; an exception it raises closes the channel (and is the
+    channel with it). `on_closed(failure)` once, when the other end closed or the connection broke (failure None),
+    or when a message could not be read or handled (failure: that error)."""
+
+    def __init__(self, on_messages: Callable[[list[tuple[Any, ...]]], None],
+                 on_closed: Callable[[BaseException | None], None]) -> None:
+        self.on_messages = on_messages
+        self.on_closed = on_closed
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self.closed = False
+        self.failure: BaseException | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # done when closed
+
+    @classmethod
+    async def over(cls, conn: Connection, on_messages: Callable[[list[tuple[Any, ...]]], None],
+                   on_closed: Callable[[BaseException | None], None]) -> Channel:
+        """A channel over the socket of `conn` (a duplex Pipe's end, or a Listener / Client connection: a socket
+        either way), which it takes over (`conn` is closed; the socket lives on in the channel)."""
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+        conn.close()
+        sock.setblocking(False)
+        channel = cls(on_messages, on_closed)
+        await asyncio.get_running_loop().connect_accepted_socket(lambda: channel, sock)
+        return channel
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        size = len(buf)
+        pos = 0
+        try:
+            while size - pos >= 4:
+                length = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
+                end = pos + 4 + length
+                if length < 0:  # multiprocessing's mark of a message over 2 GiB: never one of ours
+                    raise SenderFailed(f"sender connection: a message length of {length}")
+                if end > size:
+                    break
+                msgs = pickle.loads(buf[pos + 4:end])
+                pos = end
+                self.on_messages(msgs)
+        except Exception as err:  # a broken message or a bug handling one: the channel closes with it (on_closed)
+            self.failure = err
+            assert self.transport is not None
+            self.transport.abort()
+            return
+        del buf[:pos]
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        if not self.closed:
+            self.closed = True
+            self.on_closed(self.failure)
+
+    def send(self, msgs: list[tuple[Any, ...]]) -> bool:
+        """Queue one message list (written at once if the socket takes it); False if the channel is closed."""
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return False
+        data = pickle.dumps(msgs, pickle.HIGHEST_PROTOCOL)
+        self.transport.write(len(data).to_bytes(4, "big", signed=True) + data)
+        return True
+
+    def close(self) -> None:
+        """Close after what is queued was written."""
+        if self.transport is not None:
+            self.transport.close()
+
+
 # ---- the sender process ----------------------------------------------------------------------------------------
 
 
@@ -150,7 +241,7 @@ def sender_main(conn: Connection, setup: SenderSetup) -> None:
 
 class _SenderLoop:
     def __init__(self, conn: Connection, setup: SenderSetup) -> None:
-        self.conn = conn
+        self.conn = conn  # until serve() puts it on the loop (self.channel)
         self.setup = setup
         self.mono_start: float | None = None  # the router's RunClock, when its ("clock", ...) message came
         self.tasks: dict[int, tuple[asyncio.Task[None], RequestRecord, _Flight]] = {}
@@ -174,35 +265,35 @@ class _SenderLoop:
                               keepalive=setup.keepalive)
         self.sender = HttpSender(client, InputIds(setup.trace_sha, setup.vocab, setup.block_size))
         self.servers: dict[str, _Server] = {}
-        loop.add_reader(self.conn.fileno(), self._readable)
+        self.channel = await Channel.over(self.conn, self._received, self._closed)
         self._post(("ready", os.getpid()))
         ticker = loop.create_task(self._progress_ticks())
         try:
             await self.stopped.wait()
         finally:
-            loop.remove_reader(self.conn.fileno())
             ticker.cancel()
             for task, _, _ in list(self.tasks.values()):
                 task.cancel()
             pending = [t for t, _, _ in self.tasks.values()] + [ticker]
             await asyncio.wait(pending)
             self._flush()
+            self.channel.close()  # after what is queued was written: waited for below, at most STOP_TIMEOUT_S
+            await asyncio.wait([self.channel.lost], timeout=STOP_TIMEOUT_S)
             await client.close()
         if self.fatal is not None:
             raise self.fatal  # the process ends with its traceback; the router reports it as a sender that died
 
-    def _readable(self) -> None:
-        try:
-            while self.conn.poll():
-                for msg in self.conn.recv():
-                    self._handle(msg)
-        except (EOFError, OSError):  # the router is gone: nothing to send to, nothing to record
-            assert self.stopped is not None
-            self.stopped.set()
-        except Exception as err:  # a bug: this process stops with it
-            self.fatal = err
-            assert self.stopped is not None
-            self.stopped.set()
+    def _received(self, msgs: list[tuple[Any, ...]]) -> None:
+        for msg in msgs:
+            self._handle(msg)
+
+    def _closed(self, failure: BaseException | None) -> None:
+        """The router is gone (nothing to send to, nothing to record), or a message broke this process (a bug: it
+        stops with it)."""
+        if failure is not None and self.fatal is None:
+            self.fatal = failure
+        assert self.stopped is not None
+        self.stopped.set()
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -266,8 +357,8 @@ class _SenderLoop:
             return
         finally:
             self.tasks.pop(rid, None)
+        # sent with the others of this loop turn: one write for them all (the record's stamps are taken already)
         self._post(("done", rid, _stamps(rec), answer.status, answer.error, answer.meta, answer.connection_lost))
-        self._flush()  # at once (the router writes the record when it comes)
 
     async def _progress_ticks(self) -> None:
         """Every PROGRESS_PERIOD_S: the requests whose stream moved since the last report (their last progress and
@@ -294,9 +385,7 @@ class _SenderLoop:
         self.flush_handle = None
         if self.outbox:
             out, self.outbox = self.outbox, []
-            try:
-                self.conn.send(out)
-            except (BrokenPipeError, ConnectionResetError):  # the router is gone
+            if not self.channel.send(out):  # the router is gone
                 assert self.stopped is not None
                 self.stopped.set()
 
@@ -389,15 +478,22 @@ class _Pending:
         self.rec, self.server, self.flight, self.worker, self.future = rec, server, flight, worker, future
 
 
+def _load(worker: _Worker) -> float:
+    """A sender process's requests in flight (a dead one: never the least loaded)."""
+    return worker.in_flight if worker.alive else float("inf")
+
+
 class _Worker:
     """One sender process as the router sees it."""
 
-    __slots__ = ("index", "process", "conn", "pid", "in_flight", "carried", "outbox", "alive", "reported", "ready")
+    __slots__ = ("index", "process", "conn", "channel", "pid", "in_flight", "carried", "outbox", "alive", "reported",
+                 "ready")
 
     def __init__(self, index: int, process: SenderHandle, conn: Connection) -> None:
         self.index = index
         self.process = process
-        self.conn = conn
+        self.conn = conn  # until start() puts it on the loop (channel)
+        self.channel: Channel | None = None
         self.pid: int | None = process.pid
         self.in_flight = 0
         self.carried = 0  # requests handed to it
@@ -495,6 +591,8 @@ class ProcessSender:
         self.split = Split(sends_under)
         self._idle_task: asyncio.Task[None] | None = None
         self.workers: list[_Worker] = []
+        self._dirty: list[_Worker] = []  # the workers with messages queued (outbox), in the order queued
+        self._flush_handle: asyncio.Handle | None = None
         self._pending: dict[int, _Pending] = {}
         self._closing = False
         # the run's failure handler (router.fail), told at once when a sender process dies
@@ -524,7 +622,7 @@ class ProcessSender:
             worker = _Worker(index, process, mine)
             worker.ready = loop.create_future()
             self.workers.append(worker)
-            loop.add_reader(mine.fileno(), self._readable, worker)
+            worker.channel = await Channel.over(mine, partial(self._received, worker), partial(self._pipe_closed, worker))
             loop.add_reader(process.sentinel, self._died, worker)
         # the spare-core rule reads this host's cores: sender processes on a cluster's nodes do not run on them
         if self.local is not None and self.launcher is None:
@@ -548,8 +646,8 @@ class ProcessSender:
         """The run clock started: every sender process stamps on it from now on (sent before any assignment)."""
         for worker in self.workers:  # a sender on another node: its own monotonic clock's reading of the run start
             offset = 0.0 if self.launcher is None else self.launcher.clock_offset(worker.index)
-            worker.outbox.append(("clock", mono_start + offset, wall_start))
-            self._send(worker)
+            self._post(worker, ("clock", mono_start + offset, wall_start))
+        self.flush()
 
     def describe(self) -> dict[str, Any]:
         """run.json `senders`."""
@@ -577,8 +675,8 @@ class ProcessSender:
             await asyncio.wait([self._idle_task])
         for worker in self.workers:
             if worker.alive:
-                worker.outbox.append(("stop",))
-                self._send(worker)
+                self._post(worker, ("stop",))
+        self.flush()
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for worker in self.workers:
             while worker.process.is_alive() and time.monotonic() < deadline:
@@ -588,14 +686,15 @@ class ProcessSender:
             self._forget(worker)
             worker.reported = True
             worker.process.join(1.0)  # exited or killed: at once
-            worker.conn.close()
+            if worker.channel is not None:
+                worker.channel.close()
+            worker.conn.close()  # closed already once the channel took it over
         if self.launcher is not None:
             self.launcher.close()
 
     def _forget(self, worker: _Worker) -> None:
-        """Stop watching the worker's pipe and sentinel (remove_reader of a descriptor not watched does nothing)."""
-        if not worker.conn.closed:
-            self._loop.remove_reader(worker.conn.fileno())
+        """Stop watching the worker's sentinel (remove_reader of a descriptor not watched does nothing) and sending to
+        it."""
         self._loop.remove_reader(worker.process.sentinel)
         worker.alive = False
 
@@ -618,31 +717,35 @@ class ProcessSender:
 
     async def _hand_over(self, rec: RequestRecord, server: Any, flight: Progress,
                          blocks: tuple[int, ...] | None) -> Answer:
-        alive = [w for w in self.workers if w.alive]
-        if not alive:
+        workers = self.workers
+        worker = workers[0] if len(workers) == 1 else min(workers, key=_load)
+        if not worker.alive:  # the least loaded is a dead one (float("inf")): none is left
             raise SenderDied("no sender process is left")
-        worker = min(alive, key=lambda w: w.in_flight)
         future: asyncio.Future[Answer | None] = self._loop.create_future()
         pending = self._pending[rec.id] = _Pending(rec, server, flight, worker, future)
         worker.in_flight += 1
         worker.carried += 1
-        worker.outbox.append(("go", rec.id, server.generate_url, rec.input_len, rec.output_len, blocks))
-        self._send(worker)  # at once: a wait for the loop's next turn was most of the hop (bench_senders.py)
+        # written with the others of this assignment round (flush(), called by the router when the round is over), or
+        # at the end of this loop turn at the latest
+        self._post(worker, ("go", rec.id, server.generate_url, rec.input_len, rec.output_len, blocks))
         try:
-            answer = await asyncio.shield(future)
+            answer = await future
             if answer is None:
                 raise SenderFailed(f"sender process {worker.index} (pid {worker.pid}) cancelled request {rec.id} "
                                    "that the router had not cancelled")
             return answer
         except asyncio.CancelledError:
-            if future.done() and not future.cancelled() and future.exception() is not None:
-                # its sender died first: that is how it ended
-                raise future.exception() from None  # type: ignore[misc]
-            if not future.done() and worker.alive:
+            ended = pending.future  # the one awaited, or what _handle put in its place: an answer that came meanwhile
+            if not ended.cancelled():  # it ended before the router's cancel took effect
+                if ended.exception() is not None:  # its sender died first, or a broken answer: that is how it ended
+                    raise ended.exception() from None  # type: ignore[misc]
+                raise  # answered: its stamps are on the record; the router records it as it ended it
+            if worker.alive:
                 # the router ends it: the sender process cancels it and says what it stamped (was it sent?); an
                 # error that comes instead (its sender died meanwhile, a broken answer) is raised in its place
-                worker.outbox.append(("cancel", rec.id))
-                self._send(worker)
+                pending.future = future = self._loop.create_future()
+                self._post(worker, ("cancel", rec.id))
+                self.flush()
                 try:
                     await asyncio.wait_for(future, CANCEL_TIMEOUT_S)
                 except asyncio.TimeoutError:  # a bug of the sender process: a stop that hangs would be worse
@@ -653,33 +756,40 @@ class ProcessSender:
             if self._pending.pop(rec.id, None) is not None:
                 pending.worker.in_flight -= 1
 
-    # ---- the pipes ----
+    # ---- the connections ----
 
-    def _send(self, worker: _Worker) -> None:
-        out, worker.outbox = worker.outbox, []
-        if not worker.alive or not out:
-            return
-        try:
-            worker.conn.send(out)
-        except OSError:  # its end is closed: the process is ending (its sentinel says how: _died)
-            self._pipe_closed(worker)
+    def _post(self, worker: _Worker, msg: tuple[Any, ...]) -> None:
+        """Queue `msg` for `worker`: written by flush(), or at the end of this loop turn at the latest."""
+        if not worker.outbox:
+            self._dirty.append(worker)
+            if self._flush_handle is None:
+                self._flush_handle = self._loop.call_soon(self.flush)
+        worker.outbox.append(msg)
 
-    def _readable(self, worker: _Worker) -> None:
-        try:
-            while worker.conn.poll():
-                for msg in worker.conn.recv():
-                    self._handle(worker, msg)
-        except (EOFError, OSError):
-            self._pipe_closed(worker)
-        except Exception as err:  # a bug in the exchange of messages: the run stops with it
-            self._fault(err)
+    def flush(self) -> None:
+        """Write what was queued for each sender process, one message list each (the router calls this when an
+        assignment round is over: the requests it handed over go at once)."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        dirty, self._dirty = self._dirty, []
+        for worker in dirty:
+            out, worker.outbox = worker.outbox, []
+            if worker.alive and worker.channel is not None:
+                worker.channel.send(out)  # never blocks; a closed channel is reported by _pipe_closed
 
-    def _pipe_closed(self, worker: _Worker) -> None:
-        """The sender process's end of the pipe closed: nothing more is sent to it; its exit (the sentinel) reports
-        it, with its exit code."""
-        if worker.alive:
-            worker.alive = False
-            self._loop.remove_reader(worker.conn.fileno())
+    def _received(self, worker: _Worker, msgs: list[tuple[Any, ...]]) -> None:
+        handle = self._handle
+        for msg in msgs:
+            handle(worker, msg)
+
+    def _pipe_closed(self, worker: _Worker, failure: BaseException | None) -> None:
+        """The sender process's end of the connection closed: nothing more is sent to it; its exit (the sentinel)
+        reports it, with its exit code. A message from it that could not be read or handled is a bug: the run stops
+        with it."""
+        worker.alive = False
+        if failure is not None:
+            self._fault(failure)
 
     def _handle(self, worker: _Worker, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -700,8 +810,13 @@ class ProcessSender:
                 worker.ready.set_result(None)
             return
         pending = self._pending.get(msg[1])
-        if pending is None or pending.future.done():
-            return  # a request the router gave up on meanwhile (its sender died)
+        if pending is None:
+            return
+        if pending.future.done():
+            if not pending.future.cancelled():
+                return  # a request the router gave up on meanwhile (its sender died)
+            # the router cancelled it, and this answer came before its cancel went: the answer stands (_hand_over)
+            pending.future = self._loop.create_future()
         rec = pending.rec
         for name, value in zip(STAMP_FIELDS, msg[2]):
             setattr(rec, name, value)
