@@ -108,7 +108,8 @@ class ServerView(NamedTuple):
     @property
     def free_slots(self) -> int:
         """How many more requests the router may send here now (0 when at or over the cap, or unhealthy)."""
-        return slots_left(self.cap, self.in_flight, self.healthy)
+        # slots_left's rule inlined: policies read this for every server at every call
+        return self.cap - self.in_flight if self.healthy and self.cap > self.in_flight else 0
 
 
 Assignment = tuple[QueuedRequest, ServerView]

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
+from operator import attrgetter
 
 import numpy as np
 
 from tracebench.policies._common import SlotTally, assign_in_order
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
+
+
+_index = attrgetter("index")
 
 
 class RoundRobinPolicy(Policy):
@@ -22,7 +27,9 @@ class RoundRobinPolicy(Policy):
         return assign_in_order(queue, servers, self._next_in_turn)  # oldest first
 
     def _next_in_turn(self, _req: QueuedRequest, open_servers: list[ServerView], _tally: SlotTally) -> ServerView:
-        # the first open server at or after the one whose turn it is, wrapping around
-        server = min(open_servers, key=lambda s: (s.index < self._next_index, s.index))
-        self._next_index = server.index + 1  # past the last index: the min() above wraps to the lowest
+        # the first open server at or after the one whose turn it is, wrapping around (open_servers is in the order
+        # the router gives, by index: a binary search, not a look at every server for every request)
+        at = bisect_left(open_servers, self._next_index, key=_index)
+        server = open_servers[at] if at < len(open_servers) else open_servers[0]
+        self._next_index = server.index + 1  # past the last index: the search above wraps to the lowest
         return server

@@ -80,6 +80,11 @@ HealthCheck = Callable[[int], Awaitable["str | None"]]  # server index -> None i
 _EAGER = sys.version_info >= (3, 12)
 
 
+def free_of(views: list[ServerView]) -> list[int]:
+    """Each view's free_slots, by index (the property's rule, inlined: this runs at every assignment round)."""
+    return [v.cap - v.in_flight if v.healthy and v.cap > v.in_flight else 0 for v in views]
+
+
 def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
@@ -554,15 +559,21 @@ class Router:
         return s.in_flight, s.cap
 
     def _views(self, now: float) -> list[ServerView]:
+        """Every server's view for the policy, made at every assignment round: O(servers) per arriving request, so
+        made as cheaply as Python allows (the named tuples made by tuple.__new__, without their __new__'s frame: 0.3
+        against 0.7 us a server; the observed figures read from their cache unless it is due)."""
         views = []
         add = views.append
         static = self.static
+        make = tuple.__new__
         for s in self.servers:
-            rate, p50, p90, ttft = s.observed(now)
+            if now - s._observed_t >= OBSERVED_REFRESH_S:
+                s.observed(now)
+            rate, p50, p90, ttft = s._observed
             rep = s.reported
-            reported = None if rep is None else ReportedLoad(rep[0], rep[1], rep[2], rep[3], now - s.reported_t)
+            reported = None if rep is None else make(ReportedLoad, (*rep, now - s.reported_t))
             in_flight, cap = self._load(s) if static else (s.in_flight, s.cap)
-            add(ServerView(s.index, s.url, s.state == "up", in_flight, cap, rate, p50, p90, ttft, reported))
+            add(make(ServerView, (s.index, s.url, s.state == "up", in_flight, cap, rate, p50, p90, ttft, reported)))
         return views
 
     def _free_slots(self) -> list[int]:
@@ -616,7 +627,7 @@ class Router:
             return
         now = self.clock.now()
         views = self._views(now)
-        if not self._can_assign([v.free_slots for v in views]):
+        if not self._can_assign(free_of(views)):
             self._idle_since = None
             self._full = True  # requests wait, no slot is free: a full spell (goes on, or starts)
             return  # nothing can be assigned: the policy is not asked
