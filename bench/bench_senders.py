@@ -77,9 +77,11 @@ def figures(run_dir: Path) -> dict[str, float]:
     own50, own99 = np.percentile(own, [50, 99]) if own.size else (np.nan, np.nan)
     senders = json.loads((run_dir / "run.json").read_text())["senders"]
     handed = sum(senders.get("carried_by_process", [])) / max(len(records), 1)
+    cpu = senders.get("router_cpu_s")  # --senders 1 has none
     return {"lag50": float(lag50), "lag99": float(lag99), "own50": float(own50), "own99": float(own99),
             "hop99": p99(records, "t_assigned", "t_built"), "write99": p99(records, "t_dispatch", "t_written"),
-            "ok": sum(r["status"] == "ok" for r in records), "n": len(records), "handed": handed}
+            "ok": sum(r["status"] == "ok" for r in records), "n": len(records), "handed": handed,
+            "cpu_ms": float("nan") if cpu is None else cpu * 1e3 / max(len(records), 1)}
 
 
 def probe_lines(run_dir: Path, probe_dir: Path) -> list[str]:
@@ -117,7 +119,7 @@ COLUMNS = ("lag50", "lag99", "own50", "own99", "hop99", "write99")
 
 def line(rate: float, senders: int, f: dict[str, float], note: str = "") -> str:
     return (f"{rate:8.0f} {senders:8d} " + " ".join(f"{f[c]:9.3f}" for c in COLUMNS)
-            + f" {f['ok']:7.0f}/{f['n']:<7.0f} {f['handed']:7.0%}{note}")
+            + f" {f['ok']:7.0f}/{f['n']:<7.0f} {f['handed']:7.0%} {f['cpu_ms']:9.3f}{note}")
 
 
 def main() -> None:
@@ -171,9 +173,10 @@ def main() -> None:
         print(f"load average before: {os.getloadavg()[0]:.2f} (1 min)")
         print(f"{'rate':>8} {'senders':>8} " + " ".join(f"{h:>9}" for h in ("lag p50", "lag p99", "own p50", "own p99",
                                                                                 "hop p99", "write p99"))
-              + "      ok/n     handed   (ms; lag = t_released - t_arrival, own = t_written - t_arrival, hop = "
-              "t_built - t_assigned, write = t_written - t_dispatch; handed: the share of requests the router handed to "
-              "sender processes, run.json senders)")
+              + "      ok/n     handed  router CPU   (ms; lag = t_released - t_arrival, own = t_written - t_arrival, "
+              "hop = t_built - t_assigned, write = t_written - t_dispatch; handed: the share of requests the router "
+              "handed to sender processes; router CPU: the router process's CPU per request, ms, run.json "
+              "senders.router_cpu_s / requests)")
         medians: dict[tuple[float, int], dict[str, float]] = {}
         spreads: dict[float, list[dict[str, float]]] = {}  # the 1-sender runs of each rate
         for rate in rates:

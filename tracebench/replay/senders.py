@@ -590,6 +590,8 @@ class ProcessSender:
         self.carried_here = 0  # requests the router carried itself
         self.split = Split(sends_under)
         self._idle_task: asyncio.Task[None] | None = None
+        self._cpu_start: float | None = None
+        self.router_cpu_s: float | None = None
         self.workers: list[_Worker] = []
         self._dirty: list[_Worker] = []  # the workers with messages queued (outbox), in the order queued
         self._flush_handle: asyncio.Handle | None = None
@@ -644,6 +646,7 @@ class ProcessSender:
 
     def use_clock(self, mono_start: float, wall_start: float) -> None:
         """The run clock started: every sender process stamps on it from now on (sent before any assignment)."""
+        self._cpu_start = time.process_time()  # the router process's CPU during the run (describe: router_cpu_s)
         for worker in self.workers:  # a sender on another node: its own monotonic clock's reading of the run start
             offset = 0.0 if self.launcher is None else self.launcher.clock_offset(worker.index)
             self._post(worker, ("clock", mono_start + offset, wall_start))
@@ -662,6 +665,9 @@ class ProcessSender:
             "router_sends_under_s": self.sends_under if self.local is not None else 0.0,
             "spare_cores_needed": SPARE_CORES if self.local is not None else None,
             "carried_by_router": self.carried_here,
+            # CPU seconds of the router process (all its threads) from the run clock's start until the sender
+            # processes were told to stop: what its core spent on the run (null: the run clock never started)
+            "router_cpu_s": self.router_cpu_s,
             "carried_by_process": [w.carried for w in self.workers],
             "fault": None if self.fault is None else str(self.fault),
             **({"placement": "spawned processes on this host"} if self.launcher is None else self.launcher.describe()),
@@ -669,6 +675,8 @@ class ProcessSender:
 
     async def close(self) -> None:
         """Tell every sender process to stop and wait for it (killed after STOP_TIMEOUT_S)."""
+        if self._cpu_start is not None and self.router_cpu_s is None:
+            self.router_cpu_s = time.process_time() - self._cpu_start
         self._closing = True
         if self._idle_task is not None:
             self._idle_task.cancel()
