@@ -49,9 +49,10 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from operator import attrgetter
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
@@ -478,9 +479,7 @@ class _Pending:
         self.rec, self.server, self.flight, self.worker, self.future = rec, server, flight, worker, future
 
 
-def _load(worker: _Worker) -> float:
-    """A sender process's requests in flight (a dead one: never the least loaded)."""
-    return worker.in_flight if worker.alive else float("inf")
+_in_flight = attrgetter("in_flight")  # a sender process's requests in flight (min() by it: no Python frame a call)
 
 
 class _Worker:
@@ -593,6 +592,7 @@ class ProcessSender:
         self._cpu_start: float | None = None
         self.router_cpu_s: float | None = None
         self.workers: list[_Worker] = []
+        self._alive: list[_Worker] = []  # the workers whose connection is open: assignments go to these
         self._dirty: list[_Worker] = []  # the workers with messages queued (outbox), in the order queued
         self._flush_handle: asyncio.Handle | None = None
         self._pending: dict[int, _Pending] = {}
@@ -625,6 +625,7 @@ class ProcessSender:
             worker.ready = loop.create_future()
             self.workers.append(worker)
             worker.channel = await Channel.over(mine, partial(self._received, worker), partial(self._pipe_closed, worker))
+            self._alive.append(worker)
             loop.add_reader(process.sentinel, self._died, worker)
         # the spare-core rule reads this host's cores: sender processes on a cluster's nodes do not run on them
         if self.local is not None and self.launcher is None:
@@ -704,7 +705,7 @@ class ProcessSender:
         """Stop watching the worker's sentinel (remove_reader of a descriptor not watched does nothing) and sending to
         it."""
         self._loop.remove_reader(worker.process.sentinel)
-        worker.alive = False
+        self._lost(worker)
 
     # ---- the Sender contract ----
 
@@ -712,23 +713,24 @@ class ProcessSender:
         if self.local is not None:
             self.local.prepare_body(request)
 
-    async def exchange(self, rec: RequestRecord, server: Any, flight: Progress, blocks: tuple[int, ...] | None,
-                       now: Callable[[], float]) -> Answer:
+    def exchange(self, rec: RequestRecord, server: Any, flight: Progress, blocks: tuple[int, ...] | None,
+                 now: Callable[[], float]) -> Awaitable[Answer]:
         """Carry `rec` here if the router is on time for it (`sends_under`), else hand it to the sender process with
-        the fewest requests in flight and wait for its answer; its stamps are set on `rec` when it comes."""
+        the fewest requests in flight and wait for its answer; its stamps are set on `rec` when it comes. (The
+        awaitable of either, not a coroutine of its own: one frame less to resume per request.)"""
         if self.fault is not None:
             raise self.fault
         if self.local is not None and not self.split.hand_over(own_so_far(rec, now())):
             self.carried_here += 1
-            return await self.local.exchange(rec, server, flight, blocks, now)
-        return await self._hand_over(rec, server, flight, blocks)
+            return self.local.exchange(rec, server, flight, blocks, now)
+        return self._hand_over(rec, server, flight, blocks)
 
     async def _hand_over(self, rec: RequestRecord, server: Any, flight: Progress,
                          blocks: tuple[int, ...] | None) -> Answer:
-        workers = self.workers
-        worker = workers[0] if len(workers) == 1 else min(workers, key=_load)
-        if not worker.alive:  # the least loaded is a dead one (float("inf")): none is left
+        alive = self._alive
+        if not alive:
             raise SenderDied("no sender process is left")
+        worker = alive[0] if len(alive) == 1 else min(alive, key=_in_flight)
         future: asyncio.Future[Answer | None] = self._loop.create_future()
         pending = self._pending[rec.id] = _Pending(rec, server, flight, worker, future)
         worker.in_flight += 1
@@ -795,9 +797,15 @@ class ProcessSender:
         """The sender process's end of the connection closed: nothing more is sent to it; its exit (the sentinel)
         reports it, with its exit code. A message from it that could not be read or handled is a bug: the run stops
         with it."""
-        worker.alive = False
+        self._lost(worker)
         if failure is not None:
             self._fault(failure)
+
+    def _lost(self, worker: _Worker) -> None:
+        """Nothing more goes to `worker` (its connection closed, or its process ended)."""
+        worker.alive = False
+        if worker in self._alive:
+            self._alive.remove(worker)
 
     def _handle(self, worker: _Worker, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
