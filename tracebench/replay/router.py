@@ -44,7 +44,7 @@ from tracebench.policies.base import (
     UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView, free_slots_text, slots_left,
 )
 from tracebench.replay.answer_check import ContextLimits, check_answer, mismatch_reason
-from tracebench.replay.client import Answer, Fetched
+from tracebench.replay.client import METAINFO_READ, Answer, Fetched
 from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.flight import Sender
 from tracebench.replay.gate import ConcurrencyGate
@@ -73,6 +73,11 @@ _OPTIONAL_STAMPS = (
     ("api_server_dispatch_finish_ts", "server_dispatched"),
     ("response_sent_to_client_ts", "server_first_sent"),
 )
+
+_READ = {"completion_tokens", "prompt_tokens", "cached_tokens", "e2e_latency", "queue_time", "tracebench_sim_lag",
+         *(key for key, _ in _STAMPS + _OPTIONAL_STAMPS)}
+if not _READ <= set(METAINFO_READ):  # a sender process would drop a key read here (client.METAINFO_READ)
+    raise ImportError(f"client.METAINFO_READ lacks {sorted(_READ - set(METAINFO_READ))}, which the router reads")
 
 HealthCheck = Callable[[int], Awaitable["str | None"]]  # server index -> None if healthy, else why not
 # Python 3.12+ can start a task at once (eager_start): a dispatched request runs up to its first wait (its bytes are on

@@ -57,7 +57,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from tracebench.errors import RunFailed, ServerProtocolError, TracebenchError
-from tracebench.replay.client import APIS, Answer, Api, SglangClient
+from tracebench.replay.client import APIS, METAINFO_READ, Answer, Api, SglangClient
 from tracebench.replay.flight import HttpSender, Progress
 from tracebench.replay.records import RequestRecord
 from tracebench.replay.tokens import InputIds
@@ -358,8 +358,12 @@ class _SenderLoop:
             return
         finally:
             self.tasks.pop(rid, None)
-        # sent with the others of this loop turn: one write for them all (the record's stamps are taken already)
-        self._post(("done", rid, _stamps(rec), answer.status, answer.error, answer.meta, answer.connection_lost))
+        # sent with the others of this loop turn: one write for them all (the record's stamps are taken already); of
+        # meta_info only what the router reads
+        meta = answer.meta
+        if meta is not None:
+            meta = {key: meta[key] for key in METAINFO_READ if key in meta}
+        self._post(("done", rid, _stamps(rec), answer.status, answer.error, meta, answer.connection_lost))
 
     async def _progress_ticks(self) -> None:
         """Every PROGRESS_PERIOD_S: the requests whose stream moved since the last report (their last progress and
