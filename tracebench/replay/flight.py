@@ -64,6 +64,11 @@ class Sender(Protocol):
     stream: bool
     api: Api
     prepares_ahead: bool  # prepare_body is worth calling while the engine waits for the next arrival
+    # None, or a sender that carries a whole flight itself: take_over(rec, server, flight, blocks, on_end) sends it
+    # and calls on_end(answer, None) once when its answer came, on_end(None, None) when it was cancelled as the
+    # router asked (cancel(request id)), on_end(None, error) when it failed; the router then needs no task per
+    # request (senders.ProcessSender)
+    take_over: Callable[..., None] | None
 
     def prepare_body(self, request: TraceRequest) -> None: ...
 
@@ -91,6 +96,7 @@ class HttpSender:
     """sglang's HTTP API: the body made from the trace's ids, POSTed through the run's one aiohttp session."""
 
     prepares_ahead = True
+    take_over = None  # the router's task for each request carries it (exchange)
 
     def __init__(self, client: SglangClient, input_ids: InputIds) -> None:
         self.client = client

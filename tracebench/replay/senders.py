@@ -476,11 +476,17 @@ def _stamps(rec: RequestRecord) -> tuple[Any, ...]:
 
 
 class _Pending:
-    __slots__ = ("rec", "server", "flight", "worker", "future")
+    """A request handed to a sender process, until its answer: awaited (`future`: exchange), or called back (`on_end`:
+    take_over; `cancel_timer` while its cancel is awaited)."""
+
+    __slots__ = ("rec", "server", "flight", "worker", "future", "on_end", "cancel_timer")
 
     def __init__(self, rec: RequestRecord, server: Any, flight: Progress, worker: _Worker,
-                 future: asyncio.Future[Answer | None]) -> None:
+                 future: asyncio.Future[Answer | None] | None,
+                 on_end: Callable[[Answer | None, BaseException | None], None] | None = None) -> None:
         self.rec, self.server, self.flight, self.worker, self.future = rec, server, flight, worker, future
+        self.on_end = on_end
+        self.cancel_timer: asyncio.TimerHandle | None = None
 
 
 _in_flight = attrgetter("in_flight")  # a sender process's requests in flight (min() by it: no Python frame a call)
@@ -590,6 +596,9 @@ class ProcessSender:
         self.sends_under = sends_under
         # the body of the next arrival is made ahead (as with one process) only where the router may send it itself
         self.prepares_ahead = self.local is not None
+        # every request handed over: the router gives each whole flight to take_over (no task of its own per request);
+        # else exchange() decides per request whether the router carries it itself
+        self.take_over = self._take_over if self.local is None else None
         self.carried_here = 0  # requests the router carried itself
         self.split = Split(sends_under)
         self._idle_task: asyncio.Task[None] | None = None
@@ -729,6 +738,46 @@ class ProcessSender:
             return self.local.exchange(rec, server, flight, blocks, now)
         return self._hand_over(rec, server, flight, blocks)
 
+    def _take_over(self, rec: RequestRecord, server: Any, flight: Progress, blocks: tuple[int, ...] | None,
+                   on_end: Callable[[Answer | None, BaseException | None], None]) -> None:
+        """Hand `rec` to the sender process with the fewest requests in flight; `on_end(answer, error)` is called once
+        when it ended (flight.Sender.take_over). Its stamps are set on `rec` before."""
+        if self.fault is not None:
+            raise self.fault
+        alive = self._alive
+        if not alive:
+            raise SenderDied("no sender process is left")
+        worker = alive[0] if len(alive) == 1 else min(alive, key=_in_flight)
+        self._pending[rec.id] = _Pending(rec, server, flight, worker, None, on_end)
+        worker.in_flight += 1
+        worker.carried += 1
+        # written with the others of this assignment round (flush(), called by the router when the round is over)
+        self._post(worker, ("go", rec.id, server.generate_url, rec.input_len, rec.output_len, blocks))
+
+    def cancel(self, rid: int) -> None:
+        """The router ends request `rid` (taken over): its sender process cancels it and says what it stamped (was it
+        sent?); on_end follows with no answer, or with an error that came instead (its sender died meanwhile, a
+        broken answer), or with SenderFailed if the sender process says nothing within CANCEL_TIMEOUT_S."""
+        pending = self._pending.get(rid)
+        if pending is None or pending.cancel_timer is not None or not pending.worker.alive:
+            return  # ended already, being cancelled, or about to end with its sender's death (_report_exit)
+        worker = pending.worker
+        pending.cancel_timer = self._loop.call_later(
+            CANCEL_TIMEOUT_S, self._end, pending, None,
+            SenderFailed(f"sender process {worker.index} (pid {worker.pid}) did not answer the cancel of request "
+                         f"{rid} within {CANCEL_TIMEOUT_S:g} s"))
+        self._post(worker, ("cancel", rid))
+        self.flush()
+
+    def _end(self, pending: _Pending, answer: Answer | None, err: BaseException | None) -> None:
+        """A taken-over request ended: unlisted, then its on_end called (once)."""
+        if self._pending.pop(pending.rec.id, None) is None:
+            return
+        pending.worker.in_flight -= 1
+        if pending.cancel_timer is not None:
+            pending.cancel_timer.cancel()
+        pending.on_end(answer, err)  # type: ignore[misc]
+
     async def _hand_over(self, rec: RequestRecord, server: Any, flight: Progress,
                          blocks: tuple[int, ...] | None) -> Answer:
         alive = self._alive
@@ -832,31 +881,52 @@ class ProcessSender:
         pending = self._pending.get(msg[1])
         if pending is None:
             return
+        if pending.on_end is not None:
+            self._apply_stamps(pending, msg[2])
+            if kind == "done":
+                _, _, _, status, error, meta, connection_lost = msg
+                self._end(pending, Answer(status, error, meta, connection_lost), None)
+            elif kind == "raised":
+                self._end(pending, None, self._raised(worker, msg[3], msg[4]))
+            elif kind == "cancelled":
+                self._end(pending, None, None)
+            else:
+                raise SenderFailed(f"sender process {worker.index}: unknown message {kind!r}")
+            return
         if pending.future.done():
             if not pending.future.cancelled():
                 return  # a request the router gave up on meanwhile (its sender died)
             # the router cancelled it, and this answer came before its cancel went: the answer stands (_hand_over)
             pending.future = self._loop.create_future()
+        self._apply_stamps(pending, msg[2])
+        if kind == "done":
+            _, _, _, status, error, meta, connection_lost = msg
+            pending.future.set_result(Answer(status, error, meta, connection_lost))
+        elif kind == "raised":
+            pending.future.set_exception(self._raised(worker, msg[3], msg[4]))
+        elif kind == "cancelled":
+            pending.future.set_result(None)
+        else:
+            raise SenderFailed(f"sender process {worker.index}: unknown message {kind!r}")
+
+    @staticmethod
+    def _apply_stamps(pending: _Pending, stamps: tuple[Any, ...]) -> None:
+        """The stamps a sender process took, onto the record; its end is its server's and its flight's progress."""
         rec = pending.rec
-        for name, value in zip(STAMP_FIELDS, msg[2]):
+        for name, value in zip(STAMP_FIELDS, stamps):
             setattr(rec, name, value)
         if rec.t_finish is not None:
             if rec.t_finish > pending.flight.t_progress:
                 pending.flight.t_progress = rec.t_finish
             if rec.t_finish > pending.server.t_heard:
                 pending.server.t_heard = rec.t_finish
-        if kind == "done":
-            _, _, _, status, error, meta, connection_lost = msg
-            pending.future.set_result(Answer(status, error, meta, connection_lost))
-        elif kind == "raised":
-            _, _, _, name, text = msg
-            err: BaseException = (ServerProtocolError(text) if name == "ServerProtocolError"
-                                  else SenderFailed(f"sender process {worker.index} (pid {worker.pid}): {name}: {text}"))
-            pending.future.set_exception(err)
-        elif kind == "cancelled":
-            pending.future.set_result(None)
-        else:
-            raise SenderFailed(f"sender process {worker.index}: unknown message {kind!r}")
+
+    @staticmethod
+    def _raised(worker: _Worker, name: str, text: str) -> BaseException:
+        """A sender process's "raised": a broken contract (ServerProtocolError) or its bug (SenderFailed)."""
+        if name == "ServerProtocolError":
+            return ServerProtocolError(text)
+        return SenderFailed(f"sender process {worker.index} (pid {worker.pid}): {name}: {text}")
 
     def _died(self, worker: _Worker) -> None:
         """The sender process exited (its sentinel is readable): a fault the run reports."""
@@ -880,8 +950,12 @@ class ProcessSender:
         if worker.ready is not None and not worker.ready.done():
             worker.ready.set_exception(err)
         for pending in list(self._pending.values()):
-            if pending.worker is worker and not pending.future.done():
-                pending.future.set_exception(err)
+            if pending.worker is not worker:
+                continue
+            if pending.on_end is not None:
+                self._end(pending, None, err)
+            elif not pending.future.done():  # type: ignore[union-attr]
+                pending.future.set_exception(err)  # type: ignore[union-attr]
         self._fault(err)
 
     def _fault(self, err: BaseException) -> None:
