@@ -666,6 +666,11 @@ class ProcessSender:
             self._post(worker, ("clock", mono_start + offset, wall_start))
         self.flush()
 
+    def run_ended(self) -> None:
+        """The run ended (its t_end): the router process's CPU over it is taken now (once)."""
+        if self._cpu_start is not None and self.router_cpu_s is None:
+            self.router_cpu_s = time.process_time() - self._cpu_start
+
     def describe(self) -> dict[str, Any]:
         """run.json `senders`."""
         return {
@@ -679,8 +684,8 @@ class ProcessSender:
             "router_sends_under_s": self.sends_under if self.local is not None else 0.0,
             "spare_cores_needed": SPARE_CORES if self.local is not None else None,
             "carried_by_router": self.carried_here,
-            # CPU seconds of the router process (all its threads) from the run clock's start until the sender
-            # processes were told to stop: what its core spent on the run (null: the run clock never started)
+            # CPU seconds of the router process (all its threads) from the run clock's start to the run's end
+            # (t_end): what its core spent on the run (null: the run clock never started)
             "router_cpu_s": self.router_cpu_s,
             "carried_by_process": [w.carried for w in self.workers],
             "fault": None if self.fault is None else str(self.fault),
@@ -689,8 +694,7 @@ class ProcessSender:
 
     async def close(self) -> None:
         """Tell every sender process to stop and wait for it (killed after STOP_TIMEOUT_S)."""
-        if self._cpu_start is not None and self.router_cpu_s is None:
-            self.router_cpu_s = time.process_time() - self._cpu_start
+        self.run_ended()
         self._closing = True
         if self._idle_task is not None:
             self._idle_task.cancel()
