@@ -17,12 +17,22 @@ by --router-sends-under, 1 ms by default) and the host has a spare core (/proc/s
 every request over. run.json `senders` counts who carried how many.
 
 Transport: a `multiprocessing` duplex pipe per sender process (spawned, not forked: the router's loop and threads are
-never copied), pickled lists of messages. Router -> sender: ("clock", mono_start, wall_start), ("go", id, url,
-input_len, output_len, blocks), ("cancel", id), ("stop",). Sender -> router: ("ready", pid), ("progress", [(id,
-t_progress, t_first_token), ...]) every PROGRESS_PERIOD_S for the requests whose stream moved (the watchdog's input),
-("done", id, stamps, status, error, meta, connection_lost), ("raised", id, stamps, error type, message) for an answer
-that broke the contract (ServerProtocolError: the run stops, as with one process), ("cancelled", id, stamps). A send
-is a write of a few hundred bytes into a socket pair whose buffer the other side empties as its loop turns.
+never copied), read and written by an asyncio transport on each end (`Channel`: multiprocessing's framing, a 4-byte
+length and a pickled list of messages): a write never blocks the loop (two ends that wrote to each other at once with
+blocking sends deadlocked), and what one loop turn has for a process goes as one list (the router flushes the requests
+of an assignment round when the round is over; a sender process, its answers at the end of its loop turn). Router ->
+sender: ("clock", mono_start, wall_start), ("go", id, url, input_len, output_len, blocks), ("cancel", id), ("stop",).
+Sender -> router: ("ready", pid), ("progress", [(id, t_progress, t_first_token), ...]) every PROGRESS_PERIOD_S for
+the requests whose stream moved (the watchdog's input), ("done", id, stamps, status, error, meta, connection_lost)
+(meta: only the meta_info keys the router reads, client.METAINFO_READ), ("raised", id, stamps, error type, message)
+for an answer that broke the contract (ServerProtocolError: the run stops, as with one process), ("cancelled", id,
+stamps).
+
+The router's side per request, when every request is handed over (`--router-sends-under 0`): no task and no
+coroutine of its own (`take_over`: the sender process carries the whole flight, and the router reads its answer and
+writes its record in one call back, `on_end`); with the split, a task per request awaits `exchange`, as with one
+process. run.json `senders.router_cpu_s` is the router process's CPU over the run (bench/bench_senders.py divides it
+by the requests).
 
 One clock: on one host CLOCK_MONOTONIC is the same clock in every process, so each sender process stamps with
 `time.monotonic() - mono_start` of the router's RunClock (sent to it when the run clock starts, before any request);
@@ -676,7 +686,8 @@ class ProcessSender:
         return {
             "count": self.count,
             "pids": [w.pid for w in self.workers],
-            "transport": "multiprocessing pipes (spawned processes), pickled message lists",
+            "transport": "multiprocessing pipes (spawned processes) on asyncio transports, multiprocessing's framing "
+                         "(a length, then a pickled message list)",
             "clock": "CLOCK_MONOTONIC of this host, shared: stamps are time.monotonic() - the run clock's mono_start",
             "progress_period_s": PROGRESS_PERIOD_S,
             "cpus": None if self.setup.cpus is None else list(self.setup.cpus),  # --pin-cpus
