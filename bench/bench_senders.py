@@ -30,7 +30,8 @@ decide. Everything shares this machine's CPUs: the figures are for the machine a
 (the load average is printed before and after). The last lines compare 2 senders with 1 at every rate (the issue's
 acceptance on 2 cores: never slower), beside the spread of the 1-sender runs themselves (the noise of the machine).
 The router hands requests to its sender processes only while it falls behind and the host has a spare core
-(docs/replay.md, "Parallel senders"); the `handed` column says how many it did.
+(docs/replay.md, "Parallel senders"); the `handed` column says how many it did, and `router CPU` the router
+process's CPU per request over the run (run.json `senders.router_cpu_s`; none with 1 sender).
 
 `--pin` places the processes (Linux): the router alone on CPU 0, the sender processes on CPUs 1..S (S the largest
 sender count asked for; `replay --pin-cpus`), the sim-servers on the CPUs left. Without it the kernel places them all.
