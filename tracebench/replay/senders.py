@@ -295,7 +295,15 @@ class _SenderLoop:
             raise self.fatal  # the process ends with its traceback; the router reports it as a sender that died
 
     def _received(self, msgs: list[tuple[Any, ...]]) -> None:
+        # a request whose cancel came in the same list as its "go" (this process was slow to turn its loop) is never
+        # started: on Python 3.12 its task would start at once (eager) and stamp t_dispatch before the cancel is read
+        cancelled = {msg[1] for msg in msgs if msg[0] == "cancel"} if len(msgs) > 1 else None
         for msg in msgs:
+            if cancelled and msg[0] == "go" and msg[1] in cancelled:
+                rec = RequestRecord(msg[1], msg[3], msg[4], 0.0)
+                rec.t_finish = self.now()
+                self._post(("cancelled", msg[1], _stamps(rec)))
+                continue
             self._handle(msg)
 
     def _closed(self, failure: BaseException | None) -> None:
