@@ -157,11 +157,14 @@ def test_queueing_on_a_busy_server_is_never_a_timeout(tmp_path: Path, sim_server
     assert "never before" in run["stall"]["rule"]
 
 
+@pytest.mark.parametrize("senders", [1, 2])
 def test_a_scheduler_hung_behind_a_live_http_side_and_a_request_stalled_after_its_first_token(
-        tmp_path: Path, sim_server) -> None:
+        tmp_path: Path, sim_server, senders: int) -> None:
     # server 0 hangs behind a live HTTP side (its polls answer the same snapshot again): nothing of it shows progress,
     # so it is stalled, requests waiting for their first token there included (no --timeout: without this the run
-    # would never end); server 1 serves on, but holds one request after its first token: that request alone stalls
+    # would never end); server 1 serves on, but holds one request after its first token: that request alone stalls.
+    # With 2 sender processes carrying every request (their progress reports feed the watchdog; the router asks them
+    # to cancel what it ends), the same
     sims = [sim_server("--speed", "10", wait=False) for _ in range(2)]  # started together
     for server in sims:
         wait_healthy(server.url, server.proc, server.log)
@@ -170,6 +173,7 @@ def test_a_scheduler_hung_behind_a_live_http_side_and_a_request_stalled_after_it
     with proxy(sims[0].url, "--freeze-after", "0.5") as hung, proxy(sims[1].url, "--hold-nth", "3") as holding:
         proc = start_replay(str(trace), "--attach", hung, "--attach", holding, "--policy", "round_robin",
                             "--stall-timeout", "1", "--poll-interval", "0.2", "--run-name", "f",
+                            *(("--senders", str(senders), "--router-sends-under", "0") if senders > 1 else ()),
                             "--out-dir", str(tmp_path), "--quiet", cwd=tmp_path)
         _, stderr = finish(proc, timeout=40)
     assert proc.returncode == 0, stderr

@@ -70,6 +70,7 @@ def test_two_senders_record_what_one_does(tmp_path: Path) -> None:
     assert run1["senders"] == {"count": 1} and run1["options"]["senders"] == 1
     assert run2["senders"]["count"] == 2 and len(run2["senders"]["pids"]) == 2 and run2["senders"]["fault"] is None
     assert run2["options"]["senders"] == 2 and run2["status"] == "completed"
+    assert 0 < run2["senders"]["router_cpu_s"] < run2["t_end"] + 1  # the router process's CPU over the run
     # --router-sends-under 0: every request went through a sender process, both of them used
     assert run2["senders"]["carried_by_router"] == 0 and sum(run2["senders"]["carried_by_process"]) == n
     assert min(run2["senders"]["carried_by_process"]) > 0
@@ -228,3 +229,37 @@ def test_pin_cpus_refusals(tmp_path: Path) -> None:
                                     "--quiet")
         assert result.returncode == 2, (args, result.stderr)
         assert why in result.stderr, result.stderr
+
+
+def test_both_ends_of_a_sender_connection_write_at_once_without_waiting_on_each_other() -> None:
+    """Each end writes far more than a socket buffer holds before either reads (a router and a sender process both
+    busy answering each other). multiprocessing's Connection.send would block the first write here for ever, as
+    router and sender did at 1,000 req/s on 2 cores; a Channel queues it and the loop delivers every message, in
+    order, whole, once both ends read."""
+    import asyncio
+    import multiprocessing
+
+    from tracebench.replay.loop import run
+    from tracebench.replay.senders import Channel
+
+    batch = [("done", i, "x" * 1_000) for i in range(2_000)]  # ~2 MB a list: many times a socket's buffer
+
+    async def main() -> tuple[list, list, list]:
+        got: dict[str, list] = {"a": [], "b": []}
+        closed: list = []
+        mine, theirs = multiprocessing.Pipe(duplex=True)
+        a = await Channel.over(mine, got["a"].extend, closed.append)
+        b = await Channel.over(theirs, got["b"].extend, closed.append)
+        for _ in range(3):  # no read can happen in between: this coroutine does not yield
+            assert a.send(batch) and b.send(batch)
+        deadline = asyncio.get_running_loop().time() + 30
+        while (len(got["a"]) < 3 * len(batch) or len(got["b"]) < 3 * len(batch)) and \
+                asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        a.close()
+        await asyncio.wait([a.lost, b.lost], timeout=5)
+        return got["a"], got["b"], closed
+
+    got_a, got_b, closed = run(main())
+    assert got_a == batch * 3 and got_b == batch * 3
+    assert closed == [None, None]  # both ends saw the close, neither a broken message

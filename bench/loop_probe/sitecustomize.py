@@ -54,12 +54,29 @@ if _DIR:
 
     _run = asyncio.events.Handle._run
 
+    def _what(callback: object) -> str:
+        """A callback's name, without repr() of the objects it is bound to: aiohttp's ClientResponse.__repr__ reads its
+        `headers`, a reify that caches None when read before the response started (every later read in that request
+        then failed with AttributeError "'NoneType' object has no attribute 'getall'", seen under this probe)."""
+        name = getattr(callback, "__qualname__", None)
+        if name is None:
+            func = getattr(callback, "__func__", None) or getattr(callback, "func", None)
+            name = getattr(func, "__qualname__", type(callback).__qualname__)
+        owner = getattr(callback, "__self__", None)
+        if owner is not None and not isinstance(owner, type):
+            name = f"{type(owner).__qualname__}.{name.rpartition('.')[2]}"
+            coro = getattr(owner, "get_coro", None)
+            if coro is not None:  # a task's step or wake-up: the coroutine it runs
+                inner = coro()
+                name += f" of {getattr(inner, '__qualname__', type(inner).__qualname__)}"
+        return name
+
     def _timed_run(self: asyncio.events.Handle) -> None:
         t0 = _perf()
         _run(self)
         took = _perf() - t0
         if took > SLOW_S:
-            _slow.append((_wall(), took * 1e3, repr(self._callback)[:160]))
+            _slow.append((_wall(), took * 1e3, _what(self._callback)[:160]))
 
     asyncio.events.Handle._run = _timed_run  # type: ignore[method-assign]
 

@@ -18,20 +18,27 @@ class SlotTally:
     what it already handed out, or it would overfill a server.
     """
 
-    __slots__ = ("servers", "free", "in_flight")
+    __slots__ = ("servers", "free", "in_flight", "_open")
 
     def __init__(self, servers: Sequence[ServerView]) -> None:
         self.servers = list(servers)
         self.free = {s.index: s.free_slots for s in servers}
         self.in_flight = {s.index: s.in_flight for s in servers}
+        self._open: list[ServerView] | None = None  # open_servers() until a server fills up (take)
 
     def open_servers(self) -> list[ServerView]:
-        """Servers that can take one more request now (healthy and under their cap), in the given order."""
-        return [s for s in self.servers if self.free[s.index] > 0]
+        """Servers that can take one more request now (healthy and under their cap), in the given order. The same
+        list until a take() fills a server (made once per call, not once per request: a fleet's every server)."""
+        if self._open is None:
+            free = self.free
+            self._open = [s for s in self.servers if free[s.index] > 0]
+        return self._open
 
     def take(self, server: ServerView) -> None:
         self.free[server.index] -= 1
         self.in_flight[server.index] += 1
+        if self.free[server.index] <= 0:
+            self._open = None
 
 
 Chooser = Callable[[QueuedRequest, list[ServerView], SlotTally], ServerView]

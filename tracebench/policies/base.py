@@ -108,8 +108,8 @@ class ServerView(NamedTuple):
     @property
     def free_slots(self) -> int:
         """How many more requests the router may send here now (0 when at or over the cap, or unhealthy)."""
-        cap, in_flight = self.cap, self.in_flight  # slots_left, inline: read once per server per request by policies
-        return cap - in_flight if self.healthy and cap > in_flight else 0
+        # slots_left's rule inlined: policies read this for every server at every call
+        return self.cap - self.in_flight if self.healthy and self.cap > self.in_flight else 0
 
 
 Assignment = tuple[QueuedRequest, ServerView]

@@ -50,6 +50,14 @@ class Answer:
     connection_lost: bool = False
 
 
+# The meta_info keys the router reads of an answer (router.Router._take_answer: the counts, the latencies, sglang's
+# stamps, a simulator's lag): a sender process passes on only these (router.py checks at import that it reads no
+# other), so that every answer's pipe message carries a dozen numbers, not sglang's whole meta_info
+METAINFO_READ = ("completion_tokens", "prompt_tokens", "cached_tokens", "e2e_latency", "queue_time",
+                 "tracebench_sim_lag", "request_received_ts", "forward_entry_time", "prefill_finished_time",
+                 "request_finished_ts", "api_server_dispatch_finish_ts", "response_sent_to_client_ts")
+
+
 @dataclass(slots=True)
 class Fetched:
     """A GET's outcome: the parsed JSON body, or why there is none (`connection_lost`: the server was not reached;

@@ -64,11 +64,21 @@ class Sender(Protocol):
     stream: bool
     api: Api
     prepares_ahead: bool  # prepare_body is worth calling while the engine waits for the next arrival
+    # None, or a sender that carries a whole flight itself: take_over(rec, server, flight, blocks, on_end) sends it
+    # and calls on_end(answer, None) once when its answer came, on_end(None, None) when it was cancelled as the
+    # router asked (cancel(request id)), on_end(None, error) when it failed; the router then needs no task per
+    # request (senders.ProcessSender)
+    take_over: Callable[..., None] | None
 
     def prepare_body(self, request: TraceRequest) -> None: ...
 
     async def exchange(self, rec: RequestRecord, server: Destination, flight: Progress,
                        blocks: tuple[int, ...] | None, now: Callable[[], float]) -> Answer: ...
+
+    def flush(self) -> None:
+        """An assignment round is over: send what the sender holds back from it (senders.ProcessSender queues the
+        requests of a round for one write per sender process; the others hold nothing back)."""
+        ...
 
 
 class PairSender(Sender, Protocol):
@@ -86,6 +96,7 @@ class HttpSender:
     """sglang's HTTP API: the body made from the trace's ids, POSTed through the run's one aiohttp session."""
 
     prepares_ahead = True
+    take_over = None  # the router's task for each request carries it (exchange)
 
     def __init__(self, client: SglangClient, input_ids: InputIds) -> None:
         self.client = client
@@ -94,6 +105,9 @@ class HttpSender:
         self.api = client.api
         # (request id, body) made ahead by prepare_body: the next arrival's, while the engine waits for it
         self._ready_body: tuple[int, bytes] | None = None
+
+    def flush(self) -> None:
+        """Nothing is held back: each request is written as it is dispatched."""
 
     def prepare_body(self, request: TraceRequest) -> None:
         self._ready_body = (request.id, self.make_body(request.id, request.input_len, request.output_len,

@@ -261,6 +261,10 @@ class InProcessSender:
     hop; its tokens reach the record a response hop after they are handed out (`_Watch`)."""
 
     prepares_ahead = False  # no body to make
+    take_over = None  # the router's task for each request carries it (exchange)
+
+    def flush(self) -> None:
+        """Nothing is held back: each request enters its server's engine as it is dispatched."""
 
     def __init__(self, fleet: InProcessFleet, block_size: int | None, stream: bool, hops: Hops, clock: RunClock,
                  request_timeout: float | None = None, timeout_reason: str | None = None) -> None:

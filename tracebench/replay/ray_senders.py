@@ -152,8 +152,8 @@ class RaySenders:
     def describe(self) -> dict[str, Any]:
         return {
             "placement": self.placement,
-            "transport": "multiprocessing connections over TCP (Listener / Client, a per-run authkey), pickled "
-                         "message lists",
+            "transport": "multiprocessing connections over TCP (Listener / Client, a per-run authkey), then "
+                         "asyncio transports on their sockets: pickled message lists in multiprocessing's framing",
             "clock": "each sender stamps time.monotonic() - the run start on its own clock: mono_start + its offset "
                      f"(0 on this node; elsewhere measured, the shortest of {CLOCK_SAMPLES} round trips kept)",
             "actors": [{"node": {k: h.node[k] for k in ("id", "ip", "hostname")}, "pid": h.pid,

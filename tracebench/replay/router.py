@@ -45,7 +45,7 @@ from tracebench.policies.base import (
     UNCAPPED, Policy, QueuedRequest, ReportedLoad, ServerView, free_slots_text, slots_left,
 )
 from tracebench.replay.answer_check import ContextLimits, check_answer, mismatch_reason
-from tracebench.replay.client import Answer, Fetched
+from tracebench.replay.client import METAINFO_READ, Answer, Fetched
 from tracebench.replay.clock import RunClock, run_seconds
 from tracebench.replay.flight import Sender
 from tracebench.replay.gate import ConcurrencyGate
@@ -74,6 +74,11 @@ _OPTIONAL_STAMPS = (
     ("api_server_dispatch_finish_ts", "server_dispatched"),
     ("response_sent_to_client_ts", "server_first_sent"),
 )
+
+_READ = {"completion_tokens", "prompt_tokens", "cached_tokens", "e2e_latency", "queue_time", "tracebench_sim_lag",
+         *(key for key, _ in _STAMPS + _OPTIONAL_STAMPS)}
+if not _READ <= set(METAINFO_READ):  # a sender process would drop a key read here (client.METAINFO_READ)
+    raise ImportError(f"client.METAINFO_READ lacks {sorted(_READ - set(METAINFO_READ))}, which the router reads")
 
 HealthCheck = Callable[[int], Awaitable["str | None"]]  # server index -> None if healthy, else why not
 # Python 3.12+ can start a task at once (eager_start): a dispatched request runs up to its first wait (its bytes are on
@@ -246,7 +251,7 @@ class _Flight:
     over (the prefill answer came); `server_done`: its server's answer is whole while `other`'s is still to come."""
 
     __slots__ = ("rec", "server", "other", "other_done", "server_done", "task", "t_progress", "end_status",
-                 "end_reason")
+                 "end_reason", "cancelling")
 
     def __init__(self, rec: RequestRecord, server: ServerState, t: float, other: ServerState | None = None) -> None:
         self.rec = rec
@@ -258,6 +263,8 @@ class _Flight:
         self.t_progress = t
         self.end_status: str | None = None
         self.end_reason: str | None = None
+        # a flight its sender took over (no task: Sender.take_over) that the router asked the sender to cancel
+        self.cancelling = False
 
     def waits_on(self) -> ServerState:
         """The server whose progress this request waits for now: a PD pair's prefill server until its answer or the
@@ -697,6 +704,7 @@ class Router:
         if self._full:  # a slot freed by a path _slot_freed did not see: the spell ends here
             self._end_full_spell(now)
         t_assigned = self._ask(now, views)
+        self.sender.flush()  # what the round handed to sender processes goes now, in one write per process
         if t_assigned is not None:
             self._idle_since = None
             if self._queue and not self._can_assign(self._free_slots()):
@@ -828,12 +836,51 @@ class Router:
     # ---- one request: the three timestamps ---------------------------------------------------------------------
 
     def _dispatch(self, rec: RequestRecord, server: ServerState) -> None:
-        self._launch(rec, server, partial(self._serve, rec, server))
+        take_over = self.sender.take_over
+        if take_over is None:
+            self._launch(rec, server, partial(self._serve, rec, server))
+            return
+        # the sender carries the whole flight and calls back once, when it ended (no task, no coroutine of the
+        # router's per request: senders.ProcessSender with every request handed over)
+        flight = self._new_flight(rec, server, None)
+        rec.server = server.index
+        try:
+            take_over(rec, server, flight, self._prefix_blocks.get(rec.id), partial(self._flight_ended, flight))
+        except Exception as err:  # no sender left to take it (SenderDied): recorded, and the run stops with it
+            self._flight_ended(flight, None, err)
 
-    def _launch(self, rec: RequestRecord, server: ServerState, serve: Callable[[_Flight], Coroutine[Any, Any, None]],
-                other: ServerState | None = None) -> None:
-        """Start one dispatched request as a flight (what the watchdog sees): `serve(flight)` sends it and ends in
-        `_finish`. `server` (and `other`, a second server it occupies) count it in flight from now."""
+    def _flight_ended(self, flight: _Flight, answer: Answer | None, err: BaseException | None) -> None:
+        """A flight the sender took over ended: `answer` (None: the sender cancelled it, as the router asked), or
+        `err` (its sender died, a broken answer). Read and recorded as `_serve` does for a task's."""
+        rec, server = flight.rec, flight.server
+        failure: BaseException | None = None
+        try:
+            if err is not None:
+                raise err
+            if flight.cancelling:  # the router ended it: recorded as the router ended it, whatever came meanwhile
+                if rec.t_finish is None:
+                    rec.t_finish = self.clock.now()
+                self._ended_by_router(rec, flight)
+            elif answer is None:
+                raise RunFailed(f"the sender cancelled request {rec.id}, which the router had not cancelled")
+            else:
+                self._take_answer(rec, server, answer)
+                if rec.status == "ok":
+                    self._check_answer(rec, server)
+                rec.t_parsed = self.clock.now()
+        except Exception as error:  # recorded; the run stops on anything but a measurement
+            if rec.t_finish is None:
+                rec.t_finish = self.clock.now()
+            rec.status, rec.error = "error", f"{type(error).__name__}: {error}"
+            failure = error
+        finally:
+            self._finish(rec, server)
+        if failure is not None:
+            self.fail(failure)
+
+    def _new_flight(self, rec: RequestRecord, server: ServerState, other: ServerState | None) -> _Flight:
+        """One dispatched request as a flight (what the watchdog sees): `server` (and `other`, a second server it
+        occupies) count it in flight from now."""
         now = self.clock.now()
         for state in (server, other):
             if state is not None and not state.in_flight:  # an idle server's silence counts from its first request
@@ -841,6 +888,12 @@ class Router:
         server.in_flight += 1
         flight = _Flight(rec, server, now, other)
         self._flights[rec.id] = flight
+        return flight
+
+    def _launch(self, rec: RequestRecord, server: ServerState, serve: Callable[[_Flight], Coroutine[Any, Any, None]],
+                other: ServerState | None = None) -> None:
+        """Start one dispatched request as a flight with a task: `serve(flight)` sends it and ends in `_finish`."""
+        flight = self._new_flight(rec, server, other)
         if _EAGER:
             flight.task = task = asyncio.Task(serve(flight), loop=self._loop, eager_start=True)
         else:
@@ -886,10 +939,21 @@ class Router:
             rec.status, rec.error = "cancelled", self._cancel_reason
 
     def _end_flight(self, flight: _Flight, status: str, reason: str) -> None:
-        """End one request in flight now, recorded with `status` and `reason` (its task is cancelled)."""
-        if flight.end_status is None and flight.task is not None and not flight.task.done():
+        """End one request in flight now, recorded with `status` and `reason` (its task is cancelled; a flight its
+        sender took over: the sender is asked to cancel it, and calls back when it did)."""
+        if flight.end_status is not None or flight.rec.id not in self._flights:
+            return
+        if flight.task is None:
+            flight.end_status, flight.end_reason = status, reason
+            self._cancel_taken(flight)
+        elif not flight.task.done():
             flight.end_status, flight.end_reason = status, reason
             flight.task.cancel()
+
+    def _cancel_taken(self, flight: _Flight) -> None:
+        if not flight.cancelling:
+            flight.cancelling = True
+            self.sender.cancel(flight.rec.id)  # type: ignore[attr-defined]  # a sender with take_over has cancel
 
     def _serve_done(self, flight: _Flight, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
@@ -1029,8 +1093,15 @@ class Router:
         tasks = [*self._tasks, *self._probes]
         for task in tasks:
             task.cancel()
+        taken = [f for f in self._flights.values() if f.task is None]
+        for flight in taken:  # in dispatch order, as the tasks
+            self._cancel_taken(flight)
         if tasks:
             await asyncio.wait(tasks)
+        # the sender calls back for each (its answer to the cancel, or SenderFailed after its cancel timeout, or
+        # SenderDied): a wait that ends
+        while any(f.task is None for f in self._flights.values()):
+            await asyncio.sleep(0.005)
         not_sent = f"not sent: {reason}"
         for rec in list(self._pending.values()):  # queued or forming
             rec.status, rec.error = "not_sent", not_sent

@@ -1172,6 +1172,8 @@ class Replay:
         cfg = self.cfg
         if self.clock is not None:
             self.t_end = self.clock.now()
+            if self.senders is not None:
+                self.senders.run_ended()  # the router's CPU over the run: until now (run.json senders.router_cpu_s)
         for task in side_tasks:
             task.cancel()
         if side_tasks:

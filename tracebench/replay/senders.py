@@ -17,12 +17,22 @@ by --router-sends-under, 1 ms by default) and the host has a spare core (/proc/s
 every request over. run.json `senders` counts who carried how many.
 
 Transport: a `multiprocessing` duplex pipe per sender process (spawned, not forked: the router's loop and threads are
-never copied), pickled lists of messages. Router -> sender: ("clock", mono_start, wall_start), ("go", id, url,
-input_len, output_len, blocks), ("cancel", id), ("stop",). Sender -> router: ("ready", pid), ("progress", [(id,
-t_progress, t_first_token), ...]) every PROGRESS_PERIOD_S for the requests whose stream moved (the watchdog's input),
-("done", id, stamps, status, error, meta, connection_lost), ("raised", id, stamps, error type, message) for an answer
-that broke the contract (ServerProtocolError: the run stops, as with one process), ("cancelled", id, stamps). A send
-is a write of a few hundred bytes into a socket pair whose buffer the other side empties as its loop turns.
+never copied), read and written by an asyncio transport on each end (`Channel`: multiprocessing's framing, a 4-byte
+length and a pickled list of messages): a write never blocks the loop (two ends that wrote to each other at once with
+blocking sends deadlocked), and what one loop turn has for a process goes as one list (the router flushes the requests
+of an assignment round when the round is over; a sender process, its answers at the end of its loop turn). Router ->
+sender: ("clock", mono_start, wall_start), ("go", id, url, input_len, output_len, blocks), ("cancel", id), ("stop",).
+Sender -> router: ("ready", pid), ("progress", [(id, t_progress, t_first_token), ...]) every PROGRESS_PERIOD_S for
+the requests whose stream moved (the watchdog's input), ("done", id, stamps, status, error, meta, connection_lost)
+(meta: only the meta_info keys the router reads, client.METAINFO_READ), ("raised", id, stamps, error type, message)
+for an answer that broke the contract (ServerProtocolError: the run stops, as with one process), ("cancelled", id,
+stamps).
+
+The router's side per request, when every request is handed over (`--router-sends-under 0`): no task and no
+coroutine of its own (`take_over`: the sender process carries the whole flight, and the router reads its answer and
+writes its record in one call back, `on_end`); with the split, a task per request awaits `exchange`, as with one
+process. run.json `senders.router_cpu_s` is the router process's CPU over the run (bench/bench_senders.py divides it
+by the requests).
 
 One clock: on one host CLOCK_MONOTONIC is the same clock in every process, so each sender process stamps with
 `time.monotonic() - mono_start` of the router's RunClock (sent to it when the run clock starts, before any request);
@@ -44,17 +54,20 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import pickle
 import signal
+import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from operator import attrgetter
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from tracebench.errors import RunFailed, ServerProtocolError, TracebenchError
-from tracebench.replay.client import APIS, Answer, Api, SglangClient
+from tracebench.replay.client import APIS, METAINFO_READ, Answer, Api, SglangClient
 from tracebench.replay.flight import HttpSender, Progress
 from tracebench.replay.records import RequestRecord
 from tracebench.replay.tokens import InputIds
@@ -115,6 +128,95 @@ async def start_senders(count: int, trace_sha: str, vocab: int, block_size: int 
     return sender
 
 
+# ---- the connection: multiprocessing's framing on an asyncio transport ----------------------------------------
+
+
+class Channel(asyncio.Protocol):
+    """One end of a sender's connection, on the event loop: the bytes multiprocessing.Connection puts on the wire (a
+    4-byte big-endian length, then a pickle of the message list) through an asyncio transport, so that
+
+    - a send never blocks the loop: the transport keeps what the socket does not take yet and writes it when the
+      socket drains (Connection.send blocks: a router and a sender process that both wrote while the other was
+      writing too each waited on a full socket buffer forever, seen at 1,000 req/s on 2 busy cores);
+    - everything that arrived is read in one `data_received`, every whole message list in it handed on at once (no
+      poll() per message: multiprocessing's wait() makes a selector for each call).
+
+    `on_messages(list)` gets each message list in order; an exception it raises closes the channel (and is the
+    channel with it). `on_closed(failure)` once, when the other end closed or the connection broke (failure None),
+    or when a message could not be read or handled (failure: that error)."""
+
+    def __init__(self, on_messages: Callable[[list[tuple[Any, ...]]], None],
+                 on_closed: Callable[[BaseException | None], None]) -> None:
+        self.on_messages = on_messages
+        self.on_closed = on_closed
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self.closed = False
+        self.failure: BaseException | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # done when closed
+
+    @classmethod
+    async def over(cls, conn: Connection, on_messages: Callable[[list[tuple[Any, ...]]], None],
+                   on_closed: Callable[[BaseException | None], None]) -> Channel:
+        """A channel over the socket of `conn` (a duplex Pipe's end, or a Listener / Client connection: a socket
+        either way), which it takes over (`conn` is closed; the socket lives on in the channel)."""
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+        conn.close()
+        sock.setblocking(False)
+        channel = cls(on_messages, on_closed)
+        await asyncio.get_running_loop().connect_accepted_socket(lambda: channel, sock)
+        return channel
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        size = len(buf)
+        pos = 0
+        try:
+            while size - pos >= 4:
+                length = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
+                end = pos + 4 + length
+                if length < 0:  # multiprocessing's mark of a message over 2 GiB: never one of ours
+                    raise SenderFailed(f"sender connection: a message length of {length}")
+                if end > size:
+                    break
+                msgs = pickle.loads(buf[pos + 4:end])
+                pos = end
+                self.on_messages(msgs)
+        except Exception as err:  # a broken message or a bug handling one: the channel closes with it (on_closed)
+            self.failure = err
+            assert self.transport is not None
+            self.transport.abort()
+            return
+        del buf[:pos]
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        if not self.closed:
+            self.closed = True
+            self.on_closed(self.failure)
+
+    def send(self, msgs: list[tuple[Any, ...]]) -> bool:
+        """Queue one message list (written at once if the socket takes it); False if the channel is closed."""
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return False
+        data = pickle.dumps(msgs, pickle.HIGHEST_PROTOCOL)
+        self.transport.write(len(data).to_bytes(4, "big", signed=True) + data)
+        return True
+
+    def close(self) -> None:
+        """Close after what is queued was written."""
+        if self.transport is not None:
+            self.transport.close()
+
+
 # ---- the sender process ----------------------------------------------------------------------------------------
 
 
@@ -150,7 +252,7 @@ def sender_main(conn: Connection, setup: SenderSetup) -> None:
 
 class _SenderLoop:
     def __init__(self, conn: Connection, setup: SenderSetup) -> None:
-        self.conn = conn
+        self.conn = conn  # until serve() puts it on the loop (self.channel)
         self.setup = setup
         self.mono_start: float | None = None  # the router's RunClock, when its ("clock", ...) message came
         self.tasks: dict[int, tuple[asyncio.Task[None], RequestRecord, _Flight]] = {}
@@ -174,35 +276,43 @@ class _SenderLoop:
                               keepalive=setup.keepalive)
         self.sender = HttpSender(client, InputIds(setup.trace_sha, setup.vocab, setup.block_size))
         self.servers: dict[str, _Server] = {}
-        loop.add_reader(self.conn.fileno(), self._readable)
+        self.channel = await Channel.over(self.conn, self._received, self._closed)
         self._post(("ready", os.getpid()))
         ticker = loop.create_task(self._progress_ticks())
         try:
             await self.stopped.wait()
         finally:
-            loop.remove_reader(self.conn.fileno())
             ticker.cancel()
             for task, _, _ in list(self.tasks.values()):
                 task.cancel()
             pending = [t for t, _, _ in self.tasks.values()] + [ticker]
             await asyncio.wait(pending)
             self._flush()
+            self.channel.close()  # after what is queued was written: waited for below, at most STOP_TIMEOUT_S
+            await asyncio.wait([self.channel.lost], timeout=STOP_TIMEOUT_S)
             await client.close()
         if self.fatal is not None:
             raise self.fatal  # the process ends with its traceback; the router reports it as a sender that died
 
-    def _readable(self) -> None:
-        try:
-            while self.conn.poll():
-                for msg in self.conn.recv():
-                    self._handle(msg)
-        except (EOFError, OSError):  # the router is gone: nothing to send to, nothing to record
-            assert self.stopped is not None
-            self.stopped.set()
-        except Exception as err:  # a bug: this process stops with it
-            self.fatal = err
-            assert self.stopped is not None
-            self.stopped.set()
+    def _received(self, msgs: list[tuple[Any, ...]]) -> None:
+        # a request whose cancel came in the same list as its "go" (this process was slow to turn its loop) is never
+        # started: on Python 3.12 its task would start at once (eager) and stamp t_dispatch before the cancel is read
+        cancelled = {msg[1] for msg in msgs if msg[0] == "cancel"} if len(msgs) > 1 else None
+        for msg in msgs:
+            if cancelled and msg[0] == "go" and msg[1] in cancelled:
+                rec = RequestRecord(msg[1], msg[3], msg[4], 0.0)
+                rec.t_finish = self.now()
+                self._post(("cancelled", msg[1], _stamps(rec)))
+                continue
+            self._handle(msg)
+
+    def _closed(self, failure: BaseException | None) -> None:
+        """The router is gone (nothing to send to, nothing to record), or a message broke this process (a bug: it
+        stops with it)."""
+        if failure is not None and self.fatal is None:
+            self.fatal = failure
+        assert self.stopped is not None
+        self.stopped.set()
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -266,8 +376,12 @@ class _SenderLoop:
             return
         finally:
             self.tasks.pop(rid, None)
-        self._post(("done", rid, _stamps(rec), answer.status, answer.error, answer.meta, answer.connection_lost))
-        self._flush()  # at once (the router writes the record when it comes)
+        # sent with the others of this loop turn: one write for them all (the record's stamps are taken already); of
+        # meta_info only what the router reads
+        meta = answer.meta
+        if meta is not None:
+            meta = {key: meta[key] for key in METAINFO_READ if key in meta}
+        self._post(("done", rid, _stamps(rec), answer.status, answer.error, meta, answer.connection_lost))
 
     async def _progress_ticks(self) -> None:
         """Every PROGRESS_PERIOD_S: the requests whose stream moved since the last report (their last progress and
@@ -294,9 +408,7 @@ class _SenderLoop:
         self.flush_handle = None
         if self.outbox:
             out, self.outbox = self.outbox, []
-            try:
-                self.conn.send(out)
-            except (BrokenPipeError, ConnectionResetError):  # the router is gone
+            if not self.channel.send(out):  # the router is gone
                 assert self.stopped is not None
                 self.stopped.set()
 
@@ -382,22 +494,33 @@ def _stamps(rec: RequestRecord) -> tuple[Any, ...]:
 
 
 class _Pending:
-    __slots__ = ("rec", "server", "flight", "worker", "future")
+    """A request handed to a sender process, until its answer: awaited (`future`: exchange), or called back (`on_end`:
+    take_over; `cancel_timer` while its cancel is awaited)."""
+
+    __slots__ = ("rec", "server", "flight", "worker", "future", "on_end", "cancel_timer")
 
     def __init__(self, rec: RequestRecord, server: Any, flight: Progress, worker: _Worker,
-                 future: asyncio.Future[Answer | None]) -> None:
+                 future: asyncio.Future[Answer | None] | None,
+                 on_end: Callable[[Answer | None, BaseException | None], None] | None = None) -> None:
         self.rec, self.server, self.flight, self.worker, self.future = rec, server, flight, worker, future
+        self.on_end = on_end
+        self.cancel_timer: asyncio.TimerHandle | None = None
+
+
+_in_flight = attrgetter("in_flight")  # a sender process's requests in flight (min() by it: no Python frame a call)
 
 
 class _Worker:
     """One sender process as the router sees it."""
 
-    __slots__ = ("index", "process", "conn", "pid", "in_flight", "carried", "outbox", "alive", "reported", "ready")
+    __slots__ = ("index", "process", "conn", "channel", "pid", "in_flight", "carried", "outbox", "alive", "reported",
+                 "ready")
 
     def __init__(self, index: int, process: SenderHandle, conn: Connection) -> None:
         self.index = index
         self.process = process
-        self.conn = conn
+        self.conn = conn  # until start() puts it on the loop (channel)
+        self.channel: Channel | None = None
         self.pid: int | None = process.pid
         self.in_flight = 0
         self.carried = 0  # requests handed to it
@@ -491,10 +614,18 @@ class ProcessSender:
         self.sends_under = sends_under
         # the body of the next arrival is made ahead (as with one process) only where the router may send it itself
         self.prepares_ahead = self.local is not None
+        # every request handed over: the router gives each whole flight to take_over (no task of its own per request);
+        # else exchange() decides per request whether the router carries it itself
+        self.take_over = self._take_over if self.local is None else None
         self.carried_here = 0  # requests the router carried itself
         self.split = Split(sends_under)
         self._idle_task: asyncio.Task[None] | None = None
+        self._cpu_start: float | None = None
+        self.router_cpu_s: float | None = None
         self.workers: list[_Worker] = []
+        self._alive: list[_Worker] = []  # the workers whose connection is open: assignments go to these
+        self._dirty: list[_Worker] = []  # the workers with messages queued (outbox), in the order queued
+        self._flush_handle: asyncio.Handle | None = None
         self._pending: dict[int, _Pending] = {}
         self._closing = False
         # the run's failure handler (router.fail), told at once when a sender process dies
@@ -524,7 +655,8 @@ class ProcessSender:
             worker = _Worker(index, process, mine)
             worker.ready = loop.create_future()
             self.workers.append(worker)
-            loop.add_reader(mine.fileno(), self._readable, worker)
+            worker.channel = await Channel.over(mine, partial(self._received, worker), partial(self._pipe_closed, worker))
+            self._alive.append(worker)
             loop.add_reader(process.sentinel, self._died, worker)
         # the spare-core rule reads this host's cores: sender processes on a cluster's nodes do not run on them
         if self.local is not None and self.launcher is None:
@@ -546,17 +678,24 @@ class ProcessSender:
 
     def use_clock(self, mono_start: float, wall_start: float) -> None:
         """The run clock started: every sender process stamps on it from now on (sent before any assignment)."""
+        self._cpu_start = time.process_time()  # the router process's CPU during the run (describe: router_cpu_s)
         for worker in self.workers:  # a sender on another node: its own monotonic clock's reading of the run start
             offset = 0.0 if self.launcher is None else self.launcher.clock_offset(worker.index)
-            worker.outbox.append(("clock", mono_start + offset, wall_start))
-            self._send(worker)
+            self._post(worker, ("clock", mono_start + offset, wall_start))
+        self.flush()
+
+    def run_ended(self) -> None:
+        """The run ended (its t_end): the router process's CPU over it is taken now (once)."""
+        if self._cpu_start is not None and self.router_cpu_s is None:
+            self.router_cpu_s = time.process_time() - self._cpu_start
 
     def describe(self) -> dict[str, Any]:
         """run.json `senders`."""
         return {
             "count": self.count,
             "pids": [w.pid for w in self.workers],
-            "transport": "multiprocessing pipes (spawned processes), pickled message lists",
+            "transport": "multiprocessing pipes (spawned processes) on asyncio transports, multiprocessing's framing "
+                         "(a length, then a pickled message list)",
             "clock": "CLOCK_MONOTONIC of this host, shared: stamps are time.monotonic() - the run clock's mono_start",
             "progress_period_s": PROGRESS_PERIOD_S,
             "cpus": None if self.setup.cpus is None else list(self.setup.cpus),  # --pin-cpus
@@ -564,6 +703,9 @@ class ProcessSender:
             "router_sends_under_s": self.sends_under if self.local is not None else 0.0,
             "spare_cores_needed": SPARE_CORES if self.local is not None else None,
             "carried_by_router": self.carried_here,
+            # CPU seconds of the router process (all its threads) from the run clock's start to the run's end
+            # (t_end): what its core spent on the run (null: the run clock never started)
+            "router_cpu_s": self.router_cpu_s,
             "carried_by_process": [w.carried for w in self.workers],
             "fault": None if self.fault is None else str(self.fault),
             **({"placement": "spawned processes on this host"} if self.launcher is None else self.launcher.describe()),
@@ -571,14 +713,15 @@ class ProcessSender:
 
     async def close(self) -> None:
         """Tell every sender process to stop and wait for it (killed after STOP_TIMEOUT_S)."""
+        self.run_ended()
         self._closing = True
         if self._idle_task is not None:
             self._idle_task.cancel()
             await asyncio.wait([self._idle_task])
         for worker in self.workers:
             if worker.alive:
-                worker.outbox.append(("stop",))
-                self._send(worker)
+                self._post(worker, ("stop",))
+        self.flush()
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for worker in self.workers:
             while worker.process.is_alive() and time.monotonic() < deadline:
@@ -588,16 +731,17 @@ class ProcessSender:
             self._forget(worker)
             worker.reported = True
             worker.process.join(1.0)  # exited or killed: at once
-            worker.conn.close()
+            if worker.channel is not None:
+                worker.channel.close()
+            worker.conn.close()  # closed already once the channel took it over
         if self.launcher is not None:
             self.launcher.close()
 
     def _forget(self, worker: _Worker) -> None:
-        """Stop watching the worker's pipe and sentinel (remove_reader of a descriptor not watched does nothing)."""
-        if not worker.conn.closed:
-            self._loop.remove_reader(worker.conn.fileno())
+        """Stop watching the worker's sentinel (remove_reader of a descriptor not watched does nothing) and sending to
+        it."""
         self._loop.remove_reader(worker.process.sentinel)
-        worker.alive = False
+        self._lost(worker)
 
     # ---- the Sender contract ----
 
@@ -605,44 +749,89 @@ class ProcessSender:
         if self.local is not None:
             self.local.prepare_body(request)
 
-    async def exchange(self, rec: RequestRecord, server: Any, flight: Progress, blocks: tuple[int, ...] | None,
-                       now: Callable[[], float]) -> Answer:
+    def exchange(self, rec: RequestRecord, server: Any, flight: Progress, blocks: tuple[int, ...] | None,
+                 now: Callable[[], float]) -> Awaitable[Answer]:
         """Carry `rec` here if the router is on time for it (`sends_under`), else hand it to the sender process with
-        the fewest requests in flight and wait for its answer; its stamps are set on `rec` when it comes."""
+        the fewest requests in flight and wait for its answer; its stamps are set on `rec` when it comes. (The
+        awaitable of either, not a coroutine of its own: one frame less to resume per request.)"""
         if self.fault is not None:
             raise self.fault
         if self.local is not None and not self.split.hand_over(own_so_far(rec, now())):
             self.carried_here += 1
-            return await self.local.exchange(rec, server, flight, blocks, now)
-        return await self._hand_over(rec, server, flight, blocks)
+            return self.local.exchange(rec, server, flight, blocks, now)
+        return self._hand_over(rec, server, flight, blocks)
+
+    def _take_over(self, rec: RequestRecord, server: Any, flight: Progress, blocks: tuple[int, ...] | None,
+                   on_end: Callable[[Answer | None, BaseException | None], None]) -> None:
+        """Hand `rec` to the sender process with the fewest requests in flight; `on_end(answer, error)` is called once
+        when it ended (flight.Sender.take_over). Its stamps are set on `rec` before."""
+        if self.fault is not None:
+            raise self.fault
+        alive = self._alive
+        if not alive:
+            raise SenderDied("no sender process is left")
+        worker = alive[0] if len(alive) == 1 else min(alive, key=_in_flight)
+        self._pending[rec.id] = _Pending(rec, server, flight, worker, None, on_end)
+        worker.in_flight += 1
+        worker.carried += 1
+        # written with the others of this assignment round (flush(), called by the router when the round is over)
+        self._post(worker, ("go", rec.id, server.generate_url, rec.input_len, rec.output_len, blocks))
+
+    def cancel(self, rid: int) -> None:
+        """The router ends request `rid` (taken over): its sender process cancels it and says what it stamped (was it
+        sent?); on_end follows with no answer, or with an error that came instead (its sender died meanwhile, a
+        broken answer), or with SenderFailed if the sender process says nothing within CANCEL_TIMEOUT_S."""
+        pending = self._pending.get(rid)
+        if pending is None or pending.cancel_timer is not None or not pending.worker.alive:
+            return  # ended already, being cancelled, or about to end with its sender's death (_report_exit)
+        worker = pending.worker
+        pending.cancel_timer = self._loop.call_later(
+            CANCEL_TIMEOUT_S, self._end, pending, None,
+            SenderFailed(f"sender process {worker.index} (pid {worker.pid}) did not answer the cancel of request "
+                         f"{rid} within {CANCEL_TIMEOUT_S:g} s"))
+        self._post(worker, ("cancel", rid))
+        self.flush()
+
+    def _end(self, pending: _Pending, answer: Answer | None, err: BaseException | None) -> None:
+        """A taken-over request ended: unlisted, then its on_end called (once)."""
+        if self._pending.pop(pending.rec.id, None) is None:
+            return
+        pending.worker.in_flight -= 1
+        if pending.cancel_timer is not None:
+            pending.cancel_timer.cancel()
+        pending.on_end(answer, err)  # type: ignore[misc]
 
     async def _hand_over(self, rec: RequestRecord, server: Any, flight: Progress,
                          blocks: tuple[int, ...] | None) -> Answer:
-        alive = [w for w in self.workers if w.alive]
+        alive = self._alive
         if not alive:
             raise SenderDied("no sender process is left")
-        worker = min(alive, key=lambda w: w.in_flight)
+        worker = alive[0] if len(alive) == 1 else min(alive, key=_in_flight)
         future: asyncio.Future[Answer | None] = self._loop.create_future()
         pending = self._pending[rec.id] = _Pending(rec, server, flight, worker, future)
         worker.in_flight += 1
         worker.carried += 1
-        worker.outbox.append(("go", rec.id, server.generate_url, rec.input_len, rec.output_len, blocks))
-        self._send(worker)  # at once: a wait for the loop's next turn was most of the hop (bench_senders.py)
+        # written with the others of this assignment round (flush(), called by the router when the round is over), or
+        # at the end of this loop turn at the latest
+        self._post(worker, ("go", rec.id, server.generate_url, rec.input_len, rec.output_len, blocks))
         try:
-            answer = await asyncio.shield(future)
+            answer = await future
             if answer is None:
                 raise SenderFailed(f"sender process {worker.index} (pid {worker.pid}) cancelled request {rec.id} "
                                    "that the router had not cancelled")
             return answer
         except asyncio.CancelledError:
-            if future.done() and not future.cancelled() and future.exception() is not None:
-                # its sender died first: that is how it ended
-                raise future.exception() from None  # type: ignore[misc]
-            if not future.done() and worker.alive:
+            ended = pending.future  # the one awaited, or what _handle put in its place: an answer that came meanwhile
+            if not ended.cancelled():  # it ended before the router's cancel took effect
+                if ended.exception() is not None:  # its sender died first, or a broken answer: that is how it ended
+                    raise ended.exception() from None  # type: ignore[misc]
+                raise  # answered: its stamps are on the record; the router records it as it ended it
+            if worker.alive:
                 # the router ends it: the sender process cancels it and says what it stamped (was it sent?); an
                 # error that comes instead (its sender died meanwhile, a broken answer) is raised in its place
-                worker.outbox.append(("cancel", rec.id))
-                self._send(worker)
+                pending.future = future = self._loop.create_future()
+                self._post(worker, ("cancel", rec.id))
+                self.flush()
                 try:
                     await asyncio.wait_for(future, CANCEL_TIMEOUT_S)
                 except asyncio.TimeoutError:  # a bug of the sender process: a stop that hangs would be worse
@@ -653,33 +842,46 @@ class ProcessSender:
             if self._pending.pop(rec.id, None) is not None:
                 pending.worker.in_flight -= 1
 
-    # ---- the pipes ----
+    # ---- the connections ----
 
-    def _send(self, worker: _Worker) -> None:
-        out, worker.outbox = worker.outbox, []
-        if not worker.alive or not out:
-            return
-        try:
-            worker.conn.send(out)
-        except OSError:  # its end is closed: the process is ending (its sentinel says how: _died)
-            self._pipe_closed(worker)
+    def _post(self, worker: _Worker, msg: tuple[Any, ...]) -> None:
+        """Queue `msg` for `worker`: written by flush(), or at the end of this loop turn at the latest."""
+        if not worker.outbox:
+            self._dirty.append(worker)
+            if self._flush_handle is None:
+                self._flush_handle = self._loop.call_soon(self.flush)
+        worker.outbox.append(msg)
 
-    def _readable(self, worker: _Worker) -> None:
-        try:
-            while worker.conn.poll():
-                for msg in worker.conn.recv():
-                    self._handle(worker, msg)
-        except (EOFError, OSError):
-            self._pipe_closed(worker)
-        except Exception as err:  # a bug in the exchange of messages: the run stops with it
-            self._fault(err)
+    def flush(self) -> None:
+        """Write what was queued for each sender process, one message list each (the router calls this when an
+        assignment round is over: the requests it handed over go at once)."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        dirty, self._dirty = self._dirty, []
+        for worker in dirty:
+            out, worker.outbox = worker.outbox, []
+            if worker.alive and worker.channel is not None:
+                worker.channel.send(out)  # never blocks; a closed channel is reported by _pipe_closed
 
-    def _pipe_closed(self, worker: _Worker) -> None:
-        """The sender process's end of the pipe closed: nothing more is sent to it; its exit (the sentinel) reports
-        it, with its exit code."""
-        if worker.alive:
-            worker.alive = False
-            self._loop.remove_reader(worker.conn.fileno())
+    def _received(self, worker: _Worker, msgs: list[tuple[Any, ...]]) -> None:
+        handle = self._handle
+        for msg in msgs:
+            handle(worker, msg)
+
+    def _pipe_closed(self, worker: _Worker, failure: BaseException | None) -> None:
+        """The sender process's end of the connection closed: nothing more is sent to it; its exit (the sentinel)
+        reports it, with its exit code. A message from it that could not be read or handled is a bug: the run stops
+        with it."""
+        self._lost(worker)
+        if failure is not None:
+            self._fault(failure)
+
+    def _lost(self, worker: _Worker) -> None:
+        """Nothing more goes to `worker` (its connection closed, or its process ended)."""
+        worker.alive = False
+        if worker in self._alive:
+            self._alive.remove(worker)
 
     def _handle(self, worker: _Worker, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -700,28 +902,54 @@ class ProcessSender:
                 worker.ready.set_result(None)
             return
         pending = self._pending.get(msg[1])
-        if pending is None or pending.future.done():
-            return  # a request the router gave up on meanwhile (its sender died)
+        if pending is None:
+            return
+        if pending.on_end is not None:
+            self._apply_stamps(pending, msg[2])
+            if kind == "done":
+                _, _, _, status, error, meta, connection_lost = msg
+                self._end(pending, Answer(status, error, meta, connection_lost), None)
+            elif kind == "raised":
+                self._end(pending, None, self._raised(worker, msg[3], msg[4]))
+            elif kind == "cancelled":
+                self._end(pending, None, None)
+            else:
+                raise SenderFailed(f"sender process {worker.index}: unknown message {kind!r}")
+            return
+        if pending.future.done():
+            if not pending.future.cancelled():
+                return  # a request the router gave up on meanwhile (its sender died)
+            # the router cancelled it, and this answer came before its cancel went: the answer stands (_hand_over)
+            pending.future = self._loop.create_future()
+        self._apply_stamps(pending, msg[2])
+        if kind == "done":
+            _, _, _, status, error, meta, connection_lost = msg
+            pending.future.set_result(Answer(status, error, meta, connection_lost))
+        elif kind == "raised":
+            pending.future.set_exception(self._raised(worker, msg[3], msg[4]))
+        elif kind == "cancelled":
+            pending.future.set_result(None)
+        else:
+            raise SenderFailed(f"sender process {worker.index}: unknown message {kind!r}")
+
+    @staticmethod
+    def _apply_stamps(pending: _Pending, stamps: tuple[Any, ...]) -> None:
+        """The stamps a sender process took, onto the record; its end is its server's and its flight's progress."""
         rec = pending.rec
-        for name, value in zip(STAMP_FIELDS, msg[2]):
+        for name, value in zip(STAMP_FIELDS, stamps):
             setattr(rec, name, value)
         if rec.t_finish is not None:
             if rec.t_finish > pending.flight.t_progress:
                 pending.flight.t_progress = rec.t_finish
             if rec.t_finish > pending.server.t_heard:
                 pending.server.t_heard = rec.t_finish
-        if kind == "done":
-            _, _, _, status, error, meta, connection_lost = msg
-            pending.future.set_result(Answer(status, error, meta, connection_lost))
-        elif kind == "raised":
-            _, _, _, name, text = msg
-            err: BaseException = (ServerProtocolError(text) if name == "ServerProtocolError"
-                                  else SenderFailed(f"sender process {worker.index} (pid {worker.pid}): {name}: {text}"))
-            pending.future.set_exception(err)
-        elif kind == "cancelled":
-            pending.future.set_result(None)
-        else:
-            raise SenderFailed(f"sender process {worker.index}: unknown message {kind!r}")
+
+    @staticmethod
+    def _raised(worker: _Worker, name: str, text: str) -> BaseException:
+        """A sender process's "raised": a broken contract (ServerProtocolError) or its bug (SenderFailed)."""
+        if name == "ServerProtocolError":
+            return ServerProtocolError(text)
+        return SenderFailed(f"sender process {worker.index} (pid {worker.pid}): {name}: {text}")
 
     def _died(self, worker: _Worker) -> None:
         """The sender process exited (its sentinel is readable): a fault the run reports."""
@@ -745,8 +973,12 @@ class ProcessSender:
         if worker.ready is not None and not worker.ready.done():
             worker.ready.set_exception(err)
         for pending in list(self._pending.values()):
-            if pending.worker is worker and not pending.future.done():
-                pending.future.set_exception(err)
+            if pending.worker is not worker:
+                continue
+            if pending.on_end is not None:
+                self._end(pending, None, err)
+            elif not pending.future.done():  # type: ignore[union-attr]
+                pending.future.set_exception(err)  # type: ignore[union-attr]
         self._fault(err)
 
     def _fault(self, err: BaseException) -> None:

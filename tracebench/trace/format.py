@@ -262,16 +262,17 @@ class TraceTable:
         return len(self.id)
 
     def request(self, i: int) -> TraceRequest:
+        # .item(i): the Python number at once (indexing makes a numpy scalar first); the engine calls this per request
         blocks = None
         if self.block_start is not None:
-            lo, hi = int(self.block_start[i]), int(self.block_start[i + 1])
+            lo, hi = self.block_start.item(i), self.block_start.item(i + 1)
             if hi > lo:
                 blocks = tuple(self.blocks[lo:hi].tolist())
         after = delay = None
-        if not self.open_loop[i]:
-            after, delay = int(self.after[i]), float(self.delay_s[i])
-        return TraceRequest(id=int(self.id[i]), arrival_s=float(self.arrival_s[i]), input_len=int(self.input_len[i]),
-                            output_len=int(self.output_len[i]), prefix_blocks=blocks, after=after, delay_s=delay)
+        if not self.open_loop.item(i):
+            after, delay = self.after.item(i), float(self.delay_s.item(i))
+        return TraceRequest(id=self.id.item(i), arrival_s=float(self.arrival_s.item(i)), input_len=self.input_len.item(i),
+                            output_len=self.output_len.item(i), prefix_blocks=blocks, after=after, delay_s=delay)
 
     def block_counts(self) -> Any:
         """Prefix block ids per request (0: none), np.int64."""
