@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 
 from conftest import free_port, run_cli, run_cli_in_process, tracebench_cmd, wait_served
 from test_replay_run import check_every_request_once, read_run, write_trace_file
@@ -179,6 +180,23 @@ def test_the_router_hands_over_only_when_it_falls_behind() -> None:
     assert not any(split.hand_over(0.005) for _ in range(200))
     split.idle_cores = 4.0
     assert all([split.hand_over(0.005) for _ in range(200)][100:])
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux /proc/stat")
+def test_idle_cores_are_counted_on_the_senders_cpus_only() -> None:
+    """The split's "spare core" is measured over the CPUs the sender processes may use (their --pin-cpus, or the
+    affinity), not the whole host: under `taskset -c 0,1` on a 16-core host the 14 idle cores said "spare"."""
+    from tracebench.replay.senders import IdleCores
+
+    one = IdleCores([min(os.sched_getaffinity(0))])
+    assert one.cores == 1
+    none = IdleCores([1_000_000])  # no such CPU: nothing measured
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:
+        pass
+    idle = one.sample()
+    assert idle is not None and 0.0 <= idle <= 1.0
+    assert none.sample() is None
 
 
 def test_a_request_cancelled_before_its_sender_starts_it_is_answered(tmp_path: Path) -> None:

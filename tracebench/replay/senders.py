@@ -59,7 +59,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
@@ -454,28 +454,40 @@ class Split:
 
 
 class IdleCores:
-    """The host's idle cores over the last interval, from /proc/stat (Linux; None elsewhere: not measured)."""
+    """The idle cores among `cpus` over the last interval, from /proc/stat's per-CPU lines (Linux; None elsewhere: not
+    measured). `cpus`: the CPUs the sender processes may run on (their --pin-cpus, or this process's affinity): on a
+    host whose other cores are idle but not ours (taskset, a cpuset), the whole machine's idle time said "spare" and
+    the router handed requests to processes that could only take its own cores."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpus: Iterable[int]) -> None:
+        self._names = {f"cpu{c}".encode() for c in cpus}
+        self.cores = len(self._names)
         self._last = self._read()
 
-    @staticmethod
-    def _read() -> tuple[int, int] | None:
-        """(idle + iowait jiffies, all jiffies) summed over the cores, or None without /proc/stat."""
+    def _read(self) -> tuple[int, int] | None:
+        """(idle + iowait jiffies, all jiffies) summed over `cpus`, or None without /proc/stat."""
         try:
             with open("/proc/stat", "rb") as fh:  # a procfs read: no disk, never blocks
-                fields = fh.readline().split()
+                lines = fh.read().split(b"\n")
         except FileNotFoundError:
             return None
-        ticks = [int(v) for v in fields[1:]]
-        return ticks[3] + ticks[4], sum(ticks[:8])  # user..steal (guest time is counted in user already)
+        idle = total = 0
+        for line in lines[1:]:  # the first line sums every CPU of the host
+            fields = line.split()
+            if not fields or not fields[0].startswith(b"cpu"):
+                break  # the per-CPU lines come first, together
+            if fields[0] in self._names:
+                ticks = [int(v) for v in fields[1:9]]  # user..steal (guest time is counted in user already)
+                idle += ticks[3] + ticks[4]
+                total += sum(ticks)
+        return idle, total
 
-    def sample(self, cores: int) -> float | None:
+    def sample(self) -> float | None:
         now = self._read()
         last, self._last = self._last, now
         if now is None or last is None or now[1] <= last[1]:
             return None
-        return cores * (now[0] - last[0]) / (now[1] - last[1])
+        return self.cores * (now[0] - last[0]) / (now[1] - last[1])
 
 
 def own_so_far(rec: RequestRecord, now: float) -> float:
@@ -670,11 +682,14 @@ class ProcessSender:
 
     async def _watch_idle(self) -> None:
         """The host's idle cores every IDLE_PERIOD_S, for the split (a spare core or not)."""
-        idle = IdleCores()
-        cores = os.cpu_count() or 1
+        if self.setup.cpus is not None:
+            cpus: Iterable[int] = self.setup.cpus
+        else:  # where this process may run, and so its sender processes (not Linux: no /proc/stat, not measured)
+            cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        idle = IdleCores(cpus)
         while True:
             await asyncio.sleep(IDLE_PERIOD_S)
-            self.split.idle_cores = idle.sample(cores)
+            self.split.idle_cores = idle.sample()
 
     def use_clock(self, mono_start: float, wall_start: float) -> None:
         """The run clock started: every sender process stamps on it from now on (sent before any assignment)."""
