@@ -100,13 +100,19 @@ SLOT_WAIT_ULP = 1e-9
 
 ROW = "_row"  # 0-based index of the record among the file's records
 
-# polars parses a JSONL file in pieces of NDJSON_READ_BYTES, each piece a chunk of the frame. Its default piece,
-# ~0.5 MB, leaves ~2,500 chunks per 1M records, on which every later filter, sort and rule runs 2-3x slower until they
-# are made one (a copy of the whole frame); pieces of 16 MiB leave ~80 chunks, as fast to work on as one, and cost
-# the parse less CPU (fewer, larger buffers: ~half the page faults). polars reads this variable at each scan; one the
-# user set is left as it is.
+# polars parses a JSONL file in pieces, each piece a chunk of the frame. Its default piece, ~0.5 MB, leaves ~2,500
+# chunks per 1M records, on which every later filter, sort and rule runs 2-3x slower until they are made one (a copy
+# of the whole frame, ~0.4 CPU-s); pieces of 16 MiB leave ~80 chunks, as fast to work on as one, and the parse itself
+# costs less (fewer, larger buffers: ~half its page faults). The piece is polars' environment variable, read at each
+# scan: the report command sets it for its process (read_jsonl_in_large_pieces).
 NDJSON_READ_SIZE_VARIABLE = "POLARS_FORCE_NDJSON_READ_SIZE"
 NDJSON_READ_BYTES = 16 << 20
+
+
+def read_jsonl_in_large_pieces() -> None:
+    """Have polars parse JSONL files in pieces of NDJSON_READ_BYTES from now on, in this process (a value the user
+    set is left as it is). Only the speed changes: the same frame, in fewer chunks."""
+    os.environ.setdefault(NDJSON_READ_SIZE_VARIABLE, str(NDJSON_READ_BYTES))
 
 
 # a plain file of the run folder -> its packed form (`tracebench pack`)
@@ -593,7 +599,6 @@ def read_beside(folder: Path, meta: dict[str, Any], name: str) -> pl.DataFrame |
 def read_jsonl_table(path: Path, schema: dict[str, Any], row_index: bool) -> pl.DataFrame:
     """One JSONL file of a run folder as a frame of `schema` (with `_row` when asked); a file polars refuses is walked
     again to name the broken line."""
-    os.environ.setdefault(NDJSON_READ_SIZE_VARIABLE, str(NDJSON_READ_BYTES))
     try:
         return pl.scan_ndjson(path, schema=schema, row_index_name=ROW if row_index else None).collect()
     except pl.exceptions.PolarsError:
