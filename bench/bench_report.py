@@ -24,6 +24,13 @@ alternating with the code before: `report A B` on the copies 2.66-2.80 s wall, 4
 7.27 s, 13.6 s). With --repeat 1 at load 2.0-2.1: table 2.82 s, JSON 2.76, --slo and --warmup 2.61, HTML + PNG 4.76,
 packed 2.63, JSONL 7.00. Targets: < 3 s met (by ~0.2-0.3 s); < 6 s from the JSONL missed by ~1 s (the JSON's
 tokenizing alone is ~7.8 CPU-s of the two runs).
+
+Again later that day (03:00-03:30 UTC), after the JSONL was parsed in 16 MiB pieces and kept in those ~80 chunks
+(docs/report.md "Speed"), alternating with the code before on the same runs, one command at a time (the machine
+busier: load 2.4-15 from other sessions, so the CPU figures are the comparison): the JSONL alone 11.6-13.7 s CPU
+(11.6-11.9 when the CPUs had been >= 90% idle before it; median 11.9 of 11), against 12.9-14.6 before (median 14.1);
+its wall clock 6.43 s at best (before: 7.13 s at best), 9-53 s in the busy spells. The copies 2.91 s and packed 2.93 s
+at best (5.0-5.2 s CPU, as before). < 6 s from the JSONL: still missed, by ~0.4 s (~12 CPU-s on two cores).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import lzma
 import os
+import re
 import select
 import shutil
 import signal
@@ -24,7 +25,8 @@ from tracebench.cli import _finish_run_folder
 from tracebench.errors import ConfigError, RunFolderError
 from tracebench.options import COPY_MIN_BYTES, COPY_MIN_BYTES_ENV
 from tracebench.report.columns import wants_copy, write_requests_copy
-from tracebench.report.load import COLUMNS_COPY, COPY_METADATA_KEY, load_run
+from tracebench.report.load import (COLUMNS_COPY, COPY_METADATA_KEY, NDJSON_READ_SIZE_VARIABLE, load_run,
+                                    read_requests, read_run_json)
 from tracebench.report.pack import pack_runs
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "reports" / "examples" / "sim2-routing" / "sjf"
@@ -53,6 +55,24 @@ def test_the_copy_reads_back_as_the_jsonl_every_record_and_field(run: Path) -> N
     assert from_copy.requests.height == 720
     assert_frame_equal(from_copy.requests, from_jsonl.requests)
     assert from_copy.meta == from_jsonl.meta
+
+
+def test_a_jsonl_read_in_many_pieces_is_the_same_frame_its_broken_record_named_by_its_line(
+        run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the report has polars parse a JSONL in large pieces, each a chunk of the frame, and works on the chunks as they
+    # are (report/load.py read_jsonl_in_large_pieces): pieces of 4 KiB here (a few records each), so 720 records in ~90
+    # of chunks, must give the frame of one piece, its rows numbered across the pieces
+    whole = load_run(run).requests.rechunk()
+    monkeypatch.setenv(NDJSON_READ_SIZE_VARIABLE, "4096")
+    pieces = load_run(run).requests
+    assert pieces.n_chunks() > 50  # polars still reads the variable: else the report's large pieces are gone too
+    assert_frame_equal(pieces, whole)
+    lines = _lines(run)
+    lines[700] = re.sub(rb'"t_arrival":[^,]*', b'"t_arrival":-1.0', lines[700], count=1)
+    (run / "requests.jsonl").write_bytes(b"".join(lines))
+    with pytest.raises(RunFolderError) as err:
+        read_requests(run / "requests.jsonl", read_run_json(run))
+    assert str(err.value).startswith(f"{run}/requests.jsonl:701: field 't_arrival': must be >= 0")
 
 
 def test_the_copy_is_what_the_report_reads(run: Path) -> None:

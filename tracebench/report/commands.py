@@ -174,10 +174,11 @@ def report(runs: tuple[str, ...], baseline: str | None, fmt: str | None, output:
     """
     from tracebench.errors import ConfigError
     from tracebench.report.figure_options import apply_labels, figure_options
-    from tracebench.report.load import load_runs
+    from tracebench.report.load import load_runs, read_jsonl_in_large_pieces
     from tracebench.report.metrics import build_report
     from tracebench.report.render import resolve_layout
 
+    read_jsonl_in_large_pieces()
     out_format = _resolve_format(fmt, output)
     figure = figure_options(out_format, title, plots, x_scale, y_scale, size, labels)
     percentile = _gate_percentile(slo, fail_on_slo, slo_percentile)
