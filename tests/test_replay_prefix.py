@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from test_replay_run import check_every_request_once, port_base, read_run
+from test_replay_run import check_every_request_once, read_run
 from tracebench.errors import ConfigError
 from tracebench.replay.tokens import TOKEN_ID_LOW, InputIds
 from tracebench.trace.format import write_trace
@@ -62,8 +62,10 @@ def test_cached_tokens_follow_the_blocks_on_one_server(tmp_path: Path) -> None:
         blocks = [group * 10 + k for k in range(min(3, nblocks))] + [1000 + i * 10 + k for k in range(max(0, nblocks - 3))]
         rows.append({"id": i, "arrival_s": i * 0.25, "input_len": n, "output_len": 4, "prefix_blocks": blocks})
     trace = write_prefix_trace(tmp_path / "p.jsonl", rows, bs)
-    result = run_cli("replay", str(trace), "--backend", "sim", "--speed", "5", "--port-base", port_base(1),
-                     "--run-name", "p", "--out-dir", str(tmp_path), "--quiet")
+    # on the virtual clock: the simulator's radix cache and the record's cached_tokens are the same code under both
+    # clocks (the HTTP answer's meta_info cached_tokens is read in test_flush_cache_starts_each_run_from_an_empty_cache
+    # below and tests/test_sim_prefix_cache.py)
+    result = run_cli("replay", str(trace), "--clock", "virtual", "--run-name", "p", "--out-dir", str(tmp_path), "--quiet")
     assert result.returncode == 0, result.stderr
     run, records = read_run(tmp_path / "p")
     check_every_request_once(records, len(rows))
