@@ -5,11 +5,12 @@ BIN    := $(VENV)/bin
 
 .PHONY: venv demo test clean
 
-# One pip call, with the pip the venv comes with (it installs an editable pyproject project: pip >= 21.3; Python
-# 3.10's has 22+), and no bytecode compiled at install (--no-compile): pip compiled all ~6,000 files of the extras
-# (ray alone ~2,600), ~10-25 s of a fresh clone's `make test` on 2 cores, for modules a run mostly never imports; what
-# is imported is compiled then (the tests keep it for the session, tests/conftest.py PYTHONPYCACHEPREFIX, which
-# Python then reads instead of the __pycache__ folders pip would have written anyway).
+# One pip call, with the pip the venv comes with (an editable pyproject install needs pip >= 21.3; Python 3.10's has
+# 22+), and --no-compile: pip compiled, one file after the other, all ~6,000 files the extras bring (ray alone ~2,600),
+# most of which no command imports; a module is compiled when first imported instead. Where PYTHONDONTWRITEBYTECODE
+# is set (this project's machines) the processes the tests start read bytecode from the session's PYTHONPYCACHEPREFIX
+# (tests/conftest.py), never from site-packages' __pycache__, so only the two pytest commands' own imports pay it
+# (~1.5 s each).
 $(BIN)/tracebench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --no-compile -e '.[test,router,ray]'
