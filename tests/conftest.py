@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import locale
 import os
@@ -67,6 +68,12 @@ def tracebench_cmd(*args: str) -> list[str]:
 # point is the process itself (a signal sent to it, an import check, determinism across processes): those call
 # run_cli_process or subprocess with tracebench_cmd. tests/test_cli_in_process.py checks both paths answer the same.
 IN_PROCESS_COMMANDS = frozenset({"generate", "inspect", "report", "pack", "policies"})
+# `replay` and `sweep` on the virtual clock start no server process and wait on no host time (the simulated cluster is
+# inside the command, its loop's clock jumps: docs/virtual-clock.md), so run_cli runs them in this process too: ~70
+# calls of the suite, each ~0.4 CPU-s of imports as a process. Their loop is asyncio.Runner's (closed on return), the
+# signal handlers they install are put back, and the replay's gc.freeze() is undone (run_cli_in_process). Not with
+# --ray (a cluster of processes). A sweep's --jobs workers are still processes of their own (sweep/parallel.py).
+VIRTUAL_COMMANDS = frozenset({"replay", "sweep"})
 PROG_NAME = "python -m tracebench"  # what click names the program in `python -m tracebench` (its usage lines)
 # The warning filters of a fresh interpreter (no -W, no PYTHONWARNINGS), innermost first: what decides which warnings
 # the real process prints on its stderr (tests/test_cli_in_process.py compares them with a fresh interpreter's).
@@ -79,11 +86,20 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
             timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`tracebench ARGS` (cwd: its working folder; env: variables set on top of this process's environment): its exit
     status, stdout and stderr as `subprocess.run(..., capture_output=True, text=True)` gives them (check returncode
-    yourself). IN_PROCESS_COMMANDS run in this process (run_cli_in_process; `timeout` applies to processes only), the
-    others as a process (run_cli_process)."""
-    if args and args[0] in IN_PROCESS_COMMANDS:
+    yourself). IN_PROCESS_COMMANDS and virtual-clock runs (on_virtual_clock) run in this process (run_cli_in_process;
+    `timeout` applies to processes only), the others as a process (run_cli_process)."""
+    # a virtual run given environment variables stays a process: the simulator reads sglang's own variables once, at
+    # import, as sglang does (sim/pd.py SGLANG_DISAGGREGATION_*), and this process imported it long ago
+    if args and (args[0] in IN_PROCESS_COMMANDS or (on_virtual_clock(args) and not env)):
         return run_cli_in_process(*args, cwd=cwd, env=env)
     return run_cli_process(*args, cwd=cwd, env=env, timeout=timeout)
+
+
+def on_virtual_clock(args: tuple[str, ...] | list[str]) -> bool:
+    """`replay ... --clock virtual` or `sweep ... --clock virtual` without --ray: run_cli runs it in this process."""
+    if not args or args[0] not in VIRTUAL_COMMANDS or "--ray" in args or any(a.startswith("--ray=") for a in args):
+        return False
+    return "--clock=virtual" in args or any(a == "--clock" and b == "virtual" for a, b in zip(args, args[1:]))
 
 
 def run_cli_process(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
@@ -125,6 +141,7 @@ def run_cli_in_process(*args: str, cwd: Path | None = None,
     saved_streams, saved_cwd = (sys.stdout, sys.stderr), os.getcwd()
     saved_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     saved_modules, saved_figures = set(sys.modules), _open_figures()
+    frozen = gc.get_freeze_count()  # a replay freezes what it holds for its run (replay/run.py): undone after
     returncode = 0
     saved_env = set_environ(dict(env or {}))
     try:
@@ -163,6 +180,8 @@ def run_cli_in_process(*args: str, cwd: Path | None = None,
             if name.startswith("tracebench_user_policy_"):  # a policy file imported by path: fresh in every process
                 del sys.modules[name]
         _close_figures_since(saved_figures)
+        if frozen == 0 and gc.get_freeze_count():
+            gc.unfreeze()
 
     def text(data: bytes) -> str:  # subprocess's text=True: universal newlines
         return data.decode(encoding).replace("\r\n", "\n").replace("\r", "\n")

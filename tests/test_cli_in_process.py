@@ -5,7 +5,9 @@ tests/test_report_cli.py, test_report_answers_the_same_in_process.)"""
 
 from __future__ import annotations
 
+import gc
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_PROCESS_COMMANDS, REPO, run_cli, run_cli_in_process, run_cli_process
+from conftest import IN_PROCESS_COMMANDS, REPO, on_virtual_clock, run_cli, run_cli_in_process, run_cli_process
 
 # A bug planted in `inspect` (both paths get the same one): two warnings, one a fresh interpreter hides
 # (DeprecationWarning outside __main__) and one it prints, then an exception nothing catches.
@@ -105,3 +107,37 @@ def test_fresh_warning_filters_are_a_fresh_interpreters() -> None:
 
 def test_commands_that_start_servers_stay_processes() -> None:
     assert IN_PROCESS_COMMANDS.isdisjoint({"replay", "record", "sweep", "sim-server"})
+    # replay and sweep come in only on the virtual clock, and not onto a Ray cluster
+    assert on_virtual_clock(("replay", "t.jsonl", "--clock", "virtual", "--gpus", "2"))
+    assert on_virtual_clock(("sweep", "t.jsonl", "--rates", "2", "--clock=virtual"))
+    for args in (("replay", "t.jsonl", "--backend", "sim"), ("replay", "t.jsonl", "--clock", "real"),
+                 ("sweep", "t.jsonl", "--clock", "virtual", "--ray", "auto"), ("record", "--clock", "virtual"),
+                 ("replay", "virtual", "--clock", "real"), ("sim-server", "--clock", "virtual")):
+        assert not on_virtual_clock(args), args
+
+
+def _wall_time_masked(stderr: str) -> str:
+    """The virtual run's end line says how long the host took: the one figure two runs never share."""
+    return re.sub(r"\([0-9.]+ s of wall time, [0-9,]+x real time\)", "(WALL)", stderr)
+
+
+def test_a_virtual_replay_answers_as_the_process_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """run_cli runs `replay --clock virtual` in this process (conftest.on_virtual_clock): the same exit status, stdout,
+    stderr (but for the host's wall time) and byte-identical records as the process; a refusal the same too; the
+    signal handlers it installs and the gc.freeze() of its run do not stay."""
+    trace = tmp_path / "t.jsonl"
+    assert run_cli("generate", "--workload", "shared-prompt", "--groups", "3", "--prefix-len", "256",
+                   "--num-requests", "60", "--rate", "20", "--seed", "2", "-o", str(trace)).returncode == 0
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    answers = {}
+    for where, run in (("inside", run_cli_in_process), ("process", run_cli_process)):
+        done = run("replay", str(trace), "--clock", "virtual", "--gpus", "2", "--policy", "cache_aware",
+                   "--max-running-requests", "4", "--run-name", "r", "--out-dir", str(tmp_path / where))
+        assert done.returncode == 0, done.stderr
+        answers[where] = (done.stdout.replace(where, "WHERE"), _wall_time_masked(done.stderr).replace(where, "WHERE"),
+                          (tmp_path / where / "r" / "requests.jsonl").read_bytes())
+    assert "(WALL)" in answers["inside"][1], answers["inside"][1]
+    assert answers["inside"] == answers["process"]
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers and gc.get_freeze_count() == 0
+    refused = same(["replay", str(trace), "--clock", "virtual", "--speed", "4", "--out-dir", str(tmp_path / "no")])
+    assert refused.returncode == 2 and "--clock virtual: --speed cannot be used" in refused.stderr, refused.stderr

@@ -440,8 +440,10 @@ def _trace(path: Path, lens: list[tuple[int, int]], gap: float = 0.01) -> Path:
 def test_pd_policy_that_never_assigns_is_named(tmp_path: Path) -> None:
     trace = _trace(tmp_path / "t.jsonl", [(64, 4)] * 3)
     never = _policy_file(tmp_path, "never", "        return []\n")
-    result, run, records = _run(tmp_path, str(trace), "--backend", "sim", "--pd", "1:1", "--speed", "10",
-                                "--decode-policy", never, timeout=40)
+    # the policy checks on the virtual clock (tests/test_replay_robust.py's too): the PD router and the policies are
+    # the real-time run's, and what a policy that assigns nothing or raises does to the run is no matter of HTTP
+    result, run, records = _run(tmp_path, str(trace), "--clock", "virtual", "--pd", "1:1", "--decode-policy", never,
+                                timeout=40)
     assert result.returncode == 1, result.stderr
     assert ("policies 'random' (prefill pool) and 'never' (decode pool) assigned nothing" in result.stderr
             and "nothing can ask it again" in result.stderr), result.stderr
@@ -456,8 +458,8 @@ def test_pd_prefill_policy_raising_on_complete_stops_the_run_with_every_request_
     trace = _trace(tmp_path / "t.jsonl", [(64, 40)] * 30)
     raiser = _policy_file(tmp_path, "raiser", "",
                           "        if type(self).completions == 3:\n            raise ValueError('bad')\n")
-    result, run, records = _run(tmp_path, str(trace), "--backend", "sim", "--pd", "1:1", "--speed", "10",
-                                "--prefill-policy", raiser, "--max-running-requests", "4", timeout=40)
+    result, run, records = _run(tmp_path, str(trace), "--clock", "virtual", "--pd", "1:1", "--prefill-policy", raiser,
+                                "--max-running-requests", "4", timeout=40)
     assert result.returncode == 1, result.stderr
     assert "raised ValueError in on_complete: bad" in run["error"], run["error"]
     statuses = Counter(r["status"] for r in records)

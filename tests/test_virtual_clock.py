@@ -288,8 +288,8 @@ def test_parallel_search_is_the_one_process_search(tmp_path: Path) -> None:
     and byte-identical records as --jobs 1; a policy that raises in one combination fails the sweep with its own
     error (exit 1), after the other combination's points are in the summary."""
     trace = _generate(tmp_path / "t.jsonl", "--rate", "10", "--num-requests", "600", "--seed", "4")
-    common = ("sweep", str(trace), "--find-max-rate", "--slo", "ttft=300ms,tpot=40ms", "--point-duration", "8",
-              "--saturation-window", "0", "--clock", "virtual", "--gpus", "1,2", "--max-points", "4",
+    common = ("sweep", str(trace), "--find-max-rate", "--slo", "ttft=300ms,tpot=40ms", "--point-duration", "4",
+              "--saturation-window", "0", "--clock", "virtual", "--gpus", "1,2", "--max-points", "3",
               "--out-dir", str(tmp_path), "--quiet")
     one = run_cli(*common, "--policy", "round_robin", "--name", "one", "--jobs", "1")
     two = run_cli(*common, "--policy", "round_robin", "--name", "two")  # the default: one part per core

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
@@ -96,7 +95,7 @@ def next_speed(attempt: Attempt) -> float:
     return float(max(1, math.floor(lower)))
 
 
-def adapt(cfg: Config, run_replay: Callable[[Config, IO[str]], Path], stderr: IO[str] = sys.stderr) -> Path:
+def adapt(cfg: Config, run_replay: Callable[[Config, IO[str]], Path], stderr: IO[str]) -> Path:
     """Run `cfg` with `run_replay` (tracebench/replay/run.py's, handed in by the replay command: this module sits
     beside the replay, not above it) and, while the host cannot hold its speed, again at a lower one; returns the kept
     run folder."""

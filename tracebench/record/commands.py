@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -112,7 +113,7 @@ def record(listen: str | None, upstream: str | None, output: Path, recover: bool
     tokenize, desc = load_tokenizer(tokenizer) if tokenizer is not None else (None, None)
     cfg = RecordConfig(host=host, port=port, upstream=_upstream(upstream), output=output, block_size=block_size,
                        tokenizer=tokenize, tokenizer_desc=desc, quiet=quiet)
-    count, trace, status, counts, text_without_blocks = run_record(cfg)
+    count, trace, status, counts, text_without_blocks = run_record(cfg, sys.stderr)
     if not quiet:
         click.echo(f"{trace}: {count} request(s) (ok {counts['ok']}, error {counts['error']}, cancelled "
                    f"{counts['cancelled']}); every request's status: {status}", err=True)

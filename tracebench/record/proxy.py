@@ -464,7 +464,7 @@ async def _warm_up(session: aiohttp.ClientSession, cfg: RecordConfig) -> None:
         await resp.read()
 
 
-def run_record(cfg: RecordConfig, out: IO[str] = sys.stderr) -> tuple[int, Path, Path, dict[str, int], int]:
+def run_record(cfg: RecordConfig, out: IO[str]) -> tuple[int, Path, Path, dict[str, int], int]:
     """Record until SIGINT or SIGTERM. Returns (trace lines, trace path, status path, counts by status, trace lines of
     text prompts without prefix blocks). The name is
     claimed first (part.claim: refused when taken, or when a stopped recording left its part file there)."""

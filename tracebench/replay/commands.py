@@ -3,6 +3,7 @@ module): the replay machinery (aiohttp, numpy) is imported inside the commands."
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -343,8 +344,8 @@ def replay(ctx: click.Context, trace: Path, adapt_speed: bool, **options: Any) -
     if adapt_speed:
         from tracebench.speedguard import adapt
 
-        return adapt(cfg, run_replay)
-    return run_replay(cfg)
+        return adapt(cfg, run_replay, sys.stderr)
+    return run_replay(cfg, sys.stderr)  # the stream of the call (not bound at import)
 
 
 @click.command("policies")

@@ -19,7 +19,6 @@ import re
 import shutil
 import signal
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -615,7 +614,7 @@ def launch_fleet(config: ReplayConfig, log_dir: Path) -> Fleet:
     return Fleet(cfg.backend, plan_servers(cfg, log_dir, _vocab(cfg), cap_changes))  # type: ignore[arg-type]
 
 
-def run_replay(config: ReplayConfig, stderr: IO[str] = sys.stderr, shared: SharedServers | None = None) -> Path:
+def run_replay(config: ReplayConfig, stderr: IO[str], shared: SharedServers | None = None) -> Path:
     """Run one replay; returns the run folder. Raises RunInterrupted (Ctrl-C), RunFailed (no server left), or the
     error that stopped the run, after the run folder is complete and every launched server is stopped (`shared`
     servers excepted: their owner stops them)."""

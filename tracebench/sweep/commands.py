@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -168,5 +169,5 @@ def sweep(ctx: click.Context, trace: Path, rates: str | None, concurrency: str |
         warmup=warmup, bootstrap=bootstrap, name=name, start_rate=start_rate, rate_tolerance=rate_tolerance,
         max_points=max_points, point_duration=point_duration, pd=ratios, jobs=jobs, ray=ray_address,
     )
-    folder = run_sweep(cfg)
+    folder = run_sweep(cfg, sys.stdout, sys.stderr)  # the streams of the call (not bound at import)
     click.echo(folder)

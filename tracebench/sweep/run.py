@@ -17,7 +17,6 @@ import dataclasses
 import math
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -724,7 +723,7 @@ async def _wait_healthy(fleet: Any, timeout: float) -> None:
 
 
 
-def run_sweep(cfg: SweepConfig, stdout: IO[str] = sys.stdout, stderr: IO[str] = sys.stderr) -> Path:
+def run_sweep(cfg: SweepConfig, stdout: IO[str], stderr: IO[str]) -> Path:
     """Run the sweep; returns its folder. Every launched server is stopped whatever happens; the summary keeps the
     points that ran."""
     sweep = Sweep(cfg, stderr)
