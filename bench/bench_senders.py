@@ -21,6 +21,12 @@ otherwise idle: load 2.6-3.7 before, 3.8-4.7 after, the sim-servers' own), media
                                                                           0.84 / 2.8-3.2, ~0.25, its core 98-99% busy)
 
 --senders 8: highest rate with release lag p99 < 2 ms and own time p99 < 2 ms: 4000 req/s (issue 34 item 1).
+On the merged main (same machine, 3 runs, load 0.2 before): 4,000 req/s release lag p99 0.35-0.57 ms, arrival ->
+written p99 1.25-1.62 ms, router CPU 0.14-0.18 ms per request.
+
+Two cores, quiet (the same machine's CPUs under `taskset -c 0,1 python3 bench/bench_senders.py --rates
+100,200,400,600,800 --senders 1,2 --repeat 3`, then `--rates 100,200 --repeat 8`): no 2-sender median outside the
+1-sender runs' own spread at any rate (issue 34 item 2); the tables are in docs/overhead.md.
 
 Each point is one `tracebench replay --attach ...` (a real process, as a user runs it) of a Poisson trace of 128 /
 16-token requests (`--input-len`, `--output-len`) against sim-servers started once for the whole bench (`--speed 50`
