@@ -782,15 +782,24 @@ class ProcessSender:
         when it ended (flight.Sender.take_over). Its stamps are set on `rec` before."""
         if self.fault is not None:
             raise self.fault
+        self._assign(rec, server, flight, blocks, None, on_end)
+
+    def _assign(self, rec: RequestRecord, server: Any, flight: Progress, blocks: tuple[int, ...] | None,
+                future: asyncio.Future[Answer | None] | None,
+                on_end: Callable[[Answer | None, BaseException | None], None] | None) -> _Pending:
+        """Hand `rec` to the sender process with the fewest requests in flight: listed as pending (awaited through
+        `future`, or called back through `on_end`) and its "go" queued."""
         alive = self._alive
         if not alive:
             raise SenderDied("no sender process is left")
         worker = alive[0] if len(alive) == 1 else min(alive, key=_in_flight)
-        self._pending[rec.id] = _Pending(rec, server, flight, worker, None, on_end)
+        pending = self._pending[rec.id] = _Pending(rec, server, flight, worker, future, on_end)
         worker.in_flight += 1
         worker.carried += 1
-        # written with the others of this assignment round (flush(), called by the router when the round is over)
+        # written with the others of this assignment round (flush(), called by the router when the round is over), or
+        # at the end of this loop turn at the latest
         self._post(worker, ("go", rec.id, server.generate_url, rec.input_len, rec.output_len, blocks))
+        return pending
 
     def cancel(self, rid: int) -> None:
         """The router ends request `rid` (taken over): its sender process cancels it and says what it stamped (was it
@@ -818,17 +827,9 @@ class ProcessSender:
 
     async def _hand_over(self, rec: RequestRecord, server: Any, flight: Progress,
                          blocks: tuple[int, ...] | None) -> Answer:
-        alive = self._alive
-        if not alive:
-            raise SenderDied("no sender process is left")
-        worker = alive[0] if len(alive) == 1 else min(alive, key=_in_flight)
         future: asyncio.Future[Answer | None] = self._loop.create_future()
-        pending = self._pending[rec.id] = _Pending(rec, server, flight, worker, future)
-        worker.in_flight += 1
-        worker.carried += 1
-        # written with the others of this assignment round (flush(), called by the router when the round is over), or
-        # at the end of this loop turn at the latest
-        self._post(worker, ("go", rec.id, server.generate_url, rec.input_len, rec.output_len, blocks))
+        pending = self._assign(rec, server, flight, blocks, future, None)
+        worker = pending.worker
         try:
             answer = await future
             if answer is None:
