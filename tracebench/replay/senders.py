@@ -920,33 +920,28 @@ class ProcessSender:
         pending = self._pending.get(msg[1])
         if pending is None:
             return
-        if pending.on_end is not None:
-            self._apply_stamps(pending, msg[2])
-            if kind == "done":
-                _, _, _, status, error, meta, connection_lost = msg
-                self._end(pending, Answer(status, error, meta, connection_lost), None)
-            elif kind == "raised":
-                self._end(pending, None, self._raised(worker, msg[3], msg[4]))
-            elif kind == "cancelled":
-                self._end(pending, None, None)
-            else:
-                raise SenderFailed(f"sender process {worker.index}: unknown message {kind!r}")
-            return
-        if pending.future.done():
-            if not pending.future.cancelled():
+        future = pending.future  # None: taken over (on_end)
+        if future is not None and future.done():
+            if not future.cancelled():
                 return  # a request the router gave up on meanwhile (its sender died)
             # the router cancelled it, and this answer came before its cancel went: the answer stands (_hand_over)
-            pending.future = self._loop.create_future()
+            pending.future = future = self._loop.create_future()
         self._apply_stamps(pending, msg[2])
+        answer: Answer | None = None  # stays None for "cancelled"
+        err: BaseException | None = None
         if kind == "done":
             _, _, _, status, error, meta, connection_lost = msg
-            pending.future.set_result(Answer(status, error, meta, connection_lost))
+            answer = Answer(status, error, meta, connection_lost)
         elif kind == "raised":
-            pending.future.set_exception(self._raised(worker, msg[3], msg[4]))
-        elif kind == "cancelled":
-            pending.future.set_result(None)
-        else:
+            err = self._raised(worker, msg[3], msg[4])
+        elif kind != "cancelled":
             raise SenderFailed(f"sender process {worker.index}: unknown message {kind!r}")
+        if future is None:
+            self._end(pending, answer, err)
+        elif err is not None:
+            future.set_exception(err)
+        else:
+            future.set_result(answer)
 
     @staticmethod
     def _apply_stamps(pending: _Pending, stamps: tuple[Any, ...]) -> None:
