@@ -804,17 +804,20 @@ class ProcessSender:
     def cancel(self, rid: int) -> None:
         """The router ends request `rid` (taken over): its sender process cancels it and says what it stamped (was it
         sent?); on_end follows with no answer, or with an error that came instead (its sender died meanwhile, a
-        broken answer), or with SenderFailed if the sender process says nothing within CANCEL_TIMEOUT_S."""
+        broken answer), or with SenderFailed if the sender process says nothing within CANCEL_TIMEOUT_S. Its sender's
+        connection closed already: nothing is sent, its death (_report_exit) ends it, or the timeout does (a sender
+        on another node whose connection broke may never be seen to exit: the router's close() would wait forever)."""
         pending = self._pending.get(rid)
-        if pending is None or pending.cancel_timer is not None or not pending.worker.alive:
-            return  # ended already, being cancelled, or about to end with its sender's death (_report_exit)
+        if pending is None or pending.cancel_timer is not None:
+            return  # ended already, or being cancelled
         worker = pending.worker
         pending.cancel_timer = self._loop.call_later(
             CANCEL_TIMEOUT_S, self._end, pending, None,
             SenderFailed(f"sender process {worker.index} (pid {worker.pid}) did not answer the cancel of request "
                          f"{rid} within {CANCEL_TIMEOUT_S:g} s"))
-        self._post(worker, ("cancel", rid))
-        self.flush()
+        if worker.alive:
+            self._post(worker, ("cancel", rid))
+            self.flush()
 
     def _end(self, pending: _Pending, answer: Answer | None, err: BaseException | None) -> None:
         """A taken-over request ended: unlisted, then its on_end called (once)."""
