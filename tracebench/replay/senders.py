@@ -782,30 +782,42 @@ class ProcessSender:
         when it ended (flight.Sender.take_over). Its stamps are set on `rec` before."""
         if self.fault is not None:
             raise self.fault
+        self._assign(rec, server, flight, blocks, None, on_end)
+
+    def _assign(self, rec: RequestRecord, server: Any, flight: Progress, blocks: tuple[int, ...] | None,
+                future: asyncio.Future[Answer | None] | None,
+                on_end: Callable[[Answer | None, BaseException | None], None] | None) -> _Pending:
+        """Hand `rec` to the sender process with the fewest requests in flight: listed as pending (awaited through
+        `future`, or called back through `on_end`) and its "go" queued."""
         alive = self._alive
         if not alive:
             raise SenderDied("no sender process is left")
         worker = alive[0] if len(alive) == 1 else min(alive, key=_in_flight)
-        self._pending[rec.id] = _Pending(rec, server, flight, worker, None, on_end)
+        pending = self._pending[rec.id] = _Pending(rec, server, flight, worker, future, on_end)
         worker.in_flight += 1
         worker.carried += 1
-        # written with the others of this assignment round (flush(), called by the router when the round is over)
+        # written with the others of this assignment round (flush(), called by the router when the round is over), or
+        # at the end of this loop turn at the latest
         self._post(worker, ("go", rec.id, server.generate_url, rec.input_len, rec.output_len, blocks))
+        return pending
 
     def cancel(self, rid: int) -> None:
         """The router ends request `rid` (taken over): its sender process cancels it and says what it stamped (was it
         sent?); on_end follows with no answer, or with an error that came instead (its sender died meanwhile, a
-        broken answer), or with SenderFailed if the sender process says nothing within CANCEL_TIMEOUT_S."""
+        broken answer), or with SenderFailed if the sender process says nothing within CANCEL_TIMEOUT_S. Its sender's
+        connection closed already: nothing is sent, its death (_report_exit) ends it, or the timeout does (a sender
+        on another node whose connection broke may never be seen to exit: the router's close() would wait forever)."""
         pending = self._pending.get(rid)
-        if pending is None or pending.cancel_timer is not None or not pending.worker.alive:
-            return  # ended already, being cancelled, or about to end with its sender's death (_report_exit)
+        if pending is None or pending.cancel_timer is not None:
+            return  # ended already, or being cancelled
         worker = pending.worker
         pending.cancel_timer = self._loop.call_later(
             CANCEL_TIMEOUT_S, self._end, pending, None,
             SenderFailed(f"sender process {worker.index} (pid {worker.pid}) did not answer the cancel of request "
                          f"{rid} within {CANCEL_TIMEOUT_S:g} s"))
-        self._post(worker, ("cancel", rid))
-        self.flush()
+        if worker.alive:
+            self._post(worker, ("cancel", rid))
+            self.flush()
 
     def _end(self, pending: _Pending, answer: Answer | None, err: BaseException | None) -> None:
         """A taken-over request ended: unlisted, then its on_end called (once)."""
@@ -818,17 +830,9 @@ class ProcessSender:
 
     async def _hand_over(self, rec: RequestRecord, server: Any, flight: Progress,
                          blocks: tuple[int, ...] | None) -> Answer:
-        alive = self._alive
-        if not alive:
-            raise SenderDied("no sender process is left")
-        worker = alive[0] if len(alive) == 1 else min(alive, key=_in_flight)
         future: asyncio.Future[Answer | None] = self._loop.create_future()
-        pending = self._pending[rec.id] = _Pending(rec, server, flight, worker, future)
-        worker.in_flight += 1
-        worker.carried += 1
-        # written with the others of this assignment round (flush(), called by the router when the round is over), or
-        # at the end of this loop turn at the latest
-        self._post(worker, ("go", rec.id, server.generate_url, rec.input_len, rec.output_len, blocks))
+        pending = self._assign(rec, server, flight, blocks, future, None)
+        worker = pending.worker
         try:
             answer = await future
             if answer is None:
@@ -919,33 +923,28 @@ class ProcessSender:
         pending = self._pending.get(msg[1])
         if pending is None:
             return
-        if pending.on_end is not None:
-            self._apply_stamps(pending, msg[2])
-            if kind == "done":
-                _, _, _, status, error, meta, connection_lost = msg
-                self._end(pending, Answer(status, error, meta, connection_lost), None)
-            elif kind == "raised":
-                self._end(pending, None, self._raised(worker, msg[3], msg[4]))
-            elif kind == "cancelled":
-                self._end(pending, None, None)
-            else:
-                raise SenderFailed(f"sender process {worker.index}: unknown message {kind!r}")
-            return
-        if pending.future.done():
-            if not pending.future.cancelled():
+        future = pending.future  # None: taken over (on_end)
+        if future is not None and future.done():
+            if not future.cancelled():
                 return  # a request the router gave up on meanwhile (its sender died)
             # the router cancelled it, and this answer came before its cancel went: the answer stands (_hand_over)
-            pending.future = self._loop.create_future()
+            pending.future = future = self._loop.create_future()
         self._apply_stamps(pending, msg[2])
+        answer: Answer | None = None  # stays None for "cancelled"
+        err: BaseException | None = None
         if kind == "done":
             _, _, _, status, error, meta, connection_lost = msg
-            pending.future.set_result(Answer(status, error, meta, connection_lost))
+            answer = Answer(status, error, meta, connection_lost)
         elif kind == "raised":
-            pending.future.set_exception(self._raised(worker, msg[3], msg[4]))
-        elif kind == "cancelled":
-            pending.future.set_result(None)
-        else:
+            err = self._raised(worker, msg[3], msg[4])
+        elif kind != "cancelled":
             raise SenderFailed(f"sender process {worker.index}: unknown message {kind!r}")
+        if future is None:
+            self._end(pending, answer, err)
+        elif err is not None:
+            future.set_exception(err)
+        else:
+            future.set_result(answer)
 
     @staticmethod
     def _apply_stamps(pending: _Pending, stamps: tuple[Any, ...]) -> None:
