@@ -31,6 +31,11 @@ busier: load 2.4-15 from other sessions, so the CPU figures are the comparison):
 (11.6-11.9 when the CPUs had been >= 90% idle before it; median 11.9 of 11), against 12.9-14.6 before (median 14.1);
 its wall clock 6.43 s at best (before: 7.13 s at best), 9-53 s in the busy spells. The copies 2.91 s and packed 2.93 s
 at best (5.0-5.2 s CPU, as before). < 6 s from the JSONL: still missed, by ~0.4 s (~12 CPU-s on two cores).
+On a quiet machine the same day (03:56-03:59 UTC, nothing else running, load 1.7-2.4 from the bench itself),
+`bench/bench_report.py --repeat 3` twice: table 2.57 / 2.61 s (4.6 s CPU), JSON 2.60 / 2.60, --slo and --warmup 2.56 /
+2.58, packed 2.66 / 2.53, HTML + PNG 4.73 / 4.58, the JSONL alone 5.70 / 5.70 s (runs 5.67-5.80, 10.7 s CPU): < 6 s
+met, < 3 s met. The code before on the same runs, alternating with today's one command at a time: JSONL alone
+6.84-7.06 s (13.1-13.3 s CPU) against 5.66-5.82 s (10.7-10.9). The busy spells above had hidden it.
 """
 
 from __future__ import annotations
