@@ -306,12 +306,18 @@ def load_prefill_attention(raw: object, path: Path) -> PrefillAttention | None:
     """A profile's `params.prefill_attention`: null (the q term) or every PrefillAttention field."""
     if raw is None:
         return None
-    field_ = f"{path}: field 'params.prefill_attention"
-    _check_fields(raw, _PREFILL_ATTENTION_FIELDS, field_)
+    _check_attention(raw, _PREFILL_ATTENTION_FIELDS, _PREFILL_ATTENTION_INTS, f"{path}: field 'params.prefill_attention")
     assert isinstance(raw, dict)
-    _check_ints(raw, _PREFILL_ATTENTION_INTS, field_)
-    _check_finite(raw, ("token_s",), field_, above_zero=True)
     return PrefillAttention(**raw)
+
+
+def _check_attention(raw: object, fields: set[str], ints: dict[str, int], field_: str) -> None:
+    """What an attention model (prefill or decode) must be: an object with exactly `fields`, the integer ones in
+    `ints` at least their least value, and a `token_s` (time per token walked) > 0."""
+    _check_fields(raw, fields, field_)
+    assert isinstance(raw, dict)
+    _check_ints(raw, ints, field_)
+    _check_finite(raw, ("token_s",), field_, above_zero=True)
 
 
 _ATTENTION_FIELDS = {f for f in DecodeAttention.__dataclass_fields__}
@@ -325,10 +331,8 @@ def load_decode_attention(raw: object, path: Path) -> DecodeAttention | None:
     if raw is None:
         return None
     field_ = f"{path}: field 'params.decode_attention"
-    _check_fields(raw, _ATTENTION_FIELDS, field_)
+    _check_attention(raw, _ATTENTION_FIELDS, _DECODE_ATTENTION_INTS, field_)
     assert isinstance(raw, dict)
-    _check_ints(raw, _DECODE_ATTENTION_INTS, field_)
-    _check_finite(raw, ("token_s",), field_, above_zero=True)   # a time per token walked
     _check_finite(raw, ("few_programs_token_s", "shared_saving"), field_, above_zero=False)   # corrections: any sign
     sizes = raw["graph_batch_sizes"]
     if not _ascending_positive_ints(sizes):

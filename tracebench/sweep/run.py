@@ -722,7 +722,6 @@ async def _wait_healthy(fleet: Any, timeout: float) -> None:
         await client.close()
 
 
-
 def run_sweep(cfg: SweepConfig, stdout: IO[str], stderr: IO[str]) -> Path:
     """Run the sweep; returns its folder. Every launched server is stopped whatever happens; the summary keeps the
     points that ran."""
