@@ -13,7 +13,7 @@ The router sends what it can (`Split`): a hop to another process costs a wake-up
 0.5-1.5 ms on a host whose cores are all busy (bench/bench_senders.py on 2 shared cores); the work it saves the
 router is ~0.2-0.3 ms a request. So the router keeps sending requests itself (HttpSender, its own session) while it
 keeps up, and hands a growing share over only while it is behind (more than a quarter of the recent requests late
-by --router-sends-under, 1 ms by default) and the host has a spare core (/proc/stat). `--router-sends-under 0` hands
+by --router-sends-under, 1 ms by default) and a CPU the sender processes may use is idle (/proc/stat, `IdleCores`). `--router-sends-under 0` hands
 every request over. run.json `senders` counts who carried how many.
 
 Transport: a `multiprocessing` duplex pipe per sender process (spawned, not forked: the router's loop and threads are
