@@ -12,6 +12,7 @@ selector, the same loop, every callback, timer and transport as asyncio's. docs/
 from __future__ import annotations
 
 import asyncio
+import heapq
 import select
 import selectors
 import sys
@@ -83,69 +84,90 @@ def _run_on(loop_factory: Callable[[], asyncio.AbstractEventLoop], main: Corouti
 
 POLL_EVERY = 64  # the virtual loop's turns between two looks at its real file descriptors
 
-
-class _JumpSelector(selectors.BaseSelector):
-    """The virtual loop's selector: real readiness is checked without waiting; a wait for a timer is not a wait at all:
-    the loop's clock jumps to the earliest timer. Only a wait with no timer at all (nothing scheduled, nothing ready:
-    a signal or another thread is all that can come) blocks for real."""
-
-    def __init__(self, loop_ref: list[VirtualLoop]) -> None:
-        self._real = selectors.DefaultSelector()
-        self._loop_ref = loop_ref
-        self._turns = 0
-
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._real.register(fileobj, events, data)
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._real.unregister(fileobj)
-
-    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._real.modify(fileobj, events, data)
-
-    def get_map(self) -> Any:
-        return self._real.get_map()
-
-    def close(self) -> None:
-        self._real.close()
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout is None:
-            return self._real.select(None)
-        # what can come from outside (a signal through asyncio's wake-up pipe) is looked for every POLL_EVERY turns,
-        # not on each: a system call a turn was ~7% of a run's time, and a Ctrl-C is still seen at once by a person
-        self._turns += 1
-        if self._turns % POLL_EVERY == 0 and (ready := self._real.select(0)):
-            return ready
-        if timeout > 0:
-            self._loop_ref[0].jump()
-        return []
+# asyncio's own thresholds for sweeping cancelled timers out of the heap (base_events.py): the same sweep at the same
+# moments keeps the heap, and so the order of timers due at one instant, exactly as asyncio's
+_MIN_SCHEDULED_TIMER_HANDLES = 100
+_MIN_CANCELLED_TIMER_HANDLES_FRACTION = 0.5
 
 
 class VirtualLoop(asyncio.SelectorEventLoop):
     """An asyncio loop on a simulated clock: `time()` starts at 0 and only moves when nothing is ready to run, then
-    straight to the next timer (asyncio's own heap of timers decides which). Every coroutine, timer, Event and Task
-    behaves as on the real loop; only the waiting is gone, so a run takes the host the time its callbacks take, and
-    what they compute never depends on how fast the host is. Callbacks run in the order asyncio runs them (FIFO for
-    ready ones, by due time and then scheduling order for timers), so one program gives one order, every time."""
+    straight to the next timer. Every coroutine, timer, Event and Task behaves as on the real loop; only the waiting
+    is gone, so a run takes the host the time its callbacks take, and what they compute never depends on how fast
+    the host is. Callbacks run in the order asyncio runs them (FIFO for ready ones; timers by due time, those due at
+    one instant in the order asyncio's heap gives), so one program gives one order, every time.
+
+    Its turn (`_run_once`) is asyncio's, with the waiting replaced by the jump and the timers kept as `(when, handle)`
+    pairs: asyncio orders its heap with TimerHandle's `__lt__`, a Python call on every comparison (~8% of a virtual
+    run); a pair compares `when` in C and, at a tie, the handles as asyncio would (neither is less), so the heap and
+    every order it gives are asyncio's own."""
 
     def __init__(self) -> None:
-        ref: list[VirtualLoop] = []
-        super().__init__(_JumpSelector(ref))
-        ref.append(self)
+        super().__init__(selectors.DefaultSelector())
         # asyncio runs a timer once `when < time() + _clock_resolution` (1 ns): the clock lands exactly on `when`
         self._now = 0.0
+        self._timers: list[tuple[float, asyncio.TimerHandle]] = []  # stands for asyncio's `_scheduled`
+        self._turns = 0
 
     def time(self) -> float:
         return self._now
 
-    def jump(self) -> None:
-        """Move the clock to the earliest live timer (called only when nothing is ready)."""
-        scheduled = self._scheduled  # asyncio's heap of TimerHandles (cancelled ones at the head were dropped)
-        if scheduled:
-            when = scheduled[0].when()
-            if when > self._now:
-                self._now = when
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any,
+                context: Any = None) -> asyncio.TimerHandle:
+        if when is None:
+            raise TypeError("when cannot be None")
+        self._check_closed()
+        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._timers, (when, timer))
+        timer._scheduled = True
+        return timer
+
+    def _run_once(self) -> None:
+        timers = self._timers
+        ready = self._ready
+        count = len(timers)
+        if count > _MIN_SCHEDULED_TIMER_HANDLES and \
+                self._timer_cancelled_count / count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION:
+            kept = []
+            for entry in timers:
+                if entry[1]._cancelled:
+                    entry[1]._scheduled = False
+                else:
+                    kept.append(entry)
+            heapq.heapify(kept)
+            self._timers = timers = kept
+            self._timer_cancelled_count = 0
+        else:
+            while timers and timers[0][1]._cancelled:
+                self._timer_cancelled_count -= 1
+                heapq.heappop(timers)[1]._scheduled = False
+        waits = not ready and not self._stopping
+        if waits and not timers:
+            # nothing scheduled, nothing ready: only a signal or another thread can come; wait for it for real
+            self._process_events(self._selector.select(None))
+        else:
+            # what can come from outside (a signal through asyncio's wake-up pipe) is looked for every POLL_EVERY
+            # turns, not on each: a system call a turn was ~7% of a run's time, and a Ctrl-C is still seen at once
+            self._turns += 1
+            events = self._selector.select(0) if self._turns % POLL_EVERY == 0 else None
+            if events:
+                self._process_events(events)
+            elif waits and timers[0][0] > self._now:
+                self._now = timers[0][0]  # the jump: nothing is ready, so time moves to the earliest timer
+        end_time = self._now + self._clock_resolution
+        while timers and timers[0][0] < end_time:
+            handle = heapq.heappop(timers)[1]
+            handle._scheduled = False
+            ready.append(handle)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
+        handle = None  # breaks a cycle through an exception's traceback, as asyncio does
+
+    def close(self) -> None:
+        self._timers.clear()
+        super().close()
 
     def run_in_executor(self, executor: Any, func: Any, *args: Any) -> Any:
         # a thread's work would finish at a host-dependent moment of the simulated clock
