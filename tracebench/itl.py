@@ -17,13 +17,13 @@ import math
 FLOOR_S = 1e-5
 MEMO_SIZE = 4096  # gaps an ItlGaps.add memo remembers with their bucket
 GROWTH = 1.02
-_LOG_GROWTH = math.log(GROWTH)
+LOG_GROWTH = math.log(GROWTH)
 
 
 def bucket_of(gap_s: float) -> int:
     if gap_s < FLOOR_S:
         return 0
-    return 1 + int(math.log(gap_s / FLOOR_S) / _LOG_GROWTH)
+    return 1 + int(math.log(gap_s / FLOOR_S) / LOG_GROWTH)
 
 
 def bucket_value(bucket: int) -> float:

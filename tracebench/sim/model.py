@@ -611,32 +611,41 @@ class BatchModel:
                 else:
                     self.running.append(req)
         else:
-            # one step, or a run of them (start_decode_run: no request is aborted or finishes before its last)
-            steps = 1 if step.run_starts is None else len(step.run_starts)
-            still_running: list[SimRequest] = []
-            for req in self.running:
-                if req.abort_requested:
-                    self._release(req, ReqState.ABORTED)
-                    aborted.append(req)
-                    continue
-                req.output_len += steps
-                produced.append(req)
-                if req.output_len >= req.max_new_tokens:
-                    self._finish(req, t_end)
-                    finished.append(req)
-                else:
-                    still_running.append(req)
-            self.total_generated_tokens += len(produced) * steps
-            self.running = still_running
-            b = len(step.requests)
-            m = self.decode_moments or [0.0] * 6
-            t_start = step.t_start
-            for end in step.step_ends:
-                t_us = (end - t_start) * 1e6
-                m = [m[0] + 1, m[1] + b, m[2] + t_us, m[3] + b * b, m[4] + b * t_us, m[5] + len(produced)]
-                t_start = end
-            self.decode_moments = m
+            self._finish_decode(step, produced, finished, aborted)
         return StepResult(step, produced, finished, aborted)
+
+    def _finish_decode(self, step: Step, produced: list[SimRequest], finished: list[SimRequest],
+                       aborted: list[SimRequest]) -> None:
+        """finish_step's decode step, or run of them (start_decode_run: no request is aborted or finishes before
+        its last step)."""
+        t_end = step.t_end
+        steps = 1 if step.run_starts is None else len(step.run_starts)
+        still_running: list[SimRequest] = []
+        for req in self.running:
+            if req.abort_requested:
+                self._release(req, ReqState.ABORTED)
+                aborted.append(req)
+                continue
+            out = req.output_len = req.output_len + steps
+            produced.append(req)
+            if out >= req.max_new_tokens:
+                self._finish(req, t_end)
+                finished.append(req)
+            else:
+                still_running.append(req)
+        n = len(produced)
+        self.total_generated_tokens += n * steps
+        self.running = still_running
+        b = len(step.requests)
+        # the moments step by step (the same sums, in the same order, as one step at a time)
+        n_steps, sum_b, sum_t, sum_b2, sum_bt, sum_gen = self.decode_moments or (0.0,) * 6
+        t_start = step.t_start
+        for end in step.step_ends:
+            t_us = (end - t_start) * 1e6
+            n_steps, sum_b, sum_t, sum_b2, sum_bt, sum_gen = (
+                n_steps + 1, sum_b + b, sum_t + t_us, sum_b2 + b * b, sum_bt + b * t_us, sum_gen + n)
+            t_start = end
+        self.decode_moments = [n_steps, sum_b, sum_t, sum_b2, sum_bt, sum_gen]
 
     def _finish(self, req: SimRequest, t_end: float) -> None:
         req.t_finished = t_end

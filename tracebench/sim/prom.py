@@ -7,7 +7,7 @@ final answer is formatted, as sglang's tokenizer manager counts) and `on_abort`.
 from __future__ import annotations
 
 import functools
-
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,12 +38,7 @@ class Histogram:
         self.n = 0
 
     def observe(self, value: float) -> None:
-        i = 0
-        for bound in self.bounds:
-            if value <= bound:
-                break
-            i += 1
-        self.counts[i] += 1
+        self.counts[bisect_left(self.bounds, value)] += 1   # the first bucket whose bound is >= value (le)
         self.total += value
         self.n += 1
 
@@ -107,12 +102,26 @@ class SimStats:
         self._decode_steps_since_log += 1
         self._tokens_since_log += tokens
         if self._decode_steps_since_log >= DECODE_LOG_INTERVAL:
-            elapsed = t_end - self._t_last_log
-            self.gen_throughput = self._tokens_since_log / elapsed if elapsed > 0 else 0.0
-            self.cache_hit_rate = 0.0
-            self._decode_steps_since_log = 0
-            self._tokens_since_log = 0
-            self._t_last_log = t_end
+            self._log(t_end)
+
+    def on_decodes(self, ends: list[float], tokens: int) -> None:
+        """`on_decode` for consecutive decode steps ending at `ends`, each giving `tokens` (a decode run)."""
+        left = DECODE_LOG_INTERVAL - self._decode_steps_since_log   # steps until the next log
+        if left > len(ends):
+            self._decode_steps_since_log += len(ends)
+            self._tokens_since_log += tokens * len(ends)
+            return
+        for end in ends:
+            self.on_decode(end, tokens)
+
+    def _log(self, t_end: float) -> None:
+        """sglang's decode log: gen_throughput over the steps since the last one."""
+        elapsed = t_end - self._t_last_log
+        self.gen_throughput = self._tokens_since_log / elapsed if elapsed > 0 else 0.0
+        self.cache_hit_rate = 0.0
+        self._decode_steps_since_log = 0
+        self._tokens_since_log = 0
+        self._t_last_log = t_end
 
     def on_finished(self, stream: bool, sim: SimRequest, e2e: float, ttft: float | None) -> None:
         """A request's final answer was formatted (`ttft`: None when no token was ever handed out)."""
