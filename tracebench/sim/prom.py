@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from bisect import bisect_left
+from itertools import accumulate
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,22 +44,21 @@ class Histogram:
         self.n += 1
 
     def render(self, name: str, labels: str) -> list[str]:
-        lines = [f"{name}_sum{{{labels}}} {self.total!r}"]
-        cum = 0
-        buckets = _bucket_labels(labels, self.bounds)
-        for bucket, count in zip(buckets[:-1], self.counts):  # the last count is +Inf's: self.n says it
-            cum += count
-            lines.append(f"{name}_bucket{{{bucket}}} {float(cum)!r}")
-        lines.append(f"{name}_bucket{{{buckets[-1]}}} {float(self.n)!r}")
-        lines.append(f"{name}_count{{{labels}}} {float(self.n)!r}")
-        return lines
+        sum_head, bucket_heads, inf_head, count_head = _histogram_heads(name, labels, self.bounds)
+        n = repr(float(self.n))
+        # the cumulative counts (the last count is +Inf's: self.n says it), each after its bucket's line head
+        cums = map(repr, map(float, accumulate(self.counts[:-1])))
+        return [sum_head + repr(self.total), *map(str.__add__, bucket_heads, cums), inf_head + n, count_head + n]
 
 
 @functools.lru_cache(maxsize=256)
-def _bucket_labels(labels: str, bounds: tuple[float, ...]) -> tuple[str, ...]:
-    """Each bucket's labels (`le` among them, the last "+Inf"): the same for every scrape, so made once (a server
-    scraped every second renders ~200 of them; a virtual-clock run of many servers, thousands a second)."""
-    return (*(_with_le(labels, repr(float(bound))) for bound in bounds), _with_le(labels, "+Inf"))
+def _histogram_heads(name: str, labels: str, bounds: tuple[float, ...]) -> tuple[str, tuple[str, ...], str, str]:
+    """A histogram's lines up to their values (_sum, each finite bucket, +Inf, _count; `le` among the bucket's
+    labels): the same for every scrape, so made once (a server scraped every second renders ~200 of them; a
+    virtual-clock run of many servers, thousands a second)."""
+    buckets = tuple(f"{name}_bucket{{{_with_le(labels, repr(float(bound)))}}} " for bound in bounds)
+    return (f"{name}_sum{{{labels}}} ", buckets, f"{name}_bucket{{{_with_le(labels, '+Inf')}}} ",
+            f"{name}_count{{{labels}}} ")
 
 
 def _with_le(labels: str, le: str) -> str:
@@ -217,22 +217,32 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+
+def _series(fam: Family) -> tuple[tuple[str, bool | None], ...]:
+    """A family's series: (labels, is_streaming: the key of its value by stream, or None for one series)."""
+    if fam.labels == "stream":
+        return tuple((_STREAM_LABELS.format(s=str(stream).lower(), m=MODEL_NAME), stream) for stream in (False, True))
+    return ((_LABELS[fam.labels], None),)
+
+
+# what a page repeats every scrape, made once: each family's HELP and TYPE lines and its series' labels
+_ROWS = tuple((fam, (f"# HELP {fam.name} {fam.doc}", f"# TYPE {fam.name} {fam.kind}"), _series(fam))
+              for fam in FAMILIES)
+
+
 def metrics_text(stats: SimStats, model: BatchModel, engine_type: str = "unified",
                  pd_lines: Callable[[str], list[str]] | None = None) -> str:
     """The /metrics page (prometheus_client's text format, as sglang 0.5.17 with --enable-metrics prints it).
     `engine_type`: prefill or decode on a PD server (disaggregation/utils.py L105-111); `pd_lines` renders the PD
     families with the scheduler's labels (pd.py)."""
     lines: list[str] = []
-    for fam in FAMILIES:
-        lines += [f"# HELP {fam.name} {fam.doc}", f"# TYPE {fam.name} {fam.kind}"]
+    for fam, header, series in _ROWS:
+        lines += header
         value = fam.value(stats, model)
         if fam.labels == "stream":
             assert isinstance(value, dict)
-            series = [(_STREAM_LABELS.format(s=str(stream).lower(), m=MODEL_NAME), value[stream])
-                      for stream in (False, True)]
-        else:
-            series = [(_LABELS[fam.labels], value)]
-        for labels, v in series:
+        for labels, stream in series:
+            v = value if stream is None else value[stream]  # type: ignore[index]
             if isinstance(v, Histogram):
                 lines += v.render(fam.name, labels)
             else:
