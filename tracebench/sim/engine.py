@@ -11,7 +11,6 @@ answers nothing itself.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import random
 import sys
@@ -20,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
-from tracebench.itl import FLOOR_S, LOG_GROWTH
+from tracebench.itl import bucket_of, sure_range
 from tracebench.profiles import Profile
 from tracebench.sim.model import BatchModel, SimRequest, Step
 from tracebench.sim.prom import SimStats
@@ -104,11 +103,14 @@ class RunDelivery:
             largest = 0.0
             times = self.times
             before = times[0] + offset
+            bucket, lo, hi = 0, 0.0, 0.0   # gaps in (lo, hi) are in `bucket` (itl.sure_range)
             for t in times[1:]:
                 after = t + offset
                 gap = after - before
                 before = after
-                bucket = 0 if gap < FLOOR_S else 1 + int(math.log(gap / FLOOR_S) / LOG_GROWTH)
+                if not lo < gap < hi:
+                    bucket = bucket_of(gap)
+                    lo, hi = sure_range(bucket)
                 counts[bucket] = counts.get(bucket, 0) + 1
                 if gap > largest:
                     largest = gap
@@ -331,7 +333,8 @@ class LiveEngine:
                 if late > pend.lag:
                     pend.lag = late
             pend.visible = count
-            pend.wake()
+            if pend._event is not None:   # pend.wake(), inline (per token)
+                pend._event.set()
             if pend.watcher is not None:
                 pend.watcher.on_token(now)
         if finished:
@@ -364,7 +367,8 @@ class LiveEngine:
             if pend is None:
                 continue  # aborted meanwhile
             pend.visible = count
-            pend.wake()
+            if pend._event is not None:   # pend.wake(), inline (per request of the run)
+                pend._event.set()
             if pend.watcher is not None:
                 pend.watcher.on_tokens(run)
         if finished:

@@ -282,6 +282,8 @@ class BatchModel:
         """Apply the cache work of finished steps (sglang's process_batch_result: cache_unfinished_req after a prefill
         chunk, cache_finished_req when a request is done): tokens move from the request's reservation to the cache
         (copies of tokens the cache already holds are freed), the request's lock moves to its new path end."""
+        if not self.unprocessed:
+            return
         cache = self.cache
         for req, released in self.unprocessed:
             assert cache is not None and req.cache_node is not None and req.input_ids is not None
@@ -477,6 +479,8 @@ class BatchModel:
     def _plan_prebuilt(self, t_start: float, cutoff: float) -> Step | None:
         """PD decode: arrived requests join the running batch (sglang's get_new_prebuilt_batch: up to the free
         running slots, FIFO), taking no GPU time; their first token goes out at the step's end."""
+        if not self.arrived:
+            return None
         reqs: list[SimRequest] = []
         slots = self.admission_cap - len(self.admitted)
         while slots > 0 and self.arrived and self.arrived[0].t_ready <= cutoff:
@@ -495,6 +499,8 @@ class BatchModel:
         # sglang's PrefillAdder (.DUCUMENT/scheduler-loop.md): a request whose tokens fit the chunk budget left is
         # taken whole, else cut to it (schedule_policy.py L1195-1253), while budget is left (budget_state L718-740);
         # only requests the plan's poll found in the queue (ready by `cutoff`) are seen (scheduler.py L1731-1738)
+        if self.chunked is None and (not self.waiting or self.waiting[0].t_ready > cutoff):
+            return None   # nothing to prefill (most steps: decoding, nothing new)
         budget = self.limits.chunked_prefill_size
         reqs: list[SimRequest] = []
         chunks: list[int] = []
