@@ -80,7 +80,7 @@ class ItlGaps:
         """(itl_max, itl_hist) for the record; both None when there was no gap (one chunk)."""
         if not self.counts:
             return None, None
-        return self.largest, ",".join(f"{b}:{self.counts[b]}" for b in sorted(self.counts))
+        return self.largest, ",".join([f"{b}:{n}" for b, n in sorted(self.counts.items())])
 
 
 HIST_PATTERN = r"^[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*$"  # what an itl_hist string looks like (the report checks it)

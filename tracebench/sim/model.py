@@ -643,15 +643,17 @@ class BatchModel:
         self.total_generated_tokens += n * steps
         self.running = still_running
         b = len(step.requests)
-        # the moments step by step (the same sums, in the same order, as one step at a time)
         n_steps, sum_b, sum_t, sum_b2, sum_bt, sum_gen = self.decode_moments or (0.0,) * 6
+        # the durations' sums step by step, as one step at a time would add them (the same floats); the others are
+        # whole numbers, which a float adds exactly (below 2**53), so they are added at once
         t_start = step.t_start
         for end in step.step_ends:
             t_us = (end - t_start) * 1e6
-            n_steps, sum_b, sum_t, sum_b2, sum_bt, sum_gen = (
-                n_steps + 1, sum_b + b, sum_t + t_us, sum_b2 + b * b, sum_bt + b * t_us, sum_gen + n)
+            sum_t += t_us
+            sum_bt += b * t_us
             t_start = end
-        self.decode_moments = [n_steps, sum_b, sum_t, sum_b2, sum_bt, sum_gen]
+        self.decode_moments = [n_steps + steps, sum_b + b * steps, sum_t, sum_b2 + b * b * steps, sum_bt,
+                               sum_gen + n * steps]
 
     def _finish(self, req: SimRequest, t_end: float) -> None:
         req.t_finished = t_end
