@@ -439,11 +439,12 @@ class BatchModel:
         if profile.decode_attention is None:
             # the linear step needs only the batch's size and KV (decode_step_s's own sum, one step at a time)
             size, kv = len(batch), step.batch_tokens
-            base, per_req, per_kv = profile.decode_base_s, profile.decode_per_req_s, profile.decode_per_kv_token_s
-            while len(starts) < steps_left:
+            per_kv = profile.decode_per_kv_token_s
+            fixed = profile.decode_base_s + profile.decode_per_req_s * size   # the sum's first two terms, as added
+            for _ in range(steps_left - 1):
                 kv += size  # each step gave every request one more token to attend to
                 starts.append(t)
-                t = t + (base + per_req * size + per_kv * kv) / speed
+                t = t + (fixed + per_kv * kv) / speed
         else:
             contexts = [r.kv_used for r in batch]
             # the steps after the first are planned once start_step has processed the last results: the cache paths

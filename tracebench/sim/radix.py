@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import struct
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
+
+
+_INT64 = struct.Struct("<q")  # one packed token
 
 
 class PackedTokens:
@@ -50,7 +54,7 @@ class PackedTokens:
         at = index << 3
         if not 0 <= at < len(self.data):
             raise IndexError("token index out of range")
-        return int.from_bytes(self.data[at:at + 8], "little", signed=True)
+        return _INT64.unpack_from(self.data, at)[0]   # no slice made (a child's key, per node on a path)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PackedTokens) and self.data == other.data
