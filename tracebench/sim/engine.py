@@ -25,7 +25,7 @@ from tracebench.sim.model import BatchModel, SimRequest, Step
 from tracebench.sim.prom import SimStats
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Pending:
     """One request as the HTTP layer sees it."""
 
@@ -294,11 +294,12 @@ class LiveEngine:
         result = self.model.finish_step(step)
         t_end = self._t_free = step.t_end
         kind = step.kind
+        ends = step.step_ends if step.run_starts is not None else None   # a decode run's
         if kind == "decode":
-            if step.run_starts is None:
+            if ends is None:
                 self.stats.on_decode(t_end, len(result.produced))
             else:
-                self.stats.on_decodes(step.step_ends, len(result.produced))
+                self.stats.on_decodes(ends, len(result.produced))
         elif kind == "prefill":   # a PD decode server's "prebuilt" step computes nothing
             self.stats.on_prefill(step)
         if result.produced or result.finished:
@@ -306,10 +307,10 @@ class LiveEngine:
             produced = [(req, req.output_len) for req in result.produced]
             output_delay = self.output_delay
             t_visible = t_end + output_delay
-            if step.run_starts is None:
+            if ends is None:
                 loop.call_at(t_visible, self._deliver, produced, result.finished, t_visible)
             else:
-                run = RunDelivery([end + output_delay for end in step.step_ends])
+                run = RunDelivery([end + output_delay for end in ends])
                 loop.call_at(t_visible, self._deliver_run, produced, result.finished, run)
         self._plan()
 

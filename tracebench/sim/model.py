@@ -88,7 +88,7 @@ class ReqState(Enum):
     ABORTED = "aborted"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SimRequest:
     """One request inside the model. Times are in the caller's clock (seconds)."""
 
@@ -121,7 +121,7 @@ class SimRequest:
         return self.prefilled + self.output_len
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Step:
     kind: str                            # "prefill", "decode" or "prebuilt" (PD decode: admits arrived KV, no GPU time)
     t_start: float
@@ -142,7 +142,7 @@ class Step:
         return [*self.run_starts[1:], self.t_end]
 
 
-@dataclass
+@dataclass(slots=True)
 class StepResult:
     step: Step
     produced: list[SimRequest]           # got one more output token at step.t_end
