@@ -30,13 +30,16 @@ _QUEUE_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4
 class Histogram:
     """A Prometheus histogram (cumulative buckets rendered on demand)."""
 
-    __slots__ = ("bounds", "counts", "total", "n")
+    __slots__ = ("bounds", "counts", "total", "n", "_rendered")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
         self.n = 0
+        # the last render's lines, with (name, labels, n): until the next observation they are the same (a family
+        # nothing updates, such as the non-streamed requests' of a streamed run, is rendered once)
+        self._rendered: tuple[tuple[str, str, int], list[str]] | None = None
 
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1   # the first bucket whose bound is >= value (le)
@@ -44,11 +47,17 @@ class Histogram:
         self.n += 1
 
     def render(self, name: str, labels: str) -> list[str]:
+        """The histogram's lines (callers do not change the list)."""
+        key = (name, labels, self.n)
+        if self._rendered is not None and self._rendered[0] == key:
+            return self._rendered[1]
         sum_head, bucket_heads, inf_head, count_head = _histogram_heads(name, labels, self.bounds)
         n = repr(float(self.n))
         # the cumulative counts (the last count is +Inf's: self.n says it), each after its bucket's line head
         cums = map(repr, map(float, accumulate(self.counts[:-1])))
-        return [sum_head + repr(self.total), *map(str.__add__, bucket_heads, cums), inf_head + n, count_head + n]
+        lines = [sum_head + repr(self.total), *map(str.__add__, bucket_heads, cums), inf_head + n, count_head + n]
+        self._rendered = (key, lines)
+        return lines
 
 
 @functools.lru_cache(maxsize=256)
