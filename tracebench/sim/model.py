@@ -290,8 +290,9 @@ class BatchModel:
             if released:
                 if req.state is ReqState.FINISHED and req.output_len > 1:
                     # output KV stays cached too; the sim's outputs are not matched (a unique tag: never sent back)
-                    tail = [-next(self._tail_tags)] * (req.output_len - 1)
-                    cache.insert(extended(req.input_ids, req.prefilled, tail), req.prefilled + len(tail))
+                    tail = req.output_len - 1
+                    cache.insert(extended(req.input_ids, req.prefilled, -next(self._tail_tags), tail),
+                                 req.prefilled + tail)
                 elif req.prefilled > req.cache_owned:
                     cache.insert(req.input_ids, req.prefilled)
                 cache.unlock(req.cache_node)

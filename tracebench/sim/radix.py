@@ -71,11 +71,11 @@ class PackedTokens:
         return f"PackedTokens({list(self)})"
 
 
-def extended(ids: Sequence, length: int, tail: list[int]) -> Sequence:
-    """`ids[:length]` followed by `tail`, in `ids`' own kind (a tree holds one kind of sequence)."""
+def extended(ids: Sequence, length: int, tag: int, count: int) -> Sequence:
+    """`ids[:length]` followed by `count` tokens `tag`, in `ids`' own kind (a tree holds one kind of sequence)."""
     if isinstance(ids, PackedTokens):
-        return ids[:length] + PackedTokens.of(tail)
-    return list(ids[:length]) + tail
+        return PackedTokens(ids.data[:length << 3] + _INT64.pack(tag) * count)
+    return [*ids[:length], *[tag] * count]
 
 
 class Node:
