@@ -119,7 +119,7 @@ class RunDelivery:
 
 
 class LiveEngine:
-    """The model, the requests in it and the task that runs it on the clock."""
+    """The model, the requests in it and the loop callbacks that run it on the clock."""
 
     def __init__(self, model: BatchModel, stats: SimStats, profile: Profile, speed: float, seed: int,
                  fold_steps: int = 0) -> None:
@@ -210,9 +210,10 @@ class LiveEngine:
         self.stats.on_finished(pend.stream, pend.sim, pend.e2e, pend.ttft)
 
     # ---- the loop: a chain of callbacks ----
-    # It was one task (`while True` with an Event wait, a timer and a sleep per step); as callbacks it does the same
-    # with the same timers, each wake-up one loop turn after its cause (as a task's was), so a run's order of events
-    # is unchanged, at a fraction of the cost per step (no Future, no Task step, no Event waiter).
+    # Not a task (an Event wait, a timer and a sleep per step): per step that made a Future, a Task step and an Event
+    # waiter, the most of a simulated step's cost. The callbacks set the same timers a task would, and each wake-up
+    # runs one loop turn after its cause, as a task's resumption does: asyncio's timer heap, and so the order of
+    # events at equal times (every server's scrape at one tick), is what it was with the task.
 
     def _wait(self, resume: Callable[[], None]) -> None:
         """Wait for a `kick` (or a timer that kicks): `resume` runs one loop turn after it."""
