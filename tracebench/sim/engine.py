@@ -210,8 +210,8 @@ class LiveEngine:
         self.stats.on_finished(pend.stream, pend.sim, pend.e2e, pend.ttft)
 
     # ---- the loop: a chain of callbacks ----
-    # Not a task (an Event wait, a timer and a sleep per step): per step that made a Future, a Task step and an Event
-    # waiter, the most of a simulated step's cost. The callbacks set the same timers a task would, and each wake-up
+    # Not a task (an Event wait, a timer and a sleep per step): that made a Future, a Task step and an Event waiter
+    # per step, for nothing a callback cannot do. The callbacks set the same timers the task did, and each wake-up
     # runs one loop turn after its cause, as a task's resumption does: asyncio's timer heap, and so the order of
     # events at equal times (every server's scrape at one tick), is what it was with the task.
 
