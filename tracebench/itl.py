@@ -51,7 +51,7 @@ class ItlGaps:
 
     def __init__(self) -> None:
         self.counts: dict[int, int] = {}
-        self.largest: float | None = None
+        self.largest = -math.inf   # the largest gap so far (any gap is larger than none)
 
     def add(self, gap_s: float, memo: dict[float, int] | None = None) -> None:
         """One gap. `memo` (gap -> bucket, shared by many requests' ItlGaps): the requests of one decode step see the
@@ -64,8 +64,9 @@ class ItlGaps:
                 if len(memo) > MEMO_SIZE:
                     memo.clear()
                 bucket = memo[gap_s] = bucket_of(gap_s)
-        self.counts[bucket] = self.counts.get(bucket, 0) + 1
-        if self.largest is None or gap_s > self.largest:
+        counts = self.counts
+        counts[bucket] = counts.get(bucket, 0) + 1
+        if gap_s > self.largest:
             self.largest = gap_s
 
     def merge(self, counts: dict[int, int], largest: float) -> None:
@@ -73,7 +74,7 @@ class ItlGaps:
         mine = self.counts
         for bucket, count in counts.items():
             mine[bucket] = mine.get(bucket, 0) + count
-        if counts and (self.largest is None or largest > self.largest):
+        if counts and largest > self.largest:
             self.largest = largest
 
     def fields(self) -> tuple[float | None, str | None]:
