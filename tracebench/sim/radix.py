@@ -93,12 +93,28 @@ class Node:
 
 def common_prefix_len(ids: Sequence, start: int, seg: list, limit: int) -> int:
     """Length of the common prefix of `ids[start:start+limit]` and `seg[:limit]` (limit <= both lengths)."""
+    if isinstance(ids, PackedTokens):
+        return _packed_prefix_len(ids.data, start << 3, seg.data, limit)  # type: ignore[attr-defined]
     if ids[start:start + limit] == (seg if limit == len(seg) else seg[:limit]):  # the common case: the whole node
         return limit
     lo, hi = 0, limit  # ids and seg agree on the first lo tokens and differ within the first hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if ids[start + lo:start + mid] == seg[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _packed_prefix_len(ids: bytes, at: int, seg: bytes, limit: int) -> int:
+    """common_prefix_len of packed tokens, on their bytes (`at`: the start's byte), with no PackedTokens made."""
+    if ids[at:at + (limit << 3)] == seg[:limit << 3]:
+        return limit
+    lo, hi = 0, limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ids[at + (lo << 3):at + (mid << 3)] == seg[lo << 3:mid << 3]:
             lo = mid
         else:
             hi = mid
