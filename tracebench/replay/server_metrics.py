@@ -10,8 +10,9 @@ malformed line ended the benchmark at t=0). Behind sglang-router it asks the ser
 has its own, different /metrics).
 
 Cost on the event loop: one GET per server per period, and one pass of a regular expression over the body for the
-kept families' lines (real sglang's body is ~74 kB, 630 lines: ~0.08 ms on this machine, ~0.17 ms line by line), in per-server steps, each server at its own
-phase of the interval (server k of N at k/N of it), so no request release waits for more than one server's scrape.
+kept families' lines (real sglang's body is ~74 kB, 630 lines: ~0.08 ms on this machine, ~0.17 ms line by line), in
+per-server steps, each server at its own phase of the interval (server k of N at k/N of it), so no request release
+waits for more than one server's scrape.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The sim-server's live engine: `model.BatchModel` driven on the real clock, apart from the HTTP faces.
 
-Loop callbacks run the model on asyncio's monotonic `loop.time()`, scaled by `--speed K`: each step's end is absolute (its
-start plus its duration / K) and the next step starts at that end, so sleeping late never accumulates drift (a late
-loop catches up). A token sampled at a step's end becomes visible to the HTTP layer `output_s / K` later (sglang's
+Loop callbacks run the model on asyncio's monotonic `loop.time()`, scaled by `--speed K`: each step's end is
+absolute (its start plus its duration / K) and the next step starts at that end, so sleeping late never accumulates
+drift (a late loop catches up). A token sampled at a step's end becomes visible to the HTTP layer `output_s / K` later (sglang's
 detokenizer and IPC hop): `_deliver` hands it to the request's `Pending` and wakes its handler. The faces submit
 validated requests and release them; the engine feeds the metrics sink (`prom.SimStats`) through its hooks and
 answers nothing itself.
