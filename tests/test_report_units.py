@@ -128,6 +128,25 @@ def test_itl_buckets_reconstruct_gaps_within_one_percent() -> None:
     assert ItlGaps().fields() == (None, None)
 
 
+def test_itl_sure_range_is_its_bucket_and_nearly_all_of_it() -> None:
+    """itl.sure_range (a decode run's gaps bucketed without a log each): every gap strictly inside it is in its
+    bucket by bucket_of, and it is the bucket's whole range but for a billionth at each end."""
+    import math
+
+    from tracebench.itl import FLOOR_S, GROWTH, bucket_of, sure_range
+
+    rng = np.random.default_rng(7)
+    for bucket in range(0, 1200):
+        lo, hi = sure_range(bucket)
+        if bucket == 0:
+            assert (lo, hi) == (-math.inf, FLOOR_S)
+            continue
+        start, end = FLOOR_S * GROWTH ** (bucket - 1), FLOOR_S * GROWTH ** bucket
+        assert start < lo < start * (1 + 2e-9) and end * (1 - 2e-9) < hi < end
+        inside = [math.nextafter(lo, math.inf), math.nextafter(hi, 0.0), *rng.uniform(lo, hi, 20)]
+        assert all(bucket_of(float(gap)) == bucket for gap in inside), bucket
+
+
 def test_pooled_itl_sums_every_pair_across_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CSV read of itl_hist (slices of ITL_SLICE records, joined and read as pairs of integers) against a plain
     per-record sum: same counts per bucket, hence the same statistics; records without gaps are left out."""

@@ -218,7 +218,8 @@ def test_virtual_runs_static_batches_cap_schedule_gate_and_a_policy_file(tmp_pat
 
 def _steps(profile_name: str, fold: int, seed: int) -> tuple[list[tuple], list[tuple]]:
     """A random workload through the model, one step at a time (fold 0) or in decode runs cut at each arrival, as
-    the in-process engine drives it: every step (kind, start, end, batch size) and every request's times."""
+    the in-process engine drives it: every step (kind, start, end, batch size) and every request's times, then the
+    model's counters (/v1/loads' decode_moments among them)."""
     profile = load_profile(profile_name)
     model = BatchModel(profile, Limits(max_running_requests=16, max_total_num_tokens=60000, chunked_prefill_size=2048))
     rng = random.Random(seed)
@@ -245,8 +246,9 @@ def _steps(profile_name: str, fold: int, seed: int) -> tuple[list[tuple], list[t
         for start, end in zip(step.run_starts or [step.t_start], step.step_ends):
             steps.append((step.kind, start, end, len(step.requests)))
         t_free = step.t_end
-    return steps, [(r.t_forward_entry, r.t_prefill_finished, r.t_finished, r.cached_tokens, r.output_len)
-                   for r in arrivals]
+    return steps, [*((r.t_forward_entry, r.t_prefill_finished, r.t_finished, r.cached_tokens, r.output_len)
+                     for r in arrivals),
+                   (model.num_steps, model.total_generated_tokens, model.decode_moments)]
 
 
 # issue 36's candidate: a decode step that depends on each request's context and on shared prefixes

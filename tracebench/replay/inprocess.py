@@ -216,17 +216,19 @@ class _Watch:
     def on_tokens(self, run: RunDelivery) -> None:
         """A decode run's tokens, one per step (engine.RunDelivery): the same stamps and gaps as one at a time."""
         times = run.times
-        t = times[-1] + self.offset
+        offset = self.offset
+        t = times[-1] + offset
         self.flight.t_progress = self.server.t_heard = t
         gaps = self.gaps
         if gaps is None:
             return
-        first = times[0] + self.offset
+        first = times[0] + offset
         if self.rec.t_first_token is None:
             self.rec.t_first_token = first
         else:
             gaps.add(first - self.t_chunk, self.buckets)
-        gaps.merge(*run.gaps(self.offset))
+        counts, largest = run.gaps(offset)
+        gaps.merge(counts, largest)
         self.t_chunk = t
 
     def on_done(self, t_visible: float) -> None:

@@ -9,15 +9,17 @@ without a number, or not one family of sglang's: random bytes), never the run's 
 malformed line ended the benchmark at t=0). Behind sglang-router it asks the servers themselves (sglang-router
 has its own, different /metrics).
 
-Cost on the event loop: one GET per server per period, and one pass over the body's lines with a prefix check
-(real sglang's body is ~74 kB, 630 lines: ~0.15 ms on this machine), in per-server steps, each server at its own
-phase of the interval (server k of N at k/N of it), so no request release waits for more than one server's scrape.
+Cost on the event loop: one GET per server per period, and one pass of a regular expression over the body for the
+kept families' lines (real sglang's body is ~74 kB, 630 lines: ~0.08 ms on this machine, ~0.17 ms line by line), in
+per-server steps, each server at its own phase of the interval (server k of N at k/N of it), so no request release
+waits for more than one server's scrape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +46,16 @@ FIELDS = (*GAUGES, *COUNTERS, *(f"{h}_{part}" for h in HISTOGRAMS for part in ("
 FIELDS_SET = frozenset(FIELDS)
 AVERAGED = frozenset({"token_usage", "cache_hit_rate"})
 _PREFIX = "sglang:"
-_PREFIXES = tuple(_PREFIX + f for f in FIELDS)
+# the lines that start with a kept family's name, found in one pass in C (the body's other lines, most of it, are never
+# looked at in Python: a line-by-line check of every prefix was most of a scrape's cost)
+_KEPT_LINES = re.compile("\n(" + re.escape(_PREFIX) + "(?:" + "|".join(re.escape(f) for f in FIELDS) + ")[^\n]*)")
 
 
 def parse_metrics(url: str, text: str) -> dict[str, float | None]:
     """The FIELDS from a Prometheus text body (sglang's), each folded over its label sets; None where absent. A line
     of a kept family whose value is not a number is a ServerProtocolError naming it."""
     values: dict[str, list[float]] = {}
-    for line in text.split("\n"):
-        if not line.startswith(_PREFIXES):
-            continue
+    for line in _KEPT_LINES.findall("\n" + text):
         brace = line.find("{")
         end = line.find(" ") if brace < 0 else line.rfind("}") + 1
         name = line[len(_PREFIX):brace if brace >= 0 else end]

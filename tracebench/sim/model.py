@@ -88,7 +88,7 @@ class ReqState(Enum):
     ABORTED = "aborted"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SimRequest:
     """One request inside the model. Times are in the caller's clock (seconds)."""
 
@@ -121,7 +121,7 @@ class SimRequest:
         return self.prefilled + self.output_len
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Step:
     kind: str                            # "prefill", "decode" or "prebuilt" (PD decode: admits arrived KV, no GPU time)
     t_start: float
@@ -142,7 +142,7 @@ class Step:
         return [*self.run_starts[1:], self.t_end]
 
 
-@dataclass
+@dataclass(slots=True)
 class StepResult:
     step: Step
     produced: list[SimRequest]           # got one more output token at step.t_end
@@ -282,14 +282,17 @@ class BatchModel:
         """Apply the cache work of finished steps (sglang's process_batch_result: cache_unfinished_req after a prefill
         chunk, cache_finished_req when a request is done): tokens move from the request's reservation to the cache
         (copies of tokens the cache already holds are freed), the request's lock moves to its new path end."""
+        if not self.unprocessed:
+            return
         cache = self.cache
         for req, released in self.unprocessed:
             assert cache is not None and req.cache_node is not None and req.input_ids is not None
             if released:
                 if req.state is ReqState.FINISHED and req.output_len > 1:
                     # output KV stays cached too; the sim's outputs are not matched (a unique tag: never sent back)
-                    tail = [-next(self._tail_tags)] * (req.output_len - 1)
-                    cache.insert(extended(req.input_ids, req.prefilled, tail), req.prefilled + len(tail))
+                    tail = req.output_len - 1
+                    cache.insert(extended(req.input_ids, req.prefilled, -next(self._tail_tags), tail),
+                                 req.prefilled + tail)
                 elif req.prefilled > req.cache_owned:
                     cache.insert(req.input_ids, req.prefilled)
                 cache.unlock(req.cache_node)
@@ -437,11 +440,12 @@ class BatchModel:
         if profile.decode_attention is None:
             # the linear step needs only the batch's size and KV (decode_step_s's own sum, one step at a time)
             size, kv = len(batch), step.batch_tokens
-            base, per_req, per_kv = profile.decode_base_s, profile.decode_per_req_s, profile.decode_per_kv_token_s
-            while len(starts) < steps_left:
+            per_kv = profile.decode_per_kv_token_s
+            fixed = profile.decode_base_s + profile.decode_per_req_s * size   # the sum's first two terms, as added
+            for _ in range(steps_left - 1):
                 kv += size  # each step gave every request one more token to attend to
                 starts.append(t)
-                t = t + (base + per_req * size + per_kv * kv) / speed
+                t = t + (fixed + per_kv * kv) / speed
         else:
             contexts = [r.kv_used for r in batch]
             # the steps after the first are planned once start_step has processed the last results: the cache paths
@@ -477,6 +481,8 @@ class BatchModel:
     def _plan_prebuilt(self, t_start: float, cutoff: float) -> Step | None:
         """PD decode: arrived requests join the running batch (sglang's get_new_prebuilt_batch: up to the free
         running slots, FIFO), taking no GPU time; their first token goes out at the step's end."""
+        if not self.arrived:
+            return None
         reqs: list[SimRequest] = []
         slots = self.admission_cap - len(self.admitted)
         while slots > 0 and self.arrived and self.arrived[0].t_ready <= cutoff:
@@ -495,6 +501,8 @@ class BatchModel:
         # sglang's PrefillAdder (.DUCUMENT/scheduler-loop.md): a request whose tokens fit the chunk budget left is
         # taken whole, else cut to it (schedule_policy.py L1195-1253), while budget is left (budget_state L718-740);
         # only requests the plan's poll found in the queue (ready by `cutoff`) are seen (scheduler.py L1731-1738)
+        if self.chunked is None and (not self.waiting or self.waiting[0].t_ready > cutoff):
+            return None   # nothing to prefill (most steps: decoding, nothing new)
         budget = self.limits.chunked_prefill_size
         reqs: list[SimRequest] = []
         chunks: list[int] = []
@@ -611,32 +619,43 @@ class BatchModel:
                 else:
                     self.running.append(req)
         else:
-            # one step, or a run of them (start_decode_run: no request is aborted or finishes before its last)
-            steps = 1 if step.run_starts is None else len(step.run_starts)
-            still_running: list[SimRequest] = []
-            for req in self.running:
-                if req.abort_requested:
-                    self._release(req, ReqState.ABORTED)
-                    aborted.append(req)
-                    continue
-                req.output_len += steps
-                produced.append(req)
-                if req.output_len >= req.max_new_tokens:
-                    self._finish(req, t_end)
-                    finished.append(req)
-                else:
-                    still_running.append(req)
-            self.total_generated_tokens += len(produced) * steps
-            self.running = still_running
-            b = len(step.requests)
-            m = self.decode_moments or [0.0] * 6
-            t_start = step.t_start
-            for end in step.step_ends:
-                t_us = (end - t_start) * 1e6
-                m = [m[0] + 1, m[1] + b, m[2] + t_us, m[3] + b * b, m[4] + b * t_us, m[5] + len(produced)]
-                t_start = end
-            self.decode_moments = m
+            self._finish_decode(step, produced, finished, aborted)
         return StepResult(step, produced, finished, aborted)
+
+    def _finish_decode(self, step: Step, produced: list[SimRequest], finished: list[SimRequest],
+                       aborted: list[SimRequest]) -> None:
+        """finish_step's decode step, or run of them (start_decode_run: no request is aborted or finishes before
+        its last step)."""
+        t_end = step.t_end
+        steps = 1 if step.run_starts is None else len(step.run_starts)
+        still_running: list[SimRequest] = []
+        for req in self.running:
+            if req.abort_requested:
+                self._release(req, ReqState.ABORTED)
+                aborted.append(req)
+                continue
+            out = req.output_len = req.output_len + steps
+            produced.append(req)
+            if out >= req.max_new_tokens:
+                self._finish(req, t_end)
+                finished.append(req)
+            else:
+                still_running.append(req)
+        n = len(produced)
+        self.total_generated_tokens += n * steps
+        self.running = still_running
+        b = len(step.requests)
+        n_steps, sum_b, sum_t, sum_b2, sum_bt, sum_gen = self.decode_moments or (0.0,) * 6
+        # the durations' sums step by step, as one step at a time would add them (the same floats); the others are
+        # whole numbers, which a float adds exactly (below 2**53), so they are added at once
+        t_start = step.t_start
+        for end in step.step_ends:
+            t_us = (end - t_start) * 1e6
+            sum_t += t_us
+            sum_bt += b * t_us
+            t_start = end
+        self.decode_moments = [n_steps + steps, sum_b + b * steps, sum_t, sum_b2 + b * b * steps, sum_bt,
+                               sum_gen + n * steps]
 
     def _finish(self, req: SimRequest, t_end: float) -> None:
         req.t_finished = t_end

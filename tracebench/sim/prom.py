@@ -7,7 +7,8 @@ final answer is formatted, as sglang's tokenizer manager counts) and `on_abort`.
 from __future__ import annotations
 
 import functools
-
+from bisect import bisect_left
+from itertools import accumulate
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,41 +30,44 @@ _QUEUE_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4
 class Histogram:
     """A Prometheus histogram (cumulative buckets rendered on demand)."""
 
-    __slots__ = ("bounds", "counts", "total", "n")
+    __slots__ = ("bounds", "counts", "total", "n", "_rendered")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
         self.n = 0
+        # the last render's lines, with (name, labels, n): until the next observation they are the same (a family
+        # nothing updates, such as the non-streamed requests' of a streamed run, is rendered once)
+        self._rendered: tuple[tuple[str, str, int], list[str]] | None = None
 
     def observe(self, value: float) -> None:
-        i = 0
-        for bound in self.bounds:
-            if value <= bound:
-                break
-            i += 1
-        self.counts[i] += 1
+        self.counts[bisect_left(self.bounds, value)] += 1   # the first bucket whose bound is >= value (le)
         self.total += value
         self.n += 1
 
     def render(self, name: str, labels: str) -> list[str]:
-        lines = [f"{name}_sum{{{labels}}} {self.total!r}"]
-        cum = 0
-        buckets = _bucket_labels(labels, self.bounds)
-        for bucket, count in zip(buckets[:-1], self.counts):  # the last count is +Inf's: self.n says it
-            cum += count
-            lines.append(f"{name}_bucket{{{bucket}}} {float(cum)!r}")
-        lines.append(f"{name}_bucket{{{buckets[-1]}}} {float(self.n)!r}")
-        lines.append(f"{name}_count{{{labels}}} {float(self.n)!r}")
+        """The histogram's lines (callers do not change the list)."""
+        key = (name, labels, self.n)
+        if self._rendered is not None and self._rendered[0] == key:
+            return self._rendered[1]
+        sum_head, bucket_heads, inf_head, count_head = _histogram_heads(name, labels, self.bounds)
+        n = repr(float(self.n))
+        # the cumulative counts (the last count is +Inf's: self.n says it), each after its bucket's line head
+        cums = map(repr, map(float, accumulate(self.counts[:-1])))
+        lines = [sum_head + repr(self.total), *map(str.__add__, bucket_heads, cums), inf_head + n, count_head + n]
+        self._rendered = (key, lines)
         return lines
 
 
 @functools.lru_cache(maxsize=256)
-def _bucket_labels(labels: str, bounds: tuple[float, ...]) -> tuple[str, ...]:
-    """Each bucket's labels (`le` among them, the last "+Inf"): the same for every scrape, so made once (a server
-    scraped every second renders ~200 of them; a virtual-clock run of many servers, thousands a second)."""
-    return (*(_with_le(labels, repr(float(bound))) for bound in bounds), _with_le(labels, "+Inf"))
+def _histogram_heads(name: str, labels: str, bounds: tuple[float, ...]) -> tuple[str, tuple[str, ...], str, str]:
+    """A histogram's lines up to their values (_sum, each finite bucket, +Inf, _count; `le` among the bucket's
+    labels): the same for every scrape, so made once (a server scraped every second renders ~200 of them; a
+    virtual-clock run of many servers, thousands a second)."""
+    buckets = tuple(f"{name}_bucket{{{_with_le(labels, repr(float(bound)))}}} " for bound in bounds)
+    return (f"{name}_sum{{{labels}}} ", buckets, f"{name}_bucket{{{_with_le(labels, '+Inf')}}} ",
+            f"{name}_count{{{labels}}} ")
 
 
 def _with_le(labels: str, le: str) -> str:
@@ -107,12 +111,26 @@ class SimStats:
         self._decode_steps_since_log += 1
         self._tokens_since_log += tokens
         if self._decode_steps_since_log >= DECODE_LOG_INTERVAL:
-            elapsed = t_end - self._t_last_log
-            self.gen_throughput = self._tokens_since_log / elapsed if elapsed > 0 else 0.0
-            self.cache_hit_rate = 0.0
-            self._decode_steps_since_log = 0
-            self._tokens_since_log = 0
-            self._t_last_log = t_end
+            self._log(t_end)
+
+    def on_decodes(self, ends: list[float], tokens: int) -> None:
+        """`on_decode` for consecutive decode steps ending at `ends`, each giving `tokens` (a decode run)."""
+        left = DECODE_LOG_INTERVAL - self._decode_steps_since_log   # steps until the next log
+        if left > len(ends):
+            self._decode_steps_since_log += len(ends)
+            self._tokens_since_log += tokens * len(ends)
+            return
+        for end in ends:
+            self.on_decode(end, tokens)
+
+    def _log(self, t_end: float) -> None:
+        """sglang's decode log: gen_throughput over the steps since the last one."""
+        elapsed = t_end - self._t_last_log
+        self.gen_throughput = self._tokens_since_log / elapsed if elapsed > 0 else 0.0
+        self.cache_hit_rate = 0.0
+        self._decode_steps_since_log = 0
+        self._tokens_since_log = 0
+        self._t_last_log = t_end
 
     def on_finished(self, stream: bool, sim: SimRequest, e2e: float, ttft: float | None) -> None:
         """A request's final answer was formatted (`ttft`: None when no token was ever handed out)."""
@@ -208,22 +226,32 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+
+def _series(fam: Family) -> tuple[tuple[str, bool | None], ...]:
+    """A family's series: (labels, is_streaming: the key of its value by stream, or None for one series)."""
+    if fam.labels == "stream":
+        return tuple((_STREAM_LABELS.format(s=str(stream).lower(), m=MODEL_NAME), stream) for stream in (False, True))
+    return ((_LABELS[fam.labels], None),)
+
+
+# what a page repeats every scrape, made once: each family's HELP and TYPE lines and its series' labels
+_ROWS = tuple((fam, (f"# HELP {fam.name} {fam.doc}", f"# TYPE {fam.name} {fam.kind}"), _series(fam))
+              for fam in FAMILIES)
+
+
 def metrics_text(stats: SimStats, model: BatchModel, engine_type: str = "unified",
                  pd_lines: Callable[[str], list[str]] | None = None) -> str:
     """The /metrics page (prometheus_client's text format, as sglang 0.5.17 with --enable-metrics prints it).
     `engine_type`: prefill or decode on a PD server (disaggregation/utils.py L105-111); `pd_lines` renders the PD
     families with the scheduler's labels (pd.py)."""
     lines: list[str] = []
-    for fam in FAMILIES:
-        lines += [f"# HELP {fam.name} {fam.doc}", f"# TYPE {fam.name} {fam.kind}"]
+    for fam, header, series in _ROWS:
+        lines += header
         value = fam.value(stats, model)
         if fam.labels == "stream":
             assert isinstance(value, dict)
-            series = [(_STREAM_LABELS.format(s=str(stream).lower(), m=MODEL_NAME), value[stream])
-                      for stream in (False, True)]
-        else:
-            series = [(_LABELS[fam.labels], value)]
-        for labels, v in series:
+        for labels, stream in series:
+            v = value if stream is None else value[stream]  # type: ignore[index]
             if isinstance(v, Histogram):
                 lines += v.render(fam.name, labels)
             else:

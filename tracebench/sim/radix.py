@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import struct
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
+
+
+_INT64 = struct.Struct("<q")  # one packed token
 
 
 class PackedTokens:
@@ -50,7 +54,7 @@ class PackedTokens:
         at = index << 3
         if not 0 <= at < len(self.data):
             raise IndexError("token index out of range")
-        return int.from_bytes(self.data[at:at + 8], "little", signed=True)
+        return _INT64.unpack_from(self.data, at)[0]   # no slice made (a child's key, per node on a path)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PackedTokens) and self.data == other.data
@@ -67,11 +71,11 @@ class PackedTokens:
         return f"PackedTokens({list(self)})"
 
 
-def extended(ids: Sequence, length: int, tail: list[int]) -> Sequence:
-    """`ids[:length]` followed by `tail`, in `ids`' own kind (a tree holds one kind of sequence)."""
+def extended(ids: Sequence, length: int, tag: int, count: int) -> Sequence:
+    """`ids[:length]` followed by `count` tokens `tag`, in `ids`' own kind (a tree holds one kind of sequence)."""
     if isinstance(ids, PackedTokens):
-        return ids[:length] + PackedTokens.of(tail)
-    return list(ids[:length]) + tail
+        return PackedTokens(ids.data[:length << 3] + _INT64.pack(tag) * count)
+    return [*ids[:length], *[tag] * count]
 
 
 class Node:
@@ -89,12 +93,28 @@ class Node:
 
 def common_prefix_len(ids: Sequence, start: int, seg: list, limit: int) -> int:
     """Length of the common prefix of `ids[start:start+limit]` and `seg[:limit]` (limit <= both lengths)."""
+    if isinstance(ids, PackedTokens):
+        return _packed_prefix_len(ids.data, start << 3, seg.data, limit)  # type: ignore[attr-defined]
     if ids[start:start + limit] == (seg if limit == len(seg) else seg[:limit]):  # the common case: the whole node
         return limit
     lo, hi = 0, limit  # ids and seg agree on the first lo tokens and differ within the first hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if ids[start + lo:start + mid] == seg[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _packed_prefix_len(ids: bytes, at: int, seg: bytes, limit: int) -> int:
+    """common_prefix_len of packed tokens, on their bytes (`at`: the start's byte), with no PackedTokens made."""
+    if ids[at:at + (limit << 3)] == seg[:limit << 3]:
+        return limit
+    lo, hi = 0, limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ids[at + (lo << 3):at + (mid << 3)] == seg[lo << 3:mid << 3]:
             lo = mid
         else:
             hi = mid
