@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from tracebench.errors import PolicyError
-from tracebench.policies._common import SlotTally, assign_in_order, least_loaded, parse_bounded
+from tracebench.policies._common import SlotTally, among_open, assign_in_order, least_loaded, parse_bounded
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 
 
@@ -129,6 +129,7 @@ def block_tokens(req: QueuedRequest) -> list[int]:
 
 class CacheAwarePolicy(Policy):
     name = "cache_aware"
+    reads_report_age = False
     description = "sglang router's cache_aware on prefix blocks: longest match if its ratio > cache_threshold, else least loaded"
     options_help = {
         "cache_threshold": "match ratio (matched tokens / input_len) above which the longest match wins, 0..1 (default 0.3)",
@@ -156,7 +157,7 @@ class CacheAwarePolicy(Policy):
             for tree in self.trees.values():
                 tree.evict(self.max_tree_size)
             self._next_eviction = self.now + self.eviction_interval
-        return assign_in_order(queue, servers, self.choose)  # oldest first
+        return assign_in_order(queue, servers, among_open(self.choose))  # oldest first
 
     def choose(self, req: QueuedRequest, open_servers: list[ServerView], tally: SlotTally) -> ServerView:
         """The server for `req` among `open_servers`, recorded in that server's tree."""

@@ -325,6 +325,8 @@ class Router:
         self._init_queue(max_concurrency)
         self._init_view_cache()
         self.policy_time = PolicyTime(policy.name, in_run_time=not clock.virtual)
+        # the views' report ages are made anew at every round only for a policy that reads them (_views)
+        self.refresh_report_ages = policy.reads_report_age
         self._init_slot_waits()
         self._init_tallies(total)
         writer.on_failure = self.fail  # the disk is full: the run stops (records.AppendFile)
@@ -624,19 +626,21 @@ class Router:
         """Every server's view for the policy, and each one's free slots. Made again only where it can differ from
         the last round's (a fleet of 1,024 servers asked once per arrival spent most of its time here): a server whose
         state, cap, in-flight count or report changed (ServerState's setters mark it), a server with a load report
-        (its age), and every server once per OBSERVED_REFRESH_S (their observed figures are refreshed together, as
-        before: this is their only reader). Static mode makes them all (a forming batch changes in place)."""
+        (its age) unless no policy of the run reads the age (Policy.reads_report_age), and every server once per
+        OBSERVED_REFRESH_S (their observed figures are refreshed together, as before: this is their only reader).
+        Static mode makes them all (a forming batch changes in place)."""
         cache, free, servers, changed = self._view_cache, self._free_cache, self.servers, self._changed_views
         if self.static or now - self._observed_t >= OBSERVED_REFRESH_S:
             self._observed_t = now
             stale: Iterable[int] = range(len(servers))
         else:
             stale = changed
-            make = tuple.__new__  # the named tuples' own constructors, without their keyword handling
-            for i in self._reporting.difference(changed):  # only its report's age differs from the last round's
-                s = servers[i]
-                age = (now - s.reported_t,)
-                cache[i] = make(ServerView, cache[i][:9] + (make(ReportedLoad, s._reported + age),))  # type: ignore
+            if self.refresh_report_ages:
+                make = tuple.__new__  # the named tuples' own constructors, without their keyword handling
+                for i in self._reporting.difference(changed):  # only its report's age differs from the last round's
+                    s = servers[i]
+                    age = (now - s.reported_t,)
+                    cache[i] = make(ServerView, cache[i][:9] + (make(ReportedLoad, s._reported + age),))  # type: ignore
         for i in stale:
             s = servers[i]
             view = cache[i] = self._view(s, now)
