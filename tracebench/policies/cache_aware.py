@@ -37,7 +37,6 @@ Where it differs from sglang router's, on purpose:
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,31 +48,35 @@ from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerVi
 
 
 class _Node:
-    """One block of a server's tree: its children by block id, and how many of the block's tokens were sent."""
+    """One block of a server's tree: its children by block id, how many of the block's tokens were sent, and when it
+    was last used (`stamp`: the tree's count of uses so far, larger is more recent)."""
 
-    __slots__ = ("block", "children", "parent", "tokens")
+    __slots__ = ("block", "children", "parent", "tokens", "stamp")
 
     def __init__(self, block: int, parent: _Node | None) -> None:
         self.block = block
         self.parent = parent
         self.children: dict[int, _Node] = {}
         self.tokens = 0
+        self.stamp = 0
 
 
 class BlockTree:
     """The block sequences sent to one server, with an LRU order over its nodes and a size in tokens.
 
     Every insert refreshes its whole path from the leaf up to the root's child, so a node is always more recent than
-    all of its descendants: the least recently used node is then always a leaf, and evicting from the front of the
-    order never cuts a path in the middle.
+    all of its descendants: the least recently used node is then always a leaf, and evicting in LRU order never cuts
+    a path in the middle. The order is kept as a stamp on each node (what an insert costs: one store per block), and
+    sorted only when an eviction has something to drop.
     """
 
-    __slots__ = ("root", "lru", "size")
+    __slots__ = ("root", "size", "nodes", "_uses")
 
     def __init__(self) -> None:
         self.root = _Node(-1, None)
-        self.lru: OrderedDict[_Node, None] = OrderedDict()  # oldest first
         self.size = 0  # tokens held
+        self.nodes = 0  # nodes held (the root not counted)
+        self._uses = 0  # the last stamp given
 
     def match(self, blocks: Sequence[int], tokens: Sequence[int]) -> int:
         """Tokens of the leading blocks found here (`tokens[i]`: the request's tokens in block i)."""
@@ -89,30 +92,42 @@ class BlockTree:
         return matched
 
     def insert(self, blocks: Sequence[int], tokens: Sequence[int]) -> None:
-        node, path = self.root, []
+        # the path's stamps count down from the root's child: the leaf is used first, each ancestor after it (the
+        # invariant in the class docstring)
+        node, stamp = self.root, self._uses + len(blocks) + 1
+        self._uses = stamp
         for block, have in zip(blocks, tokens):
             child = node.children.get(block)
             if child is None:
                 child = node.children[block] = _Node(block, node)
+                self.nodes += 1
             if have > child.tokens:
                 self.size += have - child.tokens
                 child.tokens = have
-            path.append(child)
+            stamp -= 1
+            child.stamp = stamp
             node = child
-        for node in reversed(path):  # leaf first: each node ends up more recent than its descendants
-            self.lru[node] = None
-            self.lru.move_to_end(node)
 
     def evict(self, max_tokens: int) -> None:
         """Drop least recently used leaves until at most `max_tokens` tokens are held."""
-        while self.size > max_tokens:
-            node, _ = self.lru.popitem(last=False)
+        if self.size <= max_tokens:
+            return
+        held, todo = [], [self.root]
+        while todo:
+            children = todo.pop().children.values()
+            held.extend(children)
+            todo.extend(children)
+        held.sort(key=lambda n: n.stamp)  # stamps are distinct: one order
+        for node in held:
+            if self.size <= max_tokens:
+                break
             assert not node.children and node.parent is not None  # the invariant in the class docstring
             del node.parent.children[node.block]
             self.size -= node.tokens
+            self.nodes -= 1
 
     def __len__(self) -> int:
-        return len(self.lru)
+        return self.nodes
 
 
 def block_tokens(req: QueuedRequest) -> list[int]:
@@ -173,8 +188,9 @@ class CacheAwarePolicy(Policy):
             best = max(matches.values())
             if best / req.input_len > self.cache_threshold:
                 self.decisions["cache_hit"] += 1
+                taken = tally.taken
                 chosen = min((s for s in open_servers if matches[s.index] == best),
-                             key=lambda s: (tally.in_flight[s.index], s.index))
+                             key=lambda s: (s.in_flight + taken.get(s.index, 0), s.index))
             else:
                 self.decisions["cache_miss"] += 1
                 chosen = least_loaded(req, open_servers, tally)
@@ -188,7 +204,8 @@ class CacheAwarePolicy(Policy):
                 "tree_tokens": {str(index): self.trees[index].size for index in sorted(self.trees)}}
 
     def imbalanced(self, tally: SlotTally) -> bool:
-        loads = [tally.in_flight[s.index] for s in tally.servers if s.healthy]
+        taken = tally.taken  # this call's picks (SlotTally.in_flight without its dict of every server)
+        loads = [s.in_flight + taken.get(s.index, 0) for s in tally.servers if s.healthy]
         high, low = max(loads), min(loads)
         return high - low > self.balance_abs_threshold and high > low * self.balance_rel_threshold
 
