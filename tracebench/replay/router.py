@@ -604,8 +604,10 @@ class Router:
     # ---- assignment --------------------------------------------------------------------------------------------
 
     def _kick(self) -> None:
-        # Coalesced: a burst of arrivals or completions in one loop iteration makes one call to the policy.
-        if self._assign_handle is None and not self._closing:
+        # Coalesced: a burst of arrivals or completions in one loop iteration makes one call to the policy. None while
+        # nothing is queued (a finish with an empty queue, most of them): a round would find nothing to do (and the
+        # queue emptied only by a round that assigned, which cleared _idle_since)
+        if self._assign_handle is None and not self._closing and self._queue:
             self._assign_handle = self._loop.call_soon(self.guarded, self._assign_round)
 
     def _load(self, s: ServerState) -> tuple[int, int]:
