@@ -58,8 +58,10 @@ class Engine:
         self._schedule_done = False
         if self._followers:
             router.on_finished = self._finished
-        # the schedule runs as loop callbacks (_step), not as a coroutine: a wait is one timer, without the future and
-        # the task wake-up of an asyncio.sleep (two of each per arrival: a wake-up a hair early sleeps again)
+        # the schedule runs as loop callbacks (_step), not as a coroutine: a wait is a timer that schedules the step,
+        # without the future and the task of an asyncio.sleep (two per arrival: a wake-up a hair early sleeps again).
+        # The step runs on the loop turn after the timer's, as a sleeping task's wake-up does: what else is due at
+        # the same moment (a poll's timer) runs in the same order as before
         self._loop: asyncio.AbstractEventLoop | None = None
         self._done: asyncio.Future[None] | None = None  # run() returns when it is done
         self._timer: asyncio.Handle | None = None  # the next _step
@@ -78,13 +80,14 @@ class Engine:
                 self._timer.cancel()
 
     def _guarded_step(self) -> None:
-        """_step, whose error is run()'s (a loop callback has no caller to raise to)."""
+        """_step, whose error is run()'s (a loop callback has no caller to raise to); nothing once run() ended."""
+        assert self._done is not None
+        if self._done.done():
+            return  # cancelled between the timer and this turn
         try:
             self._step()
         except Exception as err:
-            assert self._done is not None
-            if not self._done.done():
-                self._done.set_exception(err)
+            self._done.set_exception(err)
 
     def _step(self) -> None:
         """Release the request waited for if its arrival has come, then every request due after it, in order; then
@@ -95,7 +98,7 @@ class Engine:
         if self._waiting is not None:
             request, due = self._waiting
             if (delay := due - now()) > 0:  # asyncio may wake a hair early: a request is never released before its arrival
-                self._timer = loop.call_later(delay, self._guarded_step)
+                self._timer = loop.call_later(delay, loop.call_soon, self._guarded_step)
                 return
             self._waiting = None
             router.release(request, due)
@@ -112,7 +115,7 @@ class Engine:
                 router.assign_now()
                 router.prepare(request, due)
                 self._waiting = (request, due)
-                self._timer = loop.call_later(due - now(), self._guarded_step)
+                self._timer = loop.call_later(due - now(), loop.call_soon, self._guarded_step)
                 return
             self._burst += 1
             if self._burst % YIELD_EVERY == 0:

@@ -754,39 +754,14 @@ class Router:
     def _apply(self, picks: Any, views: list[ServerView], t_assigned: float) -> None:
         """Check every assignment against the rules (all or nothing), then carry them out (`t_assigned`: when the
         policy returned them)."""
-        name = self.policy.name
-        if not isinstance(picks, list):
-            raise PolicyError(f"policy {name!r}: assign() must return a list of (request, server) pairs, got {type(picks).__name__}")
-        if not picks:
+        chosen = self._check_picks(picks, views)
+        if not chosen:
             return
-        per_server = [0] * len(views)
-        chosen: set[int] = set()
-        for pair in picks:
-            if not (isinstance(pair, tuple) and len(pair) == 2):
-                raise PolicyError(f"policy {name!r}: assign() returned {pair!r}, not a (request, server) pair")
-            req, view = pair
-            rid = getattr(req, "id", None)
-            if not isinstance(rid, int) or self._queued.get(rid) is not req:
-                raise PolicyError(f"policy {name!r} assigned request {rid!r}, which is not in the router queue")
-            if rid in chosen:
-                raise PolicyError(f"policy {name!r} assigned request {rid} twice in one call")
-            chosen.add(rid)
-            index = getattr(view, "index", None)
-            if not isinstance(index, int) or not 0 <= index < len(views):
-                raise PolicyError(f"policy {name!r} assigned request {rid} to {view!r}, not one of the servers it was given")
-            if not views[index].healthy:
-                raise PolicyError(f"policy {name!r} assigned request {rid} to server {index}, which is not healthy")
-            per_server[index] += 1
-            if per_server[index] > views[index].free_slots:
-                raise PolicyError(
-                    f"policy {name!r} assigned {per_server[index]} requests to server {index}, which had "
-                    f"{views[index].free_slots} free slot(s)"
-                )
-        count = len(picks)
-        if all(q.id in chosen for q in islice(self._queue, count)):
-            del self._queue[:count]  # the common case: the oldest went
+        queue, count = self._queue, len(picks)
+        if queue[0].id in chosen if count == 1 else all(q.id in chosen for q in islice(queue, count)):
+            del queue[:count]  # the common case: the oldest went
         else:
-            self._queue = [q for q in self._queue if q.id not in chosen]
+            self._queue = [q for q in queue if q.id not in chosen]
         touched = set()
         for req, view in picks:
             del self._queued[req.id]
@@ -801,6 +776,37 @@ class Router:
         for index in touched:
             self._maybe_send_batch(self.servers[index])
         self._send_batches_gate_blocks()
+
+    def _check_picks(self, picks: Any, views: list[ServerView]) -> set[int]:
+        """The ids of what the policy assigned, once every pair is checked against the rules (a PolicyError names the
+        first one broken)."""
+        name = self.policy.name
+        if not isinstance(picks, list):
+            raise PolicyError(f"policy {name!r}: assign() must return a list of (request, server) pairs, got {type(picks).__name__}")
+        per_server: dict[int, int] = {}
+        chosen: set[int] = set()
+        queued, count = self._queued, len(views)
+        for pair in picks:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise PolicyError(f"policy {name!r}: assign() returned {pair!r}, not a (request, server) pair")
+            req, view = pair
+            rid = getattr(req, "id", None)
+            if not isinstance(rid, int) or queued.get(rid) is not req:
+                raise PolicyError(f"policy {name!r} assigned request {rid!r}, which is not in the router queue")
+            if rid in chosen:
+                raise PolicyError(f"policy {name!r} assigned request {rid} twice in one call")
+            chosen.add(rid)
+            index = getattr(view, "index", None)
+            if not isinstance(index, int) or not 0 <= index < count:
+                raise PolicyError(f"policy {name!r} assigned request {rid} to {view!r}, not one of the servers it was given")
+            given = views[index]
+            if not given.healthy:
+                raise PolicyError(f"policy {name!r} assigned request {rid} to server {index}, which is not healthy")
+            sent = per_server[index] = per_server.get(index, 0) + 1
+            if sent > given.free_slots:
+                raise PolicyError(f"policy {name!r} assigned {sent} requests to server {index}, which had "
+                                  f"{given.free_slots} free slot(s)")
+        return chosen
 
     def _gate_blocks_batches(self) -> bool:
         """Static mode under --max-concurrency: every admitted request waits in a forming batch or the router queue,
