@@ -101,13 +101,13 @@ class Engine:
                 self._timer = loop.call_later(delay, loop.call_soon, self._guarded_step)
                 return
             self._waiting = None
-            router.release(request, due)
+            router.release(request, due, assign_now_after=True)
             self.next_index += 1
         release, request_at, arrivals = router.release, self.table.request, self.table.arrival_s
         rows, speed = self._open, self.speed
         for index in range(self.next_index, len(rows)):  # by index: a list of a million rows would cost tens of MB
-            row = rows[index].item()
-            due = run_seconds(arrivals[row].item(), speed)
+            row = rows.item(index)  # .item(i): the Python number at once, without a numpy scalar first
+            due = run_seconds(arrivals.item(row), speed)
             request = request_at(row)
             if now() < due:
                 self._burst = 0
@@ -123,7 +123,7 @@ class Engine:
                 self._waiting = (request, due)  # released on the loop's next turn
                 self._timer = loop.call_soon(self._guarded_step)
                 return
-            release(request, due)
+            release(request, due, True)  # assign_now_after: every way out of this loop calls assign_now()
             self.next_index = index + 1
         router.assign_now()
         self._schedule_done = True
@@ -144,7 +144,7 @@ class Engine:
 
     def _release_follower(self, request: TraceRequest, due: float) -> None:
         del self._held[request.id]
-        self.router.release(request, due)
+        self.router.release(request, due, assign_now_after=True)
         self.router.assign_now()
         self._maybe_done()
 

@@ -84,6 +84,7 @@ HealthCheck = Callable[[int], Awaitable["str | None"]]  # server index -> None i
 # Python 3.12+ can start a task at once (eager_start): a dispatched request runs up to its first wait (its bytes are on
 # the wire by then) instead of on the loop's next turn
 _EAGER = sys.version_info >= (3, 12)
+_ROUND_DUE = object()  # Router._assign_handle: a round is due and the engine runs it (assign_now), not the loop
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -349,7 +350,8 @@ class Router:
         self._tasks: dict[asyncio.Task[None], None] = {}
         self._flights: dict[int, _Flight] = {}  # the dispatched requests whose record is not written yet
         self._probes: dict[asyncio.Task[None], None] = {}  # ordered, as _tasks
-        self._assign_handle: asyncio.Handle | None = None  # a scheduled assignment round (_kick)
+        # a scheduled assignment round (_kick), or _ROUND_DUE: one that the engine runs itself (assign_now)
+        self._assign_handle: asyncio.Handle | object | None = None
         self._engine_done = False  # nothing more will enter the router queue (every request released and admitted)
         self._all_released = False  # the engine released every request (some may still wait at the client gate)
         # --max-concurrency: requests released but not admitted wait here, before the router queue
@@ -398,9 +400,10 @@ class Router:
 
     # ---- the engine's side -------------------------------------------------------------------------------------
 
-    def release(self, request: TraceRequest, t_arrival: float) -> None:
+    def release(self, request: TraceRequest, t_arrival: float, assign_now_after: bool = False) -> None:
         """Timestamp 1: the request enters the router queue now. `t_arrival`: its scheduled arrival on the run clock
-        (`run_seconds(request.arrival_s, speed)`)."""
+        (`run_seconds(request.arrival_s, speed)`). `assign_now_after`: the caller (the engine) calls assign_now()
+        before it gives the loop back, so no round is scheduled on the loop for this release (one it would cancel)."""
         if self._closing:
             # the engine runs on until it is cancelled after close(); close() already took this request among the
             # never-released ones and writes its record (a release now would record it twice)
@@ -414,7 +417,7 @@ class Router:
             self._prefix_blocks[rid] = request.prefix_blocks
         self.released += 1
         if self.gate is None or self.gate.offer(request):
-            self._admit(request, rec, t_released)
+            self._admit(request, rec, t_released, assign_now_after)
 
     def prepare(self, request: TraceRequest, due: float) -> None:
         """The engine has time before `request` arrives (at `due`, run clock): its body is made meanwhile, so that its
@@ -436,10 +439,12 @@ class Router:
         runs now instead of on the loop's next turn (one hop less between a release and its dispatch)."""
         handle = self._assign_handle
         if handle is not None:
-            handle.cancel()
+            if handle is not _ROUND_DUE:
+                handle.cancel()  # type: ignore[union-attr]  # a Handle
             self.guarded(self._assign_round)
 
-    def _admit(self, request: TraceRequest, rec: RequestRecord, t_admitted: float) -> None:
+    def _admit(self, request: TraceRequest, rec: RequestRecord, t_admitted: float, assign_now_after: bool = False
+               ) -> None:
         """The request enters the router queue (the policy sees it from now on)."""
         rec.t_admitted = t_admitted
         self._slot_marks[request.id] = (self._full_spells_ended, t_admitted, 0.0)  # its slot wait counts from here
@@ -447,7 +452,7 @@ class Router:
                                request.prefix_blocks, self.block_size)
         self._queued[request.id] = queued
         self._queue.append(queued)
-        self._kick()
+        self._kick(assign_now_after)
 
     def _gate_slot_freed(self) -> None:
         """An admitted request's record was written: the next request waiting at the client gate is admitted."""
@@ -603,12 +608,13 @@ class Router:
 
     # ---- assignment --------------------------------------------------------------------------------------------
 
-    def _kick(self) -> None:
+    def _kick(self, assign_now_after: bool = False) -> None:
         # Coalesced: a burst of arrivals or completions in one loop iteration makes one call to the policy. None while
         # nothing is queued (a finish with an empty queue, most of them): a round would find nothing to do (and the
-        # queue emptied only by a round that assigned, which cleared _idle_since)
+        # queue emptied only by a round that assigned, which cleared _idle_since). `assign_now_after`: the engine runs
+        # the round itself (release)
         if self._assign_handle is None and not self._closing and self._queue:
-            self._assign_handle = self._loop.call_soon(self.guarded, self._assign_round)
+            self._assign_handle = _ROUND_DUE if assign_now_after else self._loop.call_soon(self.guarded, self._assign_round)
 
     def _load(self, s: ServerState) -> tuple[int, int]:
         """(in flight, cap) of a server as the policy sees them: in static mode a forming batch counts in flight, and
