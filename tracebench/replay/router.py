@@ -345,9 +345,9 @@ class Router:
         # prefix blocks of the released requests that have them, until written (a static batch put back in the queue
         # needs them again)
         self._prefix_blocks: dict[int, tuple[int, ...]] = {}
-        # one _serve per dispatched request; a dict as an ordered set: close() cancels them (and their records are written)
+        # one _serve per dispatched request -> its flight; ordered: close() cancels them (and their records are written)
         # in dispatch order, the same from run to run (a set's order follows the tasks' addresses)
-        self._tasks: dict[asyncio.Task[None], None] = {}
+        self._tasks: dict[asyncio.Task[None], _Flight] = {}
         self._flights: dict[int, _Flight] = {}  # the dispatched requests whose record is not written yet
         self._probes: dict[asyncio.Task[None], None] = {}  # ordered, as _tasks
         # a scheduled assignment round (_kick), or _ROUND_DUE: one that the engine runs itself (assign_now)
@@ -656,7 +656,8 @@ class Router:
             if s._reported is not None:
                 self._reporting.add(i)
         changed.clear()
-        return list(cache), list(free)  # type: ignore[arg-type]  # all made by the first round
+        # the views copied: a policy may reorder the list it is given; `free` is the router's alone
+        return list(cache), free  # type: ignore[arg-type]  # all made by the first round
 
     def _free_slots(self) -> list[int]:
         """Each server's free slots now, as its ServerView's `free_slots` would say (without making the views)."""
@@ -916,8 +917,8 @@ class Router:
             flight.task = task = asyncio.Task(serve(flight), loop=self._loop, eager_start=True)
         else:
             flight.task = task = self._loop.create_task(serve(flight))
-        self._tasks[task] = None
-        task.add_done_callback(partial(self._serve_done, flight))
+        self._tasks[task] = flight
+        task.add_done_callback(self._serve_done)
 
     async def _serve(self, rec: RequestRecord, server: ServerState, flight: _Flight) -> None:
         """One request: the sender carries it and stamps its moments (flight.py); its answer is read here and its
@@ -973,8 +974,8 @@ class Router:
             flight.cancelling = True
             self.sender.cancel(flight.rec.id)  # type: ignore[attr-defined]  # a sender with take_over has cancel
 
-    def _serve_done(self, flight: _Flight, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(task, None)
+    def _serve_done(self, task: asyncio.Task[None]) -> None:
+        flight = self._tasks.pop(task)
         if flight.rec.id in self._flights:  # cancelled before it ever ran: _serve never wrote its record
             self._ended_by_router(flight.rec, flight)
             self._finish(flight.rec, flight.server)
