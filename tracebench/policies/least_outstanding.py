@@ -10,8 +10,8 @@ from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerVi
 
 class LeastOutstandingPolicy(Policy):
     name = "least_outstanding"
-    reads_report_age = False
     description = "each request to the server with the fewest requests in flight (ties: lowest index)"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
         return assign_in_order(queue, servers, among_open(least_loaded))  # oldest first

@@ -48,8 +48,8 @@ def _speed(server: ServerView) -> float | None:
 
 class ParamAwarePolicy(Policy):
     name = "param_aware"
-    reads_report_age = False
     description = "lowest weighted cost of in-flight, reported load/usage/speed and observed latency (see docs)"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
     options_help = {
         "w_in_flight": "weight of the router's in-flight count (default 1.0)",
         "w_running": "weight of reported num_running_reqs (default 0.5)",

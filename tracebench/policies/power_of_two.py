@@ -17,8 +17,8 @@ from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerVi
 
 class PowerOfTwoPolicy(Policy):
     name = "power_of_two"
-    reads_report_age = False
     description = "draw two servers with a free slot (seeded), send to the one with fewer in flight (tie: reported load)"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
         return assign_in_order(queue, servers, among_open(self._pick))  # oldest first

@@ -35,8 +35,8 @@ def _hash64(data: bytes) -> int:
 
 class PrefixHashPolicy(Policy):
     name = "prefix_hash"
-    reads_report_age = False
     description = "consistent hashing (ring with virtual nodes) of the first prefix block; full server: next on the ring"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
     options_help = {
         "virtual_nodes": "points per server on the hash ring, integer >= 1 (default 150)",
         "hash_blocks": "how many leading block ids form the key, integer >= 1 (default 1: the first block)",

@@ -10,8 +10,8 @@ from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerVi
 
 class RandomPolicy(Policy):
     name = "random"
-    reads_report_age = False
     description = "each request to a server drawn uniformly (seeded) among those with a free slot"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
         return assign_in_order(queue, servers, among_open(self._draw))

@@ -12,8 +12,8 @@ from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerVi
 
 class RoundRobinPolicy(Policy):
     name = "round_robin"
-    reads_report_age = False
     description = "servers in turn (0, 1, 2, 0, ...), skipping a full or unhealthy one"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
 
     def __init__(self, rng: np.random.Generator, options: dict[str, str] | None = None) -> None:
         super().__init__(rng, options)

@@ -17,8 +17,8 @@ from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerVi
 
 class ShortestJobFirstPolicy(Policy):
     name = "sjf"
-    reads_report_age = False
     description = "shortest queued request first (by output_len, or input_len with key=input), to the least loaded server"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
     options_help = {"key": "output (default): order by output_len; input: order by input_len (--sjf-key input)"}
 
     def __init__(self, rng: np.random.Generator, options: dict[str, str] | None = None) -> None:
