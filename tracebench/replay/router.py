@@ -624,11 +624,12 @@ class Router:
         return s.in_flight, s.cap
 
     def _view(self, s: ServerState, now: float) -> ServerView:
+        make = tuple.__new__  # the named tuples' own constructors, without their keyword handling (as _views)
         rate, p50, p90, ttft = s.observed(now)
         rep = s._reported
-        reported = None if rep is None else ReportedLoad(rep[0], rep[1], rep[2], rep[3], now - s.reported_t)
+        reported = None if rep is None else make(ReportedLoad, (rep[0], rep[1], rep[2], rep[3], now - s.reported_t))
         in_flight, cap = self._load(s) if self.static else (s._in_flight, s._cap)
-        return ServerView(s.index, s.url, s._state == "up", in_flight, cap, rate, p50, p90, ttft, reported)
+        return make(ServerView, (s.index, s.url, s._state == "up", in_flight, cap, rate, p50, p90, ttft, reported))
 
     def _views(self, now: float) -> tuple[list[ServerView], list[int]]:
         """Every server's view for the policy, and each one's free slots. Made again only where it can differ from
