@@ -4,7 +4,7 @@ the block tree under `cache_aware`, and QueuedRequest's prefix fields."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +88,31 @@ def test_tree_eviction_keeps_the_recently_inserted_path() -> None:
     assert tree.size == 16
     assert tree.match([5, 1005], [4, 4]) == 8 and tree.match([99, 1099], [4, 4]) == 8
     assert tree.match([98, 1098], [4, 4]) == 0
+
+
+def test_tree_eviction_order_is_that_of_an_lru_list() -> None:
+    # the reference: every node in an LRU list, each insert moving its path to the recent end leaf first (what the
+    # stamps stand for); eviction pops the oldest. Both trees must hold the same blocks after every step
+    rng = np.random.default_rng(5)
+    tree, lru, size = BlockTree(), OrderedDict(), {}  # lru: path tuple -> None; size: path tuple -> tokens
+    for step in range(600):
+        path = tuple(int(b) for b in rng.integers(0, 4, size=int(rng.integers(1, 6))))
+        tokens = [4] * (len(path) - 1) + [int(rng.integers(1, 5))]
+        tree.insert(path, tokens)
+        for depth in range(len(path), 0, -1):
+            key = path[:depth]
+            size[key] = max(size.get(key, 0), tokens[depth - 1])
+            lru[key] = None
+            lru.move_to_end(key)
+        if step % 7 == 0:
+            bound = int(rng.integers(0, 60))
+            tree.evict(bound)
+            while sum(size.values()) > bound:
+                key, _ = lru.popitem(last=False)
+                del size[key]
+        assert tree.size == sum(size.values()) and len(tree) == len(size)
+        for key, held in size.items():
+            assert tree.match(key, [4] * len(key)) == sum(size[key[:d]] for d in range(1, len(key) + 1))
 
 
 # cache_aware ---------------------------------------------------------------------------------------------------------

@@ -137,6 +137,17 @@ def test_round_robin_skips_full_and_unhealthy() -> None:
     assert run_single(make("round_robin"), servers, 5) == [0, 2, 0, 2, 0]
 
 
+def test_round_robin_same_turns_in_any_server_order() -> None:
+    # in index order the server whose turn it is is looked at alone; in any other order every open server is: both
+    # give the same turns, a server filling up within the call included
+    servers = [server(0, cap=2), server(1, cap=1), server(2), server(3, healthy=False)]
+    for order in (servers, servers[::-1], [servers[2], servers[0], servers[3], servers[1]]):
+        queue = [request(i) for i in range(7)]
+        picks = make("round_robin").assign(queue, order)
+        check_rules(picks, queue, order)
+        assert [s.index for _, s in picks] == [0, 1, 2, 0, 2, 2, 2]
+
+
 # least_outstanding -------------------------------------------------------------------------------------------------
 def test_least_outstanding_balances() -> None:
     servers = [server(0, in_flight=3), server(1, in_flight=0), server(2, in_flight=1)]

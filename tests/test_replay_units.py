@@ -19,7 +19,7 @@ from tracebench.replay.clock import RunClock, VirtualRunClock
 from tracebench.replay.loop import run_virtual
 from tracebench.replay.records import RecordWriter
 from tracebench.replay.flight import HttpSender
-from tracebench.replay.router import Router, ServerState
+from tracebench.replay.router import OBSERVED_REFRESH_S, Router, ServerState
 from tracebench.replay.run import ReplayConfig, plan_servers
 from tracebench.replay.tokens import TOKEN_ID_LOW, InputIds, vocab_size_from_model
 from tracebench.trace.format import TraceRequest, format_request_line, write_trace
@@ -285,10 +285,13 @@ def test_recent_completions_are_the_filtered_window() -> None:
     assert checked > 1000
 
 
-def test_the_routers_cached_views_equal_views_made_afresh(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reads_age", [True, False])
+def test_the_routers_cached_views_equal_views_made_afresh(tmp_path: Path, reads_age: bool) -> None:
     """Router._views remakes a server's view only where it can have changed (ServerState's setters mark it; reports'
-    ages each round; every server once per refresh of the observed figures). Through random changes of every field a
-    view shows, at times within and past the refresh, the cached views equal views made afresh for every server."""
+    ages each round, for a policy that reads them; every server once per refresh of the observed figures). Through
+    random changes of every field a view shows, at times within and past the refresh, the cached views equal views
+    made afresh for every server; for a policy that does not read the ages, but for the ages, which are then as of a
+    moment less than the refresh interval ago."""
     rng = np.random.default_rng(7)
 
     async def main() -> None:
@@ -296,7 +299,9 @@ def test_the_routers_cached_views_equal_views_made_afresh(tmp_path: Path) -> Non
         writer = RecordWriter(tmp_path / "requests.jsonl")
         servers = [ServerState(i, f"http://127.0.0.1:{9 + i}", 4, True) for i in range(6)]
         clock = VirtualRunClock(asyncio.get_running_loop())
-        router = Router(clock=clock, servers=servers, policy=load_policy("round_robin", rng, {}),
+        policy = load_policy("round_robin", rng, {})
+        policy.reads_report_age = reads_age  # type: ignore[misc]  # the class says False
+        router = Router(clock=clock, servers=servers, policy=policy,
                         sender=HttpSender(client, InputIds(SHA, 32000)), writer=writer, total=1,
                         health_check=lambda index: asyncio.sleep(0))
         remade = 0
@@ -319,6 +324,12 @@ def test_the_routers_cached_views_equal_views_made_afresh(tmp_path: Path) -> Non
             now = clock.now()
             cached, free = router._views(now)
             fresh = [router._view(server, now) for server in servers]
+            if not reads_age:
+                for v, w in zip(cached, fresh):
+                    if v.reported is not None:
+                        assert 0.0 <= w.reported.age - v.reported.age < OBSERVED_REFRESH_S, step
+                cached, fresh = [[v._replace(reported=v.reported and v.reported._replace(age=0.0)) for v in views]
+                                 for views in (cached, fresh)]
             assert cached == fresh, step
             assert free == [v.free_slots for v in fresh], step
             remade += sum(v is not w for v, w in zip(cached, fresh))

@@ -134,6 +134,11 @@ class Policy:
     description: ClassVar[str] = ""
     # option key -> one line saying what it does and its default (shown by `tracebench policies`)
     options_help: ClassVar[dict[str, str]] = {}
+    # whether `assign` reads `ServerView.reported.age`. True: every call gets each report's age as of that call,
+    # which remakes every reporting server's view at every call (a 64-server fleet: ~45 us a call). A policy that
+    # never reads it may say False: a view is then remade only when what else it shows changed (and every 0.1 s),
+    # and `age` is as of that moment (docs/policies.md)
+    reads_report_age: ClassVar[bool] = True
 
     def __init__(self, rng: np.random.Generator, options: dict[str, str] | None = None) -> None:
         self.rng = rng

@@ -37,82 +37,96 @@ Where it differs from sglang router's, on purpose:
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from tracebench.errors import PolicyError
-from tracebench.policies._common import SlotTally, assign_in_order, least_loaded, parse_bounded
+from tracebench.policies._common import SlotTally, among_open, assign_in_order, least_loaded, parse_bounded
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 
 
-class _Node:
-    """One block of a server's tree: its children by block id, and how many of the block's tokens were sent."""
-
-    __slots__ = ("block", "children", "parent", "tokens")
-
-    def __init__(self, block: int, parent: _Node | None) -> None:
-        self.block = block
-        self.parent = parent
-        self.children: dict[int, _Node] = {}
-        self.tokens = 0
+# A node of a BlockTree is a list (made per new block of every request: a list is ~6x cheaper to make than an object):
+# [tokens: how many of its block's tokens were sent, stamp: its last use (the tree's count of uses then, larger is
+# more recent), children: {block id: node}]. The root's tokens and stamp are unused.
+Node = list
 
 
 class BlockTree:
     """The block sequences sent to one server, with an LRU order over its nodes and a size in tokens.
 
     Every insert refreshes its whole path from the leaf up to the root's child, so a node is always more recent than
-    all of its descendants: the least recently used node is then always a leaf, and evicting from the front of the
-    order never cuts a path in the middle.
+    all of its descendants: the least recently used node is then always a leaf, and evicting in LRU order never cuts
+    a path in the middle. The order is kept as a stamp on each node (what an insert costs: one store per block), and
+    sorted only when an eviction has something to drop.
     """
 
-    __slots__ = ("root", "lru", "size")
+    __slots__ = ("root", "size", "nodes", "_uses")
 
     def __init__(self) -> None:
-        self.root = _Node(-1, None)
-        self.lru: OrderedDict[_Node, None] = OrderedDict()  # oldest first
+        self.root: Node = [0, 0, {}]
         self.size = 0  # tokens held
+        self.nodes = 0  # nodes held (the root not counted)
+        self._uses = 0  # the last stamp given
 
     def match(self, blocks: Sequence[int], tokens: Sequence[int]) -> int:
         """Tokens of the leading blocks found here (`tokens[i]`: the request's tokens in block i)."""
-        node, matched = self.root, 0
+        children, matched = self.root[2], 0
         for block, want in zip(blocks, tokens):
-            child = node.children.get(block)
+            child = children.get(block)
             if child is None:
                 break
-            matched += min(child.tokens, want)
-            if child.tokens < want:
-                break  # only the first child.tokens of this block were sent here
-            node = child
+            got = child[0]
+            if got < want:
+                return matched + got  # only the first `got` tokens of this block were sent here
+            matched += want
+            children = child[2]
         return matched
 
     def insert(self, blocks: Sequence[int], tokens: Sequence[int]) -> None:
-        node, path = self.root, []
+        # the path's stamps count down from the root's child: the leaf is used first, each ancestor after it (the
+        # invariant in the class docstring)
+        children, stamp = self.root[2], self._uses + len(blocks) + 1
+        self._uses = stamp
         for block, have in zip(blocks, tokens):
-            child = node.children.get(block)
+            stamp -= 1
+            child = children.get(block)
             if child is None:
-                child = node.children[block] = _Node(block, node)
-            if have > child.tokens:
-                self.size += have - child.tokens
-                child.tokens = have
-            path.append(child)
-            node = child
-        for node in reversed(path):  # leaf first: each node ends up more recent than its descendants
-            self.lru[node] = None
-            self.lru.move_to_end(node)
+                children[block] = child = [have, stamp, {}]
+                self.size += have
+                self.nodes += 1
+            else:
+                got = child[0]
+                if have > got:
+                    self.size += have - got
+                    child[0] = have
+                child[1] = stamp
+            children = child[2]
 
     def evict(self, max_tokens: int) -> None:
         """Drop least recently used leaves until at most `max_tokens` tokens are held."""
-        while self.size > max_tokens:
-            node, _ = self.lru.popitem(last=False)
-            assert not node.children and node.parent is not None  # the invariant in the class docstring
-            del node.parent.children[node.block]
-            self.size -= node.tokens
+        if self.size <= max_tokens:
+            return
+        held: list[tuple[int, int, dict[int, Node], Node]] = []  # (stamp, block id, its parent's children, node)
+        todo = [self.root[2]]
+        while todo:
+            children = todo.pop()
+            for block, node in children.items():
+                held.append((node[1], block, children, node))
+                todo.append(node[2])
+        held.sort(key=itemgetter(0))  # stamps are distinct: one order
+        for _, block, siblings, node in held:
+            if self.size <= max_tokens:
+                break
+            assert not node[2]  # a leaf: the invariant in the class docstring
+            del siblings[block]
+            self.size -= node[0]
+            self.nodes -= 1
 
     def __len__(self) -> int:
-        return len(self.lru)
+        return self.nodes
 
 
 def block_tokens(req: QueuedRequest) -> list[int]:
@@ -130,6 +144,7 @@ def block_tokens(req: QueuedRequest) -> list[int]:
 class CacheAwarePolicy(Policy):
     name = "cache_aware"
     description = "sglang router's cache_aware on prefix blocks: longest match if its ratio > cache_threshold, else least loaded"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
     options_help = {
         "cache_threshold": "match ratio (matched tokens / input_len) above which the longest match wins, 0..1 (default 0.3)",
         "balance_abs_threshold": "imbalanced when max - min in flight > this (and the relative test), integer >= 0 (default 64)",
@@ -156,7 +171,7 @@ class CacheAwarePolicy(Policy):
             for tree in self.trees.values():
                 tree.evict(self.max_tree_size)
             self._next_eviction = self.now + self.eviction_interval
-        return assign_in_order(queue, servers, self.choose)  # oldest first
+        return assign_in_order(queue, servers, among_open(self.choose))  # oldest first
 
     def choose(self, req: QueuedRequest, open_servers: list[ServerView], tally: SlotTally) -> ServerView:
         """The server for `req` among `open_servers`, recorded in that server's tree."""
@@ -172,8 +187,9 @@ class CacheAwarePolicy(Policy):
             best = max(matches.values())
             if best / req.input_len > self.cache_threshold:
                 self.decisions["cache_hit"] += 1
+                taken = tally.taken
                 chosen = min((s for s in open_servers if matches[s.index] == best),
-                             key=lambda s: (tally.in_flight[s.index], s.index))
+                             key=lambda s: (s.in_flight + taken.get(s.index, 0), s.index))
             else:
                 self.decisions["cache_miss"] += 1
                 chosen = least_loaded(req, open_servers, tally)
@@ -187,7 +203,8 @@ class CacheAwarePolicy(Policy):
                 "tree_tokens": {str(index): self.trees[index].size for index in sorted(self.trees)}}
 
     def imbalanced(self, tally: SlotTally) -> bool:
-        loads = [tally.in_flight[s.index] for s in tally.servers if s.healthy]
+        taken = tally.taken  # this call's picks (SlotTally.in_flight without its dict of every server)
+        loads = [s.in_flight + taken.get(s.index, 0) for s in tally.servers if s.healthy]
         high, low = max(loads), min(loads)
         return high - low > self.balance_abs_threshold and high > low * self.balance_rel_threshold
 

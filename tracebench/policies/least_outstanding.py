@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tracebench.policies._common import assign_in_order, least_loaded
+from tracebench.policies._common import among_open, assign_in_order, least_loaded
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 
 
 class LeastOutstandingPolicy(Policy):
     name = "least_outstanding"
     description = "each request to the server with the fewest requests in flight (ties: lowest index)"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
-        return assign_in_order(queue, servers, least_loaded)  # oldest first
+        return assign_in_order(queue, servers, among_open(least_loaded))  # oldest first

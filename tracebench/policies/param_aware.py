@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tracebench.policies._common import SlotTally, assign_in_order, parse_bounded, parse_choice
+from tracebench.policies._common import SlotTally, among_open, assign_in_order, parse_bounded, parse_choice
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 
 _LATENCY_STATS: dict[str, Callable[[ServerView], float | None]] = {
@@ -49,6 +49,7 @@ def _speed(server: ServerView) -> float | None:
 class ParamAwarePolicy(Policy):
     name = "param_aware"
     description = "lowest weighted cost of in-flight, reported load/usage/speed and observed latency (see docs)"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
     options_help = {
         "w_in_flight": "weight of the router's in-flight count (default 1.0)",
         "w_running": "weight of reported num_running_reqs (default 0.5)",
@@ -75,7 +76,7 @@ class ParamAwarePolicy(Policy):
             costs = self.costs(candidates, tally.in_flight)
             return min(candidates, key=lambda s: (costs[s.index], tally.in_flight[s.index], s.index))
 
-        return assign_in_order(queue, servers, cheapest)  # oldest first
+        return assign_in_order(queue, servers, among_open(cheapest))  # oldest first
 
     def costs(self, candidates: Sequence[ServerView], in_flight: dict[int, int]) -> dict[int, float]:
         """Cost per candidate server index (lower is better), as in the module docstring."""

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tracebench.policies._common import SlotTally, assign_in_order
+from tracebench.policies._common import SlotTally, among_open, assign_in_order
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 
 
 class PowerOfTwoPolicy(Policy):
     name = "power_of_two"
     description = "draw two servers with a free slot (seeded), send to the one with fewer in flight (tie: reported load)"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
-        return assign_in_order(queue, servers, self._pick)  # oldest first
+        return assign_in_order(queue, servers, among_open(self._pick))  # oldest first
 
     def _pick(self, _: QueuedRequest, open_servers: list[ServerView], tally: SlotTally) -> ServerView:
         if len(open_servers) == 1:

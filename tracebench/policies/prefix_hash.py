@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tracebench.policies._common import SlotTally, assign_in_order, least_loaded, parse_bounded
+from tracebench.policies._common import SlotTally, among_open, assign_in_order, least_loaded, parse_bounded
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 
 
@@ -36,6 +36,7 @@ def _hash64(data: bytes) -> int:
 class PrefixHashPolicy(Policy):
     name = "prefix_hash"
     description = "consistent hashing (ring with virtual nodes) of the first prefix block; full server: next on the ring"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
     options_help = {
         "virtual_nodes": "points per server on the hash ring, integer >= 1 (default 150)",
         "hash_blocks": "how many leading block ids form the key, integer >= 1 (default 1: the first block)",
@@ -56,7 +57,7 @@ class PrefixHashPolicy(Policy):
         indices = tuple(s.index for s in servers)
         if indices != self._ring_for:
             self._build_ring(indices)
-        return assign_in_order(queue, servers, self.choose)  # oldest first
+        return assign_in_order(queue, servers, among_open(self.choose))  # oldest first
 
     def _build_ring(self, indices: tuple[int, ...]) -> None:
         ring = sorted((_hash64(f"server-{i}#{v}".encode()), i) for i in indices for v in range(self.virtual_nodes))

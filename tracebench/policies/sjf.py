@@ -11,13 +11,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tracebench.policies._common import assign_in_order, least_loaded, parse_choice
+from tracebench.policies._common import among_open, assign_in_order, least_loaded, parse_choice
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 
 
 class ShortestJobFirstPolicy(Policy):
     name = "sjf"
     description = "shortest queued request first (by output_len, or input_len with key=input), to the least loaded server"
+    reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
     options_help = {"key": "output (default): order by output_len; input: order by input_len (--sjf-key input)"}
 
     def __init__(self, rng: np.random.Generator, options: dict[str, str] | None = None) -> None:
@@ -36,4 +37,4 @@ class ShortestJobFirstPolicy(Policy):
 
         # only the `total_free` shortest can go now; a long queue at the cap is not sorted in full on every call
         ordered = sorted(queue, key=job_size) if total_free >= len(queue) else heapq.nsmallest(total_free, queue, key=job_size)
-        return assign_in_order(ordered, servers, least_loaded)
+        return assign_in_order(ordered, servers, among_open(least_loaded))

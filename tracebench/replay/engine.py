@@ -58,38 +58,77 @@ class Engine:
         self._schedule_done = False
         if self._followers:
             router.on_finished = self._finished
+        # the schedule runs as loop callbacks (_step), not as a coroutine: a wait is a timer that schedules the step,
+        # without the future and the task of an asyncio.sleep (two per arrival: a wake-up a hair early sleeps again).
+        # The step runs on the loop turn after the timer's, as a sleeping task's wake-up does: what else is due at
+        # the same moment (a poll's timer) runs in the same order as before
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._done: asyncio.Future[None] | None = None  # run() returns when it is done
+        self._timer: asyncio.Handle | None = None  # the next _step
+        self._waiting: tuple[TraceRequest, float] | None = None  # the request made, waited for: (it, its arrival)
+        self._burst = 0  # due requests released one after another without a wait
 
     async def run(self) -> None:
-        now = self.clock.now
-        router = self.router
-        release = router.release
-        request_at = self.table.request
-        arrivals = self.table.arrival_s
-        rows = self._open
-        speed = self.speed
-        burst = 0
-        for index in range(len(rows)):  # by index: a list of a million rows would cost tens of MB
-            row = rows[index].item()
-            due = run_seconds(arrivals[row].item(), speed)
+        """Release the open-loop schedule; returns once every request of it is released (cancelled: nothing more is)."""
+        self._loop = loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+        self._guarded_step()
+        try:
+            await self._done
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def _guarded_step(self) -> None:
+        """_step, whose error is run()'s (a loop callback has no caller to raise to); nothing once run() ended."""
+        assert self._done is not None
+        if self._done.done():
+            return  # cancelled between the timer and this turn
+        try:
+            self._step()
+        except Exception as err:
+            self._done.set_exception(err)
+
+    def _step(self) -> None:
+        """Release the request waited for if its arrival has come, then every request due after it, in order; then
+        wait for the next one (a timer), or let the loop breathe after YIELD_EVERY due ones in a row."""
+        self._timer = None
+        now, loop, router = self.clock.now, self._loop, self.router
+        assert loop is not None and self._done is not None
+        if self._waiting is not None:
+            request, due = self._waiting
+            if (delay := due - now()) > 0:  # asyncio may wake a hair early: a request is never released before its arrival
+                self._timer = loop.call_later(delay, loop.call_soon, self._guarded_step)
+                return
+            self._waiting = None
+            router.release(request, due, assign_now_after=True)
+            self.next_index += 1
+        release, request_at, arrivals = router.release, self.table.request, self.table.arrival_s
+        rows, speed = self._open, self.speed
+        for index in range(self.next_index, len(rows)):  # by index: a list of a million rows would cost tens of MB
+            row = rows.item(index)  # .item(i): the Python number at once, without a numpy scalar first
+            due = run_seconds(arrivals.item(row), speed)
             request = request_at(row)
             if now() < due:
-                burst = 0
+                self._burst = 0
                 # before waiting: what was released goes to the policy (and out) now, and this request's body is made
                 router.assign_now()
                 router.prepare(request, due)
-                # loop: asyncio may wake a hair early; a request is never released before its arrival
-                while (delay := due - now()) > 0:
-                    await asyncio.sleep(delay)
-            else:
-                burst += 1
-                if burst % YIELD_EVERY == 0:
-                    router.assign_now()
-                    await asyncio.sleep(0)
-            release(request, due)
+                self._waiting = (request, due)
+                self._timer = loop.call_later(due - now(), loop.call_soon, self._guarded_step)
+                return
+            self._burst += 1
+            if self._burst % YIELD_EVERY == 0:
+                router.assign_now()
+                self._waiting = (request, due)  # released on the loop's next turn
+                self._timer = loop.call_soon(self._guarded_step)
+                return
+            release(request, due, True)  # assign_now_after: every way out of this loop calls assign_now()
             self.next_index = index + 1
         router.assign_now()
         self._schedule_done = True
         self._maybe_done()
+        self._done.set_result(None)
 
     def _finished(self, request_id: int) -> None:
         """The router wrote the record of `request_id`: its followers are released delay_s / speed from now."""
@@ -105,7 +144,7 @@ class Engine:
 
     def _release_follower(self, request: TraceRequest, due: float) -> None:
         del self._held[request.id]
-        self.router.release(request, due)
+        self.router.release(request, due, assign_now_after=True)
         self.router.assign_now()
         self._maybe_done()
 

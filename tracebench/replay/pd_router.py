@@ -51,6 +51,7 @@ class PdRouter(Router):
             raise ValueError("PD runs are continuous (--mode static is refused with --pd)")
         self.pools = pools
         self.policy_time.name = f"{pools.prefill_policy.name} (prefill) / {pools.decode_policy.name} (decode)"
+        self.refresh_report_ages = pools.prefill_policy.reads_report_age or pools.decode_policy.reads_report_age
         self.rooms = Rooms(seed)
         if not hasattr(self.sender, "exchange_pair"):
             raise ValueError("a PD run's sender carries pairs (flight.PairSender)")

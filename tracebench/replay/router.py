@@ -84,6 +84,7 @@ HealthCheck = Callable[[int], Awaitable["str | None"]]  # server index -> None i
 # Python 3.12+ can start a task at once (eager_start): a dispatched request runs up to its first wait (its bytes are on
 # the wire by then) instead of on the loop's next turn
 _EAGER = sys.version_info >= (3, 12)
+_ROUND_DUE = object()  # Router._assign_handle: a round is due and the engine runs it (assign_now), not the loop
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -325,6 +326,8 @@ class Router:
         self._init_queue(max_concurrency)
         self._init_view_cache()
         self.policy_time = PolicyTime(policy.name, in_run_time=not clock.virtual)
+        # the views' report ages are made anew at every round only for a policy that reads them (_views)
+        self.refresh_report_ages = policy.reads_report_age
         self._init_slot_waits()
         self._init_tallies(total)
         writer.on_failure = self.fail  # the disk is full: the run stops (records.AppendFile)
@@ -342,12 +345,13 @@ class Router:
         # prefix blocks of the released requests that have them, until written (a static batch put back in the queue
         # needs them again)
         self._prefix_blocks: dict[int, tuple[int, ...]] = {}
-        # one _serve per dispatched request; a dict as an ordered set: close() cancels them (and their records are written)
+        # one _serve per dispatched request -> its flight; ordered: close() cancels them (and their records are written)
         # in dispatch order, the same from run to run (a set's order follows the tasks' addresses)
-        self._tasks: dict[asyncio.Task[None], None] = {}
+        self._tasks: dict[asyncio.Task[None], _Flight] = {}
         self._flights: dict[int, _Flight] = {}  # the dispatched requests whose record is not written yet
         self._probes: dict[asyncio.Task[None], None] = {}  # ordered, as _tasks
-        self._assign_handle: asyncio.Handle | None = None  # a scheduled assignment round (_kick)
+        # a scheduled assignment round (_kick), or _ROUND_DUE: one that the engine runs itself (assign_now)
+        self._assign_handle: asyncio.Handle | object | None = None
         self._engine_done = False  # nothing more will enter the router queue (every request released and admitted)
         self._all_released = False  # the engine released every request (some may still wait at the client gate)
         # --max-concurrency: requests released but not admitted wait here, before the router queue
@@ -396,9 +400,10 @@ class Router:
 
     # ---- the engine's side -------------------------------------------------------------------------------------
 
-    def release(self, request: TraceRequest, t_arrival: float) -> None:
+    def release(self, request: TraceRequest, t_arrival: float, assign_now_after: bool = False) -> None:
         """Timestamp 1: the request enters the router queue now. `t_arrival`: its scheduled arrival on the run clock
-        (`run_seconds(request.arrival_s, speed)`)."""
+        (`run_seconds(request.arrival_s, speed)`). `assign_now_after`: the caller (the engine) calls assign_now()
+        before it gives the loop back, so no round is scheduled on the loop for this release (one it would cancel)."""
         if self._closing:
             # the engine runs on until it is cancelled after close(); close() already took this request among the
             # never-released ones and writes its record (a release now would record it twice)
@@ -412,7 +417,7 @@ class Router:
             self._prefix_blocks[rid] = request.prefix_blocks
         self.released += 1
         if self.gate is None or self.gate.offer(request):
-            self._admit(request, rec, t_released)
+            self._admit(request, rec, t_released, assign_now_after)
 
     def prepare(self, request: TraceRequest, due: float) -> None:
         """The engine has time before `request` arrives (at `due`, run clock): its body is made meanwhile, so that its
@@ -434,10 +439,12 @@ class Router:
         runs now instead of on the loop's next turn (one hop less between a release and its dispatch)."""
         handle = self._assign_handle
         if handle is not None:
-            handle.cancel()
+            if handle is not _ROUND_DUE:
+                handle.cancel()  # type: ignore[union-attr]  # a Handle
             self.guarded(self._assign_round)
 
-    def _admit(self, request: TraceRequest, rec: RequestRecord, t_admitted: float) -> None:
+    def _admit(self, request: TraceRequest, rec: RequestRecord, t_admitted: float, assign_now_after: bool = False
+               ) -> None:
         """The request enters the router queue (the policy sees it from now on)."""
         rec.t_admitted = t_admitted
         self._slot_marks[request.id] = (self._full_spells_ended, t_admitted, 0.0)  # its slot wait counts from here
@@ -445,7 +452,7 @@ class Router:
                                request.prefix_blocks, self.block_size)
         self._queued[request.id] = queued
         self._queue.append(queued)
-        self._kick()
+        self._kick(assign_now_after)
 
     def _gate_slot_freed(self) -> None:
         """An admitted request's record was written: the next request waiting at the client gate is admitted."""
@@ -601,10 +608,13 @@ class Router:
 
     # ---- assignment --------------------------------------------------------------------------------------------
 
-    def _kick(self) -> None:
-        # Coalesced: a burst of arrivals or completions in one loop iteration makes one call to the policy.
-        if self._assign_handle is None and not self._closing:
-            self._assign_handle = self._loop.call_soon(self.guarded, self._assign_round)
+    def _kick(self, assign_now_after: bool = False) -> None:
+        # Coalesced: a burst of arrivals or completions in one loop iteration makes one call to the policy. None while
+        # nothing is queued (a finish with an empty queue, most of them): a round would find nothing to do (and the
+        # queue emptied only by a round that assigned, which cleared _idle_since). `assign_now_after`: the engine runs
+        # the round itself (release)
+        if self._assign_handle is None and not self._closing and self._queue:
+            self._assign_handle = _ROUND_DUE if assign_now_after else self._loop.call_soon(self.guarded, self._assign_round)
 
     def _load(self, s: ServerState) -> tuple[int, int]:
         """(in flight, cap) of a server as the policy sees them: in static mode a forming batch counts in flight, and
@@ -614,29 +624,32 @@ class Router:
         return s.in_flight, s.cap
 
     def _view(self, s: ServerState, now: float) -> ServerView:
+        make = tuple.__new__  # the named tuples' own constructors, without their keyword handling (as _views)
         rate, p50, p90, ttft = s.observed(now)
         rep = s._reported
-        reported = None if rep is None else ReportedLoad(rep[0], rep[1], rep[2], rep[3], now - s.reported_t)
+        reported = None if rep is None else make(ReportedLoad, (rep[0], rep[1], rep[2], rep[3], now - s.reported_t))
         in_flight, cap = self._load(s) if self.static else (s._in_flight, s._cap)
-        return ServerView(s.index, s.url, s._state == "up", in_flight, cap, rate, p50, p90, ttft, reported)
+        return make(ServerView, (s.index, s.url, s._state == "up", in_flight, cap, rate, p50, p90, ttft, reported))
 
     def _views(self, now: float) -> tuple[list[ServerView], list[int]]:
         """Every server's view for the policy, and each one's free slots. Made again only where it can differ from
         the last round's (a fleet of 1,024 servers asked once per arrival spent most of its time here): a server whose
         state, cap, in-flight count or report changed (ServerState's setters mark it), a server with a load report
-        (its age), and every server once per OBSERVED_REFRESH_S (their observed figures are refreshed together, as
-        before: this is their only reader). Static mode makes them all (a forming batch changes in place)."""
+        (its age) unless no policy of the run reads the age (Policy.reads_report_age), and every server once per
+        OBSERVED_REFRESH_S (their observed figures are refreshed together, as before: this is their only reader).
+        Static mode makes them all (a forming batch changes in place)."""
         cache, free, servers, changed = self._view_cache, self._free_cache, self.servers, self._changed_views
         if self.static or now - self._observed_t >= OBSERVED_REFRESH_S:
             self._observed_t = now
             stale: Iterable[int] = range(len(servers))
         else:
             stale = changed
-            make = tuple.__new__  # the named tuples' own constructors, without their keyword handling
-            for i in self._reporting.difference(changed):  # only its report's age differs from the last round's
-                s = servers[i]
-                age = (now - s.reported_t,)
-                cache[i] = make(ServerView, cache[i][:9] + (make(ReportedLoad, s._reported + age),))  # type: ignore
+            if self.refresh_report_ages:
+                make = tuple.__new__  # the named tuples' own constructors, without their keyword handling
+                for i in self._reporting.difference(changed):  # only its report's age differs from the last round's
+                    s = servers[i]
+                    age = (now - s.reported_t,)
+                    cache[i] = make(ServerView, cache[i][:9] + (make(ReportedLoad, s._reported + age),))  # type: ignore
         for i in stale:
             s = servers[i]
             view = cache[i] = self._view(s, now)
@@ -644,7 +657,8 @@ class Router:
             if s._reported is not None:
                 self._reporting.add(i)
         changed.clear()
-        return list(cache), list(free)  # type: ignore[arg-type]  # all made by the first round
+        # the views copied: a policy may reorder the list it is given; `free` is the router's alone
+        return list(cache), free  # type: ignore[arg-type]  # all made by the first round
 
     def _free_slots(self) -> list[int]:
         """Each server's free slots now, as its ServerView's `free_slots` would say (without making the views)."""
@@ -748,39 +762,14 @@ class Router:
     def _apply(self, picks: Any, views: list[ServerView], t_assigned: float) -> None:
         """Check every assignment against the rules (all or nothing), then carry them out (`t_assigned`: when the
         policy returned them)."""
-        name = self.policy.name
-        if not isinstance(picks, list):
-            raise PolicyError(f"policy {name!r}: assign() must return a list of (request, server) pairs, got {type(picks).__name__}")
-        if not picks:
+        chosen = self._check_picks(picks, views)
+        if not chosen:
             return
-        per_server = [0] * len(views)
-        chosen: set[int] = set()
-        for pair in picks:
-            if not (isinstance(pair, tuple) and len(pair) == 2):
-                raise PolicyError(f"policy {name!r}: assign() returned {pair!r}, not a (request, server) pair")
-            req, view = pair
-            rid = getattr(req, "id", None)
-            if not isinstance(rid, int) or self._queued.get(rid) is not req:
-                raise PolicyError(f"policy {name!r} assigned request {rid!r}, which is not in the router queue")
-            if rid in chosen:
-                raise PolicyError(f"policy {name!r} assigned request {rid} twice in one call")
-            chosen.add(rid)
-            index = getattr(view, "index", None)
-            if not isinstance(index, int) or not 0 <= index < len(views):
-                raise PolicyError(f"policy {name!r} assigned request {rid} to {view!r}, not one of the servers it was given")
-            if not views[index].healthy:
-                raise PolicyError(f"policy {name!r} assigned request {rid} to server {index}, which is not healthy")
-            per_server[index] += 1
-            if per_server[index] > views[index].free_slots:
-                raise PolicyError(
-                    f"policy {name!r} assigned {per_server[index]} requests to server {index}, which had "
-                    f"{views[index].free_slots} free slot(s)"
-                )
-        count = len(picks)
-        if all(q.id in chosen for q in islice(self._queue, count)):
-            del self._queue[:count]  # the common case: the oldest went
+        queue, count = self._queue, len(picks)
+        if queue[0].id in chosen if count == 1 else all(q.id in chosen for q in islice(queue, count)):
+            del queue[:count]  # the common case: the oldest went
         else:
-            self._queue = [q for q in self._queue if q.id not in chosen]
+            self._queue = [q for q in queue if q.id not in chosen]
         touched = set()
         for req, view in picks:
             del self._queued[req.id]
@@ -795,6 +784,37 @@ class Router:
         for index in touched:
             self._maybe_send_batch(self.servers[index])
         self._send_batches_gate_blocks()
+
+    def _check_picks(self, picks: Any, views: list[ServerView]) -> set[int]:
+        """The ids of what the policy assigned, once every pair is checked against the rules (a PolicyError names the
+        first one broken)."""
+        name = self.policy.name
+        if not isinstance(picks, list):
+            raise PolicyError(f"policy {name!r}: assign() must return a list of (request, server) pairs, got {type(picks).__name__}")
+        per_server: dict[int, int] = {}
+        chosen: set[int] = set()
+        queued, count = self._queued, len(views)
+        for pair in picks:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise PolicyError(f"policy {name!r}: assign() returned {pair!r}, not a (request, server) pair")
+            req, view = pair
+            rid = getattr(req, "id", None)
+            if not isinstance(rid, int) or queued.get(rid) is not req:
+                raise PolicyError(f"policy {name!r} assigned request {rid!r}, which is not in the router queue")
+            if rid in chosen:
+                raise PolicyError(f"policy {name!r} assigned request {rid} twice in one call")
+            chosen.add(rid)
+            index = getattr(view, "index", None)
+            if not isinstance(index, int) or not 0 <= index < count:
+                raise PolicyError(f"policy {name!r} assigned request {rid} to {view!r}, not one of the servers it was given")
+            given = views[index]
+            if not given.healthy:
+                raise PolicyError(f"policy {name!r} assigned request {rid} to server {index}, which is not healthy")
+            sent = per_server[index] = per_server.get(index, 0) + 1
+            if sent > given.free_slots:
+                raise PolicyError(f"policy {name!r} assigned {sent} requests to server {index}, which had "
+                                  f"{given.free_slots} free slot(s)")
+        return chosen
 
     def _gate_blocks_batches(self) -> bool:
         """Static mode under --max-concurrency: every admitted request waits in a forming batch or the router queue,
@@ -898,8 +918,8 @@ class Router:
             flight.task = task = asyncio.Task(serve(flight), loop=self._loop, eager_start=True)
         else:
             flight.task = task = self._loop.create_task(serve(flight))
-        self._tasks[task] = None
-        task.add_done_callback(partial(self._serve_done, flight))
+        self._tasks[task] = flight
+        task.add_done_callback(self._serve_done)
 
     async def _serve(self, rec: RequestRecord, server: ServerState, flight: _Flight) -> None:
         """One request: the sender carries it and stamps its moments (flight.py); its answer is read here and its
@@ -955,8 +975,8 @@ class Router:
             flight.cancelling = True
             self.sender.cancel(flight.rec.id)  # type: ignore[attr-defined]  # a sender with take_over has cancel
 
-    def _serve_done(self, flight: _Flight, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(task, None)
+    def _serve_done(self, task: asyncio.Task[None]) -> None:
+        flight = self._tasks.pop(task)
         if flight.rec.id in self._flights:  # cancelled before it ever ran: _serve never wrote its record
             self._ended_by_router(flight.rec, flight)
             self._finish(flight.rec, flight.server)
