@@ -1001,6 +1001,10 @@ class Replay:
                       f"time at --speed {cfg.speed:g})")
         api = APIS[cfg.api]()
         client = self._client(api, timeout, reason)
+        if cfg.clock != "virtual":
+            # the control endpoint's aiohttp server (~50 ms of imports), imported long before the run clock starts (a
+            # virtual run has no control endpoint, and imports no aiohttp)
+            from tracebench.replay.control import ControlServer
         engine: Engine | None = None
         side_tasks: list[asyncio.Task[Any]] = []
         control: ControlServer | None = None
@@ -1018,8 +1022,6 @@ class Replay:
                 for task in self.fleet.tasks:  # type: ignore[attr-defined]
                     task.add_done_callback(self._side_done)
             elif self.external is None:  # behind sglang-router there are no tracebench caps to change
-                from tracebench.replay.control import ControlServer  # aiohttp: a virtual run has no control endpoint
-
                 control = ControlServer(self.control_sock, len(states), router.set_cap, router.caps)
                 await control.start()
             self._write_run_json()
