@@ -4,6 +4,7 @@ reader's errors are exactly the streaming reader's."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,23 @@ def test_columnar_reader_matches_streaming_reader_on_valid_traces(tmp_path: Path
         with pytest.raises(TraceError) as streaming:
             list(iter_requests(trace))
         assert str(columnar.value) == str(streaming.value)
+
+
+def test_the_replay_table_gives_the_requests_the_streaming_reader_reads(tmp_path: Path) -> None:
+    """TraceTable.request (the replay's per-request read, which fills TraceRequest's slots itself) gives requests
+    equal to those iter_requests builds, field by field: prefix blocks, closed-loop `after`/`delay_s` and open-loop
+    ones (`extra` is dropped: the replay does not read it)."""
+    trace = tmp_path / "multi.jsonl"
+    done = run_cli("generate", "--workload", "multi-turn", "--sessions", "6", "--turns", "3", "--think-time", "2",
+                   "--closed-loop", "--seed", "4", "-o", str(trace))
+    assert done.returncode == 0, done.stderr
+    streamed = list(iter_requests(trace))
+    table = trace_format.load_trace_table(trace)[1]
+    assert len(table) == len(streamed) == 18
+    assert any(r.after is not None for r in streamed) and any(r.after is None for r in streamed)
+    assert all(r.prefix_blocks for r in streamed)
+    for i, want in enumerate(streamed):
+        got = table.request(i)
+        assert got == dataclasses.replace(want, extra=None) and hash(got) == hash(dataclasses.replace(want, extra=None))
+        assert [type(getattr(got, f.name)) for f in dataclasses.fields(got)] == [
+            type(getattr(want, f.name)) if f.name != "extra" else type(None) for f in dataclasses.fields(want)]

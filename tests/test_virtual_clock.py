@@ -360,3 +360,30 @@ def test_ctrl_c_stops_a_virtual_run_with_every_request_recorded(tmp_path: Path) 
     assert meta["status"] == "interrupted" and meta["counts"]["not_sent"] > 0
     ids = [r["id"] for r in _records(tmp_path / "stopped")]
     assert sorted(ids) == list(range(20000))
+
+
+# Runs as a fresh interpreter: two virtual runs (one with a cap schedule, one PD pair) through the CLI's entry point,
+# then the HTTP modules this process imported. `tracebench` exits through SystemExit(0) when it is done.
+_IMPORT_CHECK = """
+import sys
+from tracebench.cli import main
+for args in sys.argv[1:]:
+    try:
+        main(args.split("|"))
+    except SystemExit as end:
+        assert end.code in (0, None), (args, end.code)
+http = ("aiohttp", "yarl", "multidict", "tracebench.replay.http_session", "tracebench.replay.control")
+print("IMPORTED:", sorted(m for m in sys.modules if m.startswith(http)))
+"""
+
+
+def test_a_virtual_run_imports_no_http_client_or_server(tmp_path: Path) -> None:
+    """A virtual run opens no socket: it imports no aiohttp (~120 ms of start-up), neither through the client's
+    answers and APIs nor through the simulated server's classes or the cap control endpoint."""
+    trace = _generate(tmp_path / "t.jsonl", "--rate", "20", "--num-requests", "20", "--seed", "3")
+    common = f"replay|{trace}|--clock|virtual|--out-dir|{tmp_path}|--quiet|--policy|round_robin"
+    done = subprocess.run([sys.executable, "-c", _IMPORT_CHECK, f"{common}|--gpus|2|--cap-schedule|1s:2",
+                           f"{common}|--pd|1:1"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "IMPORTED: []", done.stdout
+    assert len(list(tmp_path.glob("*/requests.jsonl"))) == 2

@@ -89,7 +89,7 @@ _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^:()]*)(?::(?P<line>\d+))?\)$")
 # where a frame's file puts it (first match wins); the idle wait is the selector's
 GROUPS = (
     ("idle (waiting in select/epoll)", ("selectors.py", "replay/loop.py")),
-    ("tracebench client (replay/client.py)", ("replay/client.py",)),
+    ("tracebench client (replay/client.py)", ("replay/client.py", "replay/http_session.py")),
     ("tracebench router (replay/router.py)", ("replay/router.py",)),
     ("tracebench engine (replay/engine.py)", ("replay/engine.py",)),
     ("tracebench records (replay/records.py)", ("replay/records.py",)),

@@ -23,13 +23,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import aiohttp
 import numpy as np
 import orjson
 
 from tracebench.errors import ServerProtocolError
+
+if TYPE_CHECKING:
+    from tracebench.replay.http_session import StampedBody
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _DATA = b"data: "
@@ -114,26 +116,6 @@ class Stamps(Protocol):
     t_headers: float | None
 
 
-class _StampedBody(aiohttp.BytesPayload):
-    """A request body that stamps `t_written` once aiohttp has handed it to the socket: the moment the kernel has the
-    request (a body this size goes out in one send()). aiohttp writes a body through `write_with_length` (3.12+) or
-    `write` (before); both are stamped. Passing the payload ready-made also spares aiohttp's payload lookup, and no
-    request tracing (TraceConfig: ~30 µs a request) is needed for the stamp."""
-
-    def __init__(self, body: bytes, stamps: Stamps, now: Callable[[], float]) -> None:
-        super().__init__(body, content_type="application/json")
-        self._stamps = stamps
-        self._now = now
-
-    async def write(self, writer: Any) -> None:
-        await super().write(writer)
-        self._stamps.t_written = self._now()
-
-    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
-        await super().write_with_length(writer, content_length)
-        self._stamps.t_written = self._now()
-
-
 # How long a pooled connection may sit idle and still be reused (issue 33 B7). sglang 0.5.17's uvicorn closes a
 # connection idle for 5 s (SGLANG_TIMEOUT_KEEP_ALIVE, http_server.py); aiohttp keeps idle ones 15 s by default and
 # reuses the one idle longest first (its pool is a FIFO: connector.py _get, popleft), so under bursts a request could
@@ -164,10 +146,14 @@ class SglangClient:
         if timeout_reason is None and request_timeout is not None:
             timeout_reason = timeout_text(request_timeout)
         self.timeout_reason = timeout_reason
-        self._gen_timeout = aiohttp.ClientTimeout(total=request_timeout)
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=keepalive), timeout=aiohttp.ClientTimeout(total=None)
-        )
+        # aiohttp is imported here, not with this module: a virtual run uses this module's names but no socket
+        from tracebench.replay import http_session
+
+        self._errors = http_session.CLIENT_ERRORS
+        self._timeout = http_session.ClientTimeout
+        self._stamped_body = http_session.StampedBody
+        self._gen_timeout = http_session.ClientTimeout(total=request_timeout)
+        self.session = http_session.new_session(keepalive)
 
     async def close(self) -> None:
         await self.session.close()
@@ -180,10 +166,10 @@ class SglangClient:
         the two it cannot see are stamped on `stamps` with `now` (the run clock), when given: `t_written` (the body
         went to the socket: _StampedBody) and `t_headers` (the response's headers arrived)."""
         api = self.api
-        data: bytes | _StampedBody = body
+        data: bytes | StampedBody = body
         if stamps is not None:
             assert now is not None
-            data = _StampedBody(body, stamps, now)
+            data = self._stamped_body(body, stamps, now)
         try:
             async with self.session.post(generate_url, data=data, headers=_JSON_HEADERS, timeout=self._gen_timeout) as resp:
                 if stamps is not None:
@@ -241,20 +227,20 @@ class SglangClient:
                 yield Answer("error", "the stream ended before data: [DONE] (connection closed)", connection_lost=True)
         except asyncio.TimeoutError:
             yield Answer("timeout", self.timeout_reason)
-        except (aiohttp.ClientError, ConnectionError) as err:
+        except self._errors as err:
             yield Answer("error", f"{type(err).__name__}: {err}", connection_lost=True)
 
     async def get_json(self, url: str, timeout: float) -> Fetched:
         """GET a JSON endpoint. A server that cannot be reached or does not answer 200 gives `Fetched.error`; a 200
         that is not JSON is a ServerProtocolError."""
         try:
-            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            async with self.session.get(url, timeout=self._timeout(total=timeout)) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     return Fetched(None, f"HTTP {resp.status}: {_error_text(body)}")
         except asyncio.TimeoutError:
             return Fetched(None, f"no answer within {timeout:g} s", timed_out=True)
-        except (aiohttp.ClientError, ConnectionError) as err:
+        except self._errors as err:
             return Fetched(None, f"{type(err).__name__}: {err}", connection_lost=True)
         try:
             return Fetched(orjson.loads(body))
@@ -264,14 +250,14 @@ class SglangClient:
     async def get_text(self, url: str, timeout: float) -> Fetched:
         """GET a text endpoint (`/metrics`): `Fetched.obj` is the body as text, or `Fetched.error` says why not."""
         try:
-            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            async with self.session.get(url, timeout=self._timeout(total=timeout)) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     return Fetched(None, f"HTTP {resp.status}: {_error_text(body)}")
                 return Fetched(body.decode("utf-8", "replace"))
         except asyncio.TimeoutError:
             return Fetched(None, f"no answer within {timeout:g} s", timed_out=True)
-        except (aiohttp.ClientError, ConnectionError) as err:
+        except self._errors as err:
             return Fetched(None, f"{type(err).__name__}: {err}", connection_lost=True)
 
     async def health(self, base_url: str, timeout: float) -> str | None:
@@ -290,25 +276,25 @@ class SglangClient:
         (.DUCUMENT/radix-cache.md)."""
         url = f"{base_url}/flush_cache"
         try:
-            async with self.session.post(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            async with self.session.post(url, timeout=self._timeout(total=timeout)) as resp:
                 body = await resp.read()
                 if resp.status == 200:
                     return None
                 return f"/flush_cache answered HTTP {resp.status} (not flushed: requests running or waiting there?): {_error_text(body)}"
         except asyncio.TimeoutError:
             return f"/flush_cache gave no answer within {timeout:g} s"
-        except (aiohttp.ClientError, ConnectionError) as err:
+        except self._errors as err:
             return f"/flush_cache: {type(err).__name__}: {err}"
 
     async def _answers_200(self, url: str, timeout: float) -> str | None:
         path = url[url.index("/", url.index("//") + 2):]
         try:
-            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            async with self.session.get(url, timeout=self._timeout(total=timeout)) as resp:
                 await resp.read()
                 return None if resp.status == 200 else f"{path} answered HTTP {resp.status}"
         except asyncio.TimeoutError:
             return f"{path} gave no answer within {timeout:g} s"
-        except (aiohttp.ClientError, ConnectionError) as err:
+        except self._errors as err:
             return f"{path}: {type(err).__name__}: {err}"
 
 

@@ -30,7 +30,6 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +103,8 @@ def check_options(router: str, router_policy: str | None, router_args: tuple[str
 
 def installed_version(package: str = PACKAGE) -> str:
     """The installed sglang-router's version; a ConfigError naming the extra when it is missing or not 0.3.2."""
+    from importlib import metadata  # here: ~10 ms of imports (email, ...) that a run without sglang-router skips
+
     try:
         version = metadata.version(package)
     except metadata.PackageNotFoundError:

@@ -22,7 +22,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -35,9 +35,7 @@ from tracebench.policies.base import Policy
 from tracebench.policies.registry import load_policy
 from tracebench.replay.beside import BesideTelemetry
 from tracebench.replay.answer_check import ContextLimits
-from tracebench.replay.caps import (
-    CapChange, ControlServer, bind_control_socket, launch_cap, parse_cap_schedule, run_cap_schedule,
-)
+from tracebench.replay.caps import CapChange, bind_control_socket, launch_cap, parse_cap_schedule, run_cap_schedule
 from tracebench.replay.client import APIS, KEEPALIVE_S, SglangClient
 from tracebench.replay.clock import RunClock, VirtualRunClock, run_seconds
 from tracebench.replay.flight import HttpSender
@@ -61,6 +59,9 @@ from tracebench.replay.stall import StallBounds, stall_bounds
 from tracebench.replay.telemetry import poll_loads, progress_line, show_progress
 from tracebench.replay.tokens import InputIds, vocab_size_from_model
 from tracebench.trace.format import TraceHeader, TraceTable, load_trace_table
+
+if TYPE_CHECKING:
+    from tracebench.replay.control import ControlServer
 
 RUN_FORMAT = 1
 ROUTER_SENDS_UNDER_S = 0.001  # --senders N > 1: see replay/senders.py, "the router sends what it can"
@@ -1000,6 +1001,10 @@ class Replay:
                       f"time at --speed {cfg.speed:g})")
         api = APIS[cfg.api]()
         client = self._client(api, timeout, reason)
+        if cfg.clock != "virtual":
+            # the control endpoint's aiohttp server (~50 ms of imports), imported long before the run clock starts (a
+            # virtual run has no control endpoint, and imports no aiohttp)
+            from tracebench.replay.control import ControlServer
         engine: Engine | None = None
         side_tasks: list[asyncio.Task[Any]] = []
         control: ControlServer | None = None

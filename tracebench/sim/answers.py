@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import orjson
-from aiohttp import web
+
+# aiohttp is imported where it is used, not here: the virtual clock (--clock virtual) runs these servers in-process
+# and opens no socket, and aiohttp costs ~120 ms to import (the real-time server imports it when it starts serving)
+if TYPE_CHECKING:
+    from aiohttp import web
 
 from tracebench.sim.args import MODEL_NAME, SimArgs
 from tracebench.sim.engine import Pending
@@ -144,11 +149,15 @@ class Answers:
 
 
 def json_response(obj: object, status: int = 200) -> web.Response:
+    from aiohttp import web
+
     return web.Response(status=status, body=orjson.dumps(obj), content_type=JSON)
 
 
 def query_error(kind: str, msg: str, raw: str, ctx: dict | None = None) -> web.Response:
     """FastAPI's 422 for a query parameter that fails validation (`timeout` of /flush_cache)."""
+    from aiohttp import web
+
     detail: dict = {"type": kind, "loc": ["query", "timeout"], "msg": msg, "input": raw}
     if ctx is not None:
         detail["ctx"] = ctx
@@ -157,6 +166,8 @@ def query_error(kind: str, msg: str, raw: str, ctx: dict | None = None) -> web.R
 
 def bad_json(why: str, path: str = "/generate") -> web.Response:
     """sglang's (FastAPI's) answer to a body that is not JSON (the capture: /generate, handler line 869)."""
+    from aiohttp import web
+
     detail = (f"[{{'type': 'json_invalid', 'loc': ('body', 1), 'msg': 'JSON decode error', 'input': {{}}, "
               f"'ctx': {{'error': {why!r}}}}}]")
     message = (f"1 validation error:\n  {detail[1:-1]}\n\n  File \"site-packages/sglang/srt/entrypoints/http_server.py\","

@@ -9,9 +9,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 import orjson
-from aiohttp import web
+
+# aiohttp is imported where it is used, not here: the virtual clock (--clock virtual) runs these servers in-process
+# and opens no socket, and aiohttp costs ~120 ms to import (the real-time server imports it when it starts serving)
+if TYPE_CHECKING:
+    from aiohttp import web
 
 from tracebench.sim.answers import JSON, SSE, Answers, bad_json, json_response
 from tracebench.sim.args import SimArgs
@@ -155,6 +160,8 @@ class OpenAIRoute:
 
     async def _stream(self, request: web.Request, pend: Pending, model: str, stream_options: object
                       ) -> web.StreamResponse:
+        from aiohttp import web
+
         include_usage = continuous = False
         if isinstance(stream_options, dict):  # should_include_usage (stream_response_default_include_usage off)
             include_usage = bool(stream_options.get("include_usage"))
@@ -192,6 +199,8 @@ class OpenAIRoute:
 
     async def _stream_abort(self, request: web.Request, obj: dict, model: str, message: str) -> web.StreamResponse:
         """The scheduler's abort (status_code set) in a stream: an error event, the usage chunk if asked, [DONE]."""
+        from aiohttp import web
+
         response = web.StreamResponse(headers={"Content-Type": SSE})
         await response.prepare(request)
         error = {"object": "error", "message": message, "type": "BAD_REQUEST", "param": None, "code": 400}

@@ -32,11 +32,15 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import aiohttp
 import orjson
-from aiohttp import web
+
+# aiohttp is imported where it is used, not here: the virtual clock (--clock virtual) runs these servers in-process
+# and opens no socket, and aiohttp costs ~120 ms to import (the real-time server imports it when it starts serving)
+if TYPE_CHECKING:
+    import aiohttp
+    from aiohttp import web
 
 from tracebench.sim.answers import Answers, json_response
 from tracebench.sim.args import SimArgs
@@ -226,6 +230,8 @@ class HttpWire:
         self.session = session
 
     async def get_json(self, url: str) -> tuple[Any, str | None]:
+        import aiohttp
+
         try:
             async with self.session.get(url) as resp:
                 if resp.status == 200:
@@ -236,6 +242,8 @@ class HttpWire:
 
     async def post(self, url: str, msg: dict[str, Any]) -> str | None:
         """POST a PD message to the other server: None when it answered 200, else why not."""
+        import aiohttp
+
         try:
             async with self.session.post(url, data=orjson.dumps(msg), headers={"Content-Type": "application/json"}) as resp:
                 body = await resp.read()
@@ -275,6 +283,8 @@ class PdRole:
         return f"http://{self.args.host}:{self.args.port}"
 
     async def start(self) -> None:
+        import aiohttp
+
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0))
         self.wire = HttpWire(self.session)
 
@@ -347,6 +357,8 @@ class PrefillRole(PdRole):
 
     # ---- the bootstrap server (common/conn.py L1528-1800) ----
     def bootstrap_app(self) -> web.Application:
+        from aiohttp import web
+
         app = web.Application()
         app.router.add_route("*", "/route", self.handle_route)
         app.router.add_get("/health", self.handle_bootstrap_health)
@@ -354,6 +366,8 @@ class PrefillRole(PdRole):
         return app
 
     async def start(self) -> None:
+        from aiohttp import web
+
         await super().start()
         self.runner = web.AppRunner(self.bootstrap_app(), handle_signals=False, access_log=None)
         await self.runner.setup()
@@ -367,9 +381,13 @@ class PrefillRole(PdRole):
         await super().stop()
 
     async def handle_bootstrap_health(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         return web.Response(text="OK")
 
     async def handle_route(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         if request.method == "PUT":
             return web.Response(text="OK")   # a rank registering: this one-rank server is registered already
         if request.method != "GET":
@@ -393,6 +411,8 @@ class PrefillRole(PdRole):
                 "prefill_http_port": self.args.port}
 
     async def handle_kv_dest(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         self.take_kv_dest(orjson.loads(await request.read()))
         return web.Response(text="OK")
 
@@ -574,6 +594,8 @@ class DecodeRole(PdRole):
             waiter.done.set_result(None)
 
     async def handle_kv_arrived(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         why = self.take_kv_arrived(orjson.loads(await request.read()))
         if why is not None:
             return json_response({"error": {"message": why}}, 404)
@@ -669,6 +691,8 @@ class PdFace:
             role.forget(pend, boot)
 
     async def _prefill_answer(self, request: web.Request, pend: Pending, stream: bool) -> web.StreamResponse:
+        from aiohttp import web
+
         out = self.final_out(pend, stream)
         out["meta_info"]["finish_reason"] = PREFILL_FINISH
         out["meta_info"]["response_sent_to_client_ts"] = time.time()
@@ -682,6 +706,8 @@ class PdFace:
 
     async def _abort(self, request: web.Request, pend: Pending, message: str, stream: bool) -> web.StreamResponse:
         """sglang's 500 abort: HTTPException(500, detail) non-streamed; streamed, an abort chunk then [DONE]."""
+        from aiohttp import web
+
         abort_request(self.engine, pend)
         if not stream:
             return web.Response(status=500, body=abort_body(message), content_type="application/json")

@@ -16,9 +16,14 @@ import time
 import uuid
 from datetime import datetime, timezone
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import orjson
-from aiohttp import web
+
+# aiohttp is imported where it is used, not here: the virtual clock (--clock virtual) runs these servers in-process
+# and opens no socket, and aiohttp costs ~120 ms to import (the real-time server imports it when it starts serving)
+if TYPE_CHECKING:
+    from aiohttp import web
 
 from tracebench.sim.answers import SSE, Answers, bad_json, json_response, model_info, query_error
 from tracebench.sim.args import MODEL_NAME, SGLANG_VERSION, SimArgs
@@ -71,6 +76,8 @@ class SimServer:
 
     # ---------------------------------------------------------------- app
     def make_app(self) -> web.Application:
+        from aiohttp import web
+
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/generate", self.handle_generate)
         app.router.add_put("/generate", self.handle_generate)
@@ -152,6 +159,8 @@ class SimServer:
             self.engine.release(pendings, done)
 
     async def _stream_error(self, request: web.Request, message: str) -> web.StreamResponse:
+        from aiohttp import web
+
         response = web.StreamResponse(headers={"Content-Type": SSE})
         await response.prepare(request)
         error = {"error": {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}}
@@ -162,6 +171,8 @@ class SimServer:
     async def _stream_abort(self, request: web.Request, obj: dict, message: str, t_received: float
                             ) -> web.StreamResponse:
         """sglang's scheduler-side abort in a stream: one chunk with one token, prompt_tokens 1, an abort reason."""
+        from aiohttp import web
+
         rid = obj.get("rid") if isinstance(obj.get("rid"), str) else uuid.uuid4().hex
         now = asyncio.get_running_loop().time()
         out_id = token_ids(self.engine.rng.getrandbits(64), 1, self.args.vocab_size)
@@ -173,6 +184,8 @@ class SimServer:
         return response
 
     async def _stream(self, request: web.Request, pend: Pending) -> web.StreamResponse:
+        from aiohttp import web
+
         response = web.StreamResponse(headers={"Content-Type": SSE})
         await response.prepare(request)
         sent = 0
@@ -202,6 +215,8 @@ class SimServer:
 
     # ---------------------------------------------------------------- other routes
     async def handle_health(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         return web.Response(status=200 if self.ready() else 503)
 
     def server_info(self) -> dict:
@@ -322,6 +337,8 @@ class SimServer:
         return json_response([ok])
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         if not self.args.enable_metrics:
             return web.Response(text="", content_type="text/plain", charset="utf-8")
         return web.Response(text=self.metrics_text(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
@@ -335,6 +352,8 @@ class SimServer:
     async def handle_flush_cache(self, request: web.Request) -> web.Response:
         """sglang's /flush_cache[?timeout=S]: empties the prefix cache when nothing runs or waits; otherwise 400, or
         with a timeout, waits for the server to idle (400 when it does not in time)."""
+        from aiohttp import web
+
         raw = request.query.get("timeout", "0")
         try:
             timeout = float(raw)
@@ -363,6 +382,8 @@ class SimServer:
 
 
 async def _serve(args: SimArgs) -> None:
+    from aiohttp import web
+
     server = SimServer(args)
     runner = web.AppRunner(server.make_app(), handle_signals=False, access_log=None, handler_cancellation=True)
     await runner.setup()
