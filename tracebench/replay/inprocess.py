@@ -171,6 +171,14 @@ class InProcessClient:
             raise ValueError(f"in-process server: no GET {path} as text")
         return Fetched(server.metrics_text())
 
+    def metrics_samples(self, url: str, names: frozenset[str]) -> dict[str, list[float]] | None:
+        """/metrics' samples `names` as parsing its text would give them (server_metrics.MetricsSamples), read from
+        the server's numbers without making the page; None when it serves no metrics."""
+        index, path = self.fleet.server_of(url)
+        if path != "/metrics":
+            raise ValueError(f"in-process server: no GET {path} as metrics samples")
+        return self.fleet.servers[index].metrics_samples(names)
+
     async def health(self, base_url: str, timeout: float) -> str | None:
         return None
 

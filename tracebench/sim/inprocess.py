@@ -29,6 +29,7 @@ from tracebench.sim.pd import (
     KV_ARRIVED_PATH, KV_DEST_PATH, PREFILL_FINISH, Bootstrap, DecodeRole, PdAbort, PdRole, PrefillRole, abort_chunk,
     abort_request,
 )
+from tracebench.sim.prom import metrics_samples
 from tracebench.sim.server import SimServer
 from tracebench.sim.validate import check_item, check_scheduler, clip_max_new
 
@@ -199,3 +200,10 @@ class InProcessServer:
 
     def metrics_text(self) -> str:
         return self.sim.metrics_text() if self.args.enable_metrics else ""
+
+    def metrics_samples(self, names: frozenset[str]) -> dict[str, list[float]] | None:
+        """The values `metrics_text` prints for the samples `names` (prom.metrics_samples), without the text; None
+        when the server serves no metrics (its page is empty)."""
+        if not self.args.enable_metrics:
+            return None
+        return metrics_samples(self.sim.stats, self.sim.model, names)
