@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, runtime_checkable
 
 import numpy as np
 import orjson
 
 from tracebench.errors import ServerProtocolError
-from tracebench.replay.client import SglangClient
+from tracebench.replay.client import Fetched, SglangClient
 from tracebench.replay.clock import RunClock, ticks
 from tracebench.replay.records import AppendFile
 from tracebench.replay.router import Router
@@ -62,12 +62,35 @@ async def _get_loads(client: SglangClient, url: str, timeout: float, delay: floa
     return await client.get_json(url, timeout)
 
 
+@runtime_checkable
+class AnswersAtOnce(Protocol):
+    """A client whose GETs are answered without waiting (replay/inprocess.py's, whose servers are in this process):
+    `get_json_now(url)` is what awaiting `get_json(url, timeout)` gives, without a turn of the loop."""
+
+    def get_json_now(self, url: str) -> Fetched: ...
+
+
+async def _get_all_at_once(client: AnswersAtOnce, urls: list[str]) -> list[Fetched]:
+    """What gathering a task per GET (`_get_loads`, no delay) gives when each is answered at once, at the same turns
+    of the loop without the tasks (a poll of 1,024 servers made 1,024 of them): the GETs a turn on, where the tasks
+    would run; the poller back two turns later (the tasks' done callbacks, then gather's wake-up of its awaiter), so
+    the order of events at equal times is as it was. Nothing to get: no turn, as gather of nothing."""
+    if not urls:
+        return []
+    await asyncio.sleep(0)
+    fetched = [client.get_json_now(url) for url in urls]
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    return fetched
+
+
 async def poll_loads(client: SglangClient, router: Router, clock: RunClock, interval: float, path: Path) -> None:
     """Every `interval` run seconds (absolute ticks; a slow poll skips ticks rather than drifting), ask every
     server that is not down for `/v1/loads` (the GETs POLL_SPREAD_S apart), hand the numbers to the router and append one line per server to
     telemetry.jsonl. A poll without a good answer is reported to the router (`poll_failed`), which decides whether
     to check the server's health. A write that fails (disk full) stops the run (records.AppendFile)."""
     timeout = max(2.0, 4 * interval)
+    at_once = client if isinstance(client, AnswersAtOnce) else None  # in-process servers: no task per GET
     with AppendFile(path, router.fail, flush_lines=1) as fh:
         async for _ in ticks(clock, interval):
             servers = router.servers
@@ -77,8 +100,11 @@ async def poll_loads(client: SglangClient, router: Router, clock: RunClock, inte
             # releases due then waited for (32 servers: release lag p99 of 4-7 ms on a 16-core host)
             # (not on the virtual clock: its host time is no part of the measurement, and its runs stay as they were)
             gap = 0.0 if clock.virtual else min(POLL_SPREAD_S, interval / 4 / max(len(live), 1))
-            fetched = await asyncio.gather(*(_get_loads(client, f"{s.url}/v1/loads", timeout, k * gap)
-                                             for k, s in enumerate(live)))
+            if at_once is not None and gap == 0.0:
+                fetched = await _get_all_at_once(at_once, [f"{s.url}/v1/loads" for s in live])
+            else:
+                fetched = await asyncio.gather(*(_get_loads(client, f"{s.url}/v1/loads", timeout, k * gap)
+                                                 for k, s in enumerate(live)))
             t = clock.now()
             results = {s.index: f for s, f in zip(live, fetched)}
             queue = router.queued
