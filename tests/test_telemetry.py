@@ -169,9 +169,11 @@ def test_a_bad_metrics_body_is_a_failed_scrape_not_the_runs_failure(tmp_path: Pa
 
 
 def test_in_process_samples_are_what_the_page_parses_to() -> None:
-    """The virtual clock's scrape reads a server's numbers without its page (prom.metrics_samples): at every moment
-    of a served load they fold to what parsing the page gives (a PD pair's: the golden runs' server_metrics.jsonl)."""
+    """The virtual clock's scrape reads a server's numbers without its page (prom.metrics_samples), and its poll the
+    /v1/loads figures without the body (InProcessServer.load_now): at every moment of a served load they are what
+    parsing the page and the body gives (a PD pair's: the golden runs' server_metrics.jsonl and telemetry.jsonl)."""
     from tracebench.replay.loop import run_virtual
+    from tracebench.replay.telemetry import parse_loads, snapshot_stamps
     from tracebench.replay.server_metrics import KEPT_NAMES, fold_samples
     from tracebench.sim.inprocess import InProcessServer, sim_args_from_command
 
@@ -190,10 +192,15 @@ def test_in_process_samples_are_what_the_page_parses_to() -> None:
             samples = server.metrics_samples(KEPT_NAMES)
             assert samples is not None
             seen.append((parse_metrics("u", server.metrics_text()), fold_samples(samples)))
+            body = server.loads()  # and /v1/loads, as the poller reads it (telemetry.LoadsAtOnce)
+            assert server.load_now() == (parse_loads("u", body), snapshot_stamps("u", body))
+            loads_seen.add(server.load_now()[0])
         task.cancel()
         return seen
 
+    loads_seen: set[tuple[int, int, float, float]] = set()
     seen = run_virtual(serve([]))
+    assert len(loads_seen) > 3  # the load moved
     assert seen[-1][0]["num_requests_total"] and seen[-1][0]["e2e_request_latency_seconds_count"]
     assert len({str(page) for page, _ in seen}) > 3  # the figures moved
     for page, samples in seen:

@@ -156,10 +156,6 @@ class InProcessClient:
         return None
 
     async def get_json(self, url: str, timeout: float) -> Fetched:
-        return self.get_json_now(url)
-
-    def get_json_now(self, url: str) -> Fetched:
-        """`get_json`'s answer, given at once (telemetry.AnswersAtOnce: the /v1/loads poll of every server)."""
         index, path = self.fleet.server_of(url)
         server = self.fleet.servers[index]
         if path == "/v1/loads":
@@ -167,6 +163,13 @@ class InProcessClient:
         if path == "/server_info":
             return Fetched(server.server_info())
         raise ValueError(f"in-process server: no GET {path}")
+
+    def loads_now(self, url: str) -> tuple[tuple[int, int, float, float], tuple[float, ...]]:
+        """What the poller reads of /v1/loads' answer, given at once (telemetry.LoadsAtOnce)."""
+        index, path = self.fleet.server_of(url)
+        if path != "/v1/loads":
+            raise ValueError(f"in-process server: no GET {path} as loads")
+        return self.fleet.servers[index].load_now()
 
     async def get_text(self, url: str, timeout: float) -> Fetched:
         index, path = self.fleet.server_of(url)

@@ -195,6 +195,11 @@ class InProcessServer:
         return {"timestamp": f"{now:.6f}", "version": SGLANG_VERSION,
                 "accelerator": self.args.profile.accelerator, "num_accelerators": 1, "loads": [self.sim._load(now)]}
 
+    def load_now(self) -> tuple[tuple[int, int, float, float], tuple[float, ...]]:
+        """What a poller reads of `loads()` (telemetry.parse_loads, snapshot_stamps), without the body: the figures
+        and the snapshot's stamp (its one `loads` entry's `timestamp`)."""
+        return self.sim.load_figures(), (self.sim.answers.now_wall(),)
+
     def flush_cache(self) -> bool:
         return self.sim.model.flush_cache()
 
