@@ -118,7 +118,9 @@ class MetricsScraper:
         self.timeout = max(2.0, 4 * interval)
         self.run_dir = run_dir
         self.path = run_dir / "server_metrics.jsonl"
-        self.out = AppendFile(self.path, on_failure, flush_lines=1)
+        # a row reaches the file as it is made; on the virtual clock every server's scrape of a tick is at one moment
+        # (MetricsScraper.run): the tick's rows go in one write (a write per row was ~1% of a run of 1,024 servers)
+        self.out = AppendFile(self.path, on_failure, flush_lines=len(urls) if clock.virtual else 1)
         self.rows = 0  # rows that reached the file
         self.failed = 0
         # per server: where its whole text was kept, at start and end, and why one is missing
@@ -199,6 +201,7 @@ class MetricsScraper:
                 self.kept[i]["end_error"] = why
         finally:
             self.out.close()
+            self.rows = self.out.lines_on_disk
 
     def describe(self) -> dict[str, Any]:
         return {
