@@ -285,13 +285,15 @@ def test_recent_completions_are_the_filtered_window() -> None:
     assert checked > 1000
 
 
-@pytest.mark.parametrize("reads_age", [True, False])
-def test_the_routers_cached_views_equal_views_made_afresh(tmp_path: Path, reads_age: bool) -> None:
+@pytest.mark.parametrize(("reads_age", "reads_observed"), [(True, True), (False, True), (True, False), (False, False)])
+def test_the_routers_cached_views_equal_views_made_afresh(tmp_path: Path, reads_age: bool, reads_observed: bool
+                                                          ) -> None:
     """Router._views remakes a server's view only where it can have changed (ServerState's setters mark it; reports'
-    ages each round, for a policy that reads them; every server once per refresh of the observed figures). Through
-    random changes of every field a view shows, at times within and past the refresh, the cached views equal views
-    made afresh for every server; for a policy that does not read the ages, but for the ages, which are then as of a
-    moment less than the refresh interval ago."""
+    ages each round, for a policy that reads them; every server once per refresh of the observed figures, for a
+    policy that reads them). Through random changes of every field a view shows, at times within and past the
+    refresh, the cached views equal views made afresh for every server; for a policy that does not read the ages, but
+    for the ages, which are then as of a moment less than the refresh interval ago (any earlier moment when it does
+    not read the observed figures either, which are then never computed)."""
     rng = np.random.default_rng(7)
 
     async def main() -> None:
@@ -301,6 +303,7 @@ def test_the_routers_cached_views_equal_views_made_afresh(tmp_path: Path, reads_
         clock = VirtualRunClock(asyncio.get_running_loop())
         policy = load_policy("round_robin", rng, {})
         policy.reads_report_age = reads_age  # type: ignore[misc]  # the class says False
+        policy.reads_observed = reads_observed  # type: ignore[misc]  # the class says False
         router = Router(clock=clock, servers=servers, policy=policy,
                         sender=HttpSender(client, InputIds(SHA, 32000)), writer=writer, total=1,
                         health_check=lambda index: asyncio.sleep(0))
@@ -327,13 +330,18 @@ def test_the_routers_cached_views_equal_views_made_afresh(tmp_path: Path, reads_
             if not reads_age:
                 for v, w in zip(cached, fresh):
                     if v.reported is not None:
-                        assert 0.0 <= w.reported.age - v.reported.age < OBSERVED_REFRESH_S, step
+                        assert 0.0 <= w.reported.age - v.reported.age < (OBSERVED_REFRESH_S if reads_observed
+                                                                         else w.reported.age + 1e-9), step
                 cached, fresh = [[v._replace(reported=v.reported and v.reported._replace(age=0.0)) for v in views]
                                  for views in (cached, fresh)]
             assert cached == fresh, step
             assert free == [v.free_slots for v in fresh], step
             remade += sum(v is not w for v, w in zip(cached, fresh))
         assert remade > 0
+        if reads_observed:
+            assert any(v.latency_p50 is not None for v in fresh)  # the completions added show
+        else:
+            assert all((v.completed_per_s, v.latency_p50, v.ttft_p50) == (0.0, None, None) for v in fresh)
         writer.close()
         await client.close()
 

@@ -168,6 +168,47 @@ def test_a_bad_metrics_body_is_a_failed_scrape_not_the_runs_failure(tmp_path: Pa
     assert scraper.describe()["servers"][0]["start"] == "metrics-0-start.txt"  # the first good body
 
 
+def test_in_process_samples_are_what_the_page_parses_to() -> None:
+    """The virtual clock's scrape reads a server's numbers without its page (prom.metrics_samples), and its poll the
+    /v1/loads figures without the body (InProcessServer.load_now): at every moment of a served load they are what
+    parsing the page and the body gives (a PD pair's: the golden runs' server_metrics.jsonl and telemetry.jsonl)."""
+    from tracebench.replay.loop import run_virtual
+    from tracebench.replay.telemetry import parse_loads, snapshot_stamps
+    from tracebench.replay.server_metrics import KEPT_NAMES, fold_samples
+    from tracebench.sim.inprocess import InProcessServer, sim_args_from_command
+
+    async def serve(flags: list[str]) -> list[tuple[dict[str, float | None], dict[str, float | None]]]:
+        server = InProcessServer(sim_args_from_command(["--port", "1", *flags]))
+        task = server.start(run_start=asyncio.get_running_loop().time())
+        pends = []
+        seen = []
+        for k in range(12):
+            loop_now = asyncio.get_running_loop().time()
+            pends.append(server.submit(300 + 50 * k, 20 + k, None, loop_now, stream=k % 2 == 0))
+            await asyncio.sleep(0.05)
+            for pend in [p for p in pends if p.finished]:  # answered as the in-process sender answers
+                server.final_answer(pend, pend.stream, loop_now)
+                pends.remove(pend)
+            samples = server.metrics_samples(KEPT_NAMES)
+            assert samples is not None
+            seen.append((parse_metrics("u", server.metrics_text()), fold_samples(samples)))
+            body = server.loads()  # and /v1/loads, as the poller reads it (telemetry.LoadsAtOnce)
+            assert server.load_now() == (parse_loads("u", body), snapshot_stamps("u", body))
+            loads_seen.add(server.load_now()[0])
+        task.cancel()
+        return seen
+
+    loads_seen: set[tuple[int, int, float, float]] = set()
+    seen = run_virtual(serve([]))
+    assert len(loads_seen) > 3  # the load moved
+    assert seen[-1][0]["num_requests_total"] and seen[-1][0]["e2e_request_latency_seconds_count"]
+    assert len({str(page) for page, _ in seen}) > 3  # the figures moved
+    for page, samples in seen:
+        assert samples == page
+    disabled = InProcessServer(sim_args_from_command(["--port", "1", "--no-enable-metrics"]))
+    assert disabled.metrics_samples(KEPT_NAMES) is None
+
+
 def test_metrics_interval_option() -> None:
     with pytest.raises(ConfigError, match="--metrics-interval must be >= 0"):
         ReplayConfig(trace=Path("t.jsonl"), backend="sim", metrics_interval=-1).resolve()

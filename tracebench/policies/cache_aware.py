@@ -145,6 +145,7 @@ class CacheAwarePolicy(Policy):
     name = "cache_aware"
     description = "sglang router's cache_aware on prefix blocks: longest match if its ratio > cache_threshold, else least loaded"
     reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
+    reads_observed = False  # nor its observed figures (Policy.reads_observed)
     options_help = {
         "cache_threshold": "match ratio (matched tokens / input_len) above which the longest match wins, 0..1 (default 0.3)",
         "balance_abs_threshold": "imbalanced when max - min in flight > this (and the relative test), integer >= 0 (default 64)",

@@ -19,6 +19,7 @@ class PowerOfTwoPolicy(Policy):
     name = "power_of_two"
     description = "draw two servers with a free slot (seeded), send to the one with fewer in flight (tie: reported load)"
     reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
+    reads_observed = False  # nor its observed figures (Policy.reads_observed)
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
         return assign_in_order(queue, servers, among_open(self._pick))  # oldest first

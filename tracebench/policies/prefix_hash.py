@@ -37,6 +37,7 @@ class PrefixHashPolicy(Policy):
     name = "prefix_hash"
     description = "consistent hashing (ring with virtual nodes) of the first prefix block; full server: next on the ring"
     reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
+    reads_observed = False  # nor its observed figures (Policy.reads_observed)
     options_help = {
         "virtual_nodes": "points per server on the hash ring, integer >= 1 (default 150)",
         "hash_blocks": "how many leading block ids form the key, integer >= 1 (default 1: the first block)",

@@ -12,6 +12,7 @@ class RandomPolicy(Policy):
     name = "random"
     description = "each request to a server drawn uniformly (seeded) among those with a free slot"
     reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
+    reads_observed = False  # nor its observed figures (Policy.reads_observed)
 
     def assign(self, queue: Sequence[QueuedRequest], servers: Sequence[ServerView]) -> list[Assignment]:
         return assign_in_order(queue, servers, among_open(self._draw))

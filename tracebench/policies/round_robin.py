@@ -14,6 +14,7 @@ class RoundRobinPolicy(Policy):
     name = "round_robin"
     description = "servers in turn (0, 1, 2, 0, ...), skipping a full or unhealthy one"
     reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
+    reads_observed = False  # nor its observed figures (Policy.reads_observed)
 
     def __init__(self, rng: np.random.Generator, options: dict[str, str] | None = None) -> None:
         super().__init__(rng, options)

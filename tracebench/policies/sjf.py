@@ -19,6 +19,7 @@ class ShortestJobFirstPolicy(Policy):
     name = "sjf"
     description = "shortest queued request first (by output_len, or input_len with key=input), to the least loaded server"
     reads_report_age = False  # no built-in reads ServerView.reported.age (Policy.reads_report_age)
+    reads_observed = False  # nor its observed figures (Policy.reads_observed)
     options_help = {"key": "output (default): order by output_len; input: order by input_len (--sjf-key input)"}
 
     def __init__(self, rng: np.random.Generator, options: dict[str, str] | None = None) -> None:

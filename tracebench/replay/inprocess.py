@@ -164,12 +164,27 @@ class InProcessClient:
             return Fetched(server.server_info())
         raise ValueError(f"in-process server: no GET {path}")
 
+    def loads_now(self, url: str) -> tuple[tuple[int, int, float, float], tuple[float, ...]]:
+        """What the poller reads of /v1/loads' answer, given at once (telemetry.LoadsAtOnce)."""
+        index, path = self.fleet.server_of(url)
+        if path != "/v1/loads":
+            raise ValueError(f"in-process server: no GET {path} as loads")
+        return self.fleet.servers[index].load_now()
+
     async def get_text(self, url: str, timeout: float) -> Fetched:
         index, path = self.fleet.server_of(url)
         server = self.fleet.servers[index]
         if path != "/metrics":
             raise ValueError(f"in-process server: no GET {path} as text")
         return Fetched(server.metrics_text())
+
+    def metrics_samples(self, url: str, names: frozenset[str]) -> dict[str, list[float]] | None:
+        """/metrics' samples `names` as parsing its text would give them (server_metrics.MetricsSamples), read from
+        the server's numbers without making the page; None when it serves no metrics."""
+        index, path = self.fleet.server_of(url)
+        if path != "/metrics":
+            raise ValueError(f"in-process server: no GET {path} as metrics samples")
+        return self.fleet.servers[index].metrics_samples(names)
 
     async def health(self, base_url: str, timeout: float) -> str | None:
         return None

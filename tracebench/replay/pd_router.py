@@ -52,6 +52,7 @@ class PdRouter(Router):
         self.pools = pools
         self.policy_time.name = f"{pools.prefill_policy.name} (prefill) / {pools.decode_policy.name} (decode)"
         self.refresh_report_ages = pools.prefill_policy.reads_report_age or pools.decode_policy.reads_report_age
+        self._observe(pools.prefill_policy.reads_observed or pools.decode_policy.reads_observed)
         self.rooms = Rooms(seed)
         if not hasattr(self.sender, "exchange_pair"):
             raise ValueError("a PD run's sender carries pairs (flight.PairSender)")

@@ -58,6 +58,7 @@ from tracebench.trace.format import TraceRequest
 OBSERVED_WINDOW_S = 10.0  # ServerView's observed figures cover this much recent run time...
 OBSERVED_MAX = 256  # ...and at most this many recent completions
 OBSERVED_REFRESH_S = 0.1  # recomputed at most this often (policies may be asked hundreds of times a second)
+NOT_OBSERVED = (0.0, None, None, None)  # a view's observed figures when no policy of the run reads them
 POLLS_FAILED_TO_SUSPECT = 2  # /v1/loads polls in a row without an answer: stop routing there, probe it
 PREPARE_AFTER_S = 0.001  # the next arrival's body is made this long after the engine starts waiting (or halfway)
 
@@ -328,6 +329,7 @@ class Router:
         self.policy_time = PolicyTime(policy.name, in_run_time=not clock.virtual)
         # the views' report ages are made anew at every round only for a policy that reads them (_views)
         self.refresh_report_ages = policy.reads_report_age
+        self._observe(policy.reads_observed)
         self._init_slot_waits()
         self._init_tallies(total)
         writer.on_failure = self.fail  # the disk is full: the run stops (records.AppendFile)
@@ -336,6 +338,12 @@ class Router:
         self.ended = asyncio.Event()  # every record written, or the run must stop (failure set, or a stop rule met)
         if total == 0:
             self.ended.set()
+
+    def _observe(self, read: bool) -> None:
+        """Whether the run's policies read the views' observed figures (Policy.reads_observed): if not, no server
+        keeps its completions for them and no view is remade for them every OBSERVED_REFRESH_S."""
+        self.observed_read = read
+        self._refresh_s = OBSERVED_REFRESH_S if read else math.inf  # the first round makes every view all the same
 
     def _init_queue(self, max_concurrency: int | None) -> None:
         """The requests between their release and their record: the client gate, the router queue, the flights."""
@@ -625,7 +633,7 @@ class Router:
 
     def _view(self, s: ServerState, now: float) -> ServerView:
         make = tuple.__new__  # the named tuples' own constructors, without their keyword handling (as _views)
-        rate, p50, p90, ttft = s.observed(now)
+        rate, p50, p90, ttft = s.observed(now) if self.observed_read else NOT_OBSERVED
         rep = s._reported
         reported = None if rep is None else make(ReportedLoad, (rep[0], rep[1], rep[2], rep[3], now - s.reported_t))
         in_flight, cap = self._load(s) if self.static else (s._in_flight, s._cap)
@@ -636,10 +644,11 @@ class Router:
         the last round's (a fleet of 1,024 servers asked once per arrival spent most of its time here): a server whose
         state, cap, in-flight count or report changed (ServerState's setters mark it), a server with a load report
         (its age) unless no policy of the run reads the age (Policy.reads_report_age), and every server once per
-        OBSERVED_REFRESH_S (their observed figures are refreshed together, as before: this is their only reader).
+        OBSERVED_REFRESH_S unless no policy of the run reads the observed figures (Policy.reads_observed; they are
+        refreshed together, as before: this is their only reader).
         Static mode makes them all (a forming batch changes in place)."""
         cache, free, servers, changed = self._view_cache, self._free_cache, self.servers, self._changed_views
-        if self.static or now - self._observed_t >= OBSERVED_REFRESH_S:
+        if self.static or now - self._observed_t >= self._refresh_s:
             self._observed_t = now
             stale: Iterable[int] = range(len(servers))
         else:
@@ -1046,7 +1055,7 @@ class Router:
         if not self._closing:
             self._slot_freed()
         self._write(rec)
-        if rec.status in COMPLETED:
+        if rec.status in COMPLETED and self.observed_read:
             assert rec.t_finish is not None and rec.t_dispatch is not None
             ttft = None if rec.t_first_token is None else rec.t_first_token - rec.t_dispatch
             server.recent.add(rec.t_finish, rec.t_finish - rec.t_dispatch, ttft)

@@ -12,7 +12,9 @@ has its own, different /metrics).
 Cost on the event loop: one GET per server per period, and one pass of a regular expression over the body for the
 kept families' lines (real sglang's body is ~74 kB, 630 lines: ~0.08 ms on this machine, ~0.17 ms line by line), in
 per-server steps, each server at its own phase of the interval (server k of N at k/N of it), so no request release
-waits for more than one server's scrape.
+waits for more than one server's scrape. In-process servers (--clock virtual) give the kept samples' values without
+the page (MetricsSamples: ~9 us a scrape where making and parsing the page took ~53 us); the page is made only for
+the start and end texts.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import asyncio
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
@@ -43,9 +45,10 @@ COUNTERS = ("num_requests_total", "prompt_tokens_total", "generation_tokens_tota
 HISTOGRAMS = ("time_to_first_token_seconds", "e2e_request_latency_seconds", "queue_time_seconds",
               "inter_token_latency_seconds")
 FIELDS = (*GAUGES, *COUNTERS, *(f"{h}_{part}" for h in HISTOGRAMS for part in ("sum", "count")))
-FIELDS_SET = frozenset(FIELDS)
 AVERAGED = frozenset({"token_usage", "cache_hit_rate"})
 _PREFIX = "sglang:"
+KEPT_NAMES = frozenset(_PREFIX + f for f in FIELDS)  # the kept samples' names in the body
+_FOLDS = tuple((f, _PREFIX + f, f in AVERAGED) for f in FIELDS)
 # the lines that start with a kept family's name, found in one pass in C (the body's other lines, most of it, are never
 # looked at in Python: a line-by-line check of every prefix was most of a scrape's cost)
 _KEPT_LINES = re.compile("\n(" + re.escape(_PREFIX) + "(?:" + "|".join(re.escape(f) for f in FIELDS) + ")[^\n]*)")
@@ -54,12 +57,17 @@ _KEPT_LINES = re.compile("\n(" + re.escape(_PREFIX) + "(?:" + "|".join(re.escape
 def parse_metrics(url: str, text: str) -> dict[str, float | None]:
     """The FIELDS from a Prometheus text body (sglang's), each folded over its label sets; None where absent. A line
     of a kept family whose value is not a number is a ServerProtocolError naming it."""
+    return fold_samples(_samples(url, text))
+
+
+def _samples(url: str, text: str) -> dict[str, list[float]]:
+    """The values of the kept families' samples in a body, by sample name (prefix included), one per series."""
     values: dict[str, list[float]] = {}
     for line in _KEPT_LINES.findall("\n" + text):
         brace = line.find("{")
         end = line.find(" ") if brace < 0 else line.rfind("}") + 1
-        name = line[len(_PREFIX):brace if brace >= 0 else end]
-        if name not in FIELDS_SET:
+        name = line[:brace if brace >= 0 else end]
+        if name not in KEPT_NAMES:
             continue  # a longer name that starts like a kept one (sglang:token_usage_x)
         parts = line[end:].split()
         try:
@@ -67,15 +75,30 @@ def parse_metrics(url: str, text: str) -> dict[str, float | None]:
         except (IndexError, ValueError):
             raise ServerProtocolError(f"{url}: /metrics line {line[:200]!r}: no number after the labels") from None
         values.setdefault(name, []).append(value)
+    return values
+
+
+def fold_samples(values: dict[str, list[float]]) -> dict[str, float | None]:
+    """The FIELDS from the kept samples' values by sample name (`_samples`, MetricsSamples): each summed over its
+    series, the AVERAGED ones averaged; None where absent."""
     out: dict[str, float | None] = {}
-    for name in FIELDS:
-        got = values.get(name)
+    for name, sample, averaged in _FOLDS:
+        got = values.get(sample)
         if got is None:
             out[name] = None
         else:
             total = math.fsum(got)
-            out[name] = total / len(got) if name in AVERAGED else total
+            out[name] = total / len(got) if averaged else total
     return out
+
+
+@runtime_checkable
+class MetricsSamples(Protocol):
+    """A client that can give a server's kept /metrics samples without the page (replay/inprocess.py's, whose
+    servers hold the numbers): `metrics_samples(url, KEPT_NAMES)` is what `_samples` of the page's text gives, or
+    None when the server serves no metrics. The scraper still reads the page when it keeps its text (start, end)."""
+
+    def metrics_samples(self, url: str, names: frozenset[str]) -> dict[str, list[float]] | None: ...
 
 
 class MetricsScraper:
@@ -87,13 +110,17 @@ class MetricsScraper:
     def __init__(self, client: SglangClient, urls: dict[int, str], clock: RunClock, interval: float,
                  run_dir: Path, on_failure: OnFailure) -> None:
         self.client = client
+        # the kept samples without the page, where the client can (MetricsSamples): a virtual-clock run's scrapes
+        self.samples = client if isinstance(client, MetricsSamples) else None
         self.urls = urls
         self.clock = clock
         self.interval = interval
         self.timeout = max(2.0, 4 * interval)
         self.run_dir = run_dir
         self.path = run_dir / "server_metrics.jsonl"
-        self.out = AppendFile(self.path, on_failure, flush_lines=1)
+        # a row reaches the file as it is made; on the virtual clock every server's scrape of a tick is at one moment
+        # (MetricsScraper.run): the tick's rows go in one write (a write per row was ~1% of a run of 1,024 servers)
+        self.out = AppendFile(self.path, on_failure, flush_lines=len(urls) if clock.virtual else 1)
         self.rows = 0  # rows that reached the file
         self.failed = 0
         # per server: where its whole text was kept, at start and end, and why one is missing
@@ -116,7 +143,14 @@ class MetricsScraper:
         """One scrape of server `index`: a row, and its whole text when it is the first good one (the start) or
         `moment` is "end". Returns why it failed, or None."""
         t_sent = self.clock.now()
-        got = await self.client.get_text(f"{self.urls[index]}/metrics", self.timeout)
+        url = f"{self.urls[index]}/metrics"
+        kept = self.kept[index]
+        if self.samples is not None and moment is None and kept["start"] is not None:
+            samples = self.samples.metrics_samples(url, KEPT_NAMES)  # no text to keep: the numbers alone
+            if samples is not None:
+                t = self.clock.now()
+                return self._row(index, t, t - t_sent, fold_samples(samples))
+        got = await self.client.get_text(url, self.timeout)
         t = self.clock.now()
         row: dict[str, Any] = {"t": t, "server": index, "scrape_s": t - t_sent}
         values = None
@@ -125,24 +159,36 @@ class MetricsScraper:
         else:
             text: str = got.obj
             try:
-                values = parse_metrics(f"{self.urls[index]}/metrics", text)
+                values = parse_metrics(url, text)
             except ServerProtocolError as err:  # recorded in the row (and counted), the run goes on
                 row["error"] = str(err)
             else:
                 if all(v is None for v in values.values()):
-                    row["error"] = (f"{self.urls[index]}/metrics: not one sglang: family of the kept ones in the answer "
+                    row["error"] = (f"{url}: not one sglang: family of the kept ones in the answer "
                                     f"({len(text)} characters, starting {text[:80]!r})")
                     values = None
         if values is None:
             self.failed += 1
         else:
             row.update(values)
-            kept = self.kept[index]
             which = moment or ("start" if kept["start"] is None else None)
             if which is not None:
                 name = f"metrics-{index}-{which}.txt"
                 (self.run_dir / name).write_text(text)
                 kept[which], kept[f"t_{which}"] = name, t
+        self.out.write(orjson.dumps(row) + b"\n")
+        self.rows = self.out.lines_on_disk
+        return row.get("error")
+
+    def _row(self, index: int, t: float, scrape_s: float, values: dict[str, float | None]) -> str | None:
+        """A scrape's row from the samples alone (MetricsSamples), as `scrape` writes one from the page. Returns why
+        it failed, or None."""
+        row: dict[str, Any] = {"t": t, "server": index, "scrape_s": scrape_s}
+        if all(v is None for v in values.values()):  # as a page without one of them: a failed scrape
+            row["error"] = f"{self.urls[index]}/metrics: not one sglang: family of the kept ones in its samples"
+            self.failed += 1
+        else:
+            row.update(values)
         self.out.write(orjson.dumps(row) + b"\n")
         self.rows = self.out.lines_on_disk
         return row.get("error")
@@ -155,6 +201,7 @@ class MetricsScraper:
                 self.kept[i]["end_error"] = why
         finally:
             self.out.close()
+            self.rows = self.out.lines_on_disk
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, runtime_checkable
 
 import numpy as np
 import orjson
 
 from tracebench.errors import ServerProtocolError
-from tracebench.replay.client import SglangClient
+from tracebench.replay.client import Fetched, SglangClient
 from tracebench.replay.clock import RunClock, ticks
 from tracebench.replay.records import AppendFile
 from tracebench.replay.router import Router
@@ -62,12 +62,39 @@ async def _get_loads(client: SglangClient, url: str, timeout: float, delay: floa
     return await client.get_json(url, timeout)
 
 
+Load = tuple[int, int, float, float]  # parse_loads'
+
+
+@runtime_checkable
+class LoadsAtOnce(Protocol):
+    """A client that gives a server's `/v1/loads` at once, as read (replay/inprocess.py's, whose servers are in this
+    process): `loads_now(url)` is (`parse_loads`, `snapshot_stamps`) of what awaiting `get_json(url, ...)` gives,
+    without the body and without a turn of the loop."""
+
+    def loads_now(self, url: str) -> tuple[Load, tuple[float, ...]]: ...
+
+
+async def _loads_at_once(client: LoadsAtOnce, urls: list[str]) -> list[tuple[Load, tuple[float, ...]]]:
+    """What gathering a task per GET (`_get_loads`, no delay) gives when each is answered at once, at the same turns
+    of the loop without the tasks (a poll of 1,024 servers made 1,024 of them): the answers a turn on, where the
+    tasks would run; the poller back two turns later (the tasks' done callbacks, then gather's wake-up of its
+    awaiter), so the order of events at equal times is as it was. Nothing to get: no turn, as gather of nothing."""
+    if not urls:
+        return []
+    await asyncio.sleep(0)
+    got = [client.loads_now(url) for url in urls]
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    return got
+
+
 async def poll_loads(client: SglangClient, router: Router, clock: RunClock, interval: float, path: Path) -> None:
     """Every `interval` run seconds (absolute ticks; a slow poll skips ticks rather than drifting), ask every
     server that is not down for `/v1/loads` (the GETs POLL_SPREAD_S apart), hand the numbers to the router and append one line per server to
     telemetry.jsonl. A poll without a good answer is reported to the router (`poll_failed`), which decides whether
     to check the server's health. A write that fails (disk full) stops the run (records.AppendFile)."""
     timeout = max(2.0, 4 * interval)
+    at_once = client if isinstance(client, LoadsAtOnce) else None  # in-process servers: no task, no body per GET
     with AppendFile(path, router.fail, flush_lines=1) as fh:
         async for _ in ticks(clock, interval):
             servers = router.servers
@@ -77,10 +104,14 @@ async def poll_loads(client: SglangClient, router: Router, clock: RunClock, inte
             # releases due then waited for (32 servers: release lag p99 of 4-7 ms on a 16-core host)
             # (not on the virtual clock: its host time is no part of the measurement, and its runs stay as they were)
             gap = 0.0 if clock.virtual else min(POLL_SPREAD_S, interval / 4 / max(len(live), 1))
-            fetched = await asyncio.gather(*(_get_loads(client, f"{s.url}/v1/loads", timeout, k * gap)
-                                             for k, s in enumerate(live)))
+            if at_once is not None and gap == 0.0:
+                results: dict[int, Any] = dict(zip(
+                    (s.index for s in live), await _loads_at_once(at_once, [f"{s.url}/v1/loads" for s in live])))
+            else:
+                fetched = await asyncio.gather(*(_get_loads(client, f"{s.url}/v1/loads", timeout, k * gap)
+                                                 for k, s in enumerate(live)))
+                results = {s.index: f for s, f in zip(live, fetched)}
             t = clock.now()
-            results = {s.index: f for s, f in zip(live, fetched)}
             queue = router.queued
             caps = router.caps()
             lines = []
@@ -90,14 +121,18 @@ async def poll_loads(client: SglangClient, router: Router, clock: RunClock, inte
                     "cap": caps[s.index], "router_queue": queue,
                 }
                 got = results.get(s.index)
-                if got is None or got.error is not None:
+                if got is None or (type(got) is Fetched and got.error is not None):
                     line.update(dict.fromkeys(_LOAD_FIELDS))
                     line["error"] = "server is down" if got is None else got.error
                     if got is not None:
                         router.poll_failed(s.index, got)
                 else:
-                    load = parse_loads(f"{s.url}/v1/loads", got.obj)
-                    router.report_load(s.index, load, snapshot_stamps(f"{s.url}/v1/loads", got.obj))
+                    if type(got) is Fetched:
+                        load = parse_loads(f"{s.url}/v1/loads", got.obj)
+                        stamps = snapshot_stamps(f"{s.url}/v1/loads", got.obj)
+                    else:
+                        load, stamps = got  # LoadsAtOnce: read already
+                    router.report_load(s.index, load, stamps)
                     line.update(zip(_LOAD_FIELDS, load))
                 lines.append(orjson.dumps(line))
             fh.write(b"\n".join(lines) + b"\n")

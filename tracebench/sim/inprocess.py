@@ -29,6 +29,7 @@ from tracebench.sim.pd import (
     KV_ARRIVED_PATH, KV_DEST_PATH, PREFILL_FINISH, Bootstrap, DecodeRole, PdAbort, PdRole, PrefillRole, abort_chunk,
     abort_request,
 )
+from tracebench.sim.prom import metrics_samples
 from tracebench.sim.server import SimServer
 from tracebench.sim.validate import check_item, check_scheduler, clip_max_new
 
@@ -194,8 +195,20 @@ class InProcessServer:
         return {"timestamp": f"{now:.6f}", "version": SGLANG_VERSION,
                 "accelerator": self.args.profile.accelerator, "num_accelerators": 1, "loads": [self.sim._load(now)]}
 
+    def load_now(self) -> tuple[tuple[int, int, float, float], tuple[float, ...]]:
+        """What a poller reads of `loads()` (telemetry.parse_loads, snapshot_stamps), without the body: the figures
+        and the snapshot's stamp (its one `loads` entry's `timestamp`)."""
+        return self.sim.load_figures(), (self.sim.answers.now_wall(),)
+
     def flush_cache(self) -> bool:
         return self.sim.model.flush_cache()
 
     def metrics_text(self) -> str:
         return self.sim.metrics_text() if self.args.enable_metrics else ""
+
+    def metrics_samples(self, names: frozenset[str]) -> dict[str, list[float]] | None:
+        """The values `metrics_text` prints for the samples `names` (prom.metrics_samples), without the text; None
+        when the server serves no metrics (its page is empty)."""
+        if not self.args.enable_metrics:
+            return None
+        return metrics_samples(self.sim.stats, self.sim.model, names)

@@ -261,3 +261,37 @@ def metrics_text(stats: SimStats, model: BatchModel, engine_type: str = "unified
     text = "\n".join(lines) + "\n"
     # every family carries the server's engine_type (tokenizer_manager.py L676-684, metrics_collector.py L1079-1084)
     return text if engine_type == "unified" else text.replace('engine_type="unified"', f'engine_type="{engine_type}"')
+
+
+@functools.lru_cache(maxsize=8)
+def _sample_plan(names: frozenset[str]) -> tuple[tuple[Family, str | None, str | None, tuple[bool | None, ...]], ...]:
+    """For `metrics_samples`: each family with a sample named in `names` (a histogram's NAME_sum, NAME_count; any
+    other's NAME), the names kept (None: not asked for) and its series' keys (_series)."""
+    plan = []
+    for fam in FAMILIES:
+        first, second = (f"{fam.name}_sum", f"{fam.name}_count") if fam.kind == "histogram" else (fam.name, "")
+        kept_first, kept_second = (first if first in names else None), (second if second in names else None)
+        if kept_first is not None or kept_second is not None:
+            plan.append((fam, kept_first, kept_second, tuple(stream for _, stream in _series(fam))))
+    return tuple(plan)
+
+
+def metrics_samples(stats: SimStats, model: BatchModel, names: frozenset[str]) -> dict[str, list[float]]:
+    """The values /metrics' page (`metrics_text`) prints for the samples named in `names` (full names, such as
+    "sglang:num_running_reqs", or a histogram's "..._sum" / "..._count"), one per series, each the float its text
+    reads as; a name the page has not is absent. What parsing the page's lines for them gives, without the page: a
+    virtual-clock run of many servers scrapes thousands a second (tests/test_telemetry.py checks the two agree).
+    A PD server's own families (pd.py) are not among them."""
+    out: dict[str, list[float]] = {}
+    for fam, first, second, streams in _sample_plan(names):
+        value = fam.value(stats, model)
+        for stream in streams:
+            v = value if stream is None else value[stream]  # type: ignore[index]
+            if isinstance(v, Histogram):
+                if first is not None:
+                    out.setdefault(first, []).append(float(v.total))
+                if second is not None:
+                    out.setdefault(second, []).append(float(v.n))
+            else:
+                out.setdefault(first, []).append(float(v))  # type: ignore[arg-type]
+    return out

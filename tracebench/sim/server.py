@@ -275,8 +275,16 @@ class SimServer:
                                             "max_model_len": self.args.context_length}]}
         return json_response(body)
 
+    def load_figures(self) -> tuple[int, int, float, float]:
+        """/v1/loads' num_running_reqs, num_waiting_reqs, token_usage and gen_throughput now (`_load`'s; what a
+        poller reads of them: telemetry.parse_loads)."""
+        model = self.model
+        return (model.num_decoding, model.num_waiting, round(model.kv_used_tokens() / self.limits.max_total_num_tokens, 4),
+                self.stats.current_gen_throughput(model))
+
     def _load(self, now_wall: float) -> dict:
         model, limits = self.model, self.limits
+        running, waiting, usage, throughput = self.load_figures()
         used = model.kv_used_tokens()
         waiting_tokens = sum(r.input_len for r in model.waiting)
         if model.chunked is not None:
@@ -284,12 +292,12 @@ class SimServer:
         cap = limits.max_total_num_tokens
         return {
             "timestamp": now_wall, "dp_rank": 0,
-            "num_running_reqs": model.num_decoding, "num_waiting_reqs": model.num_waiting,
+            "num_running_reqs": running, "num_waiting_reqs": waiting,
             "num_waiting_uncached_tokens": waiting_tokens,
             "num_used_tokens": used, "num_total_tokens": used + waiting_tokens,
             "num_active_tokens": used + waiting_tokens,
             "max_total_num_tokens": cap, "max_running_requests": limits.max_running_requests,
-            "token_usage": round(used / cap, 4), "gen_throughput": self.stats.current_gen_throughput(self.model),
+            "token_usage": usage, "gen_throughput": throughput,
             "cache_hit_rate": round(self.stats.cache_hit_rate, 4), "utilization": 0.0,
             "total_prefill_uncached_tokens": model.total_prefill_tokens,
             "total_prefill_busy_us": int(model.total_prefill_busy_s * 1e6),
