@@ -104,6 +104,27 @@ def test_a_subclass_of_a_builtin_is_the_only_class_counted(tmp_path: Path) -> No
     assert load("sub", tmp_path / "policies").name == "mine"
 
 
+def test_a_subclass_of_a_builtin_reads_age_and_observed_unless_it_says_not(tmp_path: Path) -> None:
+    # the built-in's False is a promise about its own code: a subclass may read `age` in its own assign
+    write(tmp_path / "policies" / "sub.py", """
+        from tracebench.policies.round_robin import RoundRobinPolicy
+
+        class Mine(RoundRobinPolicy):
+            name = "mine"
+    """)
+    write(tmp_path / "policies" / "says.py", """
+        from tracebench.policies.round_robin import RoundRobinPolicy
+
+        class Says(RoundRobinPolicy):
+            name = "says"
+            reads_report_age = False
+    """)
+    mine, says = load("sub", tmp_path / "policies"), load("says", tmp_path / "policies")
+    assert (mine.reads_report_age, mine.reads_observed) == (True, True)
+    assert (says.reads_report_age, says.reads_observed) == (False, True)
+    assert not any(p.reads_report_age for p in builtin_policies().values())
+
+
 @pytest.mark.parametrize("spec, files, match", [
     ("nope", {}, r"unknown policy 'nope': not a built-in \(random, .*\), and no .*policies/nope.py"),
     ("{d}/missing.py:X", {}, r"missing.py: policy file not found"),

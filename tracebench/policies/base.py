@@ -145,6 +145,14 @@ class Policy:
     # view's `reported.age` is then as of its last remake (docs/policies.md)
     reads_observed: ClassVar[bool] = True
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # the two flags are a promise about the class's own code: a subclass that does not repeat them (a user's
+        # subclass of a built-in that reads `age`) gets the safe default True, not its parent's False
+        super().__init_subclass__(**kwargs)
+        for flag in ("reads_report_age", "reads_observed"):
+            if flag not in cls.__dict__:
+                setattr(cls, flag, True)
+
     def __init__(self, rng: np.random.Generator, options: dict[str, str] | None = None) -> None:
         self.rng = rng
         self.options: dict[str, str] = dict(options or {})
