@@ -387,3 +387,26 @@ def test_a_virtual_run_imports_no_http_client_or_server(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "IMPORTED: []", done.stdout
     assert len(list(tmp_path.glob("*/requests.jsonl"))) == 2
+
+
+@pytest.mark.parametrize("before_first_turn", [True, False])
+def test_a_cancelled_engine_serves_nothing_more(before_first_turn: bool) -> None:
+    """The simulated engine runs as loop callbacks behind one task: cancelling that task stops them, also when it is
+    cancelled before its first step (then its cancel never reaches the future it would have awaited)."""
+    import asyncio
+
+    from tracebench.replay.loop import run_virtual
+    from tracebench.sim.inprocess import InProcessServer, sim_args_from_command
+
+    async def main() -> tuple[bool, bool, int]:
+        server = InProcessServer(sim_args_from_command(["--port", "1"]))
+        task = server.start(run_start=asyncio.get_running_loop().time())
+        if not before_first_turn:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.sleep(0.01)
+        pend = server.submit(300, 20, None, asyncio.get_running_loop().time(), stream=False)
+        await asyncio.sleep(5)
+        return task.cancelled(), pend.finished, pend.visible
+
+    assert run_virtual(main()) == (True, False, 0)

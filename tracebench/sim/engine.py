@@ -152,12 +152,21 @@ class LiveEngine:
         loop = self._loop = asyncio.get_running_loop()
         self.done = loop.create_future()
         loop.call_soon(self._begin)
-        return loop.create_task(self._lifetime())
+        task = loop.create_task(self._lifetime())
+        task.add_done_callback(self._stop)
+        return task
 
     async def _lifetime(self) -> None:
         """The engine as a task (what its owner waits on or cancels): its callbacks hold no task themselves."""
         assert self.done is not None
         await self.done
+
+    def _stop(self, _task: asyncio.Task[None]) -> None:
+        # a task cancelled before its first step never awaits `done` (its cancel does not reach it): the callbacks
+        # must stop all the same
+        assert self.done is not None
+        if not self.done.done():
+            self.done.cancel()
 
     def _begin(self) -> None:
         self._t_free = self._loop.time()
