@@ -1097,7 +1097,7 @@ class Router:
     # ---- the end -----------------------------------------------------------------------------------------------
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(task, None)
+        # a probe's (a request's task ends in _serve_done)
         self._probes.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             self.fail(task.exception())  # type: ignore[arg-type]
