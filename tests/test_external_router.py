@@ -133,7 +133,9 @@ def test_ctrl_c_through_sglang_router(tmp_path: Path) -> None:
     wait_running(run_dir, proc)
     run = json.loads((run_dir / "run.json").read_text())
     pids = [s["pid"] for s in run["servers"]] + [run["external_router"]["pid"]]
-    wait_served([s["url"] for s in run["servers"]], 21)
+    # the servers' count leads the client's records by the answers still on their way to it: a margin of 5 (at load
+    # 3-4, 20 of 21 served were read before the Ctrl-C)
+    wait_served([s["url"] for s in run["servers"]], 26)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
