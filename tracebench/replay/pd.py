@@ -27,9 +27,10 @@ from urllib.parse import urlsplit
 import numpy as np
 import orjson
 
-from tracebench.errors import ConfigError, PolicyError, ServerStartError
+from tracebench.errors import ConfigError, ServerStartError
 from tracebench.policies.base import Assignment, Policy, QueuedRequest, ServerView
 from tracebench.replay.client import Answer, SglangClient, Stamps
+from tracebench.replay.router import check_picks
 from tracebench.replay.servers import free_ports
 
 ROLES = ("prefill", "decode")
@@ -196,34 +197,11 @@ class PdPolicies(Policy):
                 "options": {}, "settings": {}, "prefill": self.prefill.describe(), "decode": self.decode.describe()}
 
 
-def check_picks(policy: Policy, picks: Any, queued: dict[int, QueuedRequest], views: Sequence[ServerView],
-                pool: str) -> list[Assignment]:
-    """The rules of docs/policies.md for one pool's picks (PolicyError naming the policy and the pool)."""
-    name = f"{policy.name!r} ({pool} pool)"
-    if not isinstance(picks, list):
-        raise PolicyError(f"policy {name}: assign() must return a list of (request, server) pairs, got {type(picks).__name__}")
-    per_server: dict[int, int] = {}
-    chosen: set[int] = set()
+def _checked(policy: Policy, picks: Any, queue: Sequence[QueuedRequest], views: Sequence[ServerView],
+             pool: str) -> list[Assignment]:
+    """One pool's picks, checked by the router's rules (router.check_picks; the PolicyError names the pool)."""
     by_index = {v.index: v for v in views}
-    for pair in picks:
-        if not (isinstance(pair, tuple) and len(pair) == 2):
-            raise PolicyError(f"policy {name}: assign() returned {pair!r}, not a (request, server) pair")
-        req, view = pair
-        rid = getattr(req, "id", None)
-        if not isinstance(rid, int) or queued.get(rid) is not req:
-            raise PolicyError(f"policy {name} assigned request {rid!r}, which is not in the queue it was given")
-        if rid in chosen:
-            raise PolicyError(f"policy {name} assigned request {rid} twice in one call")
-        chosen.add(rid)
-        index = getattr(view, "index", None)
-        if index not in by_index:
-            raise PolicyError(f"policy {name} assigned request {rid} to {view!r}, not one of the servers it was given")
-        if not by_index[index].healthy:
-            raise PolicyError(f"policy {name} assigned request {rid} to server {index}, which is not healthy")
-        per_server[index] = per_server.get(index, 0) + 1
-        if per_server[index] > by_index[index].free_slots:
-            raise PolicyError(f"policy {name} assigned {per_server[index]} requests to server {index}, which had "
-                              f"{by_index[index].free_slots} free slot(s)")
+    check_picks(f"{policy.name!r} ({pool} pool)", picks, {q.id: q for q in queue}, by_index.get)
     return picks
 
 
@@ -234,14 +212,12 @@ def assign_pairs(queue: Sequence[QueuedRequest], prefill_policy: Policy, decode_
     policy picks decode servers for those requests (the queue it sees: them, oldest first). A request gets a pair
     only when both picked; one the decode policy leaves waits in the router queue, and the prefill policy is asked
     about it again in a later round."""
-    queued = {q.id: q for q in queue}
-    prefill = check_picks(prefill_policy, prefill_policy.assign(queue, prefill_views), queued, prefill_views, "prefill")
+    prefill = _checked(prefill_policy, prefill_policy.assign(queue, prefill_views), queue, prefill_views, "prefill")
     if not prefill:
         return []
     picked = {req.id: view for req, view in prefill}
     sub_queue = [q for q in queue if q.id in picked]
-    decode = check_picks(decode_policy, decode_policy.assign(sub_queue, decode_views),
-                         {q.id: q for q in sub_queue}, decode_views, "decode")
+    decode = _checked(decode_policy, decode_policy.assign(sub_queue, decode_views), sub_queue, decode_views, "decode")
     return [(req, picked[req.id], view) for req, view in decode]
 
 

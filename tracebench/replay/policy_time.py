@@ -39,7 +39,7 @@ class PolicyTime:
         try:
             return fn(*args)
         except PolicyError:
-            raise  # already names the policy (a rule the router checks inside fn, e.g. PD's check_picks)
+            raise  # already names the policy (a rule the router checks inside fn, e.g. router.check_picks in a PD round)
         except BaseException as err:
             said = f": {err}" if str(err) else ""
             raise PolicyError(f"policy {self.name!r} raised {type(err).__name__} in {kind}{said}") from err

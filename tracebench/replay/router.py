@@ -282,6 +282,39 @@ class _Flight:
         return self.server is state or (self.other is state and not self.other_done)
 
 
+
+def check_picks(name: str, picks: Any, queued: dict[int, Any], view_of: Callable[[Any], ServerView | None]
+                ) -> set[int]:
+    """The ids of what policy `name` assigned (`picks`, what its assign() returned), once every pair is checked
+    against the rules of docs/policies.md: a PolicyError names the first one broken. `queued`: the queue it was
+    given, by request id; `view_of(index)`: the view it was given of that server, None if none (the router's whole
+    fleet, or a PD pool)."""
+    if not isinstance(picks, list):
+        raise PolicyError(f"policy {name}: assign() must return a list of (request, server) pairs, got {type(picks).__name__}")
+    per_server: dict[int, int] = {}
+    chosen: set[int] = set()
+    for pair in picks:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise PolicyError(f"policy {name}: assign() returned {pair!r}, not a (request, server) pair")
+        req, view = pair
+        rid = getattr(req, "id", None)
+        if not isinstance(rid, int) or queued.get(rid) is not req:
+            raise PolicyError(f"policy {name} assigned request {rid!r}, which is not in the queue it was given")
+        if rid in chosen:
+            raise PolicyError(f"policy {name} assigned request {rid} twice in one call")
+        chosen.add(rid)
+        index = getattr(view, "index", None)
+        given = view_of(index)
+        if given is None:
+            raise PolicyError(f"policy {name} assigned request {rid} to {view!r}, not one of the servers it was given")
+        if not given.healthy:
+            raise PolicyError(f"policy {name} assigned request {rid} to server {index}, which is not healthy")
+        sent = per_server[index] = per_server.get(index, 0) + 1
+        if sent > given.free_slots:
+            raise PolicyError(f"policy {name} assigned {sent} requests to server {index}, which had "
+                              f"{given.free_slots} free slot(s)")
+    return chosen
+
 class Router:
     def __init__(
         self,
@@ -771,7 +804,9 @@ class Router:
     def _apply(self, picks: Any, views: list[ServerView], t_assigned: float) -> None:
         """Check every assignment against the rules (all or nothing), then carry them out (`t_assigned`: when the
         policy returned them)."""
-        chosen = self._check_picks(picks, views)
+        count = len(views)  # views[i] is server i's
+        chosen = check_picks(repr(self.policy.name), picks, self._queued,
+                             lambda i: views[i] if isinstance(i, int) and 0 <= i < count else None)
         if not chosen:
             return
         queue, count = self._queue, len(picks)
@@ -793,37 +828,6 @@ class Router:
         for index in touched:
             self._maybe_send_batch(self.servers[index])
         self._send_batches_gate_blocks()
-
-    def _check_picks(self, picks: Any, views: list[ServerView]) -> set[int]:
-        """The ids of what the policy assigned, once every pair is checked against the rules (a PolicyError names the
-        first one broken)."""
-        name = self.policy.name
-        if not isinstance(picks, list):
-            raise PolicyError(f"policy {name!r}: assign() must return a list of (request, server) pairs, got {type(picks).__name__}")
-        per_server: dict[int, int] = {}
-        chosen: set[int] = set()
-        queued, count = self._queued, len(views)
-        for pair in picks:
-            if not (isinstance(pair, tuple) and len(pair) == 2):
-                raise PolicyError(f"policy {name!r}: assign() returned {pair!r}, not a (request, server) pair")
-            req, view = pair
-            rid = getattr(req, "id", None)
-            if not isinstance(rid, int) or queued.get(rid) is not req:
-                raise PolicyError(f"policy {name!r} assigned request {rid!r}, which is not in the router queue")
-            if rid in chosen:
-                raise PolicyError(f"policy {name!r} assigned request {rid} twice in one call")
-            chosen.add(rid)
-            index = getattr(view, "index", None)
-            if not isinstance(index, int) or not 0 <= index < count:
-                raise PolicyError(f"policy {name!r} assigned request {rid} to {view!r}, not one of the servers it was given")
-            given = views[index]
-            if not given.healthy:
-                raise PolicyError(f"policy {name!r} assigned request {rid} to server {index}, which is not healthy")
-            sent = per_server[index] = per_server.get(index, 0) + 1
-            if sent > given.free_slots:
-                raise PolicyError(f"policy {name!r} assigned {sent} requests to server {index}, which had "
-                                  f"{given.free_slots} free slot(s)")
-        return chosen
 
     def _gate_blocks_batches(self) -> bool:
         """Static mode under --max-concurrency: every admitted request waits in a forming batch or the router queue,
