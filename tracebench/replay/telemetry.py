@@ -65,6 +65,11 @@ async def _get_loads(client: SglangClient, url: str, timeout: float, delay: floa
 Load = tuple[int, int, float, float]  # parse_loads'
 
 
+def _read_loads(url: str, obj: Any) -> tuple[Load, tuple[float, ...]]:
+    """A good `/v1/loads` body's figures and snapshot stamps (what `LoadsAtOnce.loads_now` gives)."""
+    return parse_loads(url, obj), snapshot_stamps(url, obj)
+
+
 @runtime_checkable
 class LoadsAtOnce(Protocol):
     """A client that gives a server's `/v1/loads` at once, as read (replay/inprocess.py's, whose servers are in this
@@ -104,13 +109,16 @@ async def poll_loads(client: SglangClient, router: Router, clock: RunClock, inte
             # releases due then waited for (32 servers: release lag p99 of 4-7 ms on a 16-core host)
             # (not on the virtual clock: its host time is no part of the measurement, and its runs stay as they were)
             gap = 0.0 if clock.virtual else min(POLL_SPREAD_S, interval / 4 / max(len(live), 1))
+            # each live server's (load, snapshot stamps), or its Fetched when there was no good answer
+            answers: list[tuple[Load, tuple[float, ...]] | Fetched]
             if at_once is not None and gap == 0.0:
-                results: dict[int, Any] = dict(zip(
-                    (s.index for s in live), await _loads_at_once(at_once, [f"{s.url}/v1/loads" for s in live])))
+                answers = list(await _loads_at_once(at_once, [f"{s.url}/v1/loads" for s in live]))
             else:
                 fetched = await asyncio.gather(*(_get_loads(client, f"{s.url}/v1/loads", timeout, k * gap)
                                                  for k, s in enumerate(live)))
-                results = {s.index: f for s, f in zip(live, fetched)}
+                answers = [f if f.error is not None else _read_loads(f"{s.url}/v1/loads", f.obj)
+                           for s, f in zip(live, fetched)]
+            results = {s.index: got for s, got in zip(live, answers)}
             t = clock.now()
             queue = router.queued
             caps = router.caps()
@@ -121,17 +129,13 @@ async def poll_loads(client: SglangClient, router: Router, clock: RunClock, inte
                     "cap": caps[s.index], "router_queue": queue,
                 }
                 got = results.get(s.index)
-                if got is None or (type(got) is Fetched and got.error is not None):
+                if got is None or type(got) is Fetched:
                     line.update(dict.fromkeys(_LOAD_FIELDS))
                     line["error"] = "server is down" if got is None else got.error
                     if got is not None:
                         router.poll_failed(s.index, got)
                 else:
-                    if type(got) is Fetched:
-                        load = parse_loads(f"{s.url}/v1/loads", got.obj)
-                        stamps = snapshot_stamps(f"{s.url}/v1/loads", got.obj)
-                    else:
-                        load, stamps = got  # LoadsAtOnce: read already
+                    load, stamps = got
                     router.report_load(s.index, load, stamps)
                     line.update(zip(_LOAD_FIELDS, load))
                 lines.append(orjson.dumps(line))
