@@ -155,49 +155,44 @@ class MetricsScraper:
             samples = self.samples.metrics_samples(url, KEPT_NAMES)  # no text to keep: the numbers alone
             if samples is not None:
                 t = self.clock.now()
-                return self._row(index, t, t - t_sent, fold_samples(samples))
+                values: dict[str, float | None] | None = fold_samples(samples)
+                error = None
+                if all(v is None for v in values.values()):  # as a page without one of them: a failed scrape
+                    values, error = None, f"{url}: not one sglang: family of the kept ones in its samples"
+                return self._write_row(index, t, t - t_sent, values, error)
         got = await self.client.get_text(url, self.timeout)
         t = self.clock.now()
-        row: dict[str, Any] = {"t": t, "server": index, "scrape_s": t - t_sent}
-        values = None
-        if got.error is not None:
-            row["error"] = got.error
-        else:
+        values, error = None, got.error
+        if error is None:
             text: str = got.obj
             try:
                 values = parse_metrics(url, text)
             except ServerProtocolError as err:  # recorded in the row (and counted), the run goes on
-                row["error"] = str(err)
+                error = str(err)
             else:
                 if all(v is None for v in values.values()):
-                    row["error"] = (f"{url}: not one sglang: family of the kept ones in the answer "
-                                    f"({len(text)} characters, starting {text[:80]!r})")
-                    values = None
-        if values is None:
-            self.failed += 1
-        else:
-            row.update(values)
+                    values, error = None, (f"{url}: not one sglang: family of the kept ones in the answer "
+                                           f"({len(text)} characters, starting {text[:80]!r})")
+        if values is not None:
             which = moment or ("start" if kept["start"] is None else None)
             if which is not None:
                 name = f"metrics-{index}-{which}.txt"
                 (self.run_dir / name).write_text(text)
                 kept[which], kept[f"t_{which}"] = name, t
-        self.out.write(orjson.dumps(row) + b"\n")
-        self.rows = self.out.lines_on_disk
-        return row.get("error")
+        return self._write_row(index, t, t - t_sent, values, error)
 
-    def _row(self, index: int, t: float, scrape_s: float, values: dict[str, float | None]) -> str | None:
-        """A scrape's row from the samples alone (MetricsSamples), as `scrape` writes one from the page. Returns why
-        it failed, or None."""
+    def _write_row(self, index: int, t: float, scrape_s: float, values: dict[str, float | None] | None,
+                   error: str | None) -> str | None:
+        """A scrape's row: its values, or (None) why it failed, counted. Returns `error`."""
         row: dict[str, Any] = {"t": t, "server": index, "scrape_s": scrape_s}
-        if all(v is None for v in values.values()):  # as a page without one of them: a failed scrape
-            row["error"] = f"{self.urls[index]}/metrics: not one sglang: family of the kept ones in its samples"
+        if values is None:
+            row["error"] = error
             self.failed += 1
         else:
             row.update(values)
         self.out.write(orjson.dumps(row) + b"\n")
         self.rows = self.out.lines_on_disk
-        return row.get("error")
+        return error
 
     async def finish(self) -> None:
         """The last scrape of every server, after the run (its text kept as the end), then the file closed."""
