@@ -356,7 +356,11 @@ def test_fit_recovers_the_decode_cost_per_kv_token_from_a_routing_run() -> None:
     records = [{"server": 0, "input_len": o.input_len, "completion_tokens": o.output_len, "cached_tokens": 0,
                 "server_received": o.t_arrival, "server_forward_entry": o.t_forward_entry,
                 "server_prefill_finished": o.t_first_token - server.output_s,
-                "server_finished": o.t_finished} for o in outs]
+                "server_finished": o.t_finished,
+                # the client's side: 2-3 ms to sglang's receipt, 0.5-1 ms after its finish (medians 2.5 and 0.75)
+                "t_dispatch": o.t_arrival - 0.002 - 0.001 * k / (len(outs) - 1),
+                "t_finish": o.t_finished + 0.0005 + 0.0005 * ((k * 7) % len(outs)) / (len(outs) - 1)}
+               for k, o in enumerate(outs)]
     fitted = fit(h200_calibration(sglang), [RoutingRun("synthetic", "1 x sim", records, PROFILE.prefill_token_buckets,
                                                        ())], PROFILE.name, None)
     assert fitted.decode_per_kv_token_s == pytest.approx(true_e, rel=0.05)
@@ -364,6 +368,9 @@ def test_fit_recovers_the_decode_cost_per_kv_token_from_a_routing_run() -> None:
     # and the intake of an idle server and the plan lag, from the same stamps
     assert fitted.queue_entry_s == pytest.approx(PROFILE.queue_entry_s, rel=1e-6)
     assert fitted.plan_lag_s == pytest.approx(PROFILE.plan_lag_s, abs=0.5e-3)
+    # and tracebench's HTTP hops to the server (the virtual clock's), medians of the client's stamps
+    assert fitted.request_hop_s == pytest.approx(0.0025, abs=1e-5)
+    assert fitted.response_hop_s == pytest.approx(0.00075, abs=1e-5)
 
 
 def test_fidelity_of_the_bench_serving_workload_on_the_virtual_clock() -> None:
@@ -385,6 +392,11 @@ def test_profile_errors_name_the_file_and_field(tmp_path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="bad.json: field 'params': lacks decode_base_s"):
+        load_profile(str(bad))
+    doc = json.loads((PROFILES_DIR / f"{PROFILE.name}.json").read_text())
+    doc["params"]["request_hop_s"] = -0.002
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="bad.json: field 'params.request_hop_s': must be a finite number > 0"):
         load_profile(str(bad))
     doc = json.loads(ATTENTION_PROFILE.read_text())
     del doc["params"]["decode_attention"]["slots"]

@@ -75,7 +75,12 @@ class Profile:
                                    # result first), so a request ready within R of a step's start joins the next one
     dispatch_s: float              # request received -> tokenized and dispatched (a stamp only)
     output_s: float                # a token sampled on the GPU -> handed to the HTTP layer (detokenizer, IPC)
-    client_overhead_s: float       # client-measured e2e minus server e2e; real HTTP provides it when served
+    client_overhead_s: float       # client-measured e2e minus server e2e (calibration client); real HTTP provides it
+    # the HTTP hops of tracebench's client to this sglang, p50 over the fit's routing runs (the virtual clock's
+    # constants; real HTTP provides them when served): dispatch -> sglang's request_received_ts, and
+    # request_finished_ts -> the client's read of the answer's end
+    request_hop_s: float
+    response_hop_s: float
     max_total_num_tokens: int      # KV capacity of the GPU for this model
     context_length: int
     chunked_prefill_size: int
@@ -251,6 +256,7 @@ def load_profile(name_or_path: str) -> Profile:
             raise ConfigError(f"{path}: profile lacks top-level field '{key}'")
     params = raw["params"]
     _check_fields(params, _PROFILE_FIELDS - {"name", "source"}, f"{path}: field 'params", optional=False)
+    _check_finite(params, ("request_hop_s", "response_hop_s"), f"{path}: field 'params", above_zero=True)
     buckets = params["prefill_token_buckets"]
     if not _ascending_positive_ints(buckets):
         raise ConfigError(f"{path}: field 'params.prefill_token_buckets': must be ascending positive integers")

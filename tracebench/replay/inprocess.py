@@ -27,6 +27,7 @@ import orjson
 
 from tracebench.errors import ConfigError, ServerStartError
 from tracebench.itl import ItlGaps
+from tracebench.profiles import Profile
 from tracebench.replay.client import Answer, Fetched, GenerateApi, timeout_text
 from tracebench.replay.clock import RunClock
 from tracebench.replay.flight import Boot, Destination, PairProgress, Progress
@@ -41,12 +42,10 @@ from tracebench.sim.validate import BadRequest, SchedulerAbort
 from tracebench.trace.format import TraceRequest
 
 URL_SCHEME = "inprocess://"
-# The HTTP hops of a request to real sglang 0.5.17, as tracebench's client sees them (p50 over the committed real
-# runs on H200 and H100, reports/examples: sglang's request_received_ts - t_dispatch 1.7-2.4 ms, the client's
-# t_finish - request_finished_ts 0.5-0.9 ms; their sum is the profile's client_overhead_s, 2.5 ms on H200). The
-# profile's client_overhead_s is split in this proportion: REQUEST_SHARE before sglang's receipt, the rest after
-# each token is handed out.
-REQUEST_SHARE = 0.75
+# The HTTP hops of a request to real sglang 0.5.17, as tracebench's client sees them, are the profile's
+# request_hop_s (t_dispatch -> sglang's request_received_ts) and response_hop_s (request_finished_ts -> the client's
+# read of the answer's end): medians over the profile's own real routing runs (sim/fit.py http_hops; H200 2.06 and
+# 0.73 ms, H100 2.28 and 0.89 ms; the held-out committed runs 1.75-2.41 and 0.61-0.77 ms p50).
 # sglang takes in one request at a time (its tokenizer manager's loop): requests sent to a server together are
 # received one after another. The gap between consecutive receipts of a batch sent at once (static batches of 8,
 # p50 of sglang's request_received_ts differences): 0.52 ms on H200 (reports/examples/h200-node-level/attach-static8),
@@ -72,17 +71,17 @@ class Hops:
     intake_gap_s: float = INTAKE_GAP_S
 
     @classmethod
-    def of_profile(cls, client_overhead_s: float) -> Hops:
-        return cls(client_overhead_s * REQUEST_SHARE, client_overhead_s * (1.0 - REQUEST_SHARE))
+    def of_profile(cls, profile: Profile) -> Hops:
+        return cls(profile.request_hop_s, profile.response_hop_s)
 
     def to_json(self) -> dict[str, Any]:
         return {"request_hop_s": self.request_s, "response_hop_s": self.response_s, "token_hop_s": self.token_s,
                 "intake_gap_s": self.intake_gap_s,
-                "source": f"the profile's client_overhead_s (client e2e - server e2e on real sglang), "
-                          f"{REQUEST_SHARE:.0%} before the server's receipt, the rest after the answer's end; a "
-                          f"streamed token's chunk token_hop_s after it is handed out (real sglang's first chunk); a server "
-                          f"receives one request at a time, intake_gap_s apart at least (sglang's receipts of a "
-                          f"batch sent at once, H200 and H100)"}
+                "source": "the profile's request_hop_s and response_hop_s (tracebench's client to real sglang on the "
+                          "profile's routing runs, p50: dispatch -> sglang's receipt, sglang's finish -> the answer's "
+                          "end read); a streamed token's chunk token_hop_s after it is handed out (real sglang's first "
+                          "chunk); a server receives one request at a time, intake_gap_s apart at least (sglang's "
+                          "receipts of a batch sent at once, H200 and H100)"}
 
 
 class InProcessFleet(Fleet):

@@ -1224,7 +1224,7 @@ class Replay:
         from tracebench.replay.inprocess import Hops, InProcessFleet, InProcessSender
 
         assert isinstance(self.fleet, InProcessFleet)
-        self.hops = Hops.of_profile(self.fleet.servers[0].args.profile.client_overhead_s)
+        self.hops = Hops.of_profile(self.fleet.servers[0].args.profile)
         return InProcessSender(self.fleet, input_ids.block_size, self.cfg.stream, self.hops, clock, timeout, reason)
 
     def _beside_servers(self) -> list[dict[str, Any]]:

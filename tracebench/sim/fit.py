@@ -22,7 +22,8 @@ inside it, over completion_tokens - 1 steps, at the window's mean batch and KV t
 stamps on its server), closed-form least squares with c and d + 576 e held. queue_entry_s: received -> forward entry of
 the routing runs' requests that found their server empty. plan_lag_s: over their requests that arrived while their
 server only decoded and were prefilled alone, mean wait = 1.5 T - R. dispatch_s, output_s, client_overhead_s: the
-singles' and the 1-token prefill points' stamps (medians).
+singles' and the 1-token prefill points' stamps (medians). request_hop_s, response_hop_s: tracebench's client to
+sglang on the routing runs (dispatch -> received, finished -> the answer's end read; medians).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ MIN_DECODE_ARRIVALS = 50
 # its client's stream limit (`client.max_streams`, null: none) was made by that version.
 CALIBRATE_A604EB7_MAX_STREAMS = 100
 STAMPS = ("server_received", "server_forward_entry", "server_prefill_finished", "server_finished", "completion_tokens",
-          "input_len", "server")
+          "input_len", "server", "t_dispatch", "t_finish")
 CALIBRATION_KEYS = ("prefill", "decode", "prefix", "singles", "server_info", "accelerator")
 PREFIX_SERIES = ("A_shared_prefix_seq", "B_unique_seq", "C_partial", "D_after_flush")
 
@@ -225,6 +226,16 @@ def idle_intake(run: RoutingRun) -> list[float]:
             if not any(o is not r and o["server_received"] <= t < o["server_finished"] for o in mine):
                 out.append(r["server_forward_entry"] - t)
     return out
+
+
+def http_hops(runs: list[RoutingRun]) -> tuple[float, float]:
+    """(request, response) HTTP hops of tracebench's client to sglang, p50 over every ok request of the routing runs:
+    t_dispatch -> sglang's request_received_ts, and its request_finished_ts -> the client's read of the answer's end
+    (t_finish). The calibration's client is another program (its client_overhead_s is smaller on H100: 2.0 ms against
+    these runs' 2.3 + 0.9)."""
+    request = [rec["server_received"] - rec["t_dispatch"] for run in runs for rec in run.records]
+    response = [rec["t_finish"] - rec["server_finished"] for run in runs for rec in run.records]
+    return float(statistics.median(request)), float(statistics.median(response))
 
 
 def decode_arrivals(run: RoutingRun, prefill_cost: Callable[[int, int], float],
@@ -518,6 +529,7 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_gri
     dispatch = statistics.median(m["api_server_dispatch_finish_ts"] - m["request_received_ts"] for m in singles)
     output = statistics.median(p["server_e2e"] - p["prefill"] - p["queue_time"] for p in prefill) - intake_close
     client = statistics.median(p["client_e2e"] - p["server_e2e"] for p in prefill)
+    request_hop, response_hop = http_hops(routing_runs)
 
     return Profile(
         name=name,
@@ -525,7 +537,7 @@ def fit(calibration: dict, routing_runs: list[RoutingRun], name: str, decode_gri
         prefill_min_s=prefill_min, prefill_attention=prefill_attention,
         decode_base_s=float(c), decode_per_req_s=float(d), decode_per_kv_token_s=float(e), decode_attention=attention,
         queue_entry_s=float(queue_entry), plan_lag_s=plan_lag, dispatch_s=float(dispatch), output_s=float(output),
-        client_overhead_s=float(client),
+        client_overhead_s=float(client), request_hop_s=request_hop, response_hop_s=response_hop,
         max_total_num_tokens=int(calibration["server_info"]["max_total_num_tokens"]), context_length=4096,
         chunked_prefill_size=8192, accelerator=calibration["accelerator"], prefill_token_buckets=token_buckets,
         source=(f"fitted by `python -m tracebench.sim.fit` to {calibration['source']} and, for the decode cost per "
