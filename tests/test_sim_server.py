@@ -176,3 +176,50 @@ def test_client_disconnect_mid_stream_frees_the_slot(sim_server) -> None:
             time.sleep(0.02)
         assert load["num_running_reqs"] == 0 and load["num_used_tokens"] == 0 and load["token_usage"] == 0.0
     assert post(srv.url, gen(8, 2))["meta_info"]["completion_tokens"] == 2   # still serving
+
+
+def test_the_server_takes_a_request_in_the_profiles_hop_after_the_client_sent_it(sim_server) -> None:
+    # tracebench's client says when it sent a request (X-Tracebench-Sent, wall clock); the simulator takes it in the
+    # profile's request_hop_s after that, as real sglang would, not when this host's loopback brought it (~0.4 ms)
+    from tracebench.replay.client import SENT_HEADER
+    from tracebench.sim.validate import SENT_HEADER as READ_HEADER
+    assert SENT_HEADER == READ_HEADER
+    srv = sim_server()
+    hop = PROFILE.request_hop_s
+
+    def received(sent: str | None) -> tuple[float, dict]:
+        headers = {} if sent is None else {SENT_HEADER: sent}
+        req = urllib.request.Request(srv.url + "/generate", data=json.dumps(gen(64, 2)).encode(), method="POST",
+                                     headers=headers)
+        t_post = time.time()
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return t_post, json.loads(resp.read())["meta_info"]
+
+    for _ in range(3):
+        t_sent = time.time()
+        _, meta = received(repr(t_sent))
+        assert meta["request_received_ts"] - t_sent >= hop - 1e-4
+    # a request sent long ago (the hop has passed) is taken in on arrival; a sender's clock ahead holds it a hop at most
+    t_post, meta = received(repr(time.time() - 10.0))
+    assert meta["request_received_ts"] - t_post < 0.05
+    t_post, meta = received(repr(time.time() + 10.0))
+    assert meta["request_received_ts"] - t_post < hop + 0.05
+    req = urllib.request.Request(srv.url + "/generate", data=json.dumps(gen(64, 2)).encode(), method="POST",
+                                 headers={SENT_HEADER: "soon"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code == 400 and "X-Tracebench-Sent: 'soon' is not a number" in err.value.read().decode()
+
+
+def test_receipts_keep_the_order_requests_reach_the_server() -> None:
+    # a request sent earlier over a slower connection arrives later: it is taken in after the one before it (the
+    # model admits in FCFS order of receipt; a paced stamp before the last one crashed the server with a 500)
+    from tracebench.sim.validate import SENT_HEADER, receipt_time
+    hop = 0.008
+    now = time.time()
+    first = receipt_time({SENT_HEADER: repr(now)}, 100.0, hop, -float("inf"))
+    assert first == pytest.approx(100.0 + hop, abs=1e-3)
+    second = receipt_time({SENT_HEADER: repr(now - 0.005)}, 100.0001, hop, first)
+    assert second == first
+    assert receipt_time({}, 100.0002, hop, first) == first
+    assert receipt_time({}, 200.0, hop, first) == 200.0

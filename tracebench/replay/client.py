@@ -21,6 +21,7 @@ without meta_info, an event that is not JSON) is a ServerProtocolError and stops
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from tracebench.replay.http_session import StampedBody
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+# when a request was sent (this host's wall clock): tracebench's simulated server takes it in the profile's
+# request_hop_s after, as real sglang would (sim/validate.py receipt_time); sglang ignores it
+SENT_HEADER = "X-Tracebench-Sent"
 _DATA = b"data: "
 _DONE = b"[DONE]"
 _ERROR_EVENT = b'{"error"'
@@ -171,7 +175,8 @@ class SglangClient:
             assert now is not None
             data = self._stamped_body(body, stamps, now)
         try:
-            async with self.session.post(generate_url, data=data, headers=_JSON_HEADERS, timeout=self._gen_timeout) as resp:
+            headers = {**_JSON_HEADERS, SENT_HEADER: repr(time.time())}
+            async with self.session.post(generate_url, data=data, headers=headers, timeout=self._gen_timeout) as resp:
                 if stamps is not None:
                     stamps.t_headers = now()  # type: ignore[misc]
                 if resp.status != 200:

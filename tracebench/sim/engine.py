@@ -11,6 +11,7 @@ answers nothing itself.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import sys
@@ -132,6 +133,7 @@ class LiveEngine:
         self.rng = random.Random(seed)   # the output ids' seeds, one draw per request in arrival order
         self.pending: dict[SimRequest, Pending] = {}
         self.rids_in_flight: set[str] = set()
+        self.last_receipt = -math.inf    # the HTTP faces' latest request receipt (sim/validate.py receipt_time)
         self.mono_to_wall = 0.0          # wall = mono + mono_to_wall
         self.done: asyncio.Future[None] | None = None   # the engine's end: only an error (or a cancel) ends it
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # start's

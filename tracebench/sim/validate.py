@@ -3,8 +3,9 @@ the scheduler's input-length abort). Pure: no HTTP, no model, no clock; the face
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from tracebench.sim.args import SimArgs
@@ -36,6 +37,29 @@ class Parsed(NamedTuple):
     single: bool
     items: list[tuple[int, int, Sequence]]
     rids: list[str]
+
+
+# tracebench's client says when it sent a request (its wall clock, seconds), so the simulator can take the request in
+# when real sglang would: the profile's request_hop_s after it was sent (sglang's HTTP server and tokenizer manager
+# take ~2 ms; this host's loopback ~0.4), not when the loopback brought it. The client's copy: replay/client.py.
+SENT_HEADER = "X-Tracebench-Sent"
+
+
+def receipt_time(headers: Mapping[str, str], t_arrived: float, hop_s: float, t_last: float) -> float:
+    """The moment (loop time) the server takes in a request that arrived at `t_arrived`: `hop_s` after the client sent
+    it (SENT_HEADER), or on arrival when that has passed (a slow host: the hop the client saw) or the client did not
+    say (another client). At most `hop_s` after arrival: a client whose clock runs ahead cannot hold a request
+    longer. Never before `t_last`, the receipt of the request that arrived before it: sglang takes requests in as
+    they reach it (one sent earlier over a slower connection comes in after). BadRequest for a header that is not a
+    number."""
+    sent = headers.get(SENT_HEADER)
+    if sent is None:
+        return max(t_arrived, t_last)
+    try:
+        sent_wall = float(sent)
+    except ValueError:
+        raise BadRequest(f"header {SENT_HEADER}: {sent!r} is not a number (the sender's wall clock, seconds)") from None
+    return max(t_arrived + min(hop_s, max(0.0, sent_wall + hop_s - time.time())), t_last)
 
 
 def parse_generate(obj: dict, stream: bool, args: SimArgs, rids_in_flight: set[str]) -> Parsed:
