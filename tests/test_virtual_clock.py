@@ -410,3 +410,24 @@ def test_a_cancelled_engine_serves_nothing_more(before_first_turn: bool) -> None
         return task.cancelled(), pend.finished, pend.visible
 
     assert run_virtual(main()) == (True, False, 0)
+
+
+def test_a_refused_request_and_the_next_have_their_own_ids() -> None:
+    """An in-process server's scheduler-side abort answers with an id of its own; the request after it had the same
+    one (its rid was not counted)."""
+    import asyncio
+
+    from tracebench.replay.loop import run_virtual
+    from tracebench.sim.inprocess import InProcessServer, sim_args_from_command
+
+    async def main() -> tuple[str, str]:
+        server = InProcessServer(sim_args_from_command(["--port", "1"]))
+        task = server.start(run_start=asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        refused = server.abort_answer("too long", now, now)["meta_info"]["id"]
+        pend = server.submit(300, 20, None, now, stream=False)
+        task.cancel()
+        return refused, pend.rid
+
+    refused, accepted = run_virtual(main())
+    assert refused != accepted

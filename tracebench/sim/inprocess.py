@@ -183,7 +183,9 @@ class InProcessServer:
         from tracebench.sim.model import token_ids
 
         out_id = token_ids(self.engine.rng.getrandbits(64), 1, self.args.vocab_size)
-        return self.sim.answers.abort_out(f"r{self._seq}", message, out_id, t_received,
+        rid = f"r{self._seq}"  # its own: the next request's was this one's too (its answer's id)
+        self._seq += 1
+        return self.sim.answers.abort_out(rid, message, out_id, t_received,
                                           t_received + self.engine.dispatch_delay, now)
 
     def server_info(self) -> dict:
