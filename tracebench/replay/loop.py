@@ -17,6 +17,7 @@ import select
 import selectors
 import sys
 from collections.abc import Callable, Coroutine
+from contextvars import copy_context
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -88,6 +89,7 @@ POLL_EVERY = 64  # the virtual loop's turns between two looks at its real file d
 # moments keeps the heap, and so the order of timers due at one instant, exactly as asyncio's
 _MIN_SCHEDULED_TIMER_HANDLES = 100
 _MIN_CANCELLED_TIMER_HANDLES_FRACTION = 0.5
+_new_handle = object.__new__  # a handle without its __init__ (VirtualLoop.call_soon sets every field)
 
 
 class VirtualLoop(asyncio.SelectorEventLoop):
@@ -112,12 +114,50 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._now
 
+    # call_soon, call_later and call_at make their handles in one frame: asyncio's take four (the method, _call_soon,
+    # Handle.__init__, get_debug), for the same handle with the same fields; a virtual run makes ~25 per request. In
+    # debug mode asyncio's own methods run (their checks and the handle's creation traceback).
+    def call_soon(self, callback: Callable[..., object], *args: Any, context: Any = None) -> asyncio.Handle:
+        if self._debug:
+            return super().call_soon(callback, *args, context=context)
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        handle = _new_handle(asyncio.Handle)
+        handle._callback = callback
+        handle._args = args
+        handle._cancelled = False
+        handle._loop = self
+        handle._context = copy_context() if context is None else context
+        handle._repr = None
+        handle._source_traceback = None
+        self._ready.append(handle)
+        return handle
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any,
+                   context: Any = None) -> asyncio.TimerHandle:
+        if delay is None:
+            raise TypeError("delay must not be None")
+        return self.call_at(self._now + delay, callback, *args, context=context)
+
     def call_at(self, when: float, callback: Callable[..., object], *args: Any,
                 context: Any = None) -> asyncio.TimerHandle:
         if when is None:
             raise TypeError("when cannot be None")
-        self._check_closed()
-        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        if self._debug:
+            self._check_closed()
+            timer = asyncio.TimerHandle(when, callback, args, self, context)
+        else:
+            if self._closed:
+                raise RuntimeError("Event loop is closed")
+            timer = _new_handle(asyncio.TimerHandle)
+            timer._callback = callback
+            timer._args = args
+            timer._cancelled = False
+            timer._loop = self
+            timer._context = copy_context() if context is None else context
+            timer._repr = None
+            timer._source_traceback = None
+            timer._when = when
         heapq.heappush(self._timers, (when, timer))
         timer._scheduled = True
         return timer
