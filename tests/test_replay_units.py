@@ -379,3 +379,23 @@ def test_virtual_loop_handles_behave_as_asyncios(debug: bool) -> None:
     run_virtual(main())
     assert seen == [("soon", 0.0, "main"), ("at", 0.25, "other"), ("later", 0.5, "main")]
     assert len(failures) == 1 and failures[0].startswith("Exception in callback"), failures
+
+
+def test_virtual_run_collects_young_objects_less_often_and_puts_the_thresholds_back() -> None:
+    import gc
+
+    from tracebench.replay.loop import VIRTUAL_GC_YOUNG
+
+    before = gc.get_threshold()
+
+    async def inside() -> tuple[int, int, int]:
+        return gc.get_threshold()
+
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    assert run_virtual(inside()) == (VIRTUAL_GC_YOUNG, *before[1:])
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError, match="boom"):
+        run_virtual(fails())
+    assert gc.get_threshold() == before
