@@ -95,6 +95,11 @@ _MIN_CANCELLED_TIMER_HANDLES_FRACTION = 0.5
 # whose collections then walked every request in flight: 1-2% of a run. A pause costs nothing on a simulated clock.
 VIRTUAL_GC_YOUNG = 20_000
 _new_handle = object.__new__  # a handle without its __init__ (VirtualLoop.call_soon sets every field)
+# the fields VirtualLoop.call_soon/call_at set: an asyncio whose handles have others would get half-made handles
+if {*asyncio.Handle.__slots__, *asyncio.TimerHandle.__slots__} != {
+        "_callback", "_args", "_cancelled", "_loop", "_source_traceback", "_repr", "__weakref__", "_context",
+        "_scheduled", "_when"}:
+    raise ImportError("asyncio's Handle or TimerHandle has fields VirtualLoop does not set (replay/loop.py call_soon)")
 
 
 class VirtualLoop(asyncio.SelectorEventLoop):
