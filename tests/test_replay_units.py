@@ -346,3 +346,56 @@ def test_the_routers_cached_views_equal_views_made_afresh(tmp_path: Path, reads_
         await client.close()
 
     run_virtual(main())
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_virtual_loop_handles_behave_as_asyncios(debug: bool) -> None:
+    """VirtualLoop makes its handles itself (one frame, not asyncio's four): they run in asyncio's order, in the
+    context given, at their time, and cancel, report and fail as asyncio's do; in debug mode asyncio's own methods."""
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="none")
+    seen: list[object] = []
+    failures: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_debug(debug)
+        loop.set_exception_handler(lambda _loop, context: failures.append(context["message"]))
+        var.set("main")
+        other = contextvars.copy_context()
+        other.run(var.set, "other")
+        soon = loop.call_soon(lambda: seen.append(("soon", loop.time(), var.get())))
+        later = loop.call_later(0.5, lambda: seen.append(("later", loop.time(), var.get())))
+        at = loop.call_at(0.25, lambda: seen.append(("at", loop.time(), var.get())), context=other)
+        gone = loop.call_at(0.1, seen.append, "cancelled")
+        gone.cancel()
+        loop.call_soon(lambda: 1 / 0)
+        assert type(soon) is asyncio.Handle and type(later) is asyncio.TimerHandle and later.when() == 0.5
+        assert gone.cancelled() and "cancelled" in repr(gone) and "when=0.25" in repr(at)
+        await asyncio.sleep(1.0)
+        assert loop.time() == 1.0
+
+    run_virtual(main())
+    assert seen == [("soon", 0.0, "main"), ("at", 0.25, "other"), ("later", 0.5, "main")]
+    assert len(failures) == 1 and failures[0].startswith("Exception in callback"), failures
+
+
+def test_virtual_run_collects_young_objects_less_often_and_puts_the_thresholds_back() -> None:
+    import gc
+
+    from tracebench.replay.loop import VIRTUAL_GC_YOUNG
+
+    before = gc.get_threshold()
+
+    async def inside() -> tuple[int, int, int]:
+        return gc.get_threshold()
+
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    assert run_virtual(inside()) == (VIRTUAL_GC_YOUNG, *before[1:])
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError, match="boom"):
+        run_virtual(fails())
+    assert gc.get_threshold() == before
