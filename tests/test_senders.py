@@ -143,7 +143,8 @@ def test_ctrl_c_with_senders_records_every_request_once(tmp_path: Path) -> None:
     assert run["status"] == "interrupted" and run["senders"]["fault"] is None
     statuses = Counter(r["status"] for r in records)
     assert set(statuses) <= {"ok", "cancelled", "not_sent"} and statuses["ok"] > 20 and statuses["not_sent"]
-    assert all(r["t_dispatch"] is None for r in records if r["status"] == "not_sent")
+    # never sent: no server either, also when a sender had already taken it over
+    assert all(r["t_dispatch"] is None and r["server"] is None for r in records if r["status"] == "not_sent")
     assert any(r["t_dispatch"] is not None for r in records if r["status"] == "cancelled")  # in flight at Ctrl-C
     assert all(gone(pid) for pid in run["senders"]["pids"]), "a sender process outlived the run"
 

@@ -963,9 +963,11 @@ class Router:
 
     def _ended_by_router(self, rec: RequestRecord, flight: _Flight) -> None:
         """The status of a request whose task the router cancelled: what `_end_flight` said (stalled, its server
-        down), else the run stopped (`cancelled`); `not_sent` if it never went out."""
+        down), else the run stopped (`cancelled`); `not_sent` if it never went out (no server then, however far its
+        flight got: a task cancelled before its first step had set none, a sender's take-over had)."""
         if rec.t_dispatch is None:
             rec.status, rec.error = "not_sent", f"not sent: {flight.end_reason or self._cancel_reason}"
+            rec.server = None
         elif flight.end_status is not None:
             rec.status, rec.error = flight.end_status, flight.end_reason  # type: ignore[assignment]
         else:
