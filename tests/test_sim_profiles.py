@@ -152,3 +152,28 @@ def test_capped_dispatch_counts_the_routers_host_time_once() -> None:
     assert finish0 == pytest.approx(t[0] + 0.0002 + (1.5 - 0.0012) * k + 0.0005)
     assert t[1] == pytest.approx(finish0 + 0.0005)               # the freed slot + the router's 0.5 ms
     assert "freed slot" in how
+
+
+def test_the_simulators_modelled_intake_is_simulated_time_at_speed_k() -> None:
+    # speed 4, a simulator that takes a request in request_hop_s = 2 ms after the client sent it: 0.5 ms of the run
+    # clock, which is simulated time (x 4); what the host took beyond it (0.3 ms on the second request) stays as it was
+    k = 4.0
+    requests = pl.DataFrame({
+        "t_arrival": [0.0, 1.0], "t_released": [0.0, 1.0], "t_admitted": [0.0, 1.0],
+        "t_dispatch": [0.0, 1.0], "t_first_token": [0.0110, 1.0113], "t_finish": [0.5, 1.5], "server": [0, 0],
+        "server_received": [0.0005, 1.0008], "server_forward_entry": [0.0006, 1.0009],
+        "server_prefill_finished": [0.01, 1.0103], "server_finished": [0.49, 1.49],
+        "server_e2e_latency": [0.4895, 0.4892], "server_queue_time": [0.0, 0.0], "itl_max": [None, None],
+        **{name: [None, None] for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")},
+    }, schema_overrides={"itl_max": pl.Float64,
+                         **{name: pl.Float64 for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}})
+    sim = {"output_s": 0.002, "request_hop_s": 0.002}
+    meta = {"mode": "continuous", "caps": {"initial": [None], "changes": []},
+            "servers": [{"server_info": {"tracebench_sim": sim}}]}
+    out, _ = to_simulated_times(requests, meta, k)
+    hops = (out["server_received"] - out["t_dispatch"]).to_list()
+    assert hops == pytest.approx([0.002, 0.002 + 0.0003])
+    # a simulator from before the modelled intake (no request_hop_s): the whole hop was host time
+    old = {"servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002}}}]}
+    out, _ = to_simulated_times(requests, {**meta, **old}, k)
+    assert (out["server_received"] - out["t_dispatch"]).to_list() == pytest.approx([0.0005, 0.0008])

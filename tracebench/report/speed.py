@@ -13,7 +13,8 @@ speed 4). So each request's stamps are rebuilt on the simulated timeline, part b
   host part of ~1 ms included: docs/report.md). Anything finer would let a request start before the slot it waited
   for was freed. `t_admitted` (it entered the router queue): as measured after the release without the client gate
   (it is the release), `K * t_admitted` with it (waiting for a slot, at least the release);
-- dispatch -> the simulator's `request_received_ts`: the HTTP hop, host time;
+- dispatch -> the simulator's `request_received_ts`: the HTTP hop, host time, but for the simulator's modelled
+  intake (its `request_hop_s` / K after the client sent the request, `tracebench_sim.request_hop_s`: simulated time);
 - inside the simulator (received -> forward entry -> prefill finished -> finished): the simulator's own model
   clock, exact simulated time / K, so multiplied by K;
 - the first token leaves the simulator `output_s` (its profile, in run.json `tracebench_sim.output_s`) after the
@@ -61,6 +62,18 @@ PD_STAMPS = ("t_prefill_answer", "prefill_received", "prefill_forward_entry", "p
 PD_DURATIONS = ("prefill_queue_time", "prefill_e2e_latency")
 
 
+def intake_hops(meta: dict[str, Any]) -> list[float]:
+    """Each server's modelled intake (simulated seconds: its /server_info `tracebench_sim.request_hop_s`, sim-server.md
+    "Intake"): it took a request in that long after the client sent it, so that much of dispatch -> received is its
+    model's time. 0 for a server that did not say (real sglang; a simulator from before 2026-11-29, which took a
+    request in on arrival: all host time)."""
+    hops = []
+    for server in meta["servers"]:
+        sim = (server.get("server_info") or {}).get("tracebench_sim")
+        hops.append(float(sim["request_hop_s"]) if isinstance(sim, dict) and "request_hop_s" in sim else 0.0)
+    return hops
+
+
 def output_delays(meta: dict[str, Any]) -> list[float] | None:
     """Each server's token hand-out delay (simulated seconds) as its /server_info reported it; None if one did not."""
     delays = []
@@ -103,7 +116,14 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     admitted = (released + (c("t_admitted") - c("t_released")) if meta.get("max_concurrency") is None
                 else pl.when(c("t_admitted").is_not_null()).then(pl.max_horizontal(released, c("t_admitted") * k)))
     requests, dispatch = _dispatch(requests, meta, k, host_wait, released, admitted)
-    received = dispatch + (c("server_received") - c("t_dispatch"))
+    # dispatch -> received: the simulator's modelled intake (at most its hop / K of the run clock, simulated time: x K)
+    # and what the host took beyond it (as measured)
+    paced = pl.lit(0.0)
+    for i, value in enumerate(intake_hops(meta)):
+        paced = pl.when(c("server") == i).then(pl.lit(value / k)).otherwise(paced)
+    hop = c("server_received") - c("t_dispatch")
+    received = pl.when(hop.is_not_null()).then(  # (min/max_horizontal skip nulls: a request without stamps has none)
+        dispatch + pl.min_horizontal(hop, paced) * k + pl.max_horizontal(hop - paced, pl.lit(0.0)))
 
     def inside(name: str) -> pl.Expr:  # a simulator stamp: its model clock, K times compressed
         return received + (c(name) - c("server_received")) * k

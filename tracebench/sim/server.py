@@ -260,7 +260,10 @@ class SimServer:
                                   "vocab_size": args.vocab_size,
                                   # the report's --speed conversion: a token leaves the simulator output_s after
                                   # its step (simulated seconds)
-                                  "output_s": args.profile.output_s}
+                                  "output_s": args.profile.output_s,
+                                  # and it takes a request in request_hop_s after the client sent it (simulated
+                                  # seconds; validate.receipt_time)
+                                  "request_hop_s": args.profile.request_hop_s}
         if self.pd is not None:   # the simulated KV transfer (pd.py)
             info["tracebench_sim"].update({"kv_transfer_bandwidth_gib_s": args.kv_transfer_bandwidth,
                                            "kv_transfer_latency_s": args.kv_transfer_latency,
