@@ -115,15 +115,16 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     # a slot (simulated time, like a capped dispatch)
     admitted = (released + (c("t_admitted") - c("t_released")) if meta.get("max_concurrency") is None
                 else pl.when(c("t_admitted").is_not_null()).then(pl.max_horizontal(released, c("t_admitted") * k)))
-    requests, dispatch = _dispatch(requests, meta, k, host_wait, released, admitted)
     # dispatch -> received: the simulator's modelled intake (at most its hop / K of the run clock, simulated time: x K)
-    # and what the host took beyond it (as measured)
+    # and what the host took beyond it (as measured); a helper column, `_intake_sim`, also read by capped_dispatch
     paced = pl.lit(0.0)
     for i, value in enumerate(intake_hops(meta)):
         paced = pl.when(c("server") == i).then(pl.lit(value / k)).otherwise(paced)
     hop = c("server_received") - c("t_dispatch")
-    received = pl.when(hop.is_not_null()).then(  # (min/max_horizontal skip nulls: a request without stamps has none)
-        dispatch + pl.min_horizontal(hop, paced) * k + pl.max_horizontal(hop - paced, pl.lit(0.0)))
+    requests = requests.with_columns(pl.when(hop.is_not_null()).then(  # (min/max_horizontal skip nulls)
+        pl.min_horizontal(hop, paced) * k + pl.max_horizontal(hop - paced, pl.lit(0.0))).alias("_intake_sim"))
+    requests, dispatch = _dispatch(requests, meta, k, host_wait, released, admitted)
+    received = dispatch + c("_intake_sim")
 
     def inside(name: str) -> pl.Expr:  # a simulator stamp: its model clock, K times compressed
         return received + (c(name) - c("server_received")) * k
@@ -158,7 +159,7 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
            .format(k=k, wait=", router wait" if host_wait else (
                ", the router's dispatch after the release or freed slot it waited for"
                if meta["mode"] == "continuous" else "")))
-    return requests.with_columns(columns).drop("_dispatch_sim", strict=False), how
+    return requests.with_columns(columns).drop("_dispatch_sim", "_intake_sim", strict=False), how
 
 
 def _dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, host_wait: bool, released: pl.Expr,
@@ -236,6 +237,7 @@ def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admi
     t_fin = requests["t_finish"].to_numpy()
     s_rec = requests["server_received"].to_numpy()
     s_fin = requests["server_finished"].to_numpy()
+    intake = requests["_intake_sim"].to_numpy()   # dispatch -> received, simulated (to_simulated_times)
     changes = sorted(float(change["t"]) for change in meta["caps"]["changes"])
     out = np.full(t_dis.shape, np.nan)
     pending: list[tuple[float, float]] = []   # (run-clock finish, simulated finish) of requests taken so far
@@ -259,7 +261,7 @@ def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admi
         out[i] = dispatch = max(candidates)
         if not np.isnan(t_fin[i]):   # its finish (or failure) frees its slot
             if not (np.isnan(s_rec[i]) or np.isnan(s_fin[i])):
-                finish = dispatch + (s_rec[i] - d) + (s_fin[i] - s_rec[i]) * k + (t_fin[i] - s_fin[i])
+                finish = dispatch + intake[i] + (s_fin[i] - s_rec[i]) * k + (t_fin[i] - s_fin[i])
             else:   # no simulator stamps: K x after dispatch, like the other fallbacks
                 finish = dispatch + (t_fin[i] - d) * k
             heapq.heappush(pending, (float(t_fin[i]), float(finish)))
