@@ -376,6 +376,8 @@ def test_virtual_loop_handles_behave_as_asyncios(debug: bool) -> None:
         await asyncio.sleep(1.0)
         assert loop.time() == 1.0
 
+    from tracebench.replay.loop import OWN_HANDLES
+    assert OWN_HANDLES  # this Python's handles are the ones VirtualLoop makes itself: the test runs its own path
     run_virtual(main())
     assert seen == [("soon", 0.0, "main"), ("at", 0.25, "other"), ("later", 0.5, "main")]
     assert len(failures) == 1 and failures[0].startswith("Exception in callback"), failures

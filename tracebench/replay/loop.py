@@ -95,11 +95,12 @@ _MIN_CANCELLED_TIMER_HANDLES_FRACTION = 0.5
 # whose collections then walked every request in flight: 1-2% of a run. A pause costs nothing on a simulated clock.
 VIRTUAL_GC_YOUNG = 20_000
 _new_handle = object.__new__  # a handle without its __init__ (VirtualLoop.call_soon sets every field)
-# the fields VirtualLoop.call_soon/call_at set: an asyncio whose handles have others would get half-made handles
-if {*asyncio.Handle.__slots__, *asyncio.TimerHandle.__slots__} != {
-        "_callback", "_args", "_cancelled", "_loop", "_source_traceback", "_repr", "__weakref__", "_context",
-        "_scheduled", "_when"}:
-    raise ImportError("asyncio's Handle or TimerHandle has fields VirtualLoop does not set (replay/loop.py call_soon)")
+# VirtualLoop.call_soon/call_at make handles themselves only where asyncio's have exactly the fields they set
+# (3.10-3.14); an asyncio whose handles have others gets its own methods (the same handles, made slower), not
+# half-made ones
+OWN_HANDLES = {*asyncio.Handle.__slots__, *asyncio.TimerHandle.__slots__} == {
+    "_callback", "_args", "_cancelled", "_loop", "_source_traceback", "_repr", "__weakref__", "_context",
+    "_scheduled", "_when"}
 
 
 class VirtualLoop(asyncio.SelectorEventLoop):
@@ -126,9 +127,10 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     # call_soon, call_later and call_at make their handles in one frame: asyncio's take four (the method, _call_soon,
     # Handle.__init__, get_debug), for the same handle with the same fields; a virtual run makes ~25 per request. In
-    # debug mode asyncio's own methods run (their checks and the handle's creation traceback).
+    # debug mode (and where asyncio's handles have other fields: OWN_HANDLES) asyncio's own methods run (their checks
+    # and the handle's creation traceback).
     def call_soon(self, callback: Callable[..., object], *args: Any, context: Any = None) -> asyncio.Handle:
-        if self._debug:
+        if self._debug or not OWN_HANDLES:
             return super().call_soon(callback, *args, context=context)
         if self._closed:
             raise RuntimeError("Event loop is closed")
@@ -153,7 +155,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
                 context: Any = None) -> asyncio.TimerHandle:
         if when is None:
             raise TypeError("when cannot be None")
-        if self._debug:
+        if self._debug or not OWN_HANDLES:
             self._check_closed()
             timer = asyncio.TimerHandle(when, callback, args, self, context)
         else:
