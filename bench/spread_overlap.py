@@ -3,7 +3,7 @@ runs whose figures are draws: the capped routing runs near saturation, where a m
 
     .venv/bin/python bench/spread_overlap.py LIST --out DIR --realtime DIR [--realtime DIR ...] [--seeds 8]
         [--jitter-ms 1] [--only WORD ...]
-    .venv/bin/python bench/spread_overlap.py /tmp/x4.txt --out reports/noise --realtime /tmp/i2-1 --realtime /tmp/i2-2
+    .venv/bin/python bench/spread_overlap.py x4.txt --out reports/noise --realtime replays-1 --realtime replays-2
 
 LIST: bench/sim_vs_real_runs.txt's lines (`REAL_RUN TRACE`), those whose path holds any `--only` word. Per real run:
 - the virtual clock's figures over `--seeds` replays with every arrival moved by uniform(±jitter) (bench/sim_noise.py's
