@@ -223,3 +223,36 @@ def test_receipts_keep_the_order_requests_reach_the_server() -> None:
     assert second == first
     assert receipt_time({}, 100.0002, hop, first) == first
     assert receipt_time({}, 200.0, hop, first) == 200.0
+
+
+def test_a_refusal_after_the_receipt_comes_no_sooner_than_the_receipt(sim_server) -> None:
+    # sglang's tokenizer manager and scheduler refuse a request after taking it in: the simulator's answer (and its
+    # stamps) come no sooner than its modelled receipt, request_hop_s / speed after the send (41 ms at speed 0.05);
+    # answered on arrival, a streamed abort's meta_info had a negative e2e_latency and a receipt after its own send
+    from tracebench.replay.client import SENT_HEADER
+    speed = 0.05
+    srv = sim_server("--speed", str(speed))
+    hop = PROFILE.request_hop_s / speed
+    too_long = 4092   # >= max_req_input_len (4096 - 5 + 1): the scheduler's abort
+    cases = [("/generate", {**gen(too_long, 1), "stream": True}, 200),                 # the abort chunk
+             ("/generate", gen(too_long, 1), 400),                                       # the scheduler's 400
+             ("/generate", gen(4000, 200), 400),                               # the tokenizer manager's
+             ("/v1/completions", {"prompt": [7] * too_long, "max_tokens": 1, "stream": True}, 200)]
+    for path, body, status in cases:
+        t_sent = time.time()
+        req = urllib.request.Request(srv.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={SENT_HEADER: repr(t_sent), "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                code, text = resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            code, text = err.code, err.read().decode()
+        t_answered = time.time()
+        assert code == status, (path, text)
+        assert t_answered - t_sent >= hop - 1e-3, (path, body.get("stream"), t_answered - t_sent)
+        if path == "/generate" and status == 200:
+            meta = json.loads(text.split("data: ")[1])["meta_info"]
+            assert meta["finish_reason"]["type"] == "abort"
+            assert meta["e2e_latency"] >= 0.0
+            assert meta["request_received_ts"] <= meta["forward_entry_time"] <= meta["request_finished_ts"]
+            assert meta["request_received_ts"] <= meta["response_sent_to_client_ts"]

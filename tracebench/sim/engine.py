@@ -396,6 +396,15 @@ async def all_finished(pendings: list[Pending]) -> None:
             await pend.event.wait()
 
 
+async def until_receipt(t_received: float) -> None:
+    """Wait until the server has taken in a request (`t_received`, loop time: validate.receipt_time, which may lie a
+    hop ahead of its arrival). What sglang does with a request after its receipt (the tokenizer manager's and the
+    scheduler's refusals, a PD role's bootstrap) comes no sooner."""
+    delay = t_received - asyncio.get_running_loop().time()
+    if delay > 0.0:
+        await asyncio.sleep(delay)
+
+
 def crash(reason: object) -> NoReturn:
     """Like sglang on a device-side assert: the server dies; connections drop, nothing answers (exit 134)."""
     sys.stderr.write(f"sim-server: {reason}\n")

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 from tracebench.sim.answers import JSON, SSE, Answers, bad_json, json_response
 from tracebench.sim.args import SimArgs
-from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash
+from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash, until_receipt
 from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, parse_generate, receipt_time
 
 
@@ -111,8 +111,10 @@ class OpenAIRoute:
         except FatalInput as err:
             crash(err)
         except BadRequest as err:
+            await until_receipt(t_received)
             return _openai_error(str(err))
         except SchedulerAbort as err:
+            await until_receipt(t_received)
             if not stream:
                 return _openai_error(str(err))
             return await self._stream_abort(request, obj, model, str(err))

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 from tracebench.sim.answers import SSE, Answers, bad_json, json_response, model_info, query_error
 from tracebench.sim.args import MODEL_NAME, SGLANG_VERSION, SimArgs
-from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash
+from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash, until_receipt
 from tracebench.sim.model import BatchModel, Limits, token_ids
 from tracebench.sim.openai_routes import ROUTES
 from tracebench.sim.pd import KV_BYTES_PER_TOKEN, PdFace, make_role
@@ -134,10 +134,12 @@ class SimServer:
         except FatalInput as err:
             crash(err)
         except BadRequest as err:
+            await until_receipt(t_received)
             if stream:
                 return await self._stream_error(request, str(err))
             return json_response({"error": {"message": str(err)}}, 400)
         except SchedulerAbort as err:
+            await until_receipt(t_received)
             if stream:
                 return await self._stream_abort(request, obj, str(err), t_received)
             return json_response({"error": {"message": str(err)}}, 400)
