@@ -214,7 +214,7 @@ def test_the_server_takes_a_request_in_the_profiles_hop_after_the_client_sent_it
 def test_receipts_keep_the_order_requests_reach_the_server() -> None:
     # a request sent earlier over a slower connection arrives later: it is taken in after the one before it (the
     # model admits in FCFS order of receipt; a paced stamp before the last one crashed the server with a 500)
-    from tracebench.sim.validate import SENT_HEADER, receipt_time
+    from tracebench.sim.validate import SENT_HEADER, BadRequest, receipt_time
     hop = 0.008
     now = time.time()
     first = receipt_time({SENT_HEADER: repr(now)}, 100.0, hop, -float("inf"))
@@ -223,6 +223,10 @@ def test_receipts_keep_the_order_requests_reach_the_server() -> None:
     assert second == first
     assert receipt_time({}, 100.0002, hop, first) == first
     assert receipt_time({}, 200.0, hop, first) == 200.0
+    # a header that is not a finite number is refused (float() reads 'nan' and 'inf')
+    for bad in ("nan", "inf", "-inf", "soon"):
+        with pytest.raises(BadRequest, match=f"X-Tracebench-Sent: '{bad}' is not a number"):
+            receipt_time({SENT_HEADER: bad}, 100.0, hop, -float("inf"))
 
 
 def test_a_refusal_after_the_receipt_comes_no_sooner_than_the_receipt(sim_server) -> None:

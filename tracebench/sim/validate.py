@@ -3,6 +3,7 @@ the scheduler's input-length abort). Pure: no HTTP, no model, no clock; the face
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -51,14 +52,16 @@ def receipt_time(headers: Mapping[str, str], t_arrived: float, hop_s: float, t_l
     say (another client). At most `hop_s` after arrival: a client whose clock runs ahead cannot hold a request
     longer. Never before `t_last`, the receipt of the request that arrived before it: sglang takes requests in as
     they reach it (one sent earlier over a slower connection comes in after). BadRequest for a header that is not a
-    number."""
+    finite number."""
     sent = headers.get(SENT_HEADER)
     if sent is None:
         return max(t_arrived, t_last)
     try:
         sent_wall = float(sent)
     except ValueError:
-        raise BadRequest(f"header {SENT_HEADER}: {sent!r} is not a number (the sender's wall clock, seconds)") from None
+        sent_wall = math.nan
+    if not math.isfinite(sent_wall):   # (float() takes 'nan' and 'inf': one held a request a hop, one not at all)
+        raise BadRequest(f"header {SENT_HEADER}: {sent!r} is not a number (the sender's wall clock, seconds)")
     return max(t_arrived + min(hop_s, max(0.0, sent_wall + hop_s - time.time())), t_last)
 
 
