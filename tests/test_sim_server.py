@@ -217,16 +217,19 @@ def test_receipts_keep_the_order_requests_reach_the_server() -> None:
     from tracebench.sim.validate import SENT_HEADER, BadRequest, receipt_time
     hop = 0.008
     now = time.time()
-    first = receipt_time({SENT_HEADER: repr(now)}, 100.0, hop, -float("inf"))
-    assert first == pytest.approx(100.0 + hop, abs=1e-3)
-    second = receipt_time({SENT_HEADER: repr(now - 0.005)}, 100.0001, hop, first)
+    first = receipt_time({SENT_HEADER: repr(now)}, 100.0, now + 0.0004, hop, -float("inf"))
+    assert first == pytest.approx(100.0 + hop - 0.0004, abs=1e-6)   # the hop from the send, not from the arrival
+    second = receipt_time({SENT_HEADER: repr(now - 0.005)}, 100.0001, now + 0.0005, hop, first)
     assert second == first
-    assert receipt_time({}, 100.0002, hop, first) == first
-    assert receipt_time({}, 200.0, hop, first) == 200.0
+    assert receipt_time({}, 100.0002, now + 0.0006, hop, first) == first
+    assert receipt_time({}, 200.0, now + 100.0, hop, first) == 200.0
+    # a hop already over on arrival (a slow host): on arrival; a sender's clock ahead: a hop at most
+    assert receipt_time({SENT_HEADER: repr(now - 1.0)}, 300.0, now, hop, first) == 300.0
+    assert receipt_time({SENT_HEADER: repr(now + 1.0)}, 300.0, now, hop, first) == 300.0 + hop
     # a header that is not a finite number is refused (float() reads 'nan' and 'inf')
     for bad in ("nan", "inf", "-inf", "soon"):
         with pytest.raises(BadRequest, match=f"X-Tracebench-Sent: '{bad}' is not a number"):
-            receipt_time({SENT_HEADER: bad}, 100.0, hop, -float("inf"))
+            receipt_time({SENT_HEADER: bad}, 100.0, now, hop, -float("inf"))
 
 
 def test_a_refusal_after_the_receipt_comes_no_sooner_than_the_receipt(sim_server) -> None:

@@ -89,6 +89,7 @@ class OpenAIRoute:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         t_received = asyncio.get_running_loop().time()
+        wall_arrived = time.time()   # read with it: the checks and the parse below are not the hop's (receipt_time)
         if request.content_type != JSON:  # sglang's validate_json_request dependency
             return _openai_validation_error("1 validation error:\n  {'loc': ['header', 'content-type'], 'msg': "
                                             "\"Unsupported Media Type: Only 'application/json' is allowed\", "
@@ -102,7 +103,8 @@ class OpenAIRoute:
         stream = obj.get("stream") is True
         try:
             t_received = self.engine.last_receipt = receipt_time(
-                request.headers, t_received, self.args.profile.request_hop_s / self.args.speed, self.engine.last_receipt)
+                request.headers, t_received, wall_arrived, self.args.profile.request_hop_s / self.args.speed,
+                self.engine.last_receipt)
             generate, model = self.to_generate(obj)
             # validation errors are 400 JSON for streams too: sglang pulls the first chunk before answering 200
             single, items, rids = parse_generate(generate, False, self.args, self.engine.rids_in_flight)

@@ -119,6 +119,7 @@ class SimServer:
         # stamped once the body is in (as sglang stamps request_received_ts), with no await until submit(): requests
         # reach the model in the order of their stamps (a stamp before the read let a slow upload be overtaken)
         t_received = loop.time()
+        wall_arrived = time.time()   # read with it: the parse below is not the hop's (receipt_time)
         try:
             obj = orjson.loads(body)
         except orjson.JSONDecodeError as err:
@@ -127,8 +128,8 @@ class SimServer:
             return bad_json("Input should be a valid dictionary")
         stream = bool(obj.get("stream", False))
         try:
-            t_received = self.engine.last_receipt = receipt_time(request.headers, t_received, self.receipt_hop,
-                                                                 self.engine.last_receipt)
+            t_received = self.engine.last_receipt = receipt_time(request.headers, t_received, wall_arrived,
+                                                                 self.receipt_hop, self.engine.last_receipt)
             single, items, rids = parse_generate(obj, stream, self.args, self.engine.rids_in_flight)
             boot = None if self.pd_face is None else self.pd_face.bootstrap(obj, items)
         except FatalInput as err:
