@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import signal
 import socket
 import time
@@ -219,9 +220,10 @@ def test_receipts_keep_the_order_requests_reach_the_server() -> None:
     now = time.time()
     first = receipt_time({SENT_HEADER: repr(now)}, 100.0, now + 0.0004, hop, -float("inf"))
     assert first == pytest.approx(100.0 + hop - 0.0004, abs=1e-6)   # the hop from the send, not from the arrival
+    # one at a time: right after the one before, never tied with it (the next float)
     second = receipt_time({SENT_HEADER: repr(now - 0.005)}, 100.0001, now + 0.0005, hop, first)
-    assert second == first
-    assert receipt_time({}, 100.0002, now + 0.0006, hop, first) == first
+    assert second == math.nextafter(first, math.inf)
+    assert receipt_time({}, 100.0002, now + 0.0006, hop, second) == math.nextafter(second, math.inf)
     assert receipt_time({}, 200.0, now + 100.0, hop, first) == 200.0
     # a hop already over on arrival (a slow host): on arrival; a sender's clock ahead: a hop at most
     assert receipt_time({SENT_HEADER: repr(now - 1.0)}, 300.0, now, hop, first) == 300.0
@@ -263,3 +265,29 @@ def test_a_refusal_after_the_receipt_comes_no_sooner_than_the_receipt(sim_server
             assert meta["e2e_latency"] >= 0.0
             assert meta["request_received_ts"] <= meta["forward_entry_time"] <= meta["request_finished_ts"]
             assert meta["request_received_ts"] <= meta["response_sent_to_client_ts"]
+
+
+def test_waits_for_receipts_end_in_receipt_order() -> None:
+    # a PD role and a refusal wait for the request's receipt (engine.until_receipt); receipts a float apart (two
+    # requests that reached the server together) must be served first come first served: asyncio.sleep(t - now) put
+    # half of 300 such waits out of order
+    import asyncio
+
+    from tracebench.sim.engine import until_receipt
+
+    async def main() -> list[int]:
+        t = asyncio.get_running_loop().time() + 0.02
+        receipts = []
+        for _ in range(300):
+            receipts.append(t)
+            t = math.nextafter(t, math.inf)
+        order: list[int] = []
+
+        async def wait(i: int) -> None:
+            await until_receipt(receipts[i])
+            order.append(i)
+
+        await asyncio.gather(*(wait(i) for i in range(300)))
+        return order
+
+    assert asyncio.run(main()) == list(range(300))
