@@ -177,3 +177,9 @@ def test_the_simulators_modelled_intake_is_simulated_time_at_speed_k() -> None:
     old = {"servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002}}}]}
     out, _ = to_simulated_times(requests, {**meta, **old}, k)
     assert (out["server_received"] - out["t_dispatch"]).to_list() == pytest.approx([0.0005, 0.0008])
+    # a hop below 0 (an attached simulator whose host clock is behind the client's) holds no modelled intake: it stays
+    # as measured, with request_hop_s or without (K x it put the receipt 4 times further before the dispatch)
+    behind = requests.with_columns(pl.Series("server_received", [-0.0003, 0.9997]))
+    for runs_meta in (meta, {**meta, **old}):
+        out, _ = to_simulated_times(behind, runs_meta, k)
+        assert (out["server_received"] - out["t_dispatch"]).to_list() == pytest.approx([-0.0003, -0.0003])

@@ -115,15 +115,9 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     # a slot (simulated time, like a capped dispatch)
     admitted = (released + (c("t_admitted") - c("t_released")) if meta.get("max_concurrency") is None
                 else pl.when(c("t_admitted").is_not_null()).then(pl.max_horizontal(released, c("t_admitted") * k)))
+    intake = _intake(meta, k)
     requests, dispatch = _dispatch(requests, meta, k, host_wait, released, admitted)
-    # dispatch -> received: the simulator's modelled intake (at most its hop / K of the run clock, simulated time: x K)
-    # and what the host took beyond it (as measured)
-    paced = pl.lit(0.0)
-    for i, value in enumerate(intake_hops(meta)):
-        paced = pl.when(c("server") == i).then(pl.lit(value / k)).otherwise(paced)
-    hop = c("server_received") - c("t_dispatch")
-    received = pl.when(hop.is_not_null()).then(  # (min/max_horizontal skip nulls: a request without stamps has none)
-        dispatch + pl.min_horizontal(hop, paced) * k + pl.max_horizontal(hop - paced, pl.lit(0.0)))
+    received = dispatch + intake
 
     def inside(name: str) -> pl.Expr:  # a simulator stamp: its model clock, K times compressed
         return received + (c(name) - c("server_received")) * k
@@ -159,6 +153,21 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
                ", the router's dispatch after the release or freed slot it waited for"
                if meta["mode"] == "continuous" else "")))
     return requests.with_columns(columns).drop("_dispatch_sim", strict=False), how
+
+
+def _intake(meta: dict[str, Any], k: float) -> pl.Expr:
+    """dispatch -> the simulator's receipt in simulated seconds (null without the stamp): the simulator's modelled
+    intake (the part of the run-clock hop up to its request_hop_s / K, simulated time: x K) and what the host took
+    beyond it (as measured). A hop below 0 (a simulator on a host whose clock is behind) holds no modelled part: as
+    measured, as for a simulator that does not report request_hop_s."""
+    c = pl.col
+    paced = pl.lit(0.0)
+    for i, value in enumerate(intake_hops(meta)):
+        paced = pl.when(c("server") == i).then(pl.lit(value / k)).otherwise(paced)
+    hop = c("server_received") - c("t_dispatch")
+    modelled = pl.min_horizontal(pl.max_horizontal(hop, pl.lit(0.0)), paced)
+    # (min/max_horizontal skip nulls: a request without the stamp has no hop)
+    return pl.when(hop.is_not_null()).then(hop + modelled * (k - 1.0))
 
 
 def _dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, host_wait: bool, released: pl.Expr,
