@@ -103,6 +103,14 @@ def _raw_records(runs: Path, name: str) -> list[dict]:
         return [json.loads(line) for line in fh]
 
 
+def _intake(r: dict, meta: dict, k: float) -> float:
+    """docs/report.md: dispatch -> the simulator's request_received_ts, its modelled intake (up to request_hop_s / K of
+    the run clock) x K and the rest as measured."""
+    hop = r["server_received"] - r["t_dispatch"]
+    paced = meta["servers"][r["server"]]["server_info"]["tracebench_sim"]["request_hop_s"] / k
+    return hop + min(max(hop, 0.0), paced) * (k - 1)
+
+
 def _capped_dispatch(records: list[dict], meta: dict, k: float) -> dict[int, float]:
     """docs/report.md: a capped run's dispatch is the latest event before it (its release, a finish that freed a slot,
     a cap change) on the simulated timeline plus the host time since; computed request by request in dispatch order."""
@@ -119,7 +127,7 @@ def _capped_dispatch(records: list[dict], meta: dict, k: float) -> dict[int, flo
         out[r["id"]] = dispatch = max(candidates)
         if r["t_finish"] is not None:
             if r["server_received"] is not None and r["server_finished"] is not None:
-                finish = (dispatch + r["server_received"] - d + (r["server_finished"] - r["server_received"]) * k
+                finish = (dispatch + _intake(r, meta, k) + (r["server_finished"] - r["server_received"]) * k
                           + r["t_finish"] - r["server_finished"])
             else:
                 finish = dispatch + (r["t_finish"] - d) * k
@@ -129,8 +137,8 @@ def _capped_dispatch(records: list[dict], meta: dict, k: float) -> dict[int, flo
 
 def _records(runs: Path, name: str) -> list[dict]:
     """requests.jsonl in simulated seconds, as docs/report.md defines it for a run at --speed K: the simulator's time
-    (request_received_ts -> its other stamps) x K, tracebench's host time (release lag, the HTTP hops, the router
-    wait of an uncapped run) as measured, the arrival x K."""
+    (its modelled intake, request_received_ts -> its other stamps) x K, tracebench's host time (release lag, the HTTP
+    hops beyond the intake, the router wait of an uncapped run) as measured, the arrival x K."""
     meta = json.loads((runs / "reports" / name / "run.json").read_text())
     k = meta["speed"]
     assert k == (2.0 if name == "stopped" else float(SPEED))
@@ -152,7 +160,7 @@ def _records(runs: Path, name: str) -> list[dict]:
             if raw[field] is not None:
                 r[field] = raw[field] * k
         if raw["server_received"] is not None and raw["server_finished"] is not None:
-            received = r["t_dispatch"] + raw["server_received"] - raw["t_dispatch"]
+            received = r["t_dispatch"] + _intake(raw, meta, k)
             for field in ("server_received", "server_forward_entry", "server_prefill_finished", "server_finished"):
                 r[field] = received + (raw[field] - raw["server_received"]) * k
             r["t_finish"] = r["server_finished"] + raw["t_finish"] - raw["server_finished"]

@@ -183,3 +183,28 @@ def test_the_simulators_modelled_intake_is_simulated_time_at_speed_k() -> None:
     for runs_meta in (meta, {**meta, **old}):
         out, _ = to_simulated_times(behind, runs_meta, k)
         assert (out["server_received"] - out["t_dispatch"]).to_list() == pytest.approx([-0.0003, -0.0003])
+
+
+def test_a_capped_dispatch_waits_for_the_converted_finish_with_the_modelled_intake() -> None:
+    # as test_capped_dispatch_counts_the_routers_host_time_once, but the simulator models its intake (request_hop_s
+    # 2 ms, 0.5 ms of the run clock at speed 4): request 0's 0.2 ms hop is simulated time, 0.8 ms converted; request
+    # 1 waited for request 0's slot, so it is dispatched after request 0's converted finish (0.6 ms before it when the
+    # freed slot's finish kept the hop as measured)
+    k = 4.0
+    stamps = {"server_received": [0.0012, 1.5017], "server_forward_entry": [0.0013, 1.5018],
+              "server_prefill_finished": [0.01, 1.51], "server_finished": [1.5, 2.0]}
+    requests = pl.DataFrame({
+        "t_arrival": [0.0, 1.0], "t_released": [0.0005, 1.0005], "t_admitted": [0.0005, 1.0005],
+        "t_dispatch": [0.001, 1.501], "t_first_token": [0.0112, 1.5112], "t_finish": [1.5005, 2.0005], "server": [0, 0],
+        "server_e2e_latency": [1.4988, 0.4983], "server_queue_time": [0.0, 0.0], "itl_max": [None, None],
+        **stamps,
+        **{name: [None, None] for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")},
+    }, schema_overrides={"itl_max": pl.Float64,
+                         **{name: pl.Float64 for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}})
+    meta = {"mode": "continuous", "caps": {"initial": [1], "changes": []},
+            "servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002, "request_hop_s": 0.002}}}]}
+    out, _ = to_simulated_times(requests, meta, k)
+    t = out["t_dispatch"].to_list()
+    finish0 = out["t_finish"][0]
+    assert finish0 == pytest.approx(t[0] + 0.0002 * k + (1.5 - 0.0012) * k + 0.0005)
+    assert t[1] == pytest.approx(finish0 + 0.0005)   # the freed slot + the router's 0.5 ms

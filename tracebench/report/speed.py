@@ -116,7 +116,7 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     admitted = (released + (c("t_admitted") - c("t_released")) if meta.get("max_concurrency") is None
                 else pl.when(c("t_admitted").is_not_null()).then(pl.max_horizontal(released, c("t_admitted") * k)))
     intake = _intake(meta, k)
-    requests, dispatch = _dispatch(requests, meta, k, host_wait, released, admitted)
+    requests, dispatch = _dispatch(requests, meta, k, host_wait, released, admitted, intake)
     received = dispatch + intake
 
     def inside(name: str) -> pl.Expr:  # a simulator stamp: its model clock, K times compressed
@@ -171,7 +171,7 @@ def _intake(meta: dict[str, Any], k: float) -> pl.Expr:
 
 
 def _dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, host_wait: bool, released: pl.Expr,
-              admitted: pl.Expr) -> tuple[pl.DataFrame, pl.Expr]:
+              admitted: pl.Expr, intake: pl.Expr) -> tuple[pl.DataFrame, pl.Expr]:
     """The simulated dispatch (module docstring), as an expression over the records returned with it (which then may
     hold a helper column, `_dispatch_sim`, that to_simulated_times drops)."""
     c = pl.col
@@ -181,9 +181,10 @@ def _dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, host_wait:
         # with a cap (or the client gate) a request is dispatched at its release or admission, or when a slot frees:
         # after the event that let it go (simulated time) by the router's own host time
         admitted_sim = requests.select(admitted.alias("v"))["v"].to_numpy()
+        intake_sim = requests.select(intake.alias("v"))["v"].to_numpy()
         # (never dispatched: NaN from numpy, null here, like the t_dispatch it stands for)
         requests = requests.with_columns(
-            pl.Series("_dispatch_sim", capped_dispatch(requests, meta, k, admitted_sim)).fill_nan(None))
+            pl.Series("_dispatch_sim", capped_dispatch(requests, meta, k, admitted_sim, intake_sim)).fill_nan(None))
         return requests, c("_dispatch_sim")
     # static batches: K x the run-clock dispatch keeps it after the finish that completed the previous batch
     return requests, c("t_dispatch") * k
@@ -228,15 +229,16 @@ def _breakdown_columns(admitted: pl.Expr, dispatch: pl.Expr, first_k: pl.Expr, f
     ]
 
 
-def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admitted_sim: np.ndarray) -> np.ndarray:
+def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admitted_sim: np.ndarray,
+                    intake_sim: np.ndarray) -> np.ndarray:
     """Each request's dispatch in simulated seconds, for a continuous run with caps: the router sends a request when
     it is released or when a slot frees (a request finishes, or a cap changes), at once. So the dispatch is the last
     such event before it, on the simulated timeline, plus the host time since (run clock): the release at
     K * t_arrival + release lag, a finish as that request's own converted finish (which needs its dispatch: requests
     are taken in dispatch order, and whatever finished before a dispatch was dispatched before it), a cap change at
     K * t; and its admission through the client gate (`admitted_sim`, already converted; without the gate, the
-    release). The latest of the candidates, so the dispatch never comes before the release or admission it followed
-    nor before the finish it waited for. K * t_dispatch instead would count the router's host time K times
+    release; `intake_sim`, dispatch -> the simulator's receipt converted, `_intake`). The latest of the candidates, so
+    the dispatch never comes before the release or admission it followed nor before the finish it waited for. K * t_dispatch instead would count the router's host time K times
     (docs/report.md)."""
     t_arr = requests["t_arrival"].to_numpy()
     t_rel = requests["t_released"].to_numpy()
@@ -268,7 +270,7 @@ def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admi
         out[i] = dispatch = max(candidates)
         if not np.isnan(t_fin[i]):   # its finish (or failure) frees its slot
             if not (np.isnan(s_rec[i]) or np.isnan(s_fin[i])):
-                finish = dispatch + (s_rec[i] - d) + (s_fin[i] - s_rec[i]) * k + (t_fin[i] - s_fin[i])
+                finish = dispatch + intake_sim[i] + (s_fin[i] - s_rec[i]) * k + (t_fin[i] - s_fin[i])
             else:   # no simulator stamps: K x after dispatch, like the other fallbacks
                 finish = dispatch + (t_fin[i] - d) * k
             heapq.heappush(pending, (float(t_fin[i]), float(finish)))
