@@ -208,3 +208,32 @@ def test_a_capped_dispatch_waits_for_the_converted_finish_with_the_modelled_inta
     finish0 = out["t_finish"][0]
     assert finish0 == pytest.approx(t[0] + 0.0002 * k + (1.5 - 0.0012) * k + 0.0005)
     assert t[1] == pytest.approx(finish0 + 0.0005)   # the freed slot + the router's 0.5 ms
+
+
+def test_the_replays_simulated_duration_is_the_reports_with_the_modelled_intake() -> None:
+    # the replay's summary line ("N simulated s ..., as tracebench report counts them", replay/summary.py) mirrors
+    # report/speed.py: with a simulator that models its intake (request_hop_s 2 ms: 0.5 ms of the run clock at
+    # speed 4) the report counts that part x K, and so must the summary (it kept the hop as measured: 1.5 ms short).
+    # An uncapped run (with a cap the summary takes K x t_dispatch, the report the freed slot's finish: not the same)
+    from tracebench.replay.records import RequestRecord
+    from tracebench.replay.summary import SimulatedSpan
+
+    k = 4.0
+    row = {"t_arrival": 0.0, "t_released": 0.0001, "t_admitted": 0.0001, "t_dispatch": 0.0003,
+           "t_first_token": 0.0112, "t_finish": 0.5005, "server": 0, "server_received": 0.0007,
+           "server_forward_entry": 0.0008, "server_prefill_finished": 0.01, "server_finished": 0.5,
+           "server_e2e_latency": 0.4993, "server_queue_time": 0.0}
+    requests = pl.DataFrame({**{key: [value] for key, value in row.items()}, "itl_max": [None],
+                             **{name: [None] for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}},
+                            schema_overrides={"itl_max": pl.Float64, **{name: pl.Float64 for name in (
+                                *BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}})
+    meta = {"mode": "continuous", "caps": {"initial": [None], "changes": []},
+            "servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002, "request_hop_s": 0.002}}}]}
+    out, _ = to_simulated_times(requests, meta, k)
+    reported = out["t_finish"][0] - out["t_arrival"][0]
+    span = SimulatedSpan(k, [0.002])
+    fields = {key: row[key] for key in ("t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server",
+                                        "server_received", "server_forward_entry", "server_prefill_finished",
+                                        "server_finished")}
+    span.add(RequestRecord(0, 64, 8, **fields))
+    assert span.duration(host_wait=True, output_s_known=True) == pytest.approx(reported, abs=1e-9)
