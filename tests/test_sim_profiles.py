@@ -236,4 +236,11 @@ def test_the_replays_simulated_duration_is_the_reports_with_the_modelled_intake(
                                         "server_received", "server_forward_entry", "server_prefill_finished",
                                         "server_finished")}
     span.add(RequestRecord(0, 64, 8, **fields))
-    assert span.duration(host_wait=True, output_s_known=True) == pytest.approx(reported, abs=1e-9)
+    assert span.duration(host_wait=True, output_s_known=True, pd=False) == pytest.approx(reported, abs=1e-9)
+    # a PD run: the report multiplies every time by K (report/speed.py), so does the summary (it took the per-part
+    # rebuild: 1.5 ms + 3 x the host time short)
+    out, _ = to_simulated_times(requests.with_columns(**{name: pl.lit(None, pl.Float64) for name in (
+        "t_prefill_answer", "prefill_received", "prefill_forward_entry", "prefill_done", "prefill_finished",
+        "prefill_queue_time", "prefill_e2e_latency")}), {**meta, "pd": {"pools": {}}}, k)
+    assert span.duration(host_wait=True, output_s_known=True, pd=True) == pytest.approx(
+        out["t_finish"][0] - out["t_arrival"][0], abs=1e-9)

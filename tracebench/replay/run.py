@@ -965,7 +965,7 @@ class Replay:
         output_s_known = all(isinstance((info or {}).get("tracebench_sim"), dict)
                              and isinstance(info["tracebench_sim"].get("output_s"), (int, float))
                              for info in self.server_info)
-        duration = self.router.span.duration(host_wait, output_s_known)
+        duration = self.router.span.duration(host_wait, output_s_known, self.cfg.is_pd)
         if duration is None:
             return f"{k}: no request completed, so no simulated duration"
         return (f"{k}: {duration:.1f} simulated s from the first arrival to the last completed finish, as tracebench "

@@ -11,7 +11,7 @@ For a completed record with the simulator's stamps, report/speed.py's finish red
                                                                                            for a slot)
 where intake is the simulator's modelled intake on the run clock, the hop server_received - t_dispatch up to its
 request_hop_s / K (0 for a simulator that does not report it), and to K x t_finish when the simulators did not report
-`output_s` (every time x K)."""
+`output_s` or the run is a PD run (every time x K)."""
 
 from __future__ import annotations
 
@@ -58,11 +58,12 @@ class SimulatedSpan:
         self.finish_host_wait = max(self.finish_host_wait, host_wait)
         self.finish_capped = max(self.finish_capped, capped)
 
-    def duration(self, host_wait: bool, output_s_known: bool) -> float | None:
+    def duration(self, host_wait: bool, output_s_known: bool, pd: bool) -> float | None:
         """First arrival to last completed finish in simulated seconds (None: none completed). `host_wait`: the run had no
         cap and continuous batching (report/speed.py `uncapped`); `output_s_known`: every simulator reported
-        output_s (else the report multiplies every time by K)."""
-        end = self.finish_scaled if not output_s_known else self.finish_host_wait if host_wait else self.finish_capped
+        output_s; `pd`: a PD run. Without output_s, and for a PD run, the report multiplies every time by K."""
+        end = (self.finish_scaled if pd or not output_s_known
+               else self.finish_host_wait if host_wait else self.finish_capped)
         if not math.isfinite(end):
             return None
         start = self.k * self.first_arrival
