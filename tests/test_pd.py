@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -527,3 +528,35 @@ def test_pd_hung_prefill_server_stalls_and_the_run_stops(tmp_path: Path, sim_ser
     assert set(statuses) <= {"ok", "timeout", "cancelled", "not_sent"}, statuses
     assert all("server 0 stalled" in r["error"] and r["prefill_server"] == 0 for r in records if r["status"] == "timeout")
     assert run["pd"]["server_metrics"][0]["error"] == "down during the run: not asked after it"
+
+
+def test_a_pd_role_starts_on_the_requests_receipt_not_its_arrival(sim_server) -> None:
+    # the simulator takes a request in request_hop_s / speed after tracebench's client sent it (41 ms at speed 0.05);
+    # the decode's handshake and pre-allocation come after that receipt, as on the virtual clock (started on arrival,
+    # its handshake was done a hop before the receipt)
+    from tracebench.replay.client import SENT_HEADER
+    boot = free_port()
+    common = ("--speed", "0.05", "--skip-tokenizer-init")
+    prefill = sim_server("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot), *common,
+                         wait=False)
+    decode = sim_server("--disaggregation-mode", "decode", *common, wait=False)
+    for server in (prefill, decode):
+        wait_healthy(server.url, server.proc, server.log)
+
+    async def main() -> tuple:
+        async with aiohttp.ClientSession() as session:
+            async def post(url: str) -> tuple[int, list[dict]]:
+                body = _body(64, 3, boot, out=2, stream=False)
+                async with session.post(f"{url}/generate", json=body, headers={SENT_HEADER: repr(time.time())}) as r:
+                    return r.status, [json.loads(await r.read())]
+
+            return await asyncio.gather(post(prefill.url), post(decode.url))
+
+    (p_status, _), (d_status, (d_out,)) = asyncio.run(main())
+    assert p_status == d_status == 200 and d_out["meta_info"]["completion_tokens"] == 2
+    metrics = _get(f"{decode.url}/metrics")
+    bootstrap_ms = next(float(line.split()[-1]) for line in metrics.splitlines()
+                        if line.startswith("sglang:kv_transfer_bootstrap_ms_sum"))
+    # its handshake ended after the receipt: bootstrap time (from the entry, queue_entry_s / speed after the receipt)
+    # above -queue_entry_s / speed
+    assert bootstrap_ms >= -load_profile("llama-2-7b-h200-triton").queue_entry_s / 0.05 * 1000

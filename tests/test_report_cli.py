@@ -104,11 +104,11 @@ def _raw_records(runs: Path, name: str) -> list[dict]:
 
 
 def _intake(r: dict, meta: dict, k: float) -> float:
-    """dispatch -> received in simulated seconds (docs/report.md): the simulator takes a request in its request_hop_s
-    / K after the client sent it (simulated time, x K); what the host took beyond that stays as measured."""
+    """docs/report.md: dispatch -> the simulator's request_received_ts, its modelled intake (up to request_hop_s / K of
+    the run clock) x K and the rest as measured."""
     hop = r["server_received"] - r["t_dispatch"]
     paced = meta["servers"][r["server"]]["server_info"]["tracebench_sim"]["request_hop_s"] / k
-    return min(hop, paced) * k + max(hop - paced, 0.0)
+    return hop + min(max(hop, 0.0), paced) * (k - 1)
 
 
 def _capped_dispatch(records: list[dict], meta: dict, k: float) -> dict[int, float]:

@@ -177,3 +177,70 @@ def test_the_simulators_modelled_intake_is_simulated_time_at_speed_k() -> None:
     old = {"servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002}}}]}
     out, _ = to_simulated_times(requests, {**meta, **old}, k)
     assert (out["server_received"] - out["t_dispatch"]).to_list() == pytest.approx([0.0005, 0.0008])
+    # a hop below 0 (an attached simulator whose host clock is behind the client's) holds no modelled intake: it stays
+    # as measured, with request_hop_s or without (K x it put the receipt 4 times further before the dispatch)
+    behind = requests.with_columns(pl.Series("server_received", [-0.0003, 0.9997]))
+    for runs_meta in (meta, {**meta, **old}):
+        out, _ = to_simulated_times(behind, runs_meta, k)
+        assert (out["server_received"] - out["t_dispatch"]).to_list() == pytest.approx([-0.0003, -0.0003])
+
+
+def test_a_capped_dispatch_waits_for_the_converted_finish_with_the_modelled_intake() -> None:
+    # as test_capped_dispatch_counts_the_routers_host_time_once, but the simulator models its intake (request_hop_s
+    # 2 ms, 0.5 ms of the run clock at speed 4): request 0's 0.2 ms hop is simulated time, 0.8 ms converted; request
+    # 1 waited for request 0's slot, so it is dispatched after request 0's converted finish (0.6 ms before it when the
+    # freed slot's finish kept the hop as measured)
+    k = 4.0
+    stamps = {"server_received": [0.0012, 1.5017], "server_forward_entry": [0.0013, 1.5018],
+              "server_prefill_finished": [0.01, 1.51], "server_finished": [1.5, 2.0]}
+    requests = pl.DataFrame({
+        "t_arrival": [0.0, 1.0], "t_released": [0.0005, 1.0005], "t_admitted": [0.0005, 1.0005],
+        "t_dispatch": [0.001, 1.501], "t_first_token": [0.0112, 1.5112], "t_finish": [1.5005, 2.0005], "server": [0, 0],
+        "server_e2e_latency": [1.4988, 0.4983], "server_queue_time": [0.0, 0.0], "itl_max": [None, None],
+        **stamps,
+        **{name: [None, None] for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")},
+    }, schema_overrides={"itl_max": pl.Float64,
+                         **{name: pl.Float64 for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}})
+    meta = {"mode": "continuous", "caps": {"initial": [1], "changes": []},
+            "servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002, "request_hop_s": 0.002}}}]}
+    out, _ = to_simulated_times(requests, meta, k)
+    t = out["t_dispatch"].to_list()
+    finish0 = out["t_finish"][0]
+    assert finish0 == pytest.approx(t[0] + 0.0002 * k + (1.5 - 0.0012) * k + 0.0005)
+    assert t[1] == pytest.approx(finish0 + 0.0005)   # the freed slot + the router's 0.5 ms
+
+
+def test_the_replays_simulated_duration_is_the_reports_with_the_modelled_intake() -> None:
+    # the replay's summary line ("N simulated s ..., as tracebench report counts them", replay/summary.py) mirrors
+    # report/speed.py: with a simulator that models its intake (request_hop_s 2 ms: 0.5 ms of the run clock at
+    # speed 4) the report counts that part x K, and so must the summary (it kept the hop as measured: 1.5 ms short).
+    # An uncapped run (with a cap the summary takes K x t_dispatch, the report the freed slot's finish: not the same)
+    from tracebench.replay.records import RequestRecord
+    from tracebench.replay.summary import SimulatedSpan
+
+    k = 4.0
+    row = {"t_arrival": 0.0, "t_released": 0.0001, "t_admitted": 0.0001, "t_dispatch": 0.0003,
+           "t_first_token": 0.0112, "t_finish": 0.5005, "server": 0, "server_received": 0.0007,
+           "server_forward_entry": 0.0008, "server_prefill_finished": 0.01, "server_finished": 0.5,
+           "server_e2e_latency": 0.4993, "server_queue_time": 0.0}
+    requests = pl.DataFrame({**{key: [value] for key, value in row.items()}, "itl_max": [None],
+                             **{name: [None] for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}},
+                            schema_overrides={"itl_max": pl.Float64, **{name: pl.Float64 for name in (
+                                *BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}})
+    meta = {"mode": "continuous", "caps": {"initial": [None], "changes": []},
+            "servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002, "request_hop_s": 0.002}}}]}
+    out, _ = to_simulated_times(requests, meta, k)
+    reported = out["t_finish"][0] - out["t_arrival"][0]
+    span = SimulatedSpan(k, [0.002])
+    fields = {key: row[key] for key in ("t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server",
+                                        "server_received", "server_forward_entry", "server_prefill_finished",
+                                        "server_finished")}
+    span.add(RequestRecord(0, 64, 8, **fields))
+    assert span.duration(host_wait=True, output_s_known=True, pd=False) == pytest.approx(reported, abs=1e-9)
+    # a PD run: the report multiplies every time by K (report/speed.py), so does the summary (it took the per-part
+    # rebuild: 1.5 ms + 3 x the host time short)
+    out, _ = to_simulated_times(requests.with_columns(**{name: pl.lit(None, pl.Float64) for name in (
+        "t_prefill_answer", "prefill_received", "prefill_forward_entry", "prefill_done", "prefill_finished",
+        "prefill_queue_time", "prefill_e2e_latency")}), {**meta, "pd": {"pools": {}}}, k)
+    assert span.duration(host_wait=True, output_s_known=True, pd=True) == pytest.approx(
+        out["t_finish"][0] - out["t_arrival"][0], abs=1e-9)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import signal
 import socket
 import time
@@ -214,12 +215,79 @@ def test_the_server_takes_a_request_in_the_profiles_hop_after_the_client_sent_it
 def test_receipts_keep_the_order_requests_reach_the_server() -> None:
     # a request sent earlier over a slower connection arrives later: it is taken in after the one before it (the
     # model admits in FCFS order of receipt; a paced stamp before the last one crashed the server with a 500)
-    from tracebench.sim.validate import SENT_HEADER, receipt_time
+    from tracebench.sim.validate import SENT_HEADER, BadRequest, receipt_time
     hop = 0.008
     now = time.time()
-    first = receipt_time({SENT_HEADER: repr(now)}, 100.0, hop, -float("inf"))
-    assert first == pytest.approx(100.0 + hop, abs=1e-3)
-    second = receipt_time({SENT_HEADER: repr(now - 0.005)}, 100.0001, hop, first)
-    assert second == first
-    assert receipt_time({}, 100.0002, hop, first) == first
-    assert receipt_time({}, 200.0, hop, first) == 200.0
+    first = receipt_time({SENT_HEADER: repr(now)}, 100.0, now + 0.0004, hop, -float("inf"))
+    assert first == pytest.approx(100.0 + hop - 0.0004, abs=1e-6)   # the hop from the send, not from the arrival
+    # one at a time: right after the one before, never tied with it (the next float)
+    second = receipt_time({SENT_HEADER: repr(now - 0.005)}, 100.0001, now + 0.0005, hop, first)
+    assert second == math.nextafter(first, math.inf)
+    assert receipt_time({}, 100.0002, now + 0.0006, hop, second) == math.nextafter(second, math.inf)
+    assert receipt_time({}, 200.0, now + 100.0, hop, first) == 200.0
+    # a hop already over on arrival (a slow host): on arrival; a sender's clock ahead: a hop at most
+    assert receipt_time({SENT_HEADER: repr(now - 1.0)}, 300.0, now, hop, first) == 300.0
+    assert receipt_time({SENT_HEADER: repr(now + 1.0)}, 300.0, now, hop, first) == 300.0 + hop
+    # a header that is not a finite number is refused (float() reads 'nan' and 'inf')
+    for bad in ("nan", "inf", "-inf", "soon"):
+        with pytest.raises(BadRequest, match=f"X-Tracebench-Sent: '{bad}' is not a number"):
+            receipt_time({SENT_HEADER: bad}, 100.0, now, hop, -float("inf"))
+
+
+def test_a_refusal_after_the_receipt_comes_no_sooner_than_the_receipt(sim_server) -> None:
+    # sglang's tokenizer manager and scheduler refuse a request after taking it in: the simulator's answer (and its
+    # stamps) come no sooner than its modelled receipt, request_hop_s / speed after the send (41 ms at speed 0.05);
+    # answered on arrival, a streamed abort's meta_info had a negative e2e_latency and a receipt after its own send
+    from tracebench.replay.client import SENT_HEADER
+    speed = 0.05
+    srv = sim_server("--speed", str(speed))
+    hop = PROFILE.request_hop_s / speed
+    too_long = 4092   # >= max_req_input_len (4096 - 5 + 1): the scheduler's abort
+    cases = [("/generate", {**gen(too_long, 1), "stream": True}, 200),                 # the abort chunk
+             ("/generate", gen(too_long, 1), 400),                                       # the scheduler's 400
+             ("/generate", gen(4000, 200), 400),                               # the tokenizer manager's
+             ("/v1/completions", {"prompt": [7] * too_long, "max_tokens": 1, "stream": True}, 200)]
+    for path, body, status in cases:
+        t_sent = time.time()
+        req = urllib.request.Request(srv.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={SENT_HEADER: repr(t_sent), "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                code, text = resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            code, text = err.code, err.read().decode()
+        t_answered = time.time()
+        assert code == status, (path, text)
+        assert t_answered - t_sent >= hop - 1e-3, (path, body.get("stream"), t_answered - t_sent)
+        if path == "/generate" and status == 200:
+            meta = json.loads(text.split("data: ")[1])["meta_info"]
+            assert meta["finish_reason"]["type"] == "abort"
+            assert meta["e2e_latency"] >= 0.0
+            assert meta["request_received_ts"] <= meta["forward_entry_time"] <= meta["request_finished_ts"]
+            assert meta["request_received_ts"] <= meta["response_sent_to_client_ts"]
+
+
+def test_waits_for_receipts_end_in_receipt_order() -> None:
+    # a PD role and a refusal wait for the request's receipt (engine.until_receipt); receipts a float apart (two
+    # requests that reached the server together) must be served first come first served: asyncio.sleep(t - now) put
+    # half of 300 such waits out of order
+    import asyncio
+
+    from tracebench.sim.engine import until_receipt
+
+    async def main() -> list[int]:
+        t = asyncio.get_running_loop().time() + 0.02
+        receipts = []
+        for _ in range(300):
+            receipts.append(t)
+            t = math.nextafter(t, math.inf)
+        order: list[int] = []
+
+        async def wait(i: int) -> None:
+            await until_receipt(receipts[i])
+            order.append(i)
+
+        await asyncio.gather(*(wait(i) for i in range(300)))
+        return order
+
+    assert asyncio.run(main()) == list(range(300))

@@ -333,14 +333,17 @@ class Router:
         max_concurrency: int | None = None,
         stall: StallBounds | None = None,
         decode_answers: bool = False,
+        intake_hops: Sequence[float] = (),
     ) -> None:
         """`decode_answers`: the answers are a PD decode server's (through tracebench's PD router or sglang-router's
         PD mode), whose `prefill_finished_time` is not its own (below). `batch_timeout` is in run seconds; `speed` (--speed K, 1.0 when not sped up) turns the trace's arrival
         times into run seconds (`run_seconds`); `block_size` is the trace header's (tokens per prefix block);
         `max_concurrency`: --max-concurrency N, the client's gate before the router queue (gate.py); `stall`: the
-        run's stall bounds (replay/stall.py; None: the watchdog does nothing)."""
+        run's stall bounds (replay/stall.py; None: the watchdog does nothing); `intake_hops`: each server's modelled
+        intake (summary.SimulatedSpan)."""
         self.clock = clock
         self.speed = speed
+        self.intake_hops = intake_hops
         # the meta_info stamps this run's answers carry as their own: a PD decode server's prefill_finished_time is
         # one stale value in every answer (sglang 0.5.17, seen on 2x H200: .DUCUMENT/pd-disaggregation.md section 3),
         # not the request's; the prefill server's own is the record's prefill_done
@@ -428,7 +431,7 @@ class Router:
 
     def _init_tallies(self, total: int) -> None:
         """The run's counts and what run.json and the summary report of it."""
-        self.span = SimulatedSpan(self.speed)
+        self.span = SimulatedSpan(self.speed, self.intake_hops)
         self.released = 0
         self.finished = 0
         self.counts = dict.fromkeys(STATUSES, 0)

@@ -965,7 +965,7 @@ class Replay:
         output_s_known = all(isinstance((info or {}).get("tracebench_sim"), dict)
                              and isinstance(info["tracebench_sim"].get("output_s"), (int, float))
                              for info in self.server_info)
-        duration = self.router.span.duration(host_wait, output_s_known)
+        duration = self.router.span.duration(host_wait, output_s_known, self.cfg.is_pd)
         if duration is None:
             return f"{k}: no request completed, so no simulated duration"
         return (f"{k}: {duration:.1f} simulated s from the first arrival to the last completed finish, as tracebench "
@@ -1108,6 +1108,16 @@ class Replay:
                               require_stamps=all(self.enable_metrics) and api.server_meta and not cfg.is_pd)]
         return states, self.external.health_check(client)
 
+    def _intake_hops(self) -> list[float]:
+        """Each server's modelled intake, simulated seconds (a simulator's /server_info tracebench_sim.request_hop_s;
+        0 for one that does not say: real sglang, an older simulator), for the summary's simulated duration as
+        report/speed.py `intake_hops` reads it from run.json."""
+        hops = []
+        for info in self.server_info:
+            sim = (info or {}).get("tracebench_sim")
+            hops.append(float(sim["request_hop_s"]) if isinstance(sim, dict) and "request_hop_s" in sim else 0.0)
+        return hops
+
     def _make_router(self, states: list[ServerState], health_check: Any, sender: Any) -> Router:
         """The run's router (self.router): PdRouter over the PD pools, or Router over the servers (or sglang-router)."""
         cfg, clock = self.cfg, self.clock
@@ -1118,7 +1128,7 @@ class Replay:
             batch_size=cfg.batch_size if cfg.mode == "static" else None,
             batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, cfg.time_speed),
             speed=cfg.time_speed, block_size=self.header.block_size, max_concurrency=cfg.max_concurrency,
-            stall=self.stall,
+            stall=self.stall, intake_hops=self._intake_hops(),
         )
         if cfg.is_pd and self.external is None:
             assert isinstance(self.policy, PdPolicies)

@@ -5,13 +5,18 @@ The report's duration is the first arrival to the last completed (ok or mismatch
 time x K, tracebench's host time (release lag, HTTP hops, the client reading the stream, and the router wait of an
 uncapped continuous run) as measured. Multiplying the whole run clock by K instead counts host time K times.
 For a completed record with the simulator's stamps, report/speed.py's finish reduces to
-  K x t_arrival + (t_finish - t_arrival) + (K - 1) x (server_finished - server_received)   (router wait = host time)
-  K x t_dispatch + (t_finish - t_dispatch) + (K - 1) x (server_finished - server_received) (capped: waiting for a slot)
-and to K x t_finish when the simulators did not report `output_s` (every time x K)."""
+  K x t_arrival + (t_finish - t_arrival) + (K - 1) x (server_finished - server_received + intake)    (router wait:
+                                                                                           host time)
+  K x t_dispatch + (t_finish - t_dispatch) + (K - 1) x (server_finished - server_received + intake)  (capped: waiting
+                                                                                           for a slot)
+where intake is the simulator's modelled intake on the run clock, the hop server_received - t_dispatch up to its
+request_hop_s / K (0 for a simulator that does not report it), and to K x t_finish when the simulators did not report
+`output_s` or the run is a PD run (every time x K)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from tracebench.replay.records import COMPLETED, RequestRecord
 
@@ -19,10 +24,13 @@ from tracebench.replay.records import COMPLETED, RequestRecord
 class SimulatedSpan:
     """Running maxima of a completed record's simulated finish (both router-wait cases) and the first arrival."""
 
-    __slots__ = ("k", "first_arrival", "finish_host_wait", "finish_capped", "finish_scaled")
+    __slots__ = ("k", "paced", "first_arrival", "finish_host_wait", "finish_capped", "finish_scaled")
 
-    def __init__(self, speed: float) -> None:
+    def __init__(self, speed: float, intake_hops: Sequence[float] = ()) -> None:
+        """`intake_hops`: each server's modelled intake in simulated seconds (its /server_info
+        tracebench_sim.request_hop_s; 0 or none: not modelled, as report/speed.py `intake_hops`)."""
         self.k = speed
+        self.paced = [hop / speed for hop in intake_hops]   # on the run clock
         self.first_arrival = math.inf
         self.finish_host_wait = self.finish_capped = self.finish_scaled = -math.inf
 
@@ -39,7 +47,9 @@ class SimulatedSpan:
         self.finish_scaled = max(self.finish_scaled, k * tf)
         sr, sf = rec.server_received, rec.server_finished
         if sr is not None and sf is not None:
-            inside = (k - 1) * (sf - sr)
+            server = rec.server
+            paced = self.paced[server] if server is not None and self.paced else 0.0   # (sglang-router: no server)
+            inside = (k - 1) * (sf - sr + min(max(sr - td, 0.0), paced))
             host_wait = k * ta + (tf - ta) + inside
             capped = k * td + (tf - td) + inside
         else:  # no simulator stamps: K x everything after dispatch
@@ -48,11 +58,12 @@ class SimulatedSpan:
         self.finish_host_wait = max(self.finish_host_wait, host_wait)
         self.finish_capped = max(self.finish_capped, capped)
 
-    def duration(self, host_wait: bool, output_s_known: bool) -> float | None:
+    def duration(self, host_wait: bool, output_s_known: bool, pd: bool) -> float | None:
         """First arrival to last completed finish in simulated seconds (None: none completed). `host_wait`: the run had no
         cap and continuous batching (report/speed.py `uncapped`); `output_s_known`: every simulator reported
-        output_s (else the report multiplies every time by K)."""
-        end = self.finish_scaled if not output_s_known else self.finish_host_wait if host_wait else self.finish_capped
+        output_s; `pd`: a PD run. Without output_s, and for a PD run, the report multiplies every time by K."""
+        end = (self.finish_scaled if pd or not output_s_known
+               else self.finish_host_wait if host_wait else self.finish_capped)
         if not math.isfinite(end):
             return None
         start = self.k * self.first_arrival

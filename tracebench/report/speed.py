@@ -115,16 +115,9 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
     # a slot (simulated time, like a capped dispatch)
     admitted = (released + (c("t_admitted") - c("t_released")) if meta.get("max_concurrency") is None
                 else pl.when(c("t_admitted").is_not_null()).then(pl.max_horizontal(released, c("t_admitted") * k)))
-    # dispatch -> received: the simulator's modelled intake (at most its hop / K of the run clock, simulated time: x K)
-    # and what the host took beyond it (as measured); a helper column, `_intake_sim`, also read by capped_dispatch
-    paced = pl.lit(0.0)
-    for i, value in enumerate(intake_hops(meta)):
-        paced = pl.when(c("server") == i).then(pl.lit(value / k)).otherwise(paced)
-    hop = c("server_received") - c("t_dispatch")
-    requests = requests.with_columns(pl.when(hop.is_not_null()).then(  # (min/max_horizontal skip nulls)
-        pl.min_horizontal(hop, paced) * k + pl.max_horizontal(hop - paced, pl.lit(0.0))).alias("_intake_sim"))
-    requests, dispatch = _dispatch(requests, meta, k, host_wait, released, admitted)
-    received = dispatch + c("_intake_sim")
+    intake = _intake(meta, k)
+    requests, dispatch = _dispatch(requests, meta, k, host_wait, released, admitted, intake)
+    received = dispatch + intake
 
     def inside(name: str) -> pl.Expr:  # a simulator stamp: its model clock, K times compressed
         return received + (c(name) - c("server_received")) * k
@@ -159,11 +152,26 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
            .format(k=k, wait=", router wait" if host_wait else (
                ", the router's dispatch after the release or freed slot it waited for"
                if meta["mode"] == "continuous" else "")))
-    return requests.with_columns(columns).drop("_dispatch_sim", "_intake_sim", strict=False), how
+    return requests.with_columns(columns).drop("_dispatch_sim", strict=False), how
+
+
+def _intake(meta: dict[str, Any], k: float) -> pl.Expr:
+    """dispatch -> the simulator's receipt in simulated seconds (null without the stamp): the simulator's modelled
+    intake (the part of the run-clock hop up to its request_hop_s / K, simulated time: x K) and what the host took
+    beyond it (as measured). A hop below 0 (a simulator on a host whose clock is behind) holds no modelled part: as
+    measured, as for a simulator that does not report request_hop_s."""
+    c = pl.col
+    paced = pl.lit(0.0)
+    for i, value in enumerate(intake_hops(meta)):
+        paced = pl.when(c("server") == i).then(pl.lit(value / k)).otherwise(paced)
+    hop = c("server_received") - c("t_dispatch")
+    modelled = pl.min_horizontal(pl.max_horizontal(hop, pl.lit(0.0)), paced)
+    # (min/max_horizontal skip nulls: a request without the stamp has no hop)
+    return pl.when(hop.is_not_null()).then(hop + modelled * (k - 1.0))
 
 
 def _dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, host_wait: bool, released: pl.Expr,
-              admitted: pl.Expr) -> tuple[pl.DataFrame, pl.Expr]:
+              admitted: pl.Expr, intake: pl.Expr) -> tuple[pl.DataFrame, pl.Expr]:
     """The simulated dispatch (module docstring), as an expression over the records returned with it (which then may
     hold a helper column, `_dispatch_sim`, that to_simulated_times drops)."""
     c = pl.col
@@ -173,9 +181,10 @@ def _dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, host_wait:
         # with a cap (or the client gate) a request is dispatched at its release or admission, or when a slot frees:
         # after the event that let it go (simulated time) by the router's own host time
         admitted_sim = requests.select(admitted.alias("v"))["v"].to_numpy()
+        intake_sim = requests.select(intake.alias("v"))["v"].to_numpy()
         # (never dispatched: NaN from numpy, null here, like the t_dispatch it stands for)
         requests = requests.with_columns(
-            pl.Series("_dispatch_sim", capped_dispatch(requests, meta, k, admitted_sim)).fill_nan(None))
+            pl.Series("_dispatch_sim", capped_dispatch(requests, meta, k, admitted_sim, intake_sim)).fill_nan(None))
         return requests, c("_dispatch_sim")
     # static batches: K x the run-clock dispatch keeps it after the finish that completed the previous batch
     return requests, c("t_dispatch") * k
@@ -220,15 +229,16 @@ def _breakdown_columns(admitted: pl.Expr, dispatch: pl.Expr, first_k: pl.Expr, f
     ]
 
 
-def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admitted_sim: np.ndarray) -> np.ndarray:
+def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admitted_sim: np.ndarray,
+                    intake_sim: np.ndarray) -> np.ndarray:
     """Each request's dispatch in simulated seconds, for a continuous run with caps: the router sends a request when
     it is released or when a slot frees (a request finishes, or a cap changes), at once. So the dispatch is the last
     such event before it, on the simulated timeline, plus the host time since (run clock): the release at
     K * t_arrival + release lag, a finish as that request's own converted finish (which needs its dispatch: requests
     are taken in dispatch order, and whatever finished before a dispatch was dispatched before it), a cap change at
     K * t; and its admission through the client gate (`admitted_sim`, already converted; without the gate, the
-    release). The latest of the candidates, so the dispatch never comes before the release or admission it followed
-    nor before the finish it waited for. K * t_dispatch instead would count the router's host time K times
+    release; `intake_sim`, dispatch -> the simulator's receipt converted, `_intake`). The latest of the candidates, so
+    the dispatch never comes before the release or admission it followed nor before the finish it waited for. K * t_dispatch instead would count the router's host time K times
     (docs/report.md)."""
     t_arr = requests["t_arrival"].to_numpy()
     t_rel = requests["t_released"].to_numpy()
@@ -237,7 +247,6 @@ def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admi
     t_fin = requests["t_finish"].to_numpy()
     s_rec = requests["server_received"].to_numpy()
     s_fin = requests["server_finished"].to_numpy()
-    intake = requests["_intake_sim"].to_numpy()   # dispatch -> received, simulated (to_simulated_times)
     changes = sorted(float(change["t"]) for change in meta["caps"]["changes"])
     out = np.full(t_dis.shape, np.nan)
     pending: list[tuple[float, float]] = []   # (run-clock finish, simulated finish) of requests taken so far
@@ -261,7 +270,7 @@ def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admi
         out[i] = dispatch = max(candidates)
         if not np.isnan(t_fin[i]):   # its finish (or failure) frees its slot
             if not (np.isnan(s_rec[i]) or np.isnan(s_fin[i])):
-                finish = dispatch + intake[i] + (s_fin[i] - s_rec[i]) * k + (t_fin[i] - s_fin[i])
+                finish = dispatch + intake_sim[i] + (s_fin[i] - s_rec[i]) * k + (t_fin[i] - s_fin[i])
             else:   # no simulator stamps: K x after dispatch, like the other fallbacks
                 finish = dispatch + (t_fin[i] - d) * k
             heapq.heappush(pending, (float(t_fin[i]), float(finish)))

@@ -396,6 +396,28 @@ async def all_finished(pendings: list[Pending]) -> None:
             await pend.event.wait()
 
 
+async def until_receipt(t_received: float) -> None:
+    """Wait until the server has taken in a request (`t_received`, loop time: validate.receipt_time, which may lie a
+    hop ahead of its arrival). What sglang does with a request after its receipt (the tokenizer manager's and the
+    scheduler's refusals, a PD role's bootstrap) comes no sooner. The timer is set at the receipt itself (a sleep's
+    `now + (t - now)` rounds, ties and inverts receipts a few ulps apart): the waits end in receipt order, which
+    receipt_time keeps strictly increasing, so FCFS."""
+    loop = asyncio.get_running_loop()
+    if t_received <= loop.time():
+        return
+    received = loop.create_future()
+    timer = loop.call_at(t_received, _wake, received)
+    try:
+        await received
+    finally:
+        timer.cancel()
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def crash(reason: object) -> NoReturn:
     """Like sglang on a device-side assert: the server dies; connections drop, nothing answers (exit 134)."""
     sys.stderr.write(f"sim-server: {reason}\n")

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 from tracebench.sim.answers import JSON, SSE, Answers, bad_json, json_response
 from tracebench.sim.args import SimArgs
-from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash
+from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash, until_receipt
 from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, parse_generate, receipt_time
 
 
@@ -89,6 +89,7 @@ class OpenAIRoute:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         t_received = asyncio.get_running_loop().time()
+        wall_arrived = time.time()   # read with it: the checks and the parse below are not the hop's (receipt_time)
         if request.content_type != JSON:  # sglang's validate_json_request dependency
             return _openai_validation_error("1 validation error:\n  {'loc': ['header', 'content-type'], 'msg': "
                                             "\"Unsupported Media Type: Only 'application/json' is allowed\", "
@@ -102,7 +103,8 @@ class OpenAIRoute:
         stream = obj.get("stream") is True
         try:
             t_received = self.engine.last_receipt = receipt_time(
-                request.headers, t_received, self.args.profile.request_hop_s / self.args.speed, self.engine.last_receipt)
+                request.headers, t_received, wall_arrived, self.args.profile.request_hop_s / self.args.speed,
+                self.engine.last_receipt)
             generate, model = self.to_generate(obj)
             # validation errors are 400 JSON for streams too: sglang pulls the first chunk before answering 200
             single, items, rids = parse_generate(generate, False, self.args, self.engine.rids_in_flight)
@@ -111,8 +113,10 @@ class OpenAIRoute:
         except FatalInput as err:
             crash(err)
         except BadRequest as err:
+            await until_receipt(t_received)
             return _openai_error(str(err))
         except SchedulerAbort as err:
+            await until_receipt(t_received)
             if not stream:
                 return _openai_error(str(err))
             return await self._stream_abort(request, obj, model, str(err))

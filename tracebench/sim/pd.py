@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 from tracebench.sim.answers import Answers, json_response
 from tracebench.sim.args import SimArgs
-from tracebench.sim.engine import LiveEngine, Pending, all_finished
+from tracebench.sim.engine import LiveEngine, Pending, all_finished, until_receipt
 from tracebench.sim.model import ReqState
 from tracebench.sim.prom import Histogram
 from tracebench.sim.validate import BadRequest
@@ -668,6 +668,8 @@ class PdFace:
         (pend,) = pendings = self.engine.submit(items, rids, stream, t_received, to_model=False)
         done = False
         try:
+            # the role's part (the bootstrap queue, the decode's handshake) starts at the receipt, as in-process
+            await until_receipt(t_received)
             try:
                 await role.through(pend, boot)
             except PdAbort as err:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 from tracebench.sim.answers import SSE, Answers, bad_json, json_response, model_info, query_error
 from tracebench.sim.args import MODEL_NAME, SGLANG_VERSION, SimArgs
-from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash
+from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash, until_receipt
 from tracebench.sim.model import BatchModel, Limits, token_ids
 from tracebench.sim.openai_routes import ROUTES
 from tracebench.sim.pd import KV_BYTES_PER_TOKEN, PdFace, make_role
@@ -119,6 +119,7 @@ class SimServer:
         # stamped once the body is in (as sglang stamps request_received_ts), with no await until submit(): requests
         # reach the model in the order of their stamps (a stamp before the read let a slow upload be overtaken)
         t_received = loop.time()
+        wall_arrived = time.time()   # read with it: the parse below is not the hop's (receipt_time)
         try:
             obj = orjson.loads(body)
         except orjson.JSONDecodeError as err:
@@ -127,17 +128,19 @@ class SimServer:
             return bad_json("Input should be a valid dictionary")
         stream = bool(obj.get("stream", False))
         try:
-            t_received = self.engine.last_receipt = receipt_time(request.headers, t_received, self.receipt_hop,
-                                                                 self.engine.last_receipt)
+            t_received = self.engine.last_receipt = receipt_time(request.headers, t_received, wall_arrived,
+                                                                 self.receipt_hop, self.engine.last_receipt)
             single, items, rids = parse_generate(obj, stream, self.args, self.engine.rids_in_flight)
             boot = None if self.pd_face is None else self.pd_face.bootstrap(obj, items)
         except FatalInput as err:
             crash(err)
         except BadRequest as err:
+            await until_receipt(t_received)
             if stream:
                 return await self._stream_error(request, str(err))
             return json_response({"error": {"message": str(err)}}, 400)
         except SchedulerAbort as err:
+            await until_receipt(t_received)
             if stream:
                 return await self._stream_abort(request, obj, str(err), t_received)
             return json_response({"error": {"message": str(err)}}, 400)

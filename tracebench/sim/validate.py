@@ -3,7 +3,7 @@ the scheduler's input-length abort). Pure: no HTTP, no model, no clock; the face
 
 from __future__ import annotations
 
-import time
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -45,21 +45,27 @@ class Parsed(NamedTuple):
 SENT_HEADER = "X-Tracebench-Sent"
 
 
-def receipt_time(headers: Mapping[str, str], t_arrived: float, hop_s: float, t_last: float) -> float:
-    """The moment (loop time) the server takes in a request that arrived at `t_arrived`: `hop_s` after the client sent
+def receipt_time(headers: Mapping[str, str], t_arrived: float, wall_arrived: float, hop_s: float, t_last: float
+                 ) -> float:
+    """The moment (loop time) the server takes in a request that arrived at `t_arrived` (loop time; `wall_arrived`:
+    the same moment on the wall clock, which the header's is compared with): `hop_s` after the client sent
     it (SENT_HEADER), or on arrival when that has passed (a slow host: the hop the client saw) or the client did not
     say (another client). At most `hop_s` after arrival: a client whose clock runs ahead cannot hold a request
-    longer. Never before `t_last`, the receipt of the request that arrived before it: sglang takes requests in as
-    they reach it (one sent earlier over a slower connection comes in after). BadRequest for a header that is not a
-    number."""
+    longer. After `t_last`, the receipt of the request that arrived before it: sglang takes requests in one at a time
+    as they reach it (one sent earlier over a slower connection comes in after), so two receipts never tie (at
+    least the next float: the faces' waits for them, engine.until_receipt, end in this order). BadRequest for a
+    header that is not a finite number."""
+    after_last = math.nextafter(t_last, math.inf)
     sent = headers.get(SENT_HEADER)
     if sent is None:
-        return max(t_arrived, t_last)
+        return max(t_arrived, after_last)
     try:
         sent_wall = float(sent)
     except ValueError:
-        raise BadRequest(f"header {SENT_HEADER}: {sent!r} is not a number (the sender's wall clock, seconds)") from None
-    return max(t_arrived + min(hop_s, max(0.0, sent_wall + hop_s - time.time())), t_last)
+        sent_wall = math.nan
+    if not math.isfinite(sent_wall):   # (float() takes 'nan' and 'inf': one held a request a hop, one not at all)
+        raise BadRequest(f"header {SENT_HEADER}: {sent!r} is not a number (the sender's wall clock, seconds)")
+    return max(t_arrived + min(hop_s, max(0.0, sent_wall + hop_s - wall_arrived)), after_last)
 
 
 def parse_generate(obj: dict, stream: bool, args: SimArgs, rids_in_flight: set[str]) -> Parsed:
