@@ -466,6 +466,9 @@ def test_pd_prefill_policy_raising_on_complete_stops_the_run_with_every_request_
     statuses = Counter(r["status"] for r in records)
     assert run["status"] == "failed" and set(statuses) <= {"ok", "cancelled", "not_sent"}, statuses
     assert statuses["ok"] >= 3 and statuses["not_sent"], statuses   # the three it was told of were recorded ok
+    # never sent: no server, no pair, no room (docs/run-format.md)
+    assert all(r["server"] is None and r.get("prefill_server") is None and r.get("bootstrap_room") is None
+               for r in records if r["status"] == "not_sent")
 
 
 def test_pd_answers_are_checked_and_the_policies_timed(tmp_path: Path) -> None:

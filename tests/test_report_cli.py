@@ -630,6 +630,13 @@ def test_not_a_run_folder(runs: Path, tmp_path: Path) -> None:
         (folder / "run.json").write_text(json.dumps(meta))
         done = _report(runs, str(folder))
         assert done.returncode == 2 and why in done.stderr, done.stderr
+    # a simulator's modelled intake that is not a number (the --speed conversion reads it)
+    meta = json.loads((runs / "reports" / "wide" / "run.json").read_text())
+    meta["servers"][0]["server_info"]["tracebench_sim"]["request_hop_s"] = "2ms"
+    (folder / "run.json").write_text(json.dumps(meta))
+    done = _report(runs, str(folder))
+    assert done.returncode == 2 and ("field 'servers[0].server_info.tracebench_sim.request_hop_s': must be a number "
+                                     ">= 0, got '2ms'") in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(

@@ -124,6 +124,8 @@ class PdRouter(Router):
     def _finish(self, rec: RequestRecord, server: ServerState) -> None:
         prefill = self.servers[rec.prefill_server]  # type: ignore[attr-defined]
         prefill.in_flight -= 1
+        if rec.status == "not_sent":  # never went out: no pair, no room (run-format.md), as no server (Router)
+            rec.prefill_server = rec.bootstrap_room = None  # type: ignore[attr-defined]
         super()._finish(rec, server)   # the record first: what the prefill policy raises below stops the run
         if not self._closing:
             self.policy_time.call("on_complete", self.pools.prefill_policy.on_complete, rec.id, prefill.index,
