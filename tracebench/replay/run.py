@@ -881,7 +881,7 @@ class Replay:
                     self.host_start = time.monotonic()
                     run_virtual(self._main())  # the loop's clock jumps from event to event (replay/loop.py)
                 else:
-                    run_loop(self._main())  # asyncio.run, with timers that wake when due (replay/loop.py)
+                    run_loop(self._main())  # asyncio.run, with timers that wake when due (precise_loop.py)
             except KeyboardInterrupt:  # Ctrl-C before the loop's own handler was in place (or after it)
                 self.signal = self.signal or "SIGINT"
             except BaseException as err:

@@ -25,6 +25,7 @@ import orjson
 if TYPE_CHECKING:
     from aiohttp import web
 
+from tracebench import precise_loop
 from tracebench.sim.answers import SSE, Answers, bad_json, json_response, model_info, query_error
 from tracebench.sim.args import MODEL_NAME, SGLANG_VERSION, SimArgs
 from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash, until_receipt
@@ -435,5 +436,6 @@ async def _serve(args: SimArgs) -> None:
 
 
 def serve(args: SimArgs) -> None:
-    """Run the sim-server until SIGINT or SIGTERM."""
-    asyncio.run(_serve(args))
+    """Run the sim-server until SIGINT or SIGTERM, on the precise loop: its steps' timers wake when due, not up to
+    1 ms later (asyncio's epoll wait: the simulator's lag was ~0.9 ms p50 on a quiet host)."""
+    precise_loop.run(_serve(args))

@@ -1,0 +1,83 @@
+"""asyncio's event loop with timers that wake when they are due rather than up to 1 ms later, for every process of
+tracebench that keeps time on the host: the replay's client and the simulated sglang server.
+
+asyncio sleeps in `epoll_wait`, whose timeout is whole milliseconds: Python's selector rounds every wait up to the
+next millisecond (`selectors.EpollSelector.select`), so a timer due in 2.3 ms wakes after 3 ms. That put 0-1 ms of
+release lag on every request (p50 ~0.5 ms, p99 ~1 ms before any other cause; seen on H100 hosts at 3 req/s:
+release lag p50 0.6-0.7 ms), and as much lag on every step of the simulated server. Here the wait is `select()` on
+the epoll descriptor itself, whose timeout is in microseconds (the kernel's timer slack, 50 µs by default, is what
+remains); the events are then collected with a zero-timeout `epoll_wait`. One more system call per wake-up, no busy
+waiting, nothing else changes: the same selector, the same loop, every callback, timer and transport as asyncio's.
+docs/overhead.md has the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import selectors
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_FD_SETSIZE = 1024  # select() takes descriptors below this only
+
+
+if hasattr(selectors, "EpollSelector"):
+
+    class PreciseEpollSelector(selectors.EpollSelector):
+        """An epoll selector whose waits end within the kernel's timer slack of their timeout, not up to 1 ms later."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            fd = self.fileno()
+            if fd >= _FD_SETSIZE:  # made with the loop, before any connection: a low number unless fds leak
+                raise RuntimeError(f"the event loop's epoll descriptor is {fd}, beyond select()'s limit of "
+                                   f"{_FD_SETSIZE}: too many files open before the replay started")
+            self._wait_on = [fd]
+
+        def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+            if timeout is not None and timeout > 0:
+                # readable when an event is ready; PEP 475 retries an interrupted wait, and a signal wakes the loop
+                # through asyncio's wake-up pipe, which is registered here like any reader
+                select.select(self._wait_on, (), (), timeout)
+                timeout = 0
+            return super().select(timeout)
+
+    def new_loop() -> asyncio.AbstractEventLoop:
+        return asyncio.SelectorEventLoop(PreciseEpollSelector())
+
+else:  # no epoll (not Linux): asyncio's own loop; tracebench's figures are for Linux hosts
+
+    def new_loop() -> asyncio.AbstractEventLoop:
+        return asyncio.new_event_loop()
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` on the precise loop (same semantics: Ctrl-C cancels `main`, the loop is closed after)."""
+    return run_on(new_loop, main)
+
+
+def run_on(loop_factory: Callable[[], asyncio.AbstractEventLoop], main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` on a loop `loop_factory` makes."""
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(main)
+    loop = loop_factory()  # Python 3.10: asyncio.run's steps, by hand
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
