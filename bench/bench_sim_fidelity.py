@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tracebench.profiles import load_profile  # noqa: E402
+from tracebench.replay.client import SENT_HEADER  # noqa: E402
 from tracebench.sim.model import Limits, resolve_max_running_requests, simulate  # noqa: E402
 
 BENCH_FILE = REPO / "tests" / "data" / "sglang-0.5.17" / "bench_serving.jsonl"
@@ -99,7 +100,9 @@ async def _one(session, url: str, t_send: float, loop_start: float, ids: list[in
     t_start = loop.time()
     t_first = None
     last = b""
-    async with session.post(url, json=payload) as resp:
+    # the moment it is sent (wall clock), as tracebench's client says it: the simulator takes the request in sglang's
+    # intake time after it (docs/sim-server.md "Intake"), as real sglang took bench_serving's
+    async with session.post(url, json=payload, headers={SENT_HEADER: repr(time.time())}) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
         async for line in resp.content:
