@@ -473,7 +473,8 @@ def test_router_fills_the_prefix_fields_also_for_a_static_batch_put_back(tmp_pat
         client, writer = SglangClient(None, True), RecordWriter(tmp_path / "requests.jsonl")
         router = Router(clock=RunClock(), servers=[ServerState(i, f"http://127.0.0.1:{9 + i}", None, True) for i in range(2)],
                         policy=policy, sender=HttpSender(client, InputIds("0f" * 32, 32000)), writer=writer,
-                        total=len(requests), health_check=down, batch_size=4, block_size=8)
+                        total=len(requests), health_check=down, intake_hops=[0.0, 0.0], batch_size=4,
+                        block_size=8)
         for request in requests:
             router.release(request, 0.0)
         await asyncio.sleep(0.01)  # assigned to server 0: a batch of 2 of 4 forms there (nothing is sent)

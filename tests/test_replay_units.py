@@ -208,7 +208,7 @@ def test_a_release_after_close_is_not_recorded_twice(tmp_path: Path) -> None:
         writer = RecordWriter(path)
         router = Router(clock=RunClock(), servers=[ServerState(0, "http://127.0.0.1:9", None, True)],
                         policy=load_policy("round_robin", np.random.default_rng(0), {}), sender=HttpSender(client, InputIds(SHA, 32000)), writer=writer,
-                        total=len(requests), health_check=slow_health_check, speed=2.0)
+                        total=len(requests), health_check=slow_health_check, intake_hops=[0.0], speed=2.0)
         router.suspect(0, "connection lost")  # a probe under way: close() cancels it and waits for it
         closing = asyncio.ensure_future(router.close(requests[1:], "interrupted (SIGINT)"))
         await asyncio.sleep(0)  # close() runs up to that wait
@@ -306,7 +306,7 @@ def test_the_routers_cached_views_equal_views_made_afresh(tmp_path: Path, reads_
         policy.reads_observed = reads_observed  # type: ignore[misc]  # the class says False
         router = Router(clock=clock, servers=servers, policy=policy,
                         sender=HttpSender(client, InputIds(SHA, 32000)), writer=writer, total=1,
-                        health_check=lambda index: asyncio.sleep(0))
+                        health_check=lambda index: asyncio.sleep(0), intake_hops=[0.0] * len(servers))
         remade = 0
         for step in range(600):
             now = clock.now()

@@ -326,6 +326,7 @@ class Router:
         writer: RecordWriter,
         total: int,
         health_check: HealthCheck,
+        intake_hops: Sequence[float],
         batch_size: int | None = None,
         batch_timeout: float | None = None,
         speed: float = 1.0,
@@ -333,7 +334,6 @@ class Router:
         max_concurrency: int | None = None,
         stall: StallBounds | None = None,
         decode_answers: bool = False,
-        intake_hops: Sequence[float] = (),
     ) -> None:
         """`decode_answers`: the answers are a PD decode server's (through tracebench's PD router or sglang-router's
         PD mode), whose `prefill_finished_time` is not its own (below). `batch_timeout` is in run seconds; `speed` (--speed K, 1.0 when not sped up) turns the trace's arrival

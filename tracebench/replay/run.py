@@ -42,6 +42,7 @@ from tracebench.replay.flight import HttpSender
 from tracebench.replay.engine import Engine, Rows
 from tracebench.replay.loop import run as run_loop
 from tracebench.replay.loop import run_virtual
+from tracebench.replay.summary import intake_hops
 from tracebench.replay.pd import (
     PdPolicies, add_pd_launch_args, bootstrap_host, check_pd_config, check_role, check_unified, metrics_delta, parse_ratio,
     read_pd_metrics,
@@ -1108,16 +1109,6 @@ class Replay:
                               require_stamps=all(self.enable_metrics) and api.server_meta and not cfg.is_pd)]
         return states, self.external.health_check(client)
 
-    def _intake_hops(self) -> list[float]:
-        """Each server's modelled intake, simulated seconds (a simulator's /server_info tracebench_sim.request_hop_s;
-        0 for one that does not say: real sglang, an older simulator), for the summary's simulated duration as
-        report/speed.py `intake_hops` reads it from run.json."""
-        hops = []
-        for info in self.server_info:
-            sim = (info or {}).get("tracebench_sim")
-            hops.append(float(sim["request_hop_s"]) if isinstance(sim, dict) and "request_hop_s" in sim else 0.0)
-        return hops
-
     def _make_router(self, states: list[ServerState], health_check: Any, sender: Any) -> Router:
         """The run's router (self.router): PdRouter over the PD pools, or Router over the servers (or sglang-router)."""
         cfg, clock = self.cfg, self.clock
@@ -1128,7 +1119,7 @@ class Replay:
             batch_size=cfg.batch_size if cfg.mode == "static" else None,
             batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, cfg.time_speed),
             speed=cfg.time_speed, block_size=self.header.block_size, max_concurrency=cfg.max_concurrency,
-            stall=self.stall, intake_hops=self._intake_hops(),
+            stall=self.stall, intake_hops=intake_hops(self.server_info),
         )
         if cfg.is_pd and self.external is None:
             assert isinstance(self.policy, PdPolicies)

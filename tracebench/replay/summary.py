@@ -17,8 +17,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from tracebench.replay.records import COMPLETED, RequestRecord
+
+
+def intake_hops(server_infos: Sequence[dict[str, Any] | None]) -> list[float]:
+    """Each server's modelled intake (simulated seconds: its /server_info `tracebench_sim.request_hop_s`, sim-server.md
+    "Intake"): it took a request in that long after the client sent it, so that much of dispatch -> received is its
+    model's time. 0 for a server that did not say (real sglang; a simulator from before 2026-11-29, which took a
+    request in on arrival: all host time). The replay's summary and the report (report/speed.py) read it alike."""
+    hops = []
+    for info in server_infos:
+        sim = (info or {}).get("tracebench_sim")
+        hops.append(float(sim["request_hop_s"]) if isinstance(sim, dict) and "request_hop_s" in sim else 0.0)
+    return hops
 
 
 class SimulatedSpan:
@@ -26,9 +39,8 @@ class SimulatedSpan:
 
     __slots__ = ("k", "paced", "first_arrival", "finish_host_wait", "finish_capped", "finish_scaled")
 
-    def __init__(self, speed: float, intake_hops: Sequence[float] = ()) -> None:
-        """`intake_hops`: each server's modelled intake in simulated seconds (its /server_info
-        tracebench_sim.request_hop_s; 0 or none: not modelled, as report/speed.py `intake_hops`)."""
+    def __init__(self, speed: float, intake_hops: Sequence[float]) -> None:
+        """`intake_hops`: each server's modelled intake in simulated seconds (`intake_hops`; 0: not modelled)."""
         self.k = speed
         self.paced = [hop / speed for hop in intake_hops]   # on the run clock
         self.first_arrival = math.inf
@@ -48,7 +60,7 @@ class SimulatedSpan:
         sr, sf = rec.server_received, rec.server_finished
         if sr is not None and sf is not None:
             server = rec.server
-            paced = self.paced[server] if server is not None and self.paced else 0.0   # (sglang-router: no server)
+            paced = self.paced[server] if server is not None else 0.0   # (sglang-router: no server)
             inside = (k - 1) * (sf - sr + min(max(sr - td, 0.0), paced))
             host_wait = k * ta + (tf - ta) + inside
             capped = k * td + (tf - td) + inside

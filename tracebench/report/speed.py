@@ -54,24 +54,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from tracebench.replay.summary import intake_hops
+
 SERVER_SPAN = ("server_forward_entry", "server_prefill_finished", "server_finished")
 BREAKDOWN_STAMPS = ("t_assigned", "t_built", "t_written", "t_headers", "t_last_chunk", "t_parsed", "server_dispatched",
                     "server_first_sent")
 # a PD run's prefill side (records.py): stamps, then the two durations
 PD_STAMPS = ("t_prefill_answer", "prefill_received", "prefill_forward_entry", "prefill_done", "prefill_finished")
 PD_DURATIONS = ("prefill_queue_time", "prefill_e2e_latency")
-
-
-def intake_hops(meta: dict[str, Any]) -> list[float]:
-    """Each server's modelled intake (simulated seconds: its /server_info `tracebench_sim.request_hop_s`, sim-server.md
-    "Intake"): it took a request in that long after the client sent it, so that much of dispatch -> received is its
-    model's time. 0 for a server that did not say (real sglang; a simulator from before 2026-11-29, which took a
-    request in on arrival: all host time)."""
-    hops = []
-    for server in meta["servers"]:
-        sim = (server.get("server_info") or {}).get("tracebench_sim")
-        hops.append(float(sim["request_hop_s"]) if isinstance(sim, dict) and "request_hop_s" in sim else 0.0)
-    return hops
 
 
 def output_delays(meta: dict[str, Any]) -> list[float] | None:
@@ -162,7 +152,7 @@ def _intake(meta: dict[str, Any], k: float) -> pl.Expr:
     measured, as for a simulator that does not report request_hop_s."""
     c = pl.col
     paced = pl.lit(0.0)
-    for i, value in enumerate(intake_hops(meta)):
+    for i, value in enumerate(intake_hops([server.get("server_info") for server in meta["servers"]])):
         paced = pl.when(c("server") == i).then(pl.lit(value / k)).otherwise(paced)
     hop = c("server_received") - c("t_dispatch")
     modelled = pl.min_horizontal(pl.max_horizontal(hop, pl.lit(0.0)), paced)
