@@ -16,7 +16,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
@@ -24,6 +24,7 @@ from tracebench.itl import bucket_of, sure_range
 from tracebench.profiles import Profile
 from tracebench.sim.model import BatchModel, SimRequest, Step
 from tracebench.sim.prom import SimStats
+from tracebench.sim.validate import receipt_time
 
 
 @dataclass(eq=False, slots=True)
@@ -133,7 +134,8 @@ class LiveEngine:
         self.rng = random.Random(seed)   # the output ids' seeds, one draw per request in arrival order
         self.pending: dict[SimRequest, Pending] = {}
         self.rids_in_flight: set[str] = set()
-        self.last_receipt = -math.inf    # the HTTP faces' latest request receipt (sim/validate.py receipt_time)
+        self._last_receipt = -math.inf   # the latest request receipt of the HTTP faces (`receive`)
+        self._receipt_hop = profile.request_hop_s / speed   # sglang's intake, send -> receipt (loop seconds)
         self.mono_to_wall = 0.0          # wall = mono + mono_to_wall
         self.done: asyncio.Future[None] | None = None   # the engine's end: only an error (or a cancel) ends it
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # start's
@@ -184,6 +186,13 @@ class LiveEngine:
         if resume is not None:
             self._resume = None
             self._loop.call_soon(resume)
+
+    def receive(self, headers: Mapping[str, str], t_arrived: float, wall_arrived: float) -> float:
+        """An HTTP face's request that arrived at `t_arrived` (loop time; `wall_arrived` the same moment on the wall
+        clock): the moment the server takes it in (validate.receipt_time: the profile's request hop after the
+        client's send, after the request before it). BadRequest for a bad send header."""
+        self._last_receipt = receipt_time(headers, t_arrived, wall_arrived, self._receipt_hop, self._last_receipt)
+        return self._last_receipt
 
     def submit(self, items: list[tuple[int, int, Sequence]], rids: list[str], stream: bool, t_received: float,
                to_model: bool = True) -> list[Pending]:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 from tracebench.sim.answers import JSON, SSE, Answers, bad_json, json_response
 from tracebench.sim.args import SimArgs
 from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash, until_receipt
-from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, parse_generate, receipt_time
+from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, parse_generate
 
 
 def _sse(obj: dict) -> bytes:
@@ -102,9 +102,7 @@ class OpenAIRoute:
             return bad_json("Input should be a valid dictionary", request.path)
         stream = obj.get("stream") is True
         try:
-            t_received = self.engine.last_receipt = receipt_time(
-                request.headers, t_received, wall_arrived, self.args.profile.request_hop_s / self.args.speed,
-                self.engine.last_receipt)
+            t_received = self.engine.receive(request.headers, t_received, wall_arrived)
             generate, model = self.to_generate(obj)
             # validation errors are 400 JSON for streams too: sglang pulls the first chunk before answering 200
             single, items, rids = parse_generate(generate, False, self.args, self.engine.rids_in_flight)

@@ -33,7 +33,7 @@ from tracebench.sim.model import BatchModel, Limits, token_ids
 from tracebench.sim.openai_routes import ROUTES
 from tracebench.sim.pd import KV_BYTES_PER_TOKEN, PdFace, make_role
 from tracebench.sim.prom import SimStats, metrics_text
-from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, parse_generate, receipt_time
+from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, parse_generate
 
 
 _KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2   # llama-2-7b fp16 K and V (the capture: 231818 tokens = 113.193 GB)
@@ -65,8 +65,6 @@ class SimServer:
         self.model = BatchModel(args.profile, self.limits, args.speed)
         self.stats = SimStats(observe_ttft=args.disaggregation_mode != "prefill")
         self.engine = LiveEngine(self.model, self.stats, args.profile, args.speed, args.seed)
-        # sglang's intake, from the client's send to its receipt (validate.receipt_time; the engine's last_receipt)
-        self.receipt_hop = args.profile.request_hop_s / args.speed
         self.engine_task: asyncio.Task[None] | None = None
         self.answers = Answers(args, self.engine.wall)
         # PD disaggregation (pd.py): the role's queues and handshake; /generate goes through its face
@@ -129,8 +127,7 @@ class SimServer:
             return bad_json("Input should be a valid dictionary")
         stream = bool(obj.get("stream", False))
         try:
-            t_received = self.engine.last_receipt = receipt_time(request.headers, t_received, wall_arrived,
-                                                                 self.receipt_hop, self.engine.last_receipt)
+            t_received = self.engine.receive(request.headers, t_received, wall_arrived)
             single, items, rids = parse_generate(obj, stream, self.args, self.engine.rids_in_flight)
             boot = None if self.pd_face is None else self.pd_face.bootstrap(obj, items)
         except FatalInput as err:
