@@ -19,7 +19,7 @@ from aiohttp import web
 
 from conftest import free_port, run_cli, sim_servers
 from tracebench.replay.client import CHUNK, FIRST_TOKEN, Answer, SglangClient
-from tracebench.replay.loop import run as run_loop
+from tracebench.precise_loop import run as run_loop
 from tracebench.replay.records import RequestRecord
 from tracebench.report.breakdown import ALL_STAGES, CAP, OURS, SGLANG, STATIC, breakdown_stats
 from tracebench.report.load import request_schema

@@ -208,7 +208,7 @@ def test_a_request_cancelled_before_its_sender_starts_it_is_answered(tmp_path: P
     import multiprocessing
     import threading
 
-    from tracebench.replay.loop import run
+    from tracebench.precise_loop import run
     from tracebench.replay.senders import SenderSetup, _SenderLoop
 
     mine, theirs = multiprocessing.Pipe(duplex=True)
@@ -258,7 +258,7 @@ def test_both_ends_of_a_sender_connection_write_at_once_without_waiting_on_each_
     import asyncio
     import multiprocessing
 
-    from tracebench.replay.loop import run
+    from tracebench.precise_loop import run
     from tracebench.replay.senders import Channel
 
     batch = [("done", i, "x" * 1_000) for i in range(2_000)]  # ~2 MB a list: many times a socket's buffer

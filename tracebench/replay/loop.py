@@ -1,8 +1,7 @@
-"""The replay's event loops: the precise one on the host's clock (tracebench/precise_loop.py, also the simulated
-server's), and the virtual one (`VirtualLoop`, `run_virtual`) whose clock jumps from event to event (--clock virtual,
-docs/virtual-clock.md).
+"""The replay's virtual event loop (--clock virtual, docs/virtual-clock.md): `VirtualLoop`, `run_virtual`, asyncio's
+loop whose clock jumps from event to event. The loop on the host's clock, the replay's and the simulated server's, is
+tracebench/precise_loop.py.
 """
-
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from contextvars import copy_context
 from typing import Any, TypeVar
 
-from tracebench.precise_loop import run, run_on  # noqa: F401  (run: the replay's real-time loop)
+from tracebench.precise_loop import run_on
 
 T = TypeVar("T")
 

@@ -53,7 +53,7 @@ class SenderActor:
 
     def serve(self, address: tuple[str, int], authkey: bytes, setup: SenderSetup) -> None:
         """Connect to the router and serve it until it says stop or the connection closes."""
-        from tracebench.replay.loop import run
+        from tracebench.precise_loop import run
         from tracebench.replay.senders import _SenderLoop
 
         conn = Client(address, authkey=authkey)

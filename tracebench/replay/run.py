@@ -33,6 +33,7 @@ from tracebench.errors import ConfigError, OutputWriteError, RunInterrupted, Ser
 from tracebench.paths import portable_path, portable_policy, portable_words
 from tracebench.policies.base import Policy
 from tracebench.policies.registry import load_policy
+from tracebench.precise_loop import run as run_loop
 from tracebench.replay.beside import BesideTelemetry
 from tracebench.replay.answer_check import ContextLimits
 from tracebench.replay.caps import CapChange, bind_control_socket, launch_cap, parse_cap_schedule, run_cap_schedule
@@ -40,9 +41,7 @@ from tracebench.replay.client import APIS, KEEPALIVE_S, SglangClient
 from tracebench.replay.clock import RunClock, VirtualRunClock, run_seconds
 from tracebench.replay.flight import HttpSender
 from tracebench.replay.engine import Engine, Rows
-from tracebench.replay.loop import run as run_loop
 from tracebench.replay.loop import run_virtual
-from tracebench.replay.summary import intake_hops
 from tracebench.replay.pd import (
     PdPolicies, add_pd_launch_args, bootstrap_host, check_pd_config, check_role, check_unified, metrics_delta, parse_ratio,
     read_pd_metrics,
@@ -57,6 +56,7 @@ from tracebench.replay.saturation import Saturation, SaturationWatch, watch_satu
 from tracebench.replay.kv_link import DEFAULT as KV_LINK_DEFAULT, kv_link_of
 from tracebench.replay.servers import Fleet, ServerPlan, plan_attached, plan_launched, split_server_args, wait_exit
 from tracebench.replay.stall import StallBounds, stall_bounds
+from tracebench.replay.summary import intake_hops
 from tracebench.replay.telemetry import poll_loads, progress_line, show_progress
 from tracebench.replay.tokens import InputIds, vocab_size_from_model
 from tracebench.trace.format import TraceHeader, TraceTable, load_trace_table

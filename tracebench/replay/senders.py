@@ -245,7 +245,7 @@ def sender_main(conn: Connection, setup: SenderSetup) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if setup.cpus is not None:  # --pin-cpus: off the router's core (a wake-up there would preempt it)
         os.sched_setaffinity(0, setup.cpus)
-    from tracebench.replay.loop import run
+    from tracebench.precise_loop import run
 
     run(_SenderLoop(conn, setup).serve())
 
