@@ -128,21 +128,31 @@ def test_lag_counts_tracebenchs_own_time_before_the_wire() -> None:
     assert said is not None and said.startswith("run 'real': the client's host ran late"), said
 
 
+def _two_requests(**columns: list) -> pl.DataFrame:
+    """Two records of a sped-up run as the loader gives them: `columns`, and the breakdown stamps and the two waits
+    null, as in a run recorded before them (the loader adds them so)."""
+    return pl.DataFrame({
+        **columns, "itl_max": [None, None],
+        **{name: [None, None] for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")},
+    }, schema_overrides={"itl_max": pl.Float64,
+                         **{name: pl.Float64 for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}})
+
+
+# request 0 dispatched at once; request 1 (released at 1.0 s) waits for request 0's slot, freed when request 0 finished
+# (run clock 1.5005), and is dispatched 0.5 ms later: a server capped at 1
+CAPPED_PAIR = {
+    "t_arrival": [0.0, 1.0], "t_released": [0.0005, 1.0005], "t_admitted": [0.0005, 1.0005],
+    "t_dispatch": [0.001, 1.501], "t_first_token": [0.0112, 1.5112], "t_finish": [1.5005, 2.0005], "server": [0, 0],
+    "server_e2e_latency": [1.4988, 0.4983], "server_queue_time": [0.0, 0.0],
+    "server_received": [0.0012, 1.5017], "server_forward_entry": [0.0013, 1.5018],
+    "server_prefill_finished": [0.01, 1.51], "server_finished": [1.5, 2.0]}
+
+
 def test_capped_dispatch_counts_the_routers_host_time_once() -> None:
     # speed 4, one server capped at 1: request 0 is dispatched at once; request 1 (released at 1.0 s) waits for request
     # 0's slot, freed when request 0 finished (run clock 1.5005), and is dispatched 0.5 ms later
     k = 4.0
-    stamps = {"server_received": [0.0012, 1.5017], "server_forward_entry": [0.0013, 1.5018],
-              "server_prefill_finished": [0.01, 1.51], "server_finished": [1.5, 2.0]}
-    requests = pl.DataFrame({
-        "t_arrival": [0.0, 1.0], "t_released": [0.0005, 1.0005], "t_admitted": [0.0005, 1.0005],
-        "t_dispatch": [0.001, 1.501], "t_first_token": [0.0112, 1.5112], "t_finish": [1.5005, 2.0005], "server": [0, 0],
-        "server_e2e_latency": [1.4988, 0.4983], "server_queue_time": [0.0, 0.0], "itl_max": [None, None],
-        **stamps,
-        # the breakdown stamps and the two waits, null as in a run recorded before them (the loader adds them so)
-        **{name: [None, None] for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")},
-    }, schema_overrides={"itl_max": pl.Float64,
-                         **{name: pl.Float64 for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}})
+    requests = _two_requests(**CAPPED_PAIR)
     meta = {"mode": "continuous", "caps": {"initial": [1], "changes": []},
             "servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002}}}]}
     out, how = to_simulated_times(requests, meta, k)
@@ -158,15 +168,11 @@ def test_the_simulators_modelled_intake_is_simulated_time_at_speed_k() -> None:
     # speed 4, a simulator that takes a request in request_hop_s = 2 ms after the client sent it: 0.5 ms of the run
     # clock, which is simulated time (x 4); what the host took beyond it (0.3 ms on the second request) stays as it was
     k = 4.0
-    requests = pl.DataFrame({
-        "t_arrival": [0.0, 1.0], "t_released": [0.0, 1.0], "t_admitted": [0.0, 1.0],
-        "t_dispatch": [0.0, 1.0], "t_first_token": [0.0110, 1.0113], "t_finish": [0.5, 1.5], "server": [0, 0],
-        "server_received": [0.0005, 1.0008], "server_forward_entry": [0.0006, 1.0009],
-        "server_prefill_finished": [0.01, 1.0103], "server_finished": [0.49, 1.49],
-        "server_e2e_latency": [0.4895, 0.4892], "server_queue_time": [0.0, 0.0], "itl_max": [None, None],
-        **{name: [None, None] for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")},
-    }, schema_overrides={"itl_max": pl.Float64,
-                         **{name: pl.Float64 for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}})
+    requests = _two_requests(
+        t_arrival=[0.0, 1.0], t_released=[0.0, 1.0], t_admitted=[0.0, 1.0], t_dispatch=[0.0, 1.0],
+        t_first_token=[0.0110, 1.0113], t_finish=[0.5, 1.5], server=[0, 0], server_received=[0.0005, 1.0008],
+        server_forward_entry=[0.0006, 1.0009], server_prefill_finished=[0.01, 1.0103], server_finished=[0.49, 1.49],
+        server_e2e_latency=[0.4895, 0.4892], server_queue_time=[0.0, 0.0])
     sim = {"output_s": 0.002, "request_hop_s": 0.002}
     meta = {"mode": "continuous", "caps": {"initial": [None], "changes": []},
             "servers": [{"server_info": {"tracebench_sim": sim}}]}
@@ -191,16 +197,7 @@ def test_a_capped_dispatch_waits_for_the_converted_finish_with_the_modelled_inta
     # 1 waited for request 0's slot, so it is dispatched after request 0's converted finish (0.6 ms before it when the
     # freed slot's finish kept the hop as measured)
     k = 4.0
-    stamps = {"server_received": [0.0012, 1.5017], "server_forward_entry": [0.0013, 1.5018],
-              "server_prefill_finished": [0.01, 1.51], "server_finished": [1.5, 2.0]}
-    requests = pl.DataFrame({
-        "t_arrival": [0.0, 1.0], "t_released": [0.0005, 1.0005], "t_admitted": [0.0005, 1.0005],
-        "t_dispatch": [0.001, 1.501], "t_first_token": [0.0112, 1.5112], "t_finish": [1.5005, 2.0005], "server": [0, 0],
-        "server_e2e_latency": [1.4988, 0.4983], "server_queue_time": [0.0, 0.0], "itl_max": [None, None],
-        **stamps,
-        **{name: [None, None] for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")},
-    }, schema_overrides={"itl_max": pl.Float64,
-                         **{name: pl.Float64 for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}})
+    requests = _two_requests(**CAPPED_PAIR)
     meta = {"mode": "continuous", "caps": {"initial": [1], "changes": []},
             "servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002, "request_hop_s": 0.002}}}]}
     out, _ = to_simulated_times(requests, meta, k)
