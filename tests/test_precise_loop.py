@@ -1,0 +1,70 @@
+"""The precise loop's selector (tracebench/precise_loop.py): a wait ends at its timeout, not up to 1 ms later, or as
+soon as an event is ready, whether it sleeps, ends awake (its last SPIN_S polls) or is too short to end awake."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import sys
+import time
+
+import pytest
+
+from tracebench import precise_loop
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the precise selector is epoll's")
+
+# waits in each of select()'s branches: too short to end awake, ending awake, and long
+TIMEOUTS = (precise_loop.SPIN_AFTER_S / 2, precise_loop.SPIN_AFTER_S + precise_loop.SPIN_S / 2, 0.02)
+
+
+def test_a_wait_with_nothing_ready_ends_at_its_timeout() -> None:
+    selector = precise_loop.PreciseEpollSelector()
+    a, b = socket.socketpair()
+    try:
+        selector.register(a, selectors.EVENT_READ)
+        for timeout in TIMEOUTS:
+            start = time.monotonic()
+            assert selector.select(timeout) == []
+            waited = time.monotonic() - start
+            assert waited >= timeout
+            assert waited < timeout + 0.05  # asyncio's own selector would round it up to the next millisecond at least
+    finally:
+        selector.close()
+        a.close()
+        b.close()
+
+
+def test_a_ready_event_ends_the_wait_at_once() -> None:
+    # ready before the wait, in every branch (the polls of a wait that ends awake see it as the sleep does)
+    selector = precise_loop.PreciseEpollSelector()
+    a, b = socket.socketpair()
+    try:
+        key = selector.register(a, selectors.EVENT_READ)
+        b.send(b"x")
+        for timeout in (*TIMEOUTS, 10.0):
+            start = time.monotonic()
+            assert selector.select(timeout) == [(key, selectors.EVENT_READ)]
+            assert time.monotonic() - start < 0.5
+    finally:
+        selector.close()
+        a.close()
+        b.close()
+
+
+def test_the_awake_end_of_a_wait_returns_an_event_as_soon_as_it_is_ready() -> None:
+    selector = precise_loop.PreciseEpollSelector()
+    a, b = socket.socketpair()
+    try:
+        key = selector.register(a, selectors.EVENT_READ)
+        start = time.monotonic()
+        assert selector.poll_until(start + 0.003) == []
+        assert time.monotonic() - start >= 0.003
+        b.send(b"x")
+        start = time.monotonic()
+        assert selector.poll_until(start + 10.0) == [(key, selectors.EVENT_READ)]
+        assert time.monotonic() - start < 0.5
+    finally:
+        selector.close()
+        a.close()
+        b.close()
