@@ -20,6 +20,7 @@ from tracebench.replay.client import SglangClient
 from tracebench.replay.clock import RunClock
 from tracebench.replay.records import RecordWriter
 from tracebench.replay.flight import HttpSender
+from tracebench.replay.summary import ModelledHops
 from tracebench.replay.router import Router, ServerState
 from tracebench.replay.tokens import InputIds
 from tracebench.trace.format import TraceRequest, format_request_line, write_trace
@@ -473,7 +474,7 @@ def test_router_fills_the_prefix_fields_also_for_a_static_batch_put_back(tmp_pat
         client, writer = SglangClient(None, True), RecordWriter(tmp_path / "requests.jsonl")
         router = Router(clock=RunClock(), servers=[ServerState(i, f"http://127.0.0.1:{9 + i}", None, True) for i in range(2)],
                         policy=policy, sender=HttpSender(client, InputIds("0f" * 32, 32000)), writer=writer,
-                        total=len(requests), health_check=down, intake_hops=[0.0, 0.0], batch_size=4,
+                        total=len(requests), health_check=down, modelled_hops=[ModelledHops(0.0, 0.0)] * 2, batch_size=4,
                         block_size=8)
         for request in requests:
             router.release(request, 0.0)

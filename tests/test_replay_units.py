@@ -19,6 +19,7 @@ from tracebench.replay.clock import RunClock, VirtualRunClock
 from tracebench.replay.loop import run_virtual
 from tracebench.replay.records import RecordWriter
 from tracebench.replay.flight import HttpSender
+from tracebench.replay.summary import ModelledHops
 from tracebench.replay.router import OBSERVED_REFRESH_S, Router, ServerState
 from tracebench.replay.run import ReplayConfig, plan_servers
 from tracebench.replay.tokens import TOKEN_ID_LOW, InputIds, vocab_size_from_model
@@ -208,7 +209,7 @@ def test_a_release_after_close_is_not_recorded_twice(tmp_path: Path) -> None:
         writer = RecordWriter(path)
         router = Router(clock=RunClock(), servers=[ServerState(0, "http://127.0.0.1:9", None, True)],
                         policy=load_policy("round_robin", np.random.default_rng(0), {}), sender=HttpSender(client, InputIds(SHA, 32000)), writer=writer,
-                        total=len(requests), health_check=slow_health_check, intake_hops=[0.0], speed=2.0)
+                        total=len(requests), health_check=slow_health_check, modelled_hops=[ModelledHops(0.0, 0.0)], speed=2.0)
         router.suspect(0, "connection lost")  # a probe under way: close() cancels it and waits for it
         closing = asyncio.ensure_future(router.close(requests[1:], "interrupted (SIGINT)"))
         await asyncio.sleep(0)  # close() runs up to that wait
@@ -306,7 +307,7 @@ def test_the_routers_cached_views_equal_views_made_afresh(tmp_path: Path, reads_
         policy.reads_observed = reads_observed  # type: ignore[misc]  # the class says False
         router = Router(clock=clock, servers=servers, policy=policy,
                         sender=HttpSender(client, InputIds(SHA, 32000)), writer=writer, total=1,
-                        health_check=lambda index: asyncio.sleep(0), intake_hops=[0.0] * len(servers))
+                        health_check=lambda index: asyncio.sleep(0), modelled_hops=[ModelledHops(0.0, 0.0)] * len(servers))
         remade = 0
         for step in range(600):
             now = clock.now()

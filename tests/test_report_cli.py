@@ -111,6 +111,14 @@ def _intake(r: dict, meta: dict, k: float) -> float:
     return hop + min(max(hop, 0.0), paced) * (k - 1)
 
 
+def _answer_end(r: dict, meta: dict, k: float) -> float:
+    """docs/report.md: the simulator's request_finished_ts -> the client's read of the answer's end, its modelled part
+    (up to answer_end_s / K of the run clock) x K and the rest as measured."""
+    hop = r["t_finish"] - r["server_finished"]
+    paced = meta["servers"][r["server"]]["server_info"]["tracebench_sim"]["answer_end_s"] / k
+    return hop + min(max(hop, 0.0), paced) * (k - 1)
+
+
 def _capped_dispatch(records: list[dict], meta: dict, k: float) -> dict[int, float]:
     """docs/report.md: a capped run's dispatch is the latest event before it (its release, a finish that freed a slot,
     a cap change) on the simulated timeline plus the host time since; computed request by request in dispatch order."""
@@ -128,7 +136,7 @@ def _capped_dispatch(records: list[dict], meta: dict, k: float) -> dict[int, flo
         if r["t_finish"] is not None:
             if r["server_received"] is not None and r["server_finished"] is not None:
                 finish = (dispatch + _intake(r, meta, k) + (r["server_finished"] - r["server_received"]) * k
-                          + r["t_finish"] - r["server_finished"])
+                          + _answer_end(r, meta, k))
             else:
                 finish = dispatch + (r["t_finish"] - d) * k
             finishes.append((r["t_finish"], finish))
@@ -137,8 +145,9 @@ def _capped_dispatch(records: list[dict], meta: dict, k: float) -> dict[int, flo
 
 def _records(runs: Path, name: str) -> list[dict]:
     """requests.jsonl in simulated seconds, as docs/report.md defines it for a run at --speed K: the simulator's time
-    (its modelled intake, request_received_ts -> its other stamps) x K, tracebench's host time (release lag, the HTTP
-    hops beyond the intake, the router wait of an uncapped run) as measured, the arrival x K."""
+    (its modelled intake, request_received_ts -> its other stamps, its modelled answer's end) x K, tracebench's host
+    time (release lag, the HTTP hops beyond what the simulator models, the router wait of an uncapped run) as
+    measured, the arrival x K."""
     meta = json.loads((runs / "reports" / name / "run.json").read_text())
     k = meta["speed"]
     assert k == (2.0 if name == "stopped" else float(SPEED))
@@ -163,7 +172,7 @@ def _records(runs: Path, name: str) -> list[dict]:
             received = r["t_dispatch"] + _intake(raw, meta, k)
             for field in ("server_received", "server_forward_entry", "server_prefill_finished", "server_finished"):
                 r[field] = received + (raw[field] - raw["server_received"]) * k
-            r["t_finish"] = r["server_finished"] + raw["t_finish"] - raw["server_finished"]
+            r["t_finish"] = r["server_finished"] + _answer_end(raw, meta, k)
             if raw["t_first_token"] is not None:
                 o = out_delay[raw["server"]]
                 r["t_first_token"] = r["server_prefill_finished"] + o + raw["t_first_token"] - (raw["server_prefill_finished"] + o / k)
@@ -637,6 +646,12 @@ def test_not_a_run_folder(runs: Path, tmp_path: Path) -> None:
     done = _report(runs, str(folder))
     assert done.returncode == 2 and ("field 'servers[0].server_info.tracebench_sim.request_hop_s': must be a number "
                                      ">= 0, got '2ms'") in done.stderr, done.stderr
+    meta["servers"][0]["server_info"]["tracebench_sim"]["request_hop_s"] = 0.002
+    meta["servers"][0]["server_info"]["tracebench_sim"]["answer_end_s"] = -0.0005   # and its modelled answer's end
+    (folder / "run.json").write_text(json.dumps(meta))
+    done = _report(runs, str(folder))
+    assert done.returncode == 2 and ("field 'servers[0].server_info.tracebench_sim.answer_end_s': must be a number "
+                                     ">= 0, got -0.0005") in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(

@@ -398,6 +398,12 @@ def test_profile_errors_name_the_file_and_field(tmp_path) -> None:
     bad.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="bad.json: field 'params.request_hop_s': must be a finite number > 0"):
         load_profile(str(bad))
+    doc["params"]["request_hop_s"] = 0.002
+    doc["params"]["response_hop_s"] = 0.0001   # an answer's end sooner than a streamed token: nothing to hold
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="bad.json: field 'params.response_hop_s': 0.0001 is less than a streamed "
+                                          "token's hop"):
+        load_profile(str(bad))
     doc = json.loads(ATTENTION_PROFILE.read_text())
     del doc["params"]["decode_attention"]["slots"]
     bad.write_text(json.dumps(doc))

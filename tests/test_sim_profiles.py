@@ -191,6 +191,32 @@ def test_the_simulators_modelled_intake_is_simulated_time_at_speed_k() -> None:
         assert (out["server_received"] - out["t_dispatch"]).to_list() == pytest.approx([-0.0003, -0.0003])
 
 
+def test_the_simulators_modelled_answer_end_is_simulated_time_at_speed_k() -> None:
+    # speed 4, a simulator that sends an answer's end answer_end_s = 0.48 ms after its model finished the request:
+    # 0.12 ms of the run clock, simulated time (x 4); the rest of server_finished -> t_finish (the wire, the client's
+    # read: 0.2 and 0.5 ms here) stays as measured, and a hop shorter than the modelled part is all simulated
+    k = 4.0
+    columns = dict(
+        t_arrival=[0.0, 1.0], t_released=[0.0, 1.0], t_admitted=[0.0, 1.0], t_dispatch=[0.0, 1.0],
+        t_first_token=[0.0110, 1.0113], server=[0, 0], server_received=[0.0005, 1.0005],
+        server_forward_entry=[0.0006, 1.0009], server_prefill_finished=[0.01, 1.0103], server_finished=[0.49, 1.49],
+        server_e2e_latency=[0.4895, 0.4895], server_queue_time=[0.0, 0.0])
+    requests = _two_requests(**columns, t_finish=[0.49032, 1.49062])
+    sim = {"output_s": 0.002, "request_hop_s": 0.002, "answer_end_s": 0.00048}
+    meta = {"mode": "continuous", "caps": {"initial": [None], "changes": []},
+            "servers": [{"server_info": {"tracebench_sim": sim}}]}
+    out, _ = to_simulated_times(requests, meta, k)
+    assert (out["t_finish"] - out["server_finished"]).to_list() == pytest.approx(
+        [0.00012 * k + 0.0002, 0.00012 * k + 0.0005])
+    short = _two_requests(**columns, t_finish=[0.49005, 1.49])
+    out, _ = to_simulated_times(short, meta, k)
+    assert (out["t_finish"] - out["server_finished"]).to_list() == pytest.approx([0.00005 * k, 0.0])
+    # a simulator from before the modelled answer's end (no answer_end_s): all host time
+    old = {"servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002, "request_hop_s": 0.002}}}]}
+    out, _ = to_simulated_times(requests, {**meta, **old}, k)
+    assert (out["t_finish"] - out["server_finished"]).to_list() == pytest.approx([0.00032, 0.00062])
+
+
 def test_a_capped_dispatch_waits_for_the_converted_finish_with_the_modelled_intake() -> None:
     # as test_capped_dispatch_counts_the_routers_host_time_once, but the simulator models its intake (request_hop_s
     # 2 ms, 0.5 ms of the run clock at speed 4): request 0's 0.2 ms hop is simulated time, 0.8 ms converted; request
@@ -213,7 +239,7 @@ def test_the_replays_simulated_duration_is_the_reports_with_the_modelled_intake(
     # speed 4) the report counts that part x K, and so must the summary (it kept the hop as measured: 1.5 ms short).
     # An uncapped run (with a cap the summary takes K x t_dispatch, the report the freed slot's finish: not the same)
     from tracebench.replay.records import RequestRecord
-    from tracebench.replay.summary import SimulatedSpan
+    from tracebench.replay.summary import ModelledHops, SimulatedSpan
 
     k = 4.0
     row = {"t_arrival": 0.0, "t_released": 0.0001, "t_admitted": 0.0001, "t_dispatch": 0.0003,
@@ -224,11 +250,12 @@ def test_the_replays_simulated_duration_is_the_reports_with_the_modelled_intake(
                              **{name: [None] for name in (*BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}},
                             schema_overrides={"itl_max": pl.Float64, **{name: pl.Float64 for name in (
                                 *BREAKDOWN_STAMPS, "slot_wait_s", "batch_wait_s")}})
+    sim = {"output_s": 0.002, "request_hop_s": 0.002, "answer_end_s": 0.0012}   # (0.3 ms of the 0.5 ms end: simulated)
     meta = {"mode": "continuous", "caps": {"initial": [None], "changes": []},
-            "servers": [{"server_info": {"tracebench_sim": {"output_s": 0.002, "request_hop_s": 0.002}}}]}
+            "servers": [{"server_info": {"tracebench_sim": sim}}]}
     out, _ = to_simulated_times(requests, meta, k)
     reported = out["t_finish"][0] - out["t_arrival"][0]
-    span = SimulatedSpan(k, [0.002])
+    span = SimulatedSpan(k, [ModelledHops(0.002, 0.0012)])
     fields = {key: row[key] for key in ("t_arrival", "t_released", "t_dispatch", "t_first_token", "t_finish", "server",
                                         "server_received", "server_forward_entry", "server_prefill_finished",
                                         "server_finished")}

@@ -212,6 +212,34 @@ def test_the_server_takes_a_request_in_the_profiles_hop_after_the_client_sent_it
     assert err.value.code == 400 and "X-Tracebench-Sent: 'soon' is not a number" in err.value.read().decode()
 
 
+def test_the_server_sends_an_answers_end_when_sglangs_would(sim_server) -> None:
+    # real sglang's answer end reaches tracebench's client response_hop_s after request_finished_ts, a streamed token
+    # only TOKEN_HOP_S after it is handed out: the simulator holds an answer's end answer_end_s (the difference) after
+    # its model finished the request, whole answers and a stream's last chunk alike (9.6 ms at speed 0.05), and its
+    # own lag (tracebench_sim_lag) does not count the hold
+    from tracebench.profiles import TOKEN_HOP_S
+
+    speed = 0.05
+    srv = sim_server("--speed", str(speed))
+    hold = PROFILE.answer_end_s / speed
+    assert PROFILE.answer_end_s == pytest.approx(PROFILE.response_hop_s - TOKEN_HOP_S)
+    assert get(srv.url, "/server_info")["tracebench_sim"]["answer_end_s"] == PROFILE.answer_end_s
+    meta = post(srv.url, gen(64, 2))["meta_info"]
+    assert meta["response_sent_to_client_ts"] - meta["request_finished_ts"] >= hold - 1e-4
+    assert meta["tracebench_sim_lag"] < hold / 2
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    conn.request("POST", "/generate", json.dumps({**gen(64, 2), "stream": True}), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    last = None
+    for line in resp:
+        if line.startswith(b"data: {"):
+            last, t_read = json.loads(line[6:]), time.time()
+    conn.close()
+    assert last is not None and last["meta_info"]["finish_reason"]["type"] == "length"
+    assert t_read - last["meta_info"]["request_finished_ts"] >= hold - 1e-4
+    assert last["meta_info"]["tracebench_sim_lag"] < hold / 2
+
+
 def test_receipts_keep_the_order_requests_reach_the_server() -> None:
     # a request sent earlier over a slower connection arrives later: it is taken in after the one before it (the
     # model admits in FCFS order of receipt; a paced stamp before the last one crashed the server with a 500)

@@ -18,6 +18,11 @@ from tracebench.errors import ConfigError
 
 PROFILES_DIR = Path(__file__).resolve().parent / "sim" / "profiles"
 DEFAULT_PROFILE = "llama-2-7b-h200-triton"
+# A streamed token's chunk is small and reaches the client sooner than the answer's last chunk (which carries
+# meta_info and follows sglang's end-of-request work): sglang's response_sent_to_client_ts (a stream's first chunk)
+# -> the client's read of the first token, p50 on the committed real runs that have it: 0.20-0.31 ms (H100
+# routing-long, waits cap4 / uncapped / static8, H200 overhead-plain), against 0.56-0.61 ms for the last chunk.
+TOKEN_HOP_S = 0.00025
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,14 @@ class Profile:
         """One decode step of the running requests whose contexts are `contexts` (decode_step_s)."""
         return decode_step_s(self.decode_base_s, self.decode_per_req_s, self.decode_per_kv_token_s,
                              self.decode_attention, contexts, shared_tokens)
+
+    @property
+    def answer_end_s(self) -> float:
+        """sglang's work on an answer's end before it leaves (its detokenizer and tokenizer manager after
+        request_finished_ts): the response hop less what the wire takes of it (a streamed token's hop). The
+        real-time simulator sends an answer's end this long after its model finished the request, so that the
+        client reads it response_hop_s after, as from sglang (docs/sim-server.md "Intake and answer's end")."""
+        return self.response_hop_s - TOKEN_HOP_S
 
 
 def prefill_step_s(base: float, per_token: float, per_token_sq: float, min_s: float,
@@ -257,6 +270,9 @@ def load_profile(name_or_path: str) -> Profile:
     params = raw["params"]
     _check_fields(params, _PROFILE_FIELDS - {"name", "source"}, f"{path}: field 'params", optional=False)
     _check_finite(params, ("request_hop_s", "response_hop_s"), f"{path}: field 'params", above_zero=True)
+    if params["response_hop_s"] < TOKEN_HOP_S:
+        raise ConfigError(f"{path}: field 'params.response_hop_s': {params['response_hop_s']} is less than a streamed "
+                          f"token's hop ({TOKEN_HOP_S} s): an answer's end cannot reach the client sooner than a token")
     buckets = params["prefill_token_buckets"]
     if not _ascending_positive_ints(buckets):
         raise ConfigError(f"{path}: field 'params.prefill_token_buckets': must be ascending positive integers")

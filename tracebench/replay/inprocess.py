@@ -27,7 +27,7 @@ import orjson
 
 from tracebench.errors import ConfigError, ServerStartError
 from tracebench.itl import ItlGaps
-from tracebench.profiles import Profile
+from tracebench.profiles import TOKEN_HOP_S, Profile
 from tracebench.replay.client import Answer, Fetched, GenerateApi, timeout_text
 from tracebench.replay.clock import RunClock
 from tracebench.replay.flight import Boot, Destination, PairProgress, Progress
@@ -52,11 +52,7 @@ URL_SCHEME = "inprocess://"
 # 0.57 ms on H100 (h100-waits/static8). Without it a batch sent at once would reach the scheduler at one instant and be
 # prefilled as one, where sglang (and the real-time simulator) prefill the first request alone and the rest after.
 INTAKE_GAP_S = 0.0005
-# A streamed token's chunk is small and reaches the client sooner than the answer's last chunk (which carries
-# meta_info and follows sglang's end-of-request work): sglang's response_sent_to_client_ts (a stream's first chunk)
-# -> the client's read of the first token, p50 on the committed real runs that have it: 0.20-0.31 ms (H100
-# routing-long, waits cap4 / uncapped / static8, H200 overhead-plain), against 0.56-0.61 ms for the last chunk.
-TOKEN_HOP_S = 0.00025
+# A streamed token's chunk reaches the client TOKEN_HOP_S after sglang handed it out (profiles.py).
 
 
 @dataclass(frozen=True)

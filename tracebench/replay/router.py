@@ -52,7 +52,7 @@ from tracebench.replay.gate import ConcurrencyGate
 from tracebench.replay.policy_time import PolicyTime
 from tracebench.replay.records import COMPLETED, STATUSES, RecordWriter, RequestRecord
 from tracebench.replay.stall import StallBounds
-from tracebench.replay.summary import SimulatedSpan
+from tracebench.replay.summary import ModelledHops, SimulatedSpan
 from tracebench.trace.format import TraceRequest
 
 OBSERVED_WINDOW_S = 10.0  # ServerView's observed figures cover this much recent run time...
@@ -326,7 +326,7 @@ class Router:
         writer: RecordWriter,
         total: int,
         health_check: HealthCheck,
-        intake_hops: Sequence[float],
+        modelled_hops: Sequence[ModelledHops],
         batch_size: int | None = None,
         batch_timeout: float | None = None,
         speed: float = 1.0,
@@ -339,11 +339,11 @@ class Router:
         PD mode), whose `prefill_finished_time` is not its own (below). `batch_timeout` is in run seconds; `speed` (--speed K, 1.0 when not sped up) turns the trace's arrival
         times into run seconds (`run_seconds`); `block_size` is the trace header's (tokens per prefix block);
         `max_concurrency`: --max-concurrency N, the client's gate before the router queue (gate.py); `stall`: the
-        run's stall bounds (replay/stall.py; None: the watchdog does nothing); `intake_hops`: each server's modelled
-        intake (summary.SimulatedSpan)."""
+        run's stall bounds (replay/stall.py; None: the watchdog does nothing); `modelled_hops`: what each server
+        models of the HTTP hops (summary.SimulatedSpan)."""
         self.clock = clock
         self.speed = speed
-        self.intake_hops = intake_hops
+        self.modelled_hops = modelled_hops
         # the meta_info stamps this run's answers carry as their own: a PD decode server's prefill_finished_time is
         # one stale value in every answer (sglang 0.5.17, seen on 2x H200: .DUCUMENT/pd-disaggregation.md section 3),
         # not the request's; the prefill server's own is the record's prefill_done
@@ -431,7 +431,7 @@ class Router:
 
     def _init_tallies(self, total: int) -> None:
         """The run's counts and what run.json and the summary report of it."""
-        self.span = SimulatedSpan(self.speed, self.intake_hops)
+        self.span = SimulatedSpan(self.speed, self.modelled_hops)
         self.released = 0
         self.finished = 0
         self.counts = dict.fromkeys(STATUSES, 0)

@@ -56,7 +56,7 @@ from tracebench.replay.saturation import Saturation, SaturationWatch, watch_satu
 from tracebench.replay.kv_link import DEFAULT as KV_LINK_DEFAULT, kv_link_of
 from tracebench.replay.servers import Fleet, ServerPlan, plan_attached, plan_launched, split_server_args, wait_exit
 from tracebench.replay.stall import StallBounds, stall_bounds
-from tracebench.replay.summary import intake_hops
+from tracebench.replay.summary import modelled_hops
 from tracebench.replay.telemetry import poll_loads, progress_line, show_progress
 from tracebench.replay.tokens import InputIds, vocab_size_from_model
 from tracebench.trace.format import TraceHeader, TraceTable, load_trace_table
@@ -1119,7 +1119,7 @@ class Replay:
             batch_size=cfg.batch_size if cfg.mode == "static" else None,
             batch_timeout=None if cfg.batch_timeout is None else run_seconds(cfg.batch_timeout, cfg.time_speed),
             speed=cfg.time_speed, block_size=self.header.block_size, max_concurrency=cfg.max_concurrency,
-            stall=self.stall, intake_hops=intake_hops(self.server_info),
+            stall=self.stall, modelled_hops=modelled_hops(self.server_info),
         )
         if cfg.is_pd and self.external is None:
             assert isinstance(self.policy, PdPolicies)

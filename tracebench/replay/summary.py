@@ -5,32 +5,47 @@ The report's duration is the first arrival to the last completed (ok or mismatch
 time x K, tracebench's host time (release lag, HTTP hops, the client reading the stream, and the router wait of an
 uncapped continuous run) as measured. Multiplying the whole run clock by K instead counts host time K times.
 For a completed record with the simulator's stamps, report/speed.py's finish reduces to
-  K x t_arrival + (t_finish - t_arrival) + (K - 1) x (server_finished - server_received + intake)    (router wait:
-                                                                                           host time)
-  K x t_dispatch + (t_finish - t_dispatch) + (K - 1) x (server_finished - server_received + intake)  (capped: waiting
-                                                                                           for a slot)
+  K x t_arrival + (t_finish - t_arrival) + (K - 1) x (server_finished - server_received + intake + end)
+                                                                                  (router wait: host time)
+  K x t_dispatch + (t_finish - t_dispatch) + (K - 1) x (server_finished - server_received + intake + end)
+                                                                                  (capped: waiting for a slot)
 where intake is the simulator's modelled intake on the run clock, the hop server_received - t_dispatch up to its
-request_hop_s / K (0 for a simulator that does not report it), and to K x t_finish when the simulators did not report
-`output_s` or the run is a PD run (every time x K)."""
+request_hop_s / K, and end its modelled answer's end, the hop server_finished -> t_finish up to its answer_end_s / K
+(each 0 for a simulator that does not report it), and to K x t_finish when the simulators did not report `output_s`
+or the run is a PD run (every time x K)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from tracebench.replay.records import COMPLETED, RequestRecord
 
 
-def intake_hops(server_infos: Sequence[dict[str, Any] | None]) -> list[float]:
-    """Each server's modelled intake (simulated seconds: its /server_info `tracebench_sim.request_hop_s`, sim-server.md
-    "Intake"): it took a request in that long after the client sent it, so that much of dispatch -> received is its
-    model's time. 0 for a server that did not say (real sglang; a simulator from before 2026-11-29, which took a
-    request in on arrival: all host time). The replay's summary and the report (report/speed.py) read it alike."""
+# a simulator's /server_info `tracebench_sim` keys for the parts of the HTTP hops it models (simulated seconds)
+MODELLED_HOPS = ("request_hop_s", "answer_end_s")
+
+
+class ModelledHops(NamedTuple):
+    """What a server models of the HTTP hops (simulated seconds; docs/sim-server.md "Intake and answer's end"):
+    it took a request in `intake` after the client sent it (so that much of dispatch -> received is its model's time),
+    and sent an answer's end `end` after its model finished the request (that much of server_finished -> t_finish).
+    0: not modelled (real sglang; a simulator from before 2026-11-29 took a request in on arrival, and one from before
+    2026-11-30 sent an answer's end at once: all host time)."""
+
+    intake: float
+    end: float
+
+
+def modelled_hops(server_infos: Sequence[dict[str, Any] | None]) -> list[ModelledHops]:
+    """Each server's ModelledHops, from its /server_info. The replay's summary and the report (report/speed.py) read
+    them alike."""
     hops = []
     for info in server_infos:
         sim = (info or {}).get("tracebench_sim")
-        hops.append(float(sim["request_hop_s"]) if isinstance(sim, dict) and "request_hop_s" in sim else 0.0)
+        sim = sim if isinstance(sim, dict) else {}
+        hops.append(ModelledHops(*(float(sim[key]) if key in sim else 0.0 for key in MODELLED_HOPS)))
     return hops
 
 
@@ -39,10 +54,10 @@ class SimulatedSpan:
 
     __slots__ = ("k", "paced", "first_arrival", "finish_host_wait", "finish_capped", "finish_scaled")
 
-    def __init__(self, speed: float, intake_hops: Sequence[float]) -> None:
-        """`intake_hops`: each server's modelled intake in simulated seconds (`intake_hops`; 0: not modelled)."""
+    def __init__(self, speed: float, hops: Sequence[ModelledHops]) -> None:
+        """`hops`: each server's modelled parts of the HTTP hops (`modelled_hops`), simulated seconds."""
         self.k = speed
-        self.paced = [hop / speed for hop in intake_hops]   # on the run clock
+        self.paced = [ModelledHops(hop.intake / speed, hop.end / speed) for hop in hops]   # on the run clock
         self.first_arrival = math.inf
         self.finish_host_wait = self.finish_capped = self.finish_scaled = -math.inf
 
@@ -60,8 +75,9 @@ class SimulatedSpan:
         sr, sf = rec.server_received, rec.server_finished
         if sr is not None and sf is not None:
             server = rec.server
-            paced = self.paced[server] if server is not None else 0.0   # (sglang-router: no server)
-            inside = (k - 1) * (sf - sr + min(max(sr - td, 0.0), paced))
+            # (sglang-router: no server, nothing modelled)
+            intake, end = self.paced[server] if server is not None else (0.0, 0.0)
+            inside = (k - 1) * (sf - sr + min(max(sr - td, 0.0), intake) + min(max(tf - sf, 0.0), end))
             host_wait = k * ta + (tf - ta) + inside
             capped = k * td + (tf - td) + inside
         else:  # no simulator stamps: K x everything after dispatch

@@ -39,6 +39,7 @@ from tracebench.errors import ConfigError, RunFolderError
 from tracebench.itl import HIST_PATTERN
 # requests.jsonl's columnar copy (its name), written beside it at the clean end of a big replay
 from tracebench.report.copy_name import COLUMNS_COPY
+from tracebench.replay.summary import MODELLED_HOPS
 from tracebench.report.speed import to_simulated_times
 
 RUN_FORMAT_VERSION = 1
@@ -357,11 +358,12 @@ def read_run_json(folder: Path) -> dict[str, Any]:
         _need(server, "gpu", (str, int), path, f"servers[{i}].gpu", nullable=True)
         _need(server, "version", (str,), path, f"servers[{i}].version", nullable=True)
         sim = (server.get("server_info") or {}).get("tracebench_sim")
-        if isinstance(sim, dict) and "request_hop_s" in sim:  # the --speed conversion reads it (report/speed.py)
-            hop = sim["request_hop_s"]
-            if type(hop) not in (int, float) or not (math.isfinite(hop) and hop >= 0):
-                raise RunFolderError(path, None, f"servers[{i}].server_info.tracebench_sim.request_hop_s",
-                                     f"must be a number >= 0, got {hop!r}")
+        for key in MODELLED_HOPS:  # the --speed conversion reads them (report/speed.py)
+            if isinstance(sim, dict) and key in sim:
+                hop = sim[key]
+                if type(hop) not in (int, float) or not (math.isfinite(hop) and hop >= 0):
+                    raise RunFolderError(path, None, f"servers[{i}].server_info.tracebench_sim.{key}",
+                                         f"must be a number >= 0, got {hop!r}")
     if meta.get("external_router") is not None:  # --router sglang-router
         external = _need(meta, "external_router", (dict,), path, "external_router")
         counters = _need(external, "server_counters", (list,), path, "external_router.server_counters", nullable=True)

@@ -18,7 +18,9 @@ speed 4). So each request's stamps are rebuilt on the simulated timeline, part b
 - inside the simulator (received -> forward entry -> prefill finished -> finished): the simulator's own model
   clock, exact simulated time / K, so multiplied by K;
 - the first token leaves the simulator `output_s` (its profile, in run.json `tracebench_sim.output_s`) after the
-  prefill step; from then to `t_first_token`, and from `request_finished_ts` to `t_finish`: host time.
+  prefill step; from then to `t_first_token`: host time; from `request_finished_ts` to `t_finish`: host time, but for
+  the simulator's modelled answer's end (it sends it `answer_end_s` / K after, `tracebench_sim.answer_end_s`:
+  simulated time).
 - the breakdown's stamps (records.py): the client's own steps stay host time around the stamp they follow or
   precede (t_assigned and t_built before the dispatch, t_written after it; t_headers after the dispatch when the
   answer streams, before the finish when it does not; t_last_chunk before and t_parsed after the finish), the
@@ -54,7 +56,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tracebench.replay.summary import intake_hops
+from tracebench.replay.summary import modelled_hops
 
 SERVER_SPAN = ("server_forward_entry", "server_prefill_finished", "server_finished")
 BREAKDOWN_STAMPS = ("t_assigned", "t_built", "t_written", "t_headers", "t_last_chunk", "t_parsed", "server_dispatched",
@@ -117,7 +119,7 @@ def to_simulated_times(requests: pl.DataFrame, meta: dict[str, Any], speed: floa
         out_delay = pl.when(c("server") == i).then(pl.lit(value)).otherwise(out_delay)
     first_visible_run = c("server_prefill_finished") + out_delay / k
     first = inside("server_prefill_finished") + out_delay + (c("t_first_token") - first_visible_run)
-    finish = inside("server_finished") + (c("t_finish") - c("server_finished"))
+    finish = inside("server_finished") + _answer_end(meta, k)
     has_stamps = c("server_received").is_not_null() & c("server_finished").is_not_null()
     dispatched_k = dispatch + (c("t_first_token") - c("t_dispatch")) * k  # no simulator stamps: K x after dispatch
     finish_k = (pl.when(has_stamps).then(finish)
@@ -150,11 +152,21 @@ def _intake(meta: dict[str, Any], k: float) -> pl.Expr:
     intake (the part of the run-clock hop up to its request_hop_s / K, simulated time: x K) and what the host took
     beyond it (as measured). A hop below 0 (a simulator on a host whose clock is behind) holds no modelled part: as
     measured, as for a simulator that does not report request_hop_s."""
-    c = pl.col
+    return _modelled_hop(meta, k, "intake", pl.col("server_received") - pl.col("t_dispatch"))
+
+
+def _answer_end(meta: dict[str, Any], k: float) -> pl.Expr:
+    """the simulator's finish -> the client's read of the answer's end in simulated seconds, as `_intake` for the
+    simulator's modelled answer's end (answer_end_s / K after request_finished_ts, simulated time: x K)."""
+    return _modelled_hop(meta, k, "end", pl.col("t_finish") - pl.col("server_finished"))
+
+
+def _modelled_hop(meta: dict[str, Any], k: float, part: str, hop: pl.Expr) -> pl.Expr:
+    """`hop` (run clock) in simulated seconds: the part each server models (its ModelledHops `part` / K) x K, the
+    rest as measured; null where `hop` is."""
     paced = pl.lit(0.0)
-    for i, value in enumerate(intake_hops([server.get("server_info") for server in meta["servers"]])):
-        paced = pl.when(c("server") == i).then(pl.lit(value / k)).otherwise(paced)
-    hop = c("server_received") - c("t_dispatch")
+    for i, hops in enumerate(modelled_hops([server.get("server_info") for server in meta["servers"]])):
+        paced = pl.when(pl.col("server") == i).then(pl.lit(getattr(hops, part) / k)).otherwise(paced)
     modelled = pl.min_horizontal(pl.max_horizontal(hop, pl.lit(0.0)), paced)
     # (min/max_horizontal skip nulls: a request without the stamp has no hop)
     return pl.when(hop.is_not_null()).then(hop + modelled * (k - 1.0))
@@ -172,9 +184,10 @@ def _dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, host_wait:
         # after the event that let it go (simulated time) by the router's own host time
         admitted_sim = requests.select(admitted.alias("v"))["v"].to_numpy()
         intake_sim = requests.select(intake.alias("v"))["v"].to_numpy()
+        end_sim = requests.select(_answer_end(meta, k).alias("v"))["v"].to_numpy()
         # (never dispatched: NaN from numpy, null here, like the t_dispatch it stands for)
-        requests = requests.with_columns(
-            pl.Series("_dispatch_sim", capped_dispatch(requests, meta, k, admitted_sim, intake_sim)).fill_nan(None))
+        requests = requests.with_columns(pl.Series("_dispatch_sim", capped_dispatch(
+            requests, meta, k, admitted_sim, intake_sim, end_sim)).fill_nan(None))
         return requests, c("_dispatch_sim")
     # static batches: K x the run-clock dispatch keeps it after the finish that completed the previous batch
     return requests, c("t_dispatch") * k
@@ -220,14 +233,15 @@ def _breakdown_columns(admitted: pl.Expr, dispatch: pl.Expr, first_k: pl.Expr, f
 
 
 def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admitted_sim: np.ndarray,
-                    intake_sim: np.ndarray) -> np.ndarray:
+                    intake_sim: np.ndarray, end_sim: np.ndarray) -> np.ndarray:
     """Each request's dispatch in simulated seconds, for a continuous run with caps: the router sends a request when
     it is released or when a slot frees (a request finishes, or a cap changes), at once. So the dispatch is the last
     such event before it, on the simulated timeline, plus the host time since (run clock): the release at
     K * t_arrival + release lag, a finish as that request's own converted finish (which needs its dispatch: requests
     are taken in dispatch order, and whatever finished before a dispatch was dispatched before it), a cap change at
     K * t; and its admission through the client gate (`admitted_sim`, already converted; without the gate, the
-    release; `intake_sim`, dispatch -> the simulator's receipt converted, `_intake`). The latest of the candidates, so
+    release; `intake_sim`, dispatch -> the simulator's receipt converted, `_intake`; `end_sim`, the simulator's finish
+    -> the client's read converted, `_answer_end`). The latest of the candidates, so
     the dispatch never comes before the release or admission it followed nor before the finish it waited for. K * t_dispatch instead would count the router's host time K times
     (docs/report.md)."""
     t_arr = requests["t_arrival"].to_numpy()
@@ -260,7 +274,7 @@ def capped_dispatch(requests: pl.DataFrame, meta: dict[str, Any], k: float, admi
         out[i] = dispatch = max(candidates)
         if not np.isnan(t_fin[i]):   # its finish (or failure) frees its slot
             if not (np.isnan(s_rec[i]) or np.isnan(s_fin[i])):
-                finish = dispatch + intake_sim[i] + (s_fin[i] - s_rec[i]) * k + (t_fin[i] - s_fin[i])
+                finish = dispatch + intake_sim[i] + (s_fin[i] - s_rec[i]) * k + end_sim[i]
             else:   # no simulator stamps: K x after dispatch, like the other fallbacks
                 finish = dispatch + (t_fin[i] - d) * k
             heapq.heappush(pending, (float(t_fin[i]), float(finish)))

@@ -122,8 +122,8 @@ class Answers:
                 meta["response_sent_to_client_ts"] = 0.0  # sglang appends it last; set by caller, before ours
             # tracebench's own key (sglang has none): how late this server handed out the request's first token and
             # its end against its model's schedule (the larger), wall seconds (engine._deliver, and the answer
-            # formatted now: loop.time()'s clock)
-            pend.lag = max(pend.lag, self.now_loop() - pend.t_finished)
+            # formatted now, due at t_end_due: loop.time()'s clock)
+            pend.lag = max(pend.lag, self.now_loop() - pend.t_end_due)
             meta["tracebench_sim_lag"] = pend.lag
         return meta
 

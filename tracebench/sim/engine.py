@@ -40,6 +40,7 @@ class Pending:
     visible: int = 0                     # output tokens handed to the HTTP layer so far
     t_first_token: float = 0.0
     t_finished: float = 0.0
+    t_end_due: float = 0.0               # when its answer's end may leave (t_finished + the engine's end_hold)
     finished: bool = False
     t_first_sent_wall: float = 0.0
     lag: float = 0.0                     # how late its first token and its end were handed out (the larger; loop s)
@@ -136,6 +137,10 @@ class LiveEngine:
         self.rids_in_flight: set[str] = set()
         self._last_receipt = -math.inf   # the latest request receipt of the HTTP faces (`receive`)
         self._receipt_hop = profile.request_hop_s / speed   # sglang's intake, send -> receipt (loop seconds)
+        # how long after the model finished a request its answer's end leaves (loop seconds): sglang's end-of-request
+        # work, Profile.answer_end_s. Set by the HTTP server (server.py _serve); 0 in process, where the reader adds
+        # the whole response hop itself (replay/inprocess.py _Watch)
+        self.end_hold = 0.0
         self.mono_to_wall = 0.0          # wall = mono + mono_to_wall
         self.done: asyncio.Future[None] | None = None   # the engine's end: only an error (or a cancel) ends it
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # start's
@@ -370,6 +375,7 @@ class LiveEngine:
                 continue
             pend.finished = True
             pend.t_finished = now
+            pend.t_end_due = now + self.end_hold
             if late > pend.lag:
                 pend.lag = late
             pend.wake()
@@ -411,13 +417,25 @@ async def until_receipt(t_received: float) -> None:
     scheduler's refusals, a PD role's bootstrap) comes no sooner. The timer is set at the receipt itself (a sleep's
     `now + (t - now)` rounds, ties and inverts receipts a few ulps apart): the waits end in receipt order, which
     receipt_time keeps strictly increasing, so FCFS."""
+    await _until(t_received)
+
+
+async def until_answer_end(pendings: Sequence[Pending]) -> None:
+    """Wait until the answer of the finished `pendings` may end: their latest `t_end_due` (the engine's end_hold
+    after the model finished them, sglang's end-of-request work). An HTTP face sends an answer's end (a stream's last
+    chunk, a whole answer) no sooner."""
+    await _until(max(pend.t_end_due for pend in pendings))
+
+
+async def _until(t: float) -> None:
+    """Wait until loop time `t`, on a timer set at `t` itself."""
     loop = asyncio.get_running_loop()
-    if t_received <= loop.time():
+    if t <= loop.time():
         return
-    received = loop.create_future()
-    timer = loop.call_at(t_received, _wake, received)
+    due = loop.create_future()
+    timer = loop.call_at(t, _wake, due)
     try:
-        await received
+        await due
     finally:
         timer.cancel()
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 from tracebench import precise_loop
 from tracebench.sim.answers import SSE, Answers, bad_json, json_response, model_info, query_error
 from tracebench.sim.args import MODEL_NAME, SGLANG_VERSION, SimArgs
-from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash, until_receipt
+from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash, until_answer_end, until_receipt
 from tracebench.sim.model import BatchModel, Limits, token_ids
 from tracebench.sim.openai_routes import ROUTES
 from tracebench.sim.pd import KV_BYTES_PER_TOKEN, PdFace, make_role
@@ -153,6 +153,7 @@ class SimServer:
                 response = await self._stream(request, pendings[0])
             else:
                 await all_finished(pendings)
+                await until_answer_end(pendings)
                 outs = [self._final_out(p, is_stream=False) for p in pendings]
                 t_sent = time.time()
                 for out in outs:
@@ -199,6 +200,7 @@ class SimServer:
                 pend.event.clear()
                 await pend.event.wait()
             if pend.finished:
+                await until_answer_end([pend])
                 out = self._final_out(pend, is_stream=True)
                 if pend.t_first_sent_wall == 0.0:
                     pend.t_first_sent_wall = time.time()
@@ -263,8 +265,10 @@ class SimServer:
                                   # its step (simulated seconds)
                                   "output_s": args.profile.output_s,
                                   # and it takes a request in request_hop_s after the client sent it (simulated
-                                  # seconds; validate.receipt_time)
-                                  "request_hop_s": args.profile.request_hop_s}
+                                  # seconds; validate.receipt_time), and sends an answer's end answer_end_s after
+                                  # request_finished_ts (simulated seconds; Profile.answer_end_s)
+                                  "request_hop_s": args.profile.request_hop_s,
+                                  "answer_end_s": args.profile.answer_end_s}
         if self.pd is not None:   # the simulated KV transfer (pd.py)
             info["tracebench_sim"].update({"kv_transfer_bandwidth_gib_s": args.kv_transfer_bandwidth,
                                            "kv_transfer_latency_s": args.kv_transfer_latency,
@@ -401,6 +405,8 @@ async def _serve(args: SimArgs) -> None:
     from aiohttp import web
 
     server = SimServer(args)
+    # served over HTTP, an answer's end leaves when sglang's would (in process the reader adds the whole hop)
+    server.engine.end_hold = args.profile.answer_end_s / args.speed
     runner = web.AppRunner(server.make_app(), handle_signals=False, access_log=None, handler_cancellation=True)
     await runner.setup()
     # A short grace: in-flight requests are cut on SIGTERM (the replay stops servers with SIGTERM, then SIGKILL).
