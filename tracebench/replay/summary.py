@@ -32,7 +32,7 @@ class ModelledHops(NamedTuple):
     it took a request in `intake` after the client sent it (so that much of dispatch -> received is its model's time),
     and sent an answer's end `end` after its model finished the request (that much of server_finished -> t_finish).
     0: not modelled (real sglang; a simulator from before 2026-11-29 took a request in on arrival, and one from before
-    2026-11-30 sent an answer's end at once: all host time)."""
+    that day's stop 43 sent an answer's end at once: all host time)."""
 
     intake: float
     end: float
