@@ -46,7 +46,11 @@ class RunClock:
     virtual = False  # seconds of a simulated clock (VirtualRunClock), not the host's
 
     def __init__(self) -> None:
-        # Read both clocks back to back: their offset is the anchor for every server stamp of the run.
+        self.start()
+
+    def start(self) -> None:
+        """The run starts now (made with the clock, and again by the replay right before its engine's first step).
+        Both clocks are read back to back: their offset is the anchor for every server stamp of the run."""
         self.mono_start = time.monotonic()
         self.wall_start = time.time()
 
@@ -67,7 +71,10 @@ class VirtualRunClock(RunClock):
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self.mono_start = loop.time()
+        self.start()
+
+    def start(self) -> None:
+        self.mono_start = self._loop.time()
         self.wall_start = time.time()  # run.json's record of when it ran; no stamp is converted with it
 
     def now(self) -> float:

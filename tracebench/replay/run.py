@@ -770,26 +770,36 @@ class Replay:
             "detail": None if self.saturation is None else self.saturation.describe(self.cfg.speed),
         }
 
-    def _write_run_json(self) -> None:
-        """run.json as the run stands now (written at the start, again at the end; docs/run-format.md)."""
+    def _write_run_json(self, run: dict[str, Any] | None = None) -> None:
+        """run.json as the run stands now (before the run, at its start, at its end; docs/run-format.md). `run`:
+        `_run_json()`'s, made before (at the start: made before the clock started, its clock fields filled after)."""
         path = self.run_dir / "run.json"
+        if run is None:
+            run = self._run_json()
         try:
-            write_atomic(path, orjson.dumps(self._run_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
-                         + b"\n")
+            write_atomic(path, orjson.dumps(run, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         except OSError as err:
             if err.errno not in (errno.ENOSPC, errno.EDQUOT) or self.status != "running":
                 raise  # the final write has the reserve freed for it: failing then is not a full disk
             raise OutputWriteError(f"disk full (no space left on the device): writing {path} failed", path, err.errno) from None
 
+    def _clock_fields(self) -> dict[str, Any]:
+        """run.json's fields that the run clock's start gives (null before it): when it started on the wall clock, and
+        --ray's cluster with each node's clock offset from it."""
+        clock = self.clock
+        return {"wall_clock_start": clock.wall_start if clock is not None else None,
+                "ray": self.fleet.cluster(clock.mono_start if clock is not None and not clock.virtual else None)}
+
     def _run_json(self) -> dict[str, Any]:
         router = self.router
         servers = self._servers_json()
+        clock_fields = self._clock_fields()
         return {
             "tracebench_run": RUN_FORMAT,
             "run_name": self.run_dir.name,
             "tracebench_version": __version__,
             "host": socket.gethostname(),
-            "wall_clock_start": self.clock.wall_start if self.clock is not None else None,
+            "wall_clock_start": clock_fields["wall_clock_start"],
             "trace": {
                 "path": portable_path(self.cfg.trace), "sha256": self.trace_sha, "num_requests": self.header.num_requests,
                 "duration_s": self.header.duration_s, "header": self.header.fields, "prefix": self.trace_prefix,
@@ -818,8 +828,7 @@ class Replay:
             "vocab_size": self.vocab,
             "servers": servers,
             # --ray: the cluster the servers ran on, each server's node and clock offset (docs/ray.md)
-            "ray": self.fleet.cluster(self.clock.mono_start if self.clock is not None and not self.clock.virtual
-                                      else None),
+            "ray": clock_fields["ray"],
             # who launched the servers when it was not this run (tracebench sweep launches them once for its points)
             "servers_launched_by": None if self.shared is None else self.shared.launched_by,
             "gpu_names": sorted({a for a in self.accelerators if a}) if self.cfg.backend != "sim" else [],
@@ -1017,17 +1026,28 @@ class Replay:
             gc.collect()
             gc.freeze()
             self.writer = (RecordWriter if self.external is None else ViaRouterWriter)(self.run_dir / "requests.jsonl")
-            self.clock = clock = VirtualRunClock(asyncio.get_running_loop()) if cfg.clock == "virtual" else RunClock()
-            router = self._make_router(states, health_check, self._sender(client, input_ids, clock, timeout, reason))
+            # the run's clock: everything is wired to it now, and it starts (clock.start, below) right before the
+            # engine's first step, so that setting up (the control endpoint, run.json's making, the engine: 2-7 ms)
+            # is not run time: a request due at the start was released that late, and every server's steps kept the
+            # phase it gave them
+            clock = VirtualRunClock(asyncio.get_running_loop()) if cfg.clock == "virtual" else RunClock()
+            router = self._make_router(clock, states, health_check, self._sender(client, input_ids, clock, timeout,
+                                                                                 reason))
             if cfg.clock == "virtual":  # an in-process engine that raised stops the run (a bug: fail fast)
                 for task in self.fleet.tasks:  # type: ignore[attr-defined]
                     task.add_done_callback(self._side_done)
             elif self.external is None:  # behind sglang-router there are no tracebench caps to change
                 control = ControlServer(self.control_sock, len(states), router.set_cap, router.caps)
                 await control.start()
-            self._write_run_json()
-            self._announce_start(control)
+            start_json = self._run_json()   # (~1 ms) before the start; its clock fields are filled in after it
             engine = Engine(self.table, clock, router)
+            clock.start()
+            self.clock = clock
+            start_json.update(self._clock_fields())
+            self._write_run_json(start_json)
+            self._announce_start(control)
+            if self.senders is not None:
+                self.senders.use_clock(clock.mono_start, clock.wall_start)
             side_tasks = self._start_side_tasks(engine, router, client)
             await router.ended.wait()
             if router.failure is not None:
@@ -1109,10 +1129,10 @@ class Replay:
                               require_stamps=all(self.enable_metrics) and api.server_meta and not cfg.is_pd)]
         return states, self.external.health_check(client)
 
-    def _make_router(self, states: list[ServerState], health_check: Any, sender: Any) -> Router:
+    def _make_router(self, clock: RunClock, states: list[ServerState], health_check: Any, sender: Any) -> Router:
         """The run's router (self.router): PdRouter over the PD pools, or Router over the servers (or sglang-router)."""
-        cfg, clock = self.cfg, self.clock
-        assert clock is not None and self.writer is not None
+        cfg = self.cfg
+        assert self.writer is not None
         common: dict[str, Any] = dict(
             clock=clock, servers=states, sender=sender, writer=self.writer,
             total=len(self.table), health_check=health_check,
@@ -1218,8 +1238,7 @@ class Replay:
         in-process servers, with the HTTP hops modelled from their profile (one: they are built from one command
         line but for --port)."""
         if self.senders is not None:
-            self.senders.use_clock(clock.mono_start, clock.wall_start)
-            return self.senders
+            return self.senders   # told the run clock's anchor when it starts (use_clock)
         if self.cfg.clock == "real":
             return HttpSender(client, input_ids)
         from tracebench.replay.inprocess import Hops, InProcessFleet, InProcessSender
