@@ -21,6 +21,7 @@ stream's tokens while it does (~16 ms a scrape on an H200 host: reports/examples
 last token falls in that hold ends late (TPOT up); one whose first token does starts late (TPOT down). Every request
 whose stream holds a scrape tick is listed, with its real stream (first -> last token, client side) less the replay's.
 The ticks are at k x S of the run clock; runs made since 2026-11-29 (6a682af) put server i of N at (k + i/N) x S.
+Not for PD runs (their records carry no decode server's prefill_finished).
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ def main() -> None:
                              "profile of the real run's GPU)")
     opts = parser.parse_args()
     real, meta = completed(opts.real)
+    if meta.get("pd"):
+        raise SystemExit(f"{opts.real}: a PD run: its records carry no decode server's prefill_finished (no window)")
     sim, _ = completed(opts.sim)
     if opts.profile:
         profiles = {Path(name).stem: load_profile(name) for name in opts.profile}
