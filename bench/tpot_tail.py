@@ -21,7 +21,10 @@ stream's tokens while it does (~16 ms a scrape on an H200 host: reports/examples
 last token falls in that hold ends late (TPOT up); one whose first token does starts late (TPOT down). Every request
 whose stream holds a scrape tick is listed, with its real stream (first -> last token, client side) less the replay's.
 The ticks are at k x S of the run clock; runs made since 2026-11-29 (6a682af) put server i of N at (k + i/N) x S.
-Not for PD runs (their records carry no decode server's prefill_finished).
+`--hold-ms D ...`: the replay's TPOT p50/p99 with such holds put on it afterwards (the simulator has none): a token
+of a request on server i reaching the client within [tick + request_hop_s, tick + request_hop_s + D] + response_hop_s
+(the profile's hops) reaches it at that window's end instead; which requests that holds. Not for PD runs (their
+records carry no decode server's prefill_finished).
 """
 
 from __future__ import annotations
@@ -96,6 +99,26 @@ def scrape_ticks(meta: dict[str, Any], server: int, lo: float, hi: float) -> lis
     return [(k + phase) * interval for k in range(first, math.floor(hi / interval - phase) + 1)]
 
 
+def held_tpots(sim: pl.DataFrame, meta: dict[str, Any], profile: Profile, hold_s: float) -> tuple[pl.Series, list[int]]:
+    """The replay's TPOTs with its first and last tokens held by the real run's scrapes as `hold_s` long holds of
+    the server's hand-out (`--hold-ms`), and the requests whose TPOT that moved."""
+    interval = meta["options"]["metrics_interval"]
+    spread = meta["wall_clock_start"] >= SCRAPES_SPREAD_SINCE
+    tpots, moved = [], []
+    for req in sim.filter(pl.col("completion_tokens") > 1).iter_rows(named=True):
+        phase = req["server"] / len(meta["servers"]) if spread else 0.0
+        ends = []
+        for t in (req["t_first_token"], req["t_finish"]):
+            handed = t - profile.response_hop_s   # when the server's HTTP layer handed it out
+            tick = (math.floor((handed - profile.request_hop_s) / interval - phase) + phase) * interval
+            start = tick + profile.request_hop_s  # the scrape reaches the server a hop after its tick
+            ends.append(start + hold_s + profile.response_hop_s if start <= handed <= start + hold_s else t)
+        if ends != [req["t_first_token"], req["t_finish"]]:
+            moved.append(req["id"])
+        tpots.append((ends[1] - ends[0]) / (req["completion_tokens"] - 1))
+    return pl.Series(tpots), moved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("real", type=Path)
@@ -104,6 +127,8 @@ def main() -> None:
     parser.add_argument("--profile", action="append", default=[], metavar="NAME_OR_PATH",
                         help="a profile to cost the real windows' content with (repeatable; default: the built-in "
                              "profile of the real run's GPU)")
+    parser.add_argument("--hold-ms", type=float, nargs="+", default=[], metavar="D",
+                        help="the replay's TPOT with the real run's /metrics scrapes held D ms each (repeatable values)")
     opts = parser.parse_args()
     real, meta = completed(opts.real)
     if meta.get("pd"):
@@ -161,6 +186,8 @@ def main() -> None:
                        f"{me['tpot'] * 1e3:.2f} | {twin['tpot'] * 1e3:.2f} |")
     print()
     if not meta.get("server_metrics"):
+        if opts.hold_ms:
+            raise SystemExit(f"{opts.real}: --hold-ms: the real run scraped no /metrics")
         print("the real run scraped no /metrics")
         return
     print(f"/metrics scrape ticks (every {meta['options']['metrics_interval']} s) inside a stream "
@@ -168,6 +195,13 @@ def main() -> None:
     print("| id | out | tick - prefill_finished, ms | window real, ms | stream real - sim, ms | TPOT real | sim |")
     print("| ---: | ---: | --- | ---: | ---: | ---: | ---: |")
     print("\n".join(hit) if hit else "(none)")
+    (gpu,) = {s["accelerator"] for s in meta["servers"]}
+    for hold_ms in opts.hold_ms:
+        tpots, moved = held_tpots(sim, meta, profile_for_gpu(gpu), hold_ms / 1e3)   # its hops: the GPU's built-in
+        real_tpot = real["tpot"].drop_nulls()
+        p50, p99 = (tpots.quantile(q, "linear") / real_tpot.quantile(q, "linear") - 1 for q in (0.5, 0.99))
+        print(f"replay with {hold_ms:g} ms holds at the scrape ticks: TPOT p50 {p50:+.1%}, p99 {p99:+.1%} of real; "
+              f"held: {moved}")
 
 
 if __name__ == "__main__":
