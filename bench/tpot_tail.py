@@ -133,6 +133,8 @@ def main() -> None:
     real, meta = completed(opts.real)
     if meta.get("pd"):
         raise SystemExit(f"{opts.real}: a PD run: its records carry no decode server's prefill_finished (no window)")
+    if opts.hold_ms and not meta.get("server_metrics"):
+        raise SystemExit(f"{opts.real}: --hold-ms: the real run scraped no /metrics")
     sim, _ = completed(opts.sim)
     if opts.profile:
         profiles = {Path(name).stem: load_profile(name) for name in opts.profile}
@@ -186,8 +188,6 @@ def main() -> None:
                        f"{me['tpot'] * 1e3:.2f} | {twin['tpot'] * 1e3:.2f} |")
     print()
     if not meta.get("server_metrics"):
-        if opts.hold_ms:
-            raise SystemExit(f"{opts.real}: --hold-ms: the real run scraped no /metrics")
         print("the real run scraped no /metrics")
         return
     print(f"/metrics scrape ticks (every {meta['options']['metrics_interval']} s) inside a stream "
