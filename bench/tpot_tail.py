@@ -47,6 +47,7 @@ from tracebench.sim.catalog import profile_for_gpu  # noqa: E402
 # run.json wall_clock_start of the first runs whose /metrics scrapes were spread over the interval (commit 6a682af,
 # 2026-11-29 00:35 UTC); the runs before scraped every server at the same tick
 SCRAPES_SPREAD_SINCE = 1795912541.0
+SAME_BATCH_S = 1e-5   # forward_entry stamps closer than this are one prefill batch (prefill_batches)
 
 
 def completed(run_dir: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
@@ -61,15 +62,19 @@ def completed(run_dir: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
 
 def prefill_batches(server: pl.DataFrame, me: dict[str, Any]) -> list[list[tuple[int, int]]]:
     """The prefill batches of `server`'s requests that finished inside `me`'s decode window, each as its requests'
-    (cached, new) prompt tokens, in the order they finished."""
+    (cached, new) prompt tokens, in the order they entered. One batch's requests share a forward_entry up to the
+    stamps' float rounding (real sglang: 0.24 µs apart); two batches are a step (>= 1 ms) apart."""
     w0, w1 = me["server_prefill_finished"], me["server_finished"]
     inside = server.filter((pl.col("server_prefill_finished") > w0) & (pl.col("server_prefill_finished") < w1)
-                           & (pl.col("id") != me["id"])).sort("server_prefill_finished")
-    batches: dict[float, list[tuple[int, int]]] = {}
+                           & (pl.col("id") != me["id"])).sort("server_forward_entry")
+    batches: list[list[tuple[int, int]]] = []
+    last_entry = -math.inf
     for other in inside.iter_rows(named=True):
-        batches.setdefault(other["server_forward_entry"], []).append(
-            (other["cached"], other["prompt_tokens"] - other["cached"]))
-    return list(batches.values())
+        if other["server_forward_entry"] - last_entry > SAME_BATCH_S:
+            batches.append([])
+        last_entry = other["server_forward_entry"]
+        batches[-1].append((other["cached"], other["prompt_tokens"] - other["cached"]))
+    return batches
 
 
 def modelled_window(profile: Profile, server: pl.DataFrame, me: dict[str, Any],
