@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/tpot_tail.py REAL_RUN SIM_RUN [--top N] [--profile NAME_OR_PATH ...]
     .venv/bin/python bench/sim_vs_real.py --replay reports/examples/h200x4-routing/round_robin \\
-        reports/examples/sim4-routing/azure4.jsonl.xz --out /tmp/rr --clock virtual
-    .venv/bin/python bench/tpot_tail.py reports/examples/h200x4-routing/round_robin /tmp/rr/round_robin --top 16
+        reports/examples/sim4-routing/azure4.jsonl.xz --out DIR --clock virtual
+    .venv/bin/python bench/tpot_tail.py reports/examples/h200x4-routing/round_robin DIR/round_robin --top 16
 
 SIM_RUN: the real run replayed (bench/sim_vs_real.py --replay, the virtual clock: deterministic), joined with it by
 request id. For the real run's N requests of largest TPOT (the report's: (t_finish - t_first_token) /
