@@ -111,7 +111,7 @@ class Profile:
         """sglang's work on an answer's end before it leaves (its detokenizer and tokenizer manager after
         request_finished_ts): the response hop less what the wire takes of it (a streamed token's hop). The
         real-time simulator sends an answer's end this long after its model finished the request, so that the
-        client reads it response_hop_s after, as from sglang (docs/sim-server.md "Intake and answer's end")."""
+        client reads it response_hop_s after, as from sglang (docs/sim-server.md "Answer's end")."""
         return self.response_hop_s - TOKEN_HOP_S
 
 

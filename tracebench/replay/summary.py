@@ -28,7 +28,7 @@ MODELLED_HOPS = ("request_hop_s", "answer_end_s")
 
 
 class ModelledHops(NamedTuple):
-    """What a server models of the HTTP hops (simulated seconds; docs/sim-server.md "Intake and answer's end"):
+    """What a server models of the HTTP hops (simulated seconds; docs/sim-server.md "Intake", "Answer's end"):
     it took a request in `intake` after the client sent it (so that much of dispatch -> received is its model's time),
     and sent an answer's end `end` after its model finished the request (that much of server_finished -> t_finish).
     0: not modelled (real sglang; a simulator from before 2026-11-29 took a request in on arrival, and one from before
