@@ -784,8 +784,8 @@ class Replay:
             raise OutputWriteError(f"disk full (no space left on the device): writing {path} failed", path, err.errno) from None
 
     def _clock_fields(self) -> dict[str, Any]:
-        """run.json's fields that the run clock's start gives (null before it): when it started on the wall clock, and
-        --ray's cluster with each node's clock offset from it."""
+        """run.json's fields that the run clock's start gives (null before the clock is made): when it started on the
+        wall clock, and --ray's cluster with each node's clock offset from it."""
         clock = self.clock
         return {"wall_clock_start": clock.wall_start if clock is not None else None,
                 "ray": self.fleet.cluster(clock.mono_start if clock is not None and not clock.virtual else None)}
@@ -1030,7 +1030,9 @@ class Replay:
             # engine's first step, so that setting up (the control endpoint, run.json's making, the engine: 2-7 ms)
             # is not run time: a request due at the start was released that late, and every server's steps kept the
             # phase it gave them
-            clock = VirtualRunClock(asyncio.get_running_loop()) if cfg.clock == "virtual" else RunClock()
+            # (self.clock from now: a run interrupted or failed before the start still has its t_end, as its
+            # router's records have their stamps)
+            self.clock = clock = VirtualRunClock(asyncio.get_running_loop()) if cfg.clock == "virtual" else RunClock()
             router = self._make_router(clock, states, health_check, self._sender(client, input_ids, clock, timeout,
                                                                                  reason))
             if cfg.clock == "virtual":  # an in-process engine that raised stops the run (a bug: fail fast)
@@ -1042,7 +1044,6 @@ class Replay:
             start_json = self._run_json()   # (~1 ms) before the start; its clock fields are filled in after it
             engine = Engine(self.table, clock, router)
             clock.start()
-            self.clock = clock
             start_json.update(self._clock_fields())
             self._write_run_json(start_json)
             self._announce_start(control)
