@@ -5,6 +5,7 @@ captured /v1/completions answer, and the shapes its serving_completions.py / ser
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -119,3 +120,26 @@ def test_openai_refusals(sim_server) -> None:
                                                      "stream_options": {"include_usage": True}})
     error, usage = events(raw)
     assert status == 200 and "exceeds the maximum allowed length" in error["error"]["message"] and usage["choices"] == []
+
+
+def test_openai_answers_end_after_the_profiles_answer_end(sim_server, tmp_path) -> None:
+    # the answer's end (docs/sim-server.md "Answer's end") on the OpenAI routes, whole and streamed: a profile whose
+    # response hop is 0.2 s holds every answer's end ~0.2 s after the model finished it (a 2-token answer's model time
+    # is ~20 ms), once: not skipped (it would end at once), not applied twice (0.4 s)
+    from tracebench.profiles import PROFILES_DIR, load_profile
+
+    raw = json.loads((PROFILES_DIR / "llama-2-7b-h200-triton.json").read_text())
+    raw["name"], raw["params"]["response_hop_s"] = "slow-answer-end", 0.2
+    path = tmp_path / "slow-answer-end.json"
+    path.write_text(json.dumps(raw))
+    hold = load_profile(str(path)).answer_end_s
+    sim = sim_server("--profile", str(path))
+    for route, body in (("/v1/completions", {"prompt": [1001, 1002, 1003], "max_tokens": 2}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1 w2"}],
+                                                  "max_tokens": 2})):
+        for stream in (False, True):
+            start = time.monotonic()
+            status, answer = post(f"{sim.url}{route}", {**body, "stream": stream})
+            took = time.monotonic() - start
+            assert status == 200, answer
+            assert hold <= took < 2 * hold, (route, stream, took)

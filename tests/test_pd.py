@@ -86,12 +86,12 @@ def test_decode_prealloc_waits_for_kv_room_fifo() -> None:
 
 # ---- two sim-server processes ---------------------------------------------------------------------------------
 
-def _pair(start: Callable[..., SimServer]) -> tuple[SimServer, SimServer, int]:
+def _pair(start: Callable[..., SimServer], *extra: str) -> tuple[SimServer, SimServer, int]:
     """A prefill and a decode sim-server (started together: the decode server meets the prefill's bootstrap server
-    only when a request names it), healthy."""
+    only when a request names it), healthy; `extra`: more options for both."""
     boot = free_port()
     common = ("--speed", str(SPEED), "--skip-tokenizer-init", "--kv-transfer-bandwidth", str(BANDWIDTH),
-              "--kv-transfer-latency", str(LATENCY))
+              "--kv-transfer-latency", str(LATENCY), *extra)
     prefill = start("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot), *common,
                     wait=False)
     decode = start("--disaggregation-mode", "decode", *common, wait=False)
@@ -183,6 +183,37 @@ def test_a_pair_request_goes_through_the_handshake_and_the_transfer(sim_server) 
     ttft_count = [ln for ln in metrics.splitlines()
                   if ln.startswith('sglang:time_to_first_token_seconds_count{engine_type="prefill",is_streaming="true"')]
     assert ttft_count[0].endswith(" 0.0")   # not observed on a prefill server, as sglang
+
+
+def test_pd_answers_end_after_the_profiles_answer_end(sim_server, tmp_path: Path) -> None:
+    # the answer's end (docs/sim-server.md "Answer's end") on both roles, whole and streamed: a profile whose response
+    # hop is 0.8 s holds each answer's end ~0.2 s (at --speed 4) after the model (the prefill's: after the transfer)
+    # finished it, once: not skipped (it would end at once), not applied twice (0.4 s)
+    from tracebench.profiles import PROFILES_DIR
+
+    raw = json.loads((PROFILES_DIR / "llama-2-7b-h200-triton.json").read_text())
+    raw["name"], raw["params"]["response_hop_s"] = "slow-answer-end", 0.8
+    path = tmp_path / "slow-answer-end.json"
+    path.write_text(json.dumps(raw))
+    hold = load_profile(str(path)).answer_end_s / SPEED
+    prefill, decode, boot = _pair(sim_server, "--profile", str(path))
+
+    async def read(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, list[dict], float]:
+        status, events = await _post(session, url, body)
+        return status, events, time.time()   # the answer's end read (a stream: its last chunk)
+
+    async def main() -> list:
+        async with aiohttp.ClientSession() as session:
+            return await asyncio.gather(*(read(session, url, _body(64, room, boot, out=2, stream=stream))
+                                          for room, stream in ((21, False), (22, True))
+                                          for url in (decode.url, prefill.url)))
+
+    for status, events, t_read in asyncio.run(main()):
+        assert status == 200
+        meta = events[-1]["meta_info"]
+        assert hold <= t_read - meta["request_finished_ts"] < 2 * hold, meta
+        if len(events) == 1:  # a whole answer (or the prefill's one chunk): sent when it ended
+            assert hold <= meta["response_sent_to_client_ts"] - meta["request_finished_ts"] < 2 * hold, meta
 
 
 def test_decode_never_starts_a_request_before_its_kv_arrived(pair: tuple[SimServer, SimServer, int]) -> None:
