@@ -124,9 +124,11 @@ class RunDelivery:
 class LiveEngine:
     """The model, the requests in it and the loop callbacks that run it on the clock."""
 
-    def __init__(self, model: BatchModel, stats: SimStats, profile: Profile, speed: float, seed: int,
-                 fold_steps: int = 0) -> None:
-        """`fold_steps` > 1: decode steps that nothing can change run as one (`BatchModel.start_decode_run`, at most
+    def __init__(self, model: BatchModel, stats: SimStats, profile: Profile, speed: float, seed: int, *,
+                 over_http: bool, fold_steps: int = 0) -> None:
+        """`over_http`: its answers leave through an HTTP face (server.py), which sends an answer's end when sglang's
+        would (`end_hold`); False in process, where the reader adds the whole response hop itself (replay/inprocess.py
+        _Watch). `fold_steps` > 1: decode steps that nothing can change run as one (`BatchModel.start_decode_run`, at most
         that many), their tokens handed out together at the run's end. Only on a simulated clock (sim/inprocess.py):
         the run's steps and stamps are the same, but its tokens reach the reader at once."""
         self.model = model
@@ -138,9 +140,8 @@ class LiveEngine:
         self._last_receipt = -math.inf   # the latest request receipt of the HTTP faces (`receive`)
         self._receipt_hop = profile.request_hop_s / speed   # sglang's intake, send -> receipt (loop seconds)
         # how long after the model finished a request its answer's end leaves (loop seconds): sglang's end-of-request
-        # work, Profile.answer_end_s. Set by the HTTP server (server.py _serve); 0 in process, where the reader adds
-        # the whole response hop itself (replay/inprocess.py _Watch)
-        self.end_hold = 0.0
+        # work, Profile.answer_end_s (0 in process: `over_http`)
+        self.end_hold = profile.answer_end_s / speed if over_http else 0.0
         self.mono_to_wall = 0.0          # wall = mono + mono_to_wall
         self.done: asyncio.Future[None] | None = None   # the engine's end: only an error (or a cancel) ends it
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # start's

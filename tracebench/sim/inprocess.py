@@ -93,7 +93,7 @@ class InProcessServer:
 
     def __init__(self, args: SimArgs, wire: InProcessWire | None = None) -> None:
         self.args = args
-        self.sim = SimServer(args)
+        self.sim = SimServer(args, over_http=False)   # the reader adds the HTTP hops (replay/inprocess.py)
         self.engine = self.sim.engine
         self.engine.fold_steps = FOLD_STEPS
         self._seq = 0  # rids: the request's position at this server (unique, and the same every run)

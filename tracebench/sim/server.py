@@ -47,7 +47,8 @@ _FLUSH_BUSY_TEXT = "Another flush_cache is already in progress."
 class SimServer:
     """The app, the model and the engine task of one sim-server process."""
 
-    def __init__(self, args: SimArgs) -> None:
+    def __init__(self, args: SimArgs, *, over_http: bool) -> None:
+        """`over_http`: served over HTTP (_serve), not in process (sim/inprocess.py): LiveEngine's."""
         self.args = args
         # real sglang 0.5.17's /server_info (--skip-tokenizer-init, one H200): the keys the sim answers, with the
         # values that reflect its own flags overwritten in server_info(). A verbatim copy of the capture
@@ -64,7 +65,8 @@ class SimServer:
         )
         self.model = BatchModel(args.profile, self.limits, args.speed)
         self.stats = SimStats(observe_ttft=args.disaggregation_mode != "prefill")
-        self.engine = LiveEngine(self.model, self.stats, args.profile, args.speed, args.seed)
+        self.engine = LiveEngine(self.model, self.stats, args.profile, args.speed, args.seed,
+                                 over_http=over_http)
         self.engine_task: asyncio.Task[None] | None = None
         self.answers = Answers(args, self.engine.wall)
         # PD disaggregation (pd.py): the role's queues and handshake; /generate goes through its face
@@ -404,9 +406,8 @@ class SimServer:
 async def _serve(args: SimArgs) -> None:
     from aiohttp import web
 
-    server = SimServer(args)
     # served over HTTP, an answer's end leaves when sglang's would (in process the reader adds the whole hop)
-    server.engine.end_hold = args.profile.answer_end_s / args.speed
+    server = SimServer(args, over_http=True)
     runner = web.AppRunner(server.make_app(), handle_signals=False, access_log=None, handler_cancellation=True)
     await runner.setup()
     # A short grace: in-flight requests are cut on SIGTERM (the replay stops servers with SIGTERM, then SIGKILL).
