@@ -194,8 +194,9 @@ REPLAY_OPTIONS: dict[str, Callable[[_F], _F]] = {
              "and histograms) into server_metrics.jsonl, with each server's whole text at the start and end "
              "(metrics-<i>-start.txt, -end.txt); 0: no scrape. Behind sglang-router the servers themselves "
              "are scraped. Real sglang holds its token streams while it serves a scrape (~16 ms on an H200 "
-             "host): for the latency tail of short answers, use 0 (docs/replay.md). Beside it, when nvidia-smi is on PATH (or TRACEBENCH_NVIDIA_SMI names it) and a "
-             "real server runs on this host, GPU utilisation, memory and power every second into gpu.jsonl."),
+             "host): for the latency tail of short answers, use 0 (docs/replay.md). Beside it, when nvidia-smi "
+             "is on PATH (or TRACEBENCH_NVIDIA_SMI names it) and a real server runs on this host, GPU "
+             "utilisation, memory and power every second into gpu.jsonl."),
     "startup_timeout": click.option("--startup-timeout", type=FINITE, default=None, metavar="S",
         help="Seconds a launched server may take to answer /health 200. [default: 600 sglang, 30 sim]"),
     "flush_cache": click.option("--flush-cache/--no-flush-cache", default=True, show_default=True,
