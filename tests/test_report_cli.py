@@ -550,6 +550,23 @@ def test_interrupted_run_is_marked(runs: Path) -> None:
     assert any("INTERRUPTED" in w for w in report["warnings"])
 
 
+def test_a_run_where_no_request_completed_is_reported(runs: Path, tmp_path: Path) -> None:
+    # every request timed out (a --timeout below any answer's time): no measurement window (it ends at the last
+    # completed finish), the table says so instead of failing on it
+    folder = _copy_run(runs, tmp_path, "none-completed")
+    path = folder / "requests.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in records:
+        r["status"], r["error"] = "timeout", "no complete answer within --timeout 0.001 s"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    for fmt in ("table", "md"):
+        done = _report(runs, str(folder), "--format", fmt)
+        assert done.returncode == 0, done.stderr
+    entry = _report_json(runs, str(folder))["runs"][0]
+    assert entry["window"]["end"] is None and entry["window"]["duration_s"] is None
+    assert entry["requests"]["timeout"] == len(records)
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 
 def _copy_run(runs: Path, tmp_path: Path, name: str = "broken") -> Path:

@@ -256,7 +256,9 @@ def _runs_table(report: Report) -> Table:
     for i, run in enumerate(report.runs):
         status = Cell(run.status if run.mark is None else run.mark, None if run.mark is None else "warn",
                       strong=run.mark is not None)
-        window = "-" if run.window_start is None else f"{run.window_start:.2f} – {run.window_end:.2f}"
+        # (no window without a completed request: its end is the last one's finish)
+        window = ("-" if run.window_start is None or run.window_end is None
+                  else f"{run.window_start:.2f} – {run.window_end:.2f}")
         rows.append([
             Cell(run.label + (" (baseline)" if i == report.baseline and len(report.runs) > 1 else "")), status,
             Cell(run.backend), Cell(f"{run.trace_path} ({run.trace_sha256[:12]})"),
