@@ -68,3 +68,10 @@ def test_the_awake_end_of_a_wait_returns_an_event_as_soon_as_it_is_ready() -> No
         selector.close()
         a.close()
         b.close()
+
+
+def test_a_long_wait_ends_awake_only_with_a_core_to_spare() -> None:
+    # a host whose 1-minute load leaves a core idle: its cores sleep, so a long wait's end polls; a busy one: no polls
+    # (they would take CPU from the work that keeps its cores busy)
+    assert precise_loop.spare_core(0.4, 16) and precise_loop.spare_core(1.0, 2)
+    assert not precise_loop.spare_core(1.2, 2) and not precise_loop.spare_core(5.0, 4)

@@ -29,10 +29,19 @@ _FD_SETSIZE = 1024  # select() takes descriptors below this only
 # The last SPIN_S of a wait of SPIN_AFTER_S or more is spent awake, polling: a core that sleeps a millisecond or more
 # drops into a deep idle state and a low clock, and waking it took ~0.1 ms on each timer of a quiet 16-core host
 # (2026-11-29, GPU machine's idle CPUs: the replay's release lag p50 0.157 -> 0.046 ms, the simulator's first token
-# handed out 0.18 -> 0.07 ms late). Each poll yields the core: a process that wants it gets it (on a busy host the
-# wait ends no later than it would have, and costs the polls). Shorter waits are a busy loop's: its core stays awake.
+# handed out 0.18 -> 0.07 ms late). Each poll yields the core: a process that wants it gets it. Shorter waits are a
+# busy loop's: its core stays awake. Only while the host has a core to spare (`spare_core`, looked at every
+# LOAD_CHECK_S): on a busy one the cores do not sleep, and polls would only take CPU from the work that keeps them busy
+# (the 2-core machine running the test suite, the simulated servers beside the client).
 SPIN_S = 0.0002
 SPIN_AFTER_S = 0.001
+LOAD_CHECK_S = 1.0
+
+
+def spare_core(load_1min: float, cpus: int) -> bool:
+    """Whether a host with this 1-minute load average and this many usable CPUs has a core to spare (a waiting
+    process's core would go to sleep)."""
+    return load_1min + 1.0 <= cpus
 
 
 if hasattr(selectors, "EpollSelector"):
@@ -48,6 +57,9 @@ if hasattr(selectors, "EpollSelector"):
                 raise RuntimeError(f"the event loop's epoll descriptor is {fd}, beyond select()'s limit of "
                                    f"{_FD_SETSIZE}: too many files open before the replay started")
             self._wait_on = [fd]
+            self._cpus = len(os.sched_getaffinity(0))
+            self._awake_ends = False   # whether a long wait ends awake (spare_core, looked at every LOAD_CHECK_S)
+            self._next_load_check = 0.0
 
         def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
             if timeout is None or timeout <= 0:
@@ -57,10 +69,16 @@ if hasattr(selectors, "EpollSelector"):
                 # through asyncio's wake-up pipe, which is registered here like any reader
                 select.select(self._wait_on, (), (), timeout)
                 return super().select(0)
-            end = time.monotonic() + timeout  # the loop's clock (asyncio's loop.time())
+            now = time.monotonic()  # the loop's clock (asyncio's loop.time())
+            if now >= self._next_load_check:
+                self._awake_ends = spare_core(os.getloadavg()[0], self._cpus)
+                self._next_load_check = now + LOAD_CHECK_S
+            if not self._awake_ends:
+                select.select(self._wait_on, (), (), timeout)
+                return super().select(0)
             if select.select(self._wait_on, (), (), timeout - SPIN_S)[0]:
                 return super().select(0)
-            return self.poll_until(end)
+            return self.poll_until(now + timeout)
 
         def poll_until(self, end: float) -> list[tuple[selectors.SelectorKey, int]]:
             """The awake end of a wait (SPIN_S): the events as soon as one is ready, else none at `end` (monotonic)."""
