@@ -215,18 +215,19 @@ def test_the_server_takes_a_request_in_the_profiles_hop_after_the_client_sent_it
 def test_the_server_sends_an_answers_end_when_sglangs_would(sim_server) -> None:
     # real sglang's answer end reaches tracebench's client response_hop_s after request_finished_ts, a streamed token
     # only TOKEN_HOP_S after it is handed out: the simulator holds an answer's end answer_end_s (the difference) after
-    # its model finished the request, whole answers and a stream's last chunk alike (9.6 ms at speed 0.05), and its
-    # own lag (tracebench_sim_lag) does not count the hold
+    # its model finished the request, whole answers and a stream's last chunk alike (24 ms at speed 0.02), and its
+    # own lag (tracebench_sim_lag) does not count the hold: counted, it would be the hold at least (the bound is the
+    # hold itself: a loaded 2-core machine's lag here was 5-13 ms)
     from tracebench.profiles import TOKEN_HOP_S
 
-    speed = 0.05
+    speed = 0.02
     srv = sim_server("--speed", str(speed))
     hold = PROFILE.answer_end_s / speed
     assert PROFILE.answer_end_s == pytest.approx(PROFILE.response_hop_s - TOKEN_HOP_S)
     assert get(srv.url, "/server_info")["tracebench_sim"]["answer_end_s"] == PROFILE.answer_end_s
     meta = post(srv.url, gen(64, 2))["meta_info"]
     assert meta["response_sent_to_client_ts"] - meta["request_finished_ts"] >= hold - 1e-4
-    assert meta["tracebench_sim_lag"] < hold / 2
+    assert meta["tracebench_sim_lag"] < hold
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
     conn.request("POST", "/generate", json.dumps({**gen(64, 2), "stream": True}), {"Content-Type": "application/json"})
     resp = conn.getresponse()
@@ -237,7 +238,7 @@ def test_the_server_sends_an_answers_end_when_sglangs_would(sim_server) -> None:
     conn.close()
     assert last is not None and last["meta_info"]["finish_reason"]["type"] == "length"
     assert t_read - last["meta_info"]["request_finished_ts"] >= hold - 1e-4
-    assert last["meta_info"]["tracebench_sim_lag"] < hold / 2
+    assert last["meta_info"]["tracebench_sim_lag"] < hold
 
 
 def test_receipts_keep_the_order_requests_reach_the_server() -> None:
