@@ -50,10 +50,11 @@ demo: venv
 # still runs everything in one process.
 # Both pytest commands, and every process they start, keep their bytecode in the venv's folder pycache (a prefix:
 # nothing is written beside the sources), written where the environment says not to (PYTHONDONTWRITEBYTECODE, this
-# project's machines): the second command and the next `make test` read what the first compiled (collecting the suite
-# from source costs each pytest process ~9 CPU-s, from bytecode ~2.5; tests/conftest.py COLLECT_LOCK). Measured on the
-# 2-core machine beside other work (load ~5), 2026-11-29, the three processes only collecting: 32 CPU-s (55 s) with a
-# temporary folder each session, 15 CPU-s (20 s) on a cold cache with COLLECT_LOCK, 9 CPU-s warm.
+# project's machines): the second command and the next `make test` read what the first compiled. Measured on the
+# 2-core machine beside other work (load ~3), 2026-11-29: the three xdist processes collect the suite in 10 s (17
+# CPU-s) from source, 3.6 s (6.6 CPU-s) from that folder; a fresh clone compiles once, and the serial part's own
+# imports no longer compile again (~1.5 s). (One process collecting first, the others after it from its bytecode, saved
+# 6 CPU-s on a cold folder but no wall time, and cost ~2 s on a warm one: not kept.)
 SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/test_*.py)
 TEST_ENV = env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache
 test: venv

@@ -349,15 +349,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #   parsing the CA bundle SSL_CERT_FILE or OpenSSL's default names (~40 ms of a 150 ms import). The tests speak plain
 #   HTTP to 127.0.0.1 only, so SSL_CERT_FILE is an empty file for them (os.devnull), whatever it was (this project's
 #   machines name the system bundle): a test that made an HTTPS call would fail its certificate check, loudly.
-# - collection: each xdist process imports every test file and what they import (numpy, polars, matplotlib, aiohttp,
-#   tracebench: ~1,000 modules) and rewrites the test files' asserts. From source that is ~9 CPU-s a process, from
-#   bytecode ~2.5. Three processes compiling the same files at once, on a cold cache (a fresh clone), took 32 CPU-s,
-#   ~15 s of 2 cores before the first test. So one process collects first (COLLECT_LOCK) and writes the bytecode; the
-#   others wait for it, then collect from its bytecode (~15 CPU-s in all). `make test` keeps the bytecode for its second
-#   pytest command and the next `make test` (Makefile TEST_ENV); a bare `pytest` gets a temporary folder here.
 SESSION_ENV = pytest.StashKey[dict[str, str | None]]()  # what the session changed: the values before
-PYCACHE = pytest.StashKey[str]()  # the temporary bytecode folder
-COLLECT_LOCK = "TRACEBENCH_TESTS_COLLECT_LOCK"  # the file the xdist processes take turns on to collect (a flock)
+PYCACHE = pytest.StashKey[str]()  # the temporary bytecode folder (`make test` gives a lasting one: Makefile TEST_ENV)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -368,46 +361,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[PYCACHE] = tempfile.mkdtemp(prefix="tracebench-tests-pycache-")
         changes.update(PYTHONDONTWRITEBYTECODE=None, PYTHONPYCACHEPREFIX=config.stash[PYCACHE])
     changes["SSL_CERT_FILE"] = os.devnull
-    if config.getoption("numprocesses", None):  # xdist processes will be started, with this environment
-        handle, lock = tempfile.mkstemp(prefix="tracebench-tests-collect-", suffix=".lock")
-        os.close(handle)
-        changes[COLLECT_LOCK] = lock
     config.stash[SESSION_ENV] = set_environ(changes)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if SESSION_ENV in config.stash:   # not on an xdist worker
-        lock = os.environ.get(COLLECT_LOCK)
         set_environ(config.stash[SESSION_ENV])
-        if lock is not None:
-            os.unlink(lock)
     if PYCACHE in config.stash:
         shutil.rmtree(config.stash[PYCACHE])
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_collection(session: pytest.Session) -> Iterator[None]:
-    """On an xdist process: the first to take COLLECT_LOCK collects (compiling what the cache lacks); the others wait
-    until it has, then collect at once from its bytecode."""
-    lock = os.environ.get(COLLECT_LOCK) if hasattr(session.config, "workerinput") else None
-    if lock is None:
-        yield
-        return
-    import fcntl
-
-    with open(lock, "rb") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            first = True
-        except BlockingIOError:
-            first = False
-            fcntl.flock(handle, fcntl.LOCK_SH)  # until the first has collected
-            fcntl.flock(handle, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            if first:
-                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # ---- pytest-xdist: which test files go first ------------------------------------------------------------------------
