@@ -8,8 +8,9 @@ BIN    := $(VENV)/bin
 # --no-compile: pip compiled, one file after the other, all ~6,000 files the extras bring (ray alone ~2,600), most of
 # which no command imports; a module is compiled when first imported instead. `make test` and every process it starts
 # read and write bytecode in .venv/pycache (a PYTHONPYCACHEPREFIX: TEST_ENV below), never site-packages' __pycache__,
-# so a module is compiled once, by the first process that imports it. Measured on the 2-core machine, 2026-11-29, load ~3.5: the venv in 17-18 s instead of 25-33 s. The
-# pip upgrade stays: with the venv's own pip 23.2 the same install took 26.5 s (its resolver is slower).
+# so a module is compiled once, by the first process that imports it. Measured on the 2-core machine, 2026-11-29,
+# load ~3.5: the venv in 17-18 s instead of 25-33 s. The pip upgrade stays: with the venv's own pip 23.2 the same
+# install took 26.5 s (its resolver is slower).
 $(BIN)/tracebench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
