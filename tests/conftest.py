@@ -350,7 +350,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #   HTTP to 127.0.0.1 only, so SSL_CERT_FILE is an empty file for them (os.devnull), whatever it was (this project's
 #   machines name the system bundle): a test that made an HTTPS call would fail its certificate check, loudly.
 SESSION_ENV = pytest.StashKey[dict[str, str | None]]()  # what the session changed: the values before
-PYCACHE = pytest.StashKey[str]()  # the temporary bytecode folder
+PYCACHE = pytest.StashKey[str]()  # the temporary bytecode folder (`make test` gives a lasting one: Makefile TEST_ENV)
 
 
 def pytest_configure(config: pytest.Config) -> None:

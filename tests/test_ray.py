@@ -23,6 +23,10 @@ from test_replay_run import read_run, write_trace_file
 
 NODES = 3
 GPUS_PER_NODE = 2
+# One CPU a node: what the three sender actors need (num_cpus=1, SPREAD), and a sweep's virtual points then run three
+# at a time, one a node. Each CPU declared is a Ray worker process a job may start (~1 CPU-s of imports each): with 2
+# a node the module took 78 s and the twelve-point sweep 22 s on the 2-core machine, with 1 60 s and 14 s (2026-11-29).
+CPUS_PER_NODE = 1
 OBJECT_STORE = 80 << 20  # the least Ray accepts: nothing big goes through it
 
 
@@ -32,9 +36,10 @@ def cluster() -> Any:
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "num_gpus": GPUS_PER_NODE, "object_store_memory": OBJECT_STORE, "include_dashboard": False})
+        "num_cpus": CPUS_PER_NODE, "num_gpus": GPUS_PER_NODE, "object_store_memory": OBJECT_STORE,
+        "include_dashboard": False})
     for _ in range(NODES - 1):
-        cluster.add_node(num_cpus=2, num_gpus=GPUS_PER_NODE, object_store_memory=OBJECT_STORE)
+        cluster.add_node(num_cpus=CPUS_PER_NODE, num_gpus=GPUS_PER_NODE, object_store_memory=OBJECT_STORE)
     cluster.wait_for_nodes()
     yield cluster
     cluster.shutdown()
