@@ -29,7 +29,7 @@ _FD_SETSIZE = 1024  # select() takes descriptors below this only
 # The last SPIN_S of a wait of SPIN_AFTER_S or more is spent awake, polling: a core that sleeps a millisecond or more
 # drops into a deep idle state and a low clock, and waking it took ~0.1 ms on each timer of a quiet 16-core host
 # (2026-11-29, GPU machine's idle CPUs: the replay's release lag p50 0.157 -> 0.046 ms, the simulator's first token
-# handed out 0.18 -> 0.07 ms late). Each poll yields the core: a process that wants it gets it. Shorter waits are a
+# handed out 0.18 -> 0.07 ms late; beside real sglang, whose processes keep the cores awake, 0.04 ms either way). Each poll yields the core: a process that wants it gets it. Shorter waits are a
 # busy loop's: its core stays awake. Only while the host has a core to spare (`spare_core`, looked at every
 # LOAD_CHECK_S): on a busy one the cores do not sleep, and polls would only take CPU from the work that keeps them busy
 # (the 2-core machine running the test suite, the simulated servers beside the client).
