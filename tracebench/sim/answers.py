@@ -31,12 +31,14 @@ def render_text(ids: list[int]) -> str:
 class Answers:
     """/generate outputs of one server: its flags decide the keys, `wall` turns loop times into its stamps."""
 
-    def __init__(self, args: SimArgs, wall: Callable[[float], float],
+    def __init__(self, args: SimArgs, wall: Callable[[float], float], end_hold: float,
                  now_loop: Callable[[], float] = time.monotonic, now_wall: Callable[[], float] = time.time) -> None:
-        """`now_loop`: the engine's clock (asyncio's loop.time(): the real monotonic one, or an in-process server's
-        virtual one); `now_wall`: the stamps' clock (time.time(), or the virtual run's seconds)."""
+        """`end_hold`: the engine's (an answer's end is due that long after its model finished it); `now_loop`: the
+        engine's clock (asyncio's loop.time(): the real monotonic one, or an in-process server's virtual one);
+        `now_wall`: the stamps' clock (time.time(), or the virtual run's seconds)."""
         self.args = args
         self.wall = wall
+        self.end_hold = end_hold
         self.now_loop = now_loop
         self.now_wall = now_wall
         # what a real 0.5.17 decode server sends as every answer's prefill_finished_time: one stale value, the host's
@@ -122,8 +124,8 @@ class Answers:
                 meta["response_sent_to_client_ts"] = 0.0  # sglang appends it last; set by caller, before ours
             # tracebench's own key (sglang has none): how late this server handed out the request's first token and
             # its end against its model's schedule (the larger), wall seconds (engine._deliver, and the answer
-            # formatted now, due at t_end_due: loop.time()'s clock)
-            pend.lag = max(pend.lag, self.now_loop() - pend.t_end_due)
+            # formatted now, due end_hold after the finish: loop.time()'s clock)
+            pend.lag = max(pend.lag, self.now_loop() - (pend.t_finished + self.end_hold))
             meta["tracebench_sim_lag"] = pend.lag
         return meta
 

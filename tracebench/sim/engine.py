@@ -40,7 +40,6 @@ class Pending:
     visible: int = 0                     # output tokens handed to the HTTP layer so far
     t_first_token: float = 0.0
     t_finished: float = 0.0
-    t_end_due: float = 0.0               # when its answer's end may leave (t_finished + the engine's end_hold)
     finished: bool = False
     t_first_sent_wall: float = 0.0
     lag: float = 0.0                     # how late its first token and its end were handed out (the larger; loop s)
@@ -231,6 +230,12 @@ class LiveEngine:
                         self.stats.on_abort()
             self.kick()  # a decode run under way keeps only its started steps (_run_wake)
 
+    async def until_answer_end(self, pendings: Sequence[Pending]) -> None:
+        """Wait until the answer of the finished `pendings` may end: `end_hold` after the model finished the last of
+        them (sglang's end-of-request work). An HTTP face sends an answer's end (a stream's last chunk, a whole
+        answer) no sooner."""
+        await _until(max(pend.t_finished for pend in pendings) + self.end_hold)
+
     def count_finished(self, pend: Pending) -> None:
         """A face formatted `pend`'s final answer: count it finished now (when sglang's tokenizer manager does)."""
         self.stats.on_finished(pend.stream, pend.sim, pend.e2e, pend.ttft)
@@ -376,7 +381,6 @@ class LiveEngine:
                 continue
             pend.finished = True
             pend.t_finished = now
-            pend.t_end_due = now + self.end_hold
             if late > pend.lag:
                 pend.lag = late
             pend.wake()
@@ -419,13 +423,6 @@ async def until_receipt(t_received: float) -> None:
     `now + (t - now)` rounds, ties and inverts receipts a few ulps apart): the waits end in receipt order, which
     receipt_time keeps strictly increasing, so FCFS."""
     await _until(t_received)
-
-
-async def until_answer_end(pendings: Sequence[Pending]) -> None:
-    """Wait until the answer of the finished `pendings` may end: their latest `t_end_due` (the engine's end_hold
-    after the model finished them, sglang's end-of-request work). An HTTP face sends an answer's end (a stream's last
-    chunk, a whole answer) no sooner."""
-    await _until(max(pend.t_end_due for pend in pendings))
 
 
 async def _until(t: float) -> None:

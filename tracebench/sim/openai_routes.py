@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 from tracebench.sim.answers import JSON, SSE, Answers, bad_json, json_response
 from tracebench.sim.args import SimArgs
-from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash, until_answer_end, until_receipt
+from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash, until_receipt
 from tracebench.sim.validate import BadRequest, FatalInput, SchedulerAbort, parse_generate
 
 
@@ -125,7 +125,7 @@ class OpenAIRoute:
                 response = await self._stream(request, pendings[0], model, obj.get("stream_options"))
             else:
                 await all_finished(pendings)
-                await until_answer_end(pendings)
+                await self.engine.until_answer_end(pendings)
                 outs = [self._final_out(p, is_stream=False) for p in pendings]
                 response = json_response(self.response(outs, model))
             done = True
@@ -183,7 +183,7 @@ class OpenAIRoute:
                 await pend.event.wait()
             final = pend.finished
             if final:
-                await until_answer_end([pend])
+                await self.engine.until_answer_end([pend])
                 out = self._final_out(pend, is_stream=True)
                 sent = pend.sim.output_len
             else:

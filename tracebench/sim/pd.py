@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 from tracebench.sim.answers import Answers, json_response
 from tracebench.sim.args import SimArgs
-from tracebench.sim.engine import LiveEngine, Pending, all_finished, until_answer_end, until_receipt
+from tracebench.sim.engine import LiveEngine, Pending, all_finished, until_receipt
 from tracebench.sim.model import ReqState
 from tracebench.sim.prom import Histogram
 from tracebench.sim.validate import BadRequest
@@ -490,7 +490,6 @@ class PrefillRole(PdRole):
         # the answer leaves through the detokenizer like any other (sglang: stream_output after the poll)
         await asyncio.sleep(self.engine.output_delay)
         pend.t_finished = loop.time()
-        pend.t_end_due = pend.t_finished + self.engine.end_hold
 
     def forget(self, pend: Pending, boot: Bootstrap) -> None:
         waiter = self.bootstrap_queue.get(boot.room)
@@ -678,13 +677,13 @@ class PdFace:
                 return await self._abort(request, pend, str(err), stream)
             if role.mode == "prefill":
                 # prefill.py L870-876 and schedule_batch.py L240-249: it ends as FINISH_LENGTH(length=0)
-                await until_answer_end([pend])
+                await self.engine.until_answer_end([pend])
                 response = await self._prefill_answer(request, pend, stream)
             elif stream:
                 response = await self.stream(request, pend)
             else:
                 await all_finished(pendings)
-                await until_answer_end(pendings)
+                await self.engine.until_answer_end(pendings)
                 out = self.final_out(pend, False)
                 out["meta_info"]["response_sent_to_client_ts"] = time.time()
                 response = json_response(out)

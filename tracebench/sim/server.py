@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 from tracebench import precise_loop
 from tracebench.sim.answers import SSE, Answers, bad_json, json_response, model_info, query_error
 from tracebench.sim.args import MODEL_NAME, SGLANG_VERSION, SimArgs
-from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash, until_answer_end, until_receipt
+from tracebench.sim.engine import LiveEngine, Pending, all_finished, crash, until_receipt
 from tracebench.sim.model import BatchModel, Limits, token_ids
 from tracebench.sim.openai_routes import ROUTES
 from tracebench.sim.pd import KV_BYTES_PER_TOKEN, PdFace, make_role
@@ -68,7 +68,7 @@ class SimServer:
         self.engine = LiveEngine(self.model, self.stats, args.profile, args.speed, args.seed,
                                  over_http=over_http)
         self.engine_task: asyncio.Task[None] | None = None
-        self.answers = Answers(args, self.engine.wall)
+        self.answers = Answers(args, self.engine.wall, self.engine.end_hold)
         # PD disaggregation (pd.py): the role's queues and handshake; /generate goes through its face
         self.pd = make_role(args, self.engine, self.answers)
         self.pd_face = None if self.pd is None else PdFace(self.pd, self.engine, self.answers, self._stream,
@@ -155,7 +155,7 @@ class SimServer:
                 response = await self._stream(request, pendings[0])
             else:
                 await all_finished(pendings)
-                await until_answer_end(pendings)
+                await self.engine.until_answer_end(pendings)
                 outs = [self._final_out(p, is_stream=False) for p in pendings]
                 t_sent = time.time()
                 for out in outs:
@@ -202,7 +202,7 @@ class SimServer:
                 pend.event.clear()
                 await pend.event.wait()
             if pend.finished:
-                await until_answer_end([pend])
+                await self.engine.until_answer_end([pend])
                 out = self._final_out(pend, is_stream=True)
                 if pend.t_first_sent_wall == 0.0:
                     pend.t_first_sent_wall = time.time()
