@@ -58,27 +58,29 @@ if hasattr(selectors, "EpollSelector"):
                                    f"{_FD_SETSIZE}: too many files open before the replay started")
             self._wait_on = [fd]
             self._cpus = len(os.sched_getaffinity(0))
-            self._awake_ends = False   # whether a long wait ends awake (spare_core, looked at every LOAD_CHECK_S)
+            self._awake_ends = False   # _ends_awake's last answer
             self._next_load_check = 0.0
 
         def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
             if timeout is None or timeout <= 0:
                 return super().select(timeout)
-            if timeout < SPIN_AFTER_S:
+            if timeout >= SPIN_AFTER_S and self._ends_awake():
+                end = time.monotonic() + timeout  # the loop's clock (asyncio's loop.time())
+                if not select.select(self._wait_on, (), (), timeout - SPIN_S)[0]:
+                    return self.poll_until(end)
+            else:
                 # readable when an event is ready; PEP 475 retries an interrupted wait, and a signal wakes the loop
                 # through asyncio's wake-up pipe, which is registered here like any reader
                 select.select(self._wait_on, (), (), timeout)
-                return super().select(0)
-            now = time.monotonic()  # the loop's clock (asyncio's loop.time())
+            return super().select(0)
+
+        def _ends_awake(self) -> bool:
+            """Whether a long wait ends awake now (spare_core, looked at every LOAD_CHECK_S)."""
+            now = time.monotonic()
             if now >= self._next_load_check:
                 self._awake_ends = spare_core(os.getloadavg()[0], self._cpus)
                 self._next_load_check = now + LOAD_CHECK_S
-            if not self._awake_ends:
-                select.select(self._wait_on, (), (), timeout)
-                return super().select(0)
-            if select.select(self._wait_on, (), (), timeout - SPIN_S)[0]:
-                return super().select(0)
-            return self.poll_until(now + timeout)
+            return self._awake_ends
 
         def poll_until(self, end: float) -> list[tuple[selectors.SelectorKey, int]]:
             """The awake end of a wait (SPIN_S): the events as soon as one is ready, else none at `end` (monotonic)."""
