@@ -104,18 +104,20 @@ def _raw_records(runs: Path, name: str) -> list[dict]:
 
 
 def _intake(r: dict, meta: dict, k: float) -> float:
-    """docs/report.md: dispatch -> the simulator's request_received_ts, its modelled intake (up to request_hop_s / K of
-    the run clock) x K and the rest as measured."""
-    hop = r["server_received"] - r["t_dispatch"]
-    paced = meta["servers"][r["server"]]["server_info"]["tracebench_sim"]["request_hop_s"] / k
-    return hop + min(max(hop, 0.0), paced) * (k - 1)
+    """docs/report.md: dispatch -> the simulator's request_received_ts (its modelled intake: request_hop_s)."""
+    return _modelled_hop(r["server_received"] - r["t_dispatch"], r, meta, "request_hop_s", k)
 
 
 def _answer_end(r: dict, meta: dict, k: float) -> float:
-    """docs/report.md: the simulator's request_finished_ts -> the client's read of the answer's end, its modelled part
-    (up to answer_end_s / K of the run clock) x K and the rest as measured."""
-    hop = r["t_finish"] - r["server_finished"]
-    paced = meta["servers"][r["server"]]["server_info"]["tracebench_sim"]["answer_end_s"] / k
+    """docs/report.md: the simulator's request_finished_ts -> the client's read of the answer's end (its modelled
+    part: answer_end_s)."""
+    return _modelled_hop(r["t_finish"] - r["server_finished"], r, meta, "answer_end_s", k)
+
+
+def _modelled_hop(hop: float, r: dict, meta: dict, key: str, k: float) -> float:
+    """A run-clock hop in simulated seconds: the part its server models (up to tracebench_sim[key] / K of the run
+    clock) x K, the rest as measured."""
+    paced = meta["servers"][r["server"]]["server_info"]["tracebench_sim"][key] / k
     return hop + min(max(hop, 0.0), paced) * (k - 1)
 
 
