@@ -42,7 +42,10 @@ sys.path.insert(0, str(REPO))
 
 from tracebench.profiles import Profile, load_profile  # noqa: E402
 from tracebench.report.load import COMPLETED_STATUSES, load_run  # noqa: E402
+from tracebench.report.metrics.definitions import LATENCY  # noqa: E402
 from tracebench.sim.catalog import profile_for_gpu  # noqa: E402
+
+TPOT = next(m for m in LATENCY if m.key == "tpot")
 
 # run.json wall_clock_start of the first runs whose /metrics scrapes were spread over the interval (commit 6a682af,
 # 2026-11-29 00:35 UTC); the runs before scraped every server at the same tick
@@ -54,9 +57,7 @@ def completed(run_dir: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     """The run's completed requests with their TPOT (None for one output token) and new prompt tokens, and run.json."""
     run = load_run(run_dir)
     requests = run.requests.filter(pl.col("status").is_in(COMPLETED_STATUSES)).with_columns(
-        cached=pl.col("cached_tokens").fill_null(0),
-        tpot=pl.when(pl.col("completion_tokens") > 1)
-        .then((pl.col("t_finish") - pl.col("t_first_token")) / (pl.col("completion_tokens") - 1)))
+        cached=pl.col("cached_tokens").fill_null(0), tpot=TPOT.expr)   # the report's own definition
     return requests, run.meta
 
 
